@@ -1,0 +1,22 @@
+//! `queen-core`: the sans-IO heart of the Queen broker.
+//!
+//! No tokio, no sockets, no clock reads, no global RNG: time arrives as an argument, randomness
+//! from an injected seed, and effects leave as data. The pop state machine (`pop`) is driven by
+//! `handle(input, now, ctx)` and drained with `poll()`.
+
+pub mod backoff;
+pub mod claim;
+pub mod delivery;
+pub mod frames;
+pub mod ids;
+pub mod limiter;
+pub mod params;
+pub mod pop;
+pub mod ring;
+pub mod rng;
+pub mod storage;
+pub mod time;
+pub mod types;
+
+pub use storage::Storage;
+pub use types::{Offset, Timestamp, WorkerId};

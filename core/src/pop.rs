@@ -1,0 +1,606 @@
+//! The pop state machine: candidate selection, permit, storage, verdict check-in, parking.
+//!
+//! Sans-IO in the quinn-proto style: the driver calls `handle(input, now, ctx)` once per event,
+//! then drains `poll()` and performs each effect (take a permit, run a storage command, park
+//! until a wake or a deadline, reply). A storage round trip is two events: the machine emits a
+//! command with a correlation id, and the driver feeds back `StorageDone { id, .. }`; a reply
+//! with a stale id is ignored, so tests may delay, duplicate or reorder replies.
+
+use std::collections::VecDeque;
+
+use crate::backoff::WaitBackoff;
+use crate::claim::SubscriptionIntent;
+use crate::params::{PopParams, PopShape};
+use crate::ring::{candidate_count, Candidate, RingTable, DEFAULT_CONFIG_TTL_MS};
+use crate::storage::{Claim, PopRequest, PopResult, QueueConfig, StorageError, StorageResult, Verdict};
+use crate::types::{Timestamp, WorkerId};
+
+/// A storage call the driver performs for the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StorageCommand {
+    PopPartition { req: PopRequest, partition: String },
+    PopList { req: PopRequest, candidates: Vec<String> },
+    PopWildcard { req: PopRequest },
+    QueuesMatching { namespace: Option<String>, task: Option<String> },
+    HasPending { queue: String, group: String },
+    PendingPartitions { queue: String, group: String, limit: u32 },
+    QueueConfig { queue: String },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum StorageReply {
+    Pop(PopResult),
+    HasPending(bool),
+    Names(Vec<String>),
+    Config(Option<QueueConfig>),
+}
+
+/// Runs a command against a backend: the whole of the driver's storage effect.
+pub async fn execute(storage: &dyn crate::storage::Storage, command: StorageCommand) -> StorageResult<StorageReply> {
+    Ok(match command {
+        StorageCommand::PopPartition { req, partition } => StorageReply::Pop(storage.pop_partition(req, partition).await?),
+        StorageCommand::PopList { req, candidates } => StorageReply::Pop(storage.pop_list(req, candidates).await?),
+        StorageCommand::PopWildcard { req } => StorageReply::Pop(storage.pop_wildcard(req).await?),
+        StorageCommand::QueuesMatching { namespace, task } => {
+            StorageReply::Names(storage.queues_matching(namespace, task).await?)
+        }
+        StorageCommand::HasPending { queue, group } => StorageReply::HasPending(storage.has_pending(&queue, &group).await?),
+        StorageCommand::PendingPartitions { queue, group, limit } => {
+            StorageReply::Names(storage.pending_partitions(&queue, &group, limit).await?)
+        }
+        StorageCommand::QueueConfig { queue } => StorageReply::Config(storage.queue_config(&queue).await?),
+    })
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PopInput {
+    /// Begin (or nothing: the first `handle` of a new machine).
+    Start,
+    PermitGranted,
+    StorageDone { id: u64, result: StorageResult<StorageReply> },
+    /// The queue's wake gate opened (local push, ack that freed a partition, wheel tick).
+    Wake,
+    /// The timer of the last `Park` fired. A spurious timer is a harmless no-op.
+    Timer,
+    /// The client went away.
+    Cancel,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PopReply {
+    Messages { worker: WorkerId, auto_ack: bool, claims: Vec<Claim> },
+    Empty,
+    Failed(StorageError),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PopEffect {
+    /// Take a serving permit, then feed `PermitGranted`.
+    AcquirePermit,
+    /// Return the permit; `rtt_us` is the storage latency under it, if any work completed.
+    ReleasePermit { rtt_us: Option<u64> },
+    Storage { id: u64, command: StorageCommand },
+    /// Wait for `Wake`, or feed `Timer` at `until`. Holds no permit and no connection.
+    Park { until: Timestamp },
+    /// The final answer; the machine is done after it.
+    Reply(PopReply),
+}
+
+/// Switches that re-introduce historical bugs (for the simulation suite's mutation proof).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PopBugs {
+    /// Park until the deadline with no backoff re-check: a lost wake strands the consumer.
+    pub no_backoff_floor: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PopConfig {
+    pub backoff: WaitBackoff,
+    /// QUEEN_HOTLIST (default on).
+    pub hotlist: bool,
+    pub config_ttl_ms: i64,
+    pub bugs: PopBugs,
+}
+
+impl Default for PopConfig {
+    fn default() -> Self {
+        PopConfig { backoff: WaitBackoff::default(), hotlist: true, config_ttl_ms: DEFAULT_CONFIG_TTL_MS, bugs: PopBugs::default() }
+    }
+}
+
+/// Cached queue options the scheduler needs (windowBuffer hold, min_pop_wait_time).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedConfig {
+    pub config: Option<QueueConfig>,
+    pub fetched_at: Timestamp,
+}
+
+/// Broker-wide state the pop machines share: the rings and the maintenance switch.
+#[derive(Debug, Default)]
+pub struct PopContext {
+    pub rings: RingTable,
+    pub configs: std::collections::BTreeMap<String, CachedConfig>,
+    pub pop_maintenance: bool,
+}
+
+impl PopContext {
+    pub fn new(rings: RingTable) -> Self {
+        PopContext { rings, configs: Default::default(), pop_maintenance: false }
+    }
+
+    /// A local push landed: every ring of the queue learns it. A windowBuffer queue's
+    /// partition waits on the wheel until it has been quiet for the window.
+    pub fn note_push(&mut self, queue: &str, partition: &str, count: u64, now: Timestamp) {
+        let window = match self.configs.get(queue) {
+            Some(CachedConfig { config: Some(c), .. }) => c.window_buffer,
+            Some(CachedConfig { config: None, .. }) => {
+                // The queue was unknown when cached; the push may have created it.
+                self.configs.remove(queue);
+                0
+            }
+            None => 0,
+        };
+        self.rings.note_push(queue, partition, count);
+        if window > 0 {
+            self.rings.defer_all_groups(queue, partition, now.plus_secs(i64::from(window)));
+        }
+    }
+
+    fn config_fresh(&self, queue: &str, now: Timestamp, ttl_ms: i64) -> bool {
+        self.configs.get(queue).is_some_and(|c| now < c.fetched_at.plus_millis(ttl_ms))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Work {
+    Config,
+    Reseed,
+    List(Vec<Candidate>),
+    Wildcard { first_contact: bool },
+    Partition,
+    Discovery { queues: Vec<String>, next: usize },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Phase {
+    New,
+    Holding { until: Timestamp },
+    AwaitPermit,
+    Probing { id: u64 },
+    Working { id: u64, work: Work, since: Timestamp },
+    Parked { until: Timestamp },
+    Done,
+}
+
+/// One pop request's state machine.
+#[derive(Debug)]
+pub struct PopMachine {
+    params: PopParams,
+    worker: WorkerId,
+    config: PopConfig,
+    deadline: Timestamp,
+    phase: Phase,
+    effects: VecDeque<PopEffect>,
+    next_id: u64,
+    /// Empty checks since the last wake (drives the backoff).
+    attempt: u32,
+    /// A wake arrived while storage was working: re-check at once instead of parking.
+    woken_during_work: bool,
+    list_rounds: u32,
+    /// When the min_pop_wait hold began (first under-full sighting).
+    hold_started: Option<Timestamp>,
+    /// Single-partition pops: the ring epoch at the last empty answer.
+    partition_epoch_seen: Option<u64>,
+    last_storage_check: Option<Timestamp>,
+}
+
+/// How long a single-partition pop trusts an unchanged ring epoch before asking storage again.
+const PARTITION_RECHECK_MS: i64 = 30_000;
+/// Names fetched per ring reseed.
+const RESEED_LIMIT: u32 = 4096;
+
+impl PopMachine {
+    pub fn new(params: PopParams, worker: WorkerId, config: PopConfig, now: Timestamp) -> Self {
+        let deadline = if params.wait { params.deadline(now) } else { now };
+        PopMachine {
+            params,
+            worker,
+            config,
+            deadline,
+            phase: Phase::New,
+            effects: VecDeque::new(),
+            next_id: 0,
+            attempt: 0,
+            woken_during_work: false,
+            list_rounds: 0,
+            hold_started: None,
+            partition_epoch_seen: None,
+            last_storage_check: None,
+        }
+    }
+
+    pub fn worker(&self) -> WorkerId {
+        self.worker
+    }
+
+    pub fn params(&self) -> &PopParams {
+        &self.params
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    pub fn is_parked(&self) -> bool {
+        matches!(self.phase, Phase::Parked { .. } | Phase::Holding { .. })
+    }
+
+    /// Whether the machine holds a serving permit right now.
+    pub fn holds_permit(&self) -> bool {
+        matches!(self.phase, Phase::Working { .. })
+    }
+
+    /// The next effect to perform; call until `None` after every `handle`.
+    #[must_use]
+    pub fn poll(&mut self) -> Option<PopEffect> {
+        self.effects.pop_front()
+    }
+
+    /// When the machine next needs a `Timer` input, if parked.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        match self.phase {
+            Phase::Parked { until } | Phase::Holding { until } => Some(until),
+            _ => None,
+        }
+    }
+
+    fn request(&self, queue: &str, skip_window_debounce: bool) -> PopRequest {
+        PopRequest {
+            queue: queue.to_string(),
+            group: self.params.consumer_group.clone(),
+            worker: self.worker,
+            batch: self.params.batch,
+            max_partitions: self.params.partitions,
+            auto_ack: self.params.auto_ack,
+            lease_seconds: self.params.lease_seconds,
+            intent: SubscriptionIntent { mode: self.params.subscription_mode, from: self.params.subscription_from },
+            skip_window_debounce,
+        }
+    }
+
+    fn storage(&mut self, command: StorageCommand) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.effects.push_back(PopEffect::Storage { id, command });
+        id
+    }
+
+    fn finish(&mut self, reply: PopReply) {
+        self.effects.push_back(PopEffect::Reply(reply));
+        self.phase = Phase::Done;
+    }
+
+    pub fn handle(&mut self, input: PopInput, now: Timestamp, ctx: &mut PopContext) {
+        debug_assert!(self.effects.is_empty(), "drain poll() before the next input");
+        if self.phase == Phase::Done {
+            return;
+        }
+        match input {
+            PopInput::Start => {
+                if self.phase == Phase::New {
+                    self.check(now, ctx);
+                }
+            }
+            PopInput::Cancel => {
+                if let Phase::Working { .. } = self.phase {
+                    self.effects.push_back(PopEffect::ReleasePermit { rtt_us: None });
+                }
+                self.phase = Phase::Done;
+            }
+            PopInput::Wake => match self.phase {
+                Phase::Parked { .. } => {
+                    self.attempt = 0;
+                    self.check(now, ctx);
+                }
+                Phase::Holding { .. } => self.check_hold(now, ctx),
+                Phase::Working { .. } | Phase::Probing { .. } | Phase::AwaitPermit => self.woken_during_work = true,
+                Phase::New | Phase::Done => {}
+            },
+            PopInput::Timer => match self.phase {
+                Phase::Parked { until } if now >= until => {
+                    if now >= self.deadline {
+                        self.finish(PopReply::Empty);
+                    } else {
+                        self.check(now, ctx);
+                    }
+                }
+                Phase::Holding { until } if now >= until => self.check_hold(now, ctx),
+                _ => {}
+            },
+            PopInput::PermitGranted => {
+                if self.phase == Phase::AwaitPermit {
+                    self.start_work(now, ctx);
+                }
+            }
+            PopInput::StorageDone { id, result } => match self.phase.clone() {
+                Phase::Probing { id: want } if want == id => match result {
+                    Ok(StorageReply::HasPending(true)) => self.acquire(),
+                    Ok(_) => self.empty_or_park(now),
+                    Err(e) => self.finish(PopReply::Failed(e)),
+                },
+                Phase::Working { id: want, work, since } if want == id => self.on_storage(work, since, result, now, ctx),
+                _ => {}
+            },
+        }
+    }
+
+    /// The cheap in-memory check: decide whether there is real work before any permit.
+    fn check(&mut self, now: Timestamp, ctx: &mut PopContext) {
+        if ctx.pop_maintenance {
+            self.finish(PopReply::Empty);
+            return;
+        }
+        self.woken_during_work = false;
+        self.list_rounds = 0;
+        let group = self.params.consumer_group.clone();
+        let has_work = match self.params.shape.clone() {
+            PopShape::Partition { queue, partition } => {
+                let epoch = ctx.rings.ring(&queue, &group).epoch(&partition);
+                self.partition_epoch_seen != Some(epoch)
+                    || self.last_storage_check.is_none_or(|t| now >= t.plus_millis(PARTITION_RECHECK_MS))
+            }
+            PopShape::Queue { queue } if self.config.hotlist => {
+                let fresh = ctx.config_fresh(&queue, now, self.config.config_ttl_ms);
+                let ring = ctx.rings.ring(&queue, &group);
+                !ring.first_contact_done() || ring.reseed_due(now) || !fresh || ring.has_ready(now)
+            }
+            PopShape::Queue { queue } => {
+                // Legacy path: the cheap has_pending probe runs before any permit.
+                let id = self.storage(StorageCommand::HasPending { queue, group });
+                self.phase = Phase::Probing { id };
+                return;
+            }
+            PopShape::Discovery { .. } => true,
+        };
+        if !has_work {
+            self.empty_or_park(now);
+        } else {
+            self.check_hold(now, ctx);
+        }
+    }
+
+    /// min_pop_wait_time: hold an under-full claim in the broker, before the permit.
+    fn check_hold(&mut self, now: Timestamp, ctx: &mut PopContext) {
+        let PopShape::Queue { queue } = &self.params.shape else { return self.acquire() };
+        if !ctx.rings.min_pop_wait_in_use || !self.config.hotlist {
+            return self.acquire();
+        }
+        let min_wait = match ctx.configs.get(queue) {
+            Some(CachedConfig { config: Some(c), .. }) => c.min_pop_wait_time,
+            _ => 0,
+        };
+        if min_wait == 0 {
+            return self.acquire();
+        }
+        let group = self.params.consumer_group.clone();
+        let ring = ctx.rings.ring(queue, &group);
+        let pending = ring.pending_hint(now);
+        if pending == 0 {
+            // Real work is a reseed or a refresh, not an under-full batch: do not hold.
+            return self.acquire();
+        }
+        let started = *self.hold_started.get_or_insert(now);
+        let until = started.plus_millis(i64::from(min_wait)).min(self.params.deadline(started).max(started));
+        if pending >= u64::from(self.params.batch) || now >= until || now >= self.deadline && self.params.wait {
+            self.hold_started = None;
+            self.acquire();
+        } else {
+            self.phase = Phase::Holding { until };
+            self.effects.push_back(PopEffect::Park { until });
+        }
+    }
+
+    fn acquire(&mut self) {
+        self.phase = Phase::AwaitPermit;
+        self.effects.push_back(PopEffect::AcquirePermit);
+    }
+
+    fn work(&mut self, command: StorageCommand, work: Work, since: Timestamp) {
+        let id = self.storage(command);
+        self.phase = Phase::Working { id, work, since };
+    }
+
+    /// Under a permit: issue the next storage command for this shape.
+    fn start_work(&mut self, now: Timestamp, ctx: &mut PopContext) {
+        let group = self.params.consumer_group.clone();
+        match self.params.shape.clone() {
+            PopShape::Partition { queue, partition } => {
+                let req = self.request(&queue, false);
+                self.last_storage_check = Some(now);
+                self.partition_epoch_seen = Some(ctx.rings.ring(&queue, &group).epoch(&partition));
+                self.work(StorageCommand::PopPartition { req, partition }, Work::Partition, now);
+            }
+            PopShape::Queue { queue } if self.config.hotlist => self.next_ring_step(&queue, now, now, ctx),
+            PopShape::Queue { queue } => {
+                let req = self.request(&queue, false);
+                self.work(StorageCommand::PopWildcard { req }, Work::Wildcard { first_contact: false }, now);
+            }
+            PopShape::Discovery { namespace, task } => {
+                self.work(StorageCommand::QueuesMatching { namespace, task }, Work::Discovery { queues: vec![], next: 0 }, now);
+            }
+        }
+    }
+
+    /// The ring path under a permit: refresh config, first contact, reseed, then the list pop.
+    fn next_ring_step(&mut self, queue: &str, since: Timestamp, now: Timestamp, ctx: &mut PopContext) {
+        let group = self.params.consumer_group.clone();
+        if !ctx.config_fresh(queue, now, self.config.config_ttl_ms) {
+            return self.work(StorageCommand::QueueConfig { queue: queue.to_string() }, Work::Config, since);
+        }
+        if matches!(ctx.configs.get(queue), Some(CachedConfig { config: None, .. })) {
+            // No such queue (yet): nothing to deliver.
+            return self.release_then_empty(since, now);
+        }
+        let ring = ctx.rings.ring(queue, &group);
+        if !ring.first_contact_done() {
+            let req = self.request(queue, false);
+            return self.work(StorageCommand::PopWildcard { req }, Work::Wildcard { first_contact: true }, since);
+        }
+        if ring.reseed_due(now) {
+            let command = StorageCommand::PendingPartitions { queue: queue.to_string(), group, limit: RESEED_LIMIT };
+            return self.work(command, Work::Reseed, since);
+        }
+        let candidates = ring.take_candidates(candidate_count(self.params.partitions), now);
+        if candidates.is_empty() {
+            return self.release_then_empty(since, now);
+        }
+        self.list_rounds += 1;
+        let req = self.request(queue, true);
+        let names = candidates.iter().map(|c| c.partition.clone()).collect();
+        self.work(StorageCommand::PopList { req, candidates: names }, Work::List(candidates), since);
+    }
+
+    fn on_storage(&mut self, work: Work, since: Timestamp, result: StorageResult<StorageReply>, now: Timestamp, ctx: &mut PopContext) {
+        let reply = match result {
+            Ok(r) => r,
+            Err(e) => {
+                if let Work::List(cands) = &work {
+                    // The transaction rolled back: give every candidate back to the ring.
+                    if let PopShape::Queue { queue } = &self.params.shape {
+                        let ring = ctx.rings.ring(queue, &self.params.consumer_group);
+                        for c in cands {
+                            ring.check_in(&c.partition, Verdict::NotEvaluated, Some(c.epoch), now);
+                        }
+                    }
+                }
+                self.effects.push_back(PopEffect::ReleasePermit { rtt_us: None });
+                return self.finish(PopReply::Failed(e));
+            }
+        };
+        let group = self.params.consumer_group.clone();
+        match (work, reply) {
+            (Work::Config, StorageReply::Config(config)) => {
+                let queue = self.params.queue_name().unwrap_or_default().to_string();
+                if config.as_ref().is_some_and(|c| c.min_pop_wait_time > 0) {
+                    ctx.rings.min_pop_wait_in_use = true;
+                }
+                ctx.configs.insert(queue.clone(), CachedConfig { config, fetched_at: now });
+                self.next_ring_step(&queue, since, now, ctx);
+            }
+            (Work::Reseed, StorageReply::Names(names)) => {
+                let queue = self.params.queue_name().unwrap_or_default().to_string();
+                let window = match ctx.configs.get(&queue) {
+                    Some(CachedConfig { config: Some(c), .. }) => c.window_buffer,
+                    _ => 0,
+                };
+                let ring = ctx.rings.ring(&queue, &group);
+                ring.apply_reseed(&names, now);
+                if window > 0 {
+                    // Pushes seen only through the reseed: hold a full window from now.
+                    for n in &names {
+                        ctx.rings.defer_all_groups(&queue, n, now.plus_secs(i64::from(window)));
+                    }
+                }
+                self.next_ring_step(&queue, since, now, ctx);
+            }
+            (Work::List(cands), StorageReply::Pop(result)) => {
+                let queue = self.params.queue_name().unwrap_or_default().to_string();
+                let ring = ctx.rings.ring(&queue, &group);
+                for (name, verdict) in &result.verdicts {
+                    let epoch = cands.iter().find(|c| &c.partition == name).map(|c| c.epoch);
+                    ring.check_in(name, *verdict, epoch, now);
+                }
+                // Candidates storage did not mention go back as not evaluated.
+                for c in &cands {
+                    if !result.verdicts.iter().any(|(n, _)| n == &c.partition) {
+                        ring.check_in(&c.partition, Verdict::NotEvaluated, Some(c.epoch), now);
+                    }
+                }
+                if result.claims.is_empty() && self.list_rounds < 2 && ring.has_ready(now) {
+                    return self.next_ring_step(&queue, since, now, ctx);
+                }
+                self.deliver_or_wait(result, since, now);
+            }
+            (Work::Wildcard { first_contact }, StorageReply::Pop(result)) => {
+                if let PopShape::Queue { queue } = &self.params.shape {
+                    let ring = ctx.rings.ring(queue, &group);
+                    if first_contact {
+                        ring.mark_first_contact_done();
+                    }
+                    for (name, verdict) in &result.verdicts {
+                        ring.check_in(name, *verdict, None, now);
+                    }
+                    if first_contact && result.claims.is_empty() && self.config.hotlist {
+                        let queue = queue.clone();
+                        return self.next_ring_step(&queue, since, now, ctx);
+                    }
+                }
+                self.deliver_or_wait(result, since, now);
+            }
+            (Work::Partition, StorageReply::Pop(result)) => {
+                if let PopShape::Partition { queue, .. } = &self.params.shape {
+                    let ring = ctx.rings.ring(queue, &group);
+                    for (name, verdict) in &result.verdicts {
+                        ring.check_in(name, *verdict, None, now);
+                    }
+                }
+                self.deliver_or_wait(result, since, now);
+            }
+            (Work::Discovery { queues, next }, reply) => {
+                let (queues, result) = match reply {
+                    StorageReply::Names(names) => (names, PopResult::default()),
+                    StorageReply::Pop(r) => (queues, r),
+                    _ => (queues, PopResult::default()),
+                };
+                if !result.claims.is_empty() || next >= queues.len() {
+                    return self.deliver_or_wait(result, since, now);
+                }
+                let req = self.request(&queues[next], false);
+                self.work(StorageCommand::PopWildcard { req }, Work::Discovery { queues, next: next + 1 }, since);
+            }
+            (_, other) => {
+                self.effects.push_back(PopEffect::ReleasePermit { rtt_us: None });
+                self.finish(PopReply::Failed(StorageError::Internal(format!("unexpected storage reply {other:?}"))));
+            }
+        }
+    }
+
+    fn release_then_empty(&mut self, since: Timestamp, now: Timestamp) {
+        self.effects.push_back(PopEffect::ReleasePermit { rtt_us: Some(since.millis_until(now) * 1000) });
+        self.empty_or_park(now);
+    }
+
+    fn deliver_or_wait(&mut self, result: PopResult, since: Timestamp, now: Timestamp) {
+        let rtt_us = Some(u64::try_from((now.0 - since.0).max(1)).unwrap_or(1));
+        self.effects.push_back(PopEffect::ReleasePermit { rtt_us });
+        if !result.claims.is_empty() {
+            let reply = PopReply::Messages { worker: self.worker, auto_ack: self.params.auto_ack, claims: result.claims };
+            return self.finish(reply);
+        }
+        if self.woken_during_work && self.params.wait && now < self.deadline {
+            // A push landed while storage was answering: look again instead of sleeping.
+            self.woken_during_work = false;
+            self.phase = Phase::Parked { until: now };
+            self.effects.push_back(PopEffect::Park { until: now });
+            return;
+        }
+        self.empty_or_park(now);
+    }
+
+    /// Empty: answer now, or park (releasing everything) until a wake or the backoff timer.
+    fn empty_or_park(&mut self, now: Timestamp) {
+        if !self.params.wait || now >= self.deadline {
+            return self.finish(PopReply::Empty);
+        }
+        self.attempt = self.attempt.saturating_add(1);
+        let until = if self.config.bugs.no_backoff_floor {
+            self.deadline
+        } else {
+            let interval = i64::try_from(self.config.backoff.interval_ms(self.attempt)).unwrap_or(i64::MAX);
+            now.plus_millis(interval).min(self.deadline)
+        };
+        self.phase = Phase::Parked { until };
+        self.effects.push_back(PopEffect::Park { until });
+    }
+}

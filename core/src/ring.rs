@@ -1,0 +1,488 @@
+//! The hot-list ring: per (tenant, queue, group), the partitions this broker believes have
+//! pending data, so a pop asks storage only about those.
+//!
+//! The ring may only ever err towards a false positive. A push bumps the partition's epoch; a
+//! pop records the epoch when it takes a candidate, and an `Empty` verdict clears the entry only
+//! if the epoch is unchanged. A push that raced the empty verdict therefore keeps the entry hot.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::storage::Verdict;
+use crate::types::Timestamp;
+
+/// Candidates per pop: clamp(partitions x 8, 16, 256).
+pub fn candidate_count(partitions: u32) -> usize {
+    (partitions as usize).saturating_mul(8).clamp(16, 256)
+}
+
+/// How often the ring is rebuilt from storage (the backstop for pushes made on other brokers).
+pub const DEFAULT_RESEED_INTERVAL_MS: i64 = 30_000;
+/// How long the cached windowBuffer/delayedProcessing config stays fresh.
+pub const DEFAULT_CONFIG_TTL_MS: i64 = 10_000;
+/// A `Busy` candidate (row locked by a concurrent pop) is revisited after this long.
+pub const BUSY_REVISIT_MS: i64 = 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EntryState {
+    /// In the ready queue.
+    Ready,
+    /// Handed to a pop whose verdict is outstanding; `taken_epoch` is the epoch at hand-out.
+    InFlight { taken_epoch: u64 },
+    /// Parked on the revisit wheel until then (leased elsewhere, or deferred).
+    Waiting { until: Timestamp },
+    /// Believed empty.
+    Idle,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    epoch: u64,
+    state: EntryState,
+    /// Messages pushed since the partition was last found empty (an estimate for min_pop_wait).
+    pending_hint: u64,
+}
+
+/// Switches that re-introduce historical bugs, for proving the simulation suite catches them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingBugs {
+    /// Clear an entry on an `Empty` verdict without comparing epochs.
+    pub clear_without_epoch_check: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct HotRing {
+    entries: BTreeMap<String, Entry>,
+    ready: VecDeque<String>,
+    wheel: BTreeSet<(Timestamp, String)>,
+    /// The first-ever pop of (queue, group) has gone through the wildcard path.
+    first_contact_done: bool,
+    next_reseed_at: Option<Timestamp>,
+    reseed_interval_ms: i64,
+    bugs: RingBugs,
+}
+
+/// A candidate handed to a pop, with the epoch to present at check-in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub partition: String,
+    pub epoch: u64,
+}
+
+impl Default for HotRing {
+    fn default() -> Self {
+        Self::new(DEFAULT_RESEED_INTERVAL_MS, RingBugs::default())
+    }
+}
+
+impl HotRing {
+    pub fn new(reseed_interval_ms: i64, bugs: RingBugs) -> Self {
+        HotRing {
+            entries: BTreeMap::new(),
+            ready: VecDeque::new(),
+            wheel: BTreeSet::new(),
+            first_contact_done: false,
+            next_reseed_at: None,
+            reseed_interval_ms,
+            bugs,
+        }
+    }
+
+    pub fn first_contact_done(&self) -> bool {
+        self.first_contact_done
+    }
+
+    pub fn mark_first_contact_done(&mut self) {
+        self.first_contact_done = true;
+    }
+
+    pub fn reseed_due(&self, now: Timestamp) -> bool {
+        self.next_reseed_at.is_none_or(|t| t <= now)
+    }
+
+    fn make_ready(&mut self, partition: &str) {
+        if let Some(e) = self.entries.get_mut(partition) {
+            if let EntryState::Waiting { until } = e.state {
+                self.wheel.remove(&(until, partition.to_string()));
+            }
+            if e.state != EntryState::Ready {
+                e.state = EntryState::Ready;
+                self.ready.push_back(partition.to_string());
+            }
+        }
+    }
+
+    fn entry(&mut self, partition: &str) -> &mut Entry {
+        self.entries
+            .entry(partition.to_string())
+            .or_insert(Entry { epoch: 0, state: EntryState::Idle, pending_hint: 0 })
+    }
+
+    /// A local push (or a peer's hint) of `count` messages into `partition`.
+    pub fn note_push(&mut self, partition: &str, count: u64) {
+        let e = self.entry(partition);
+        e.epoch += 1;
+        e.pending_hint = e.pending_hint.saturating_add(count);
+        // A leased or deferred partition stays on the wheel; an in-flight one keeps its bumped
+        // epoch so its pending verdict cannot clear it.
+        if e.state == EntryState::Idle {
+            self.make_ready(partition);
+        }
+    }
+
+    /// An ack freed the partition's lease: it may have more to deliver.
+    pub fn note_freed(&mut self, partition: &str) {
+        let e = self.entry(partition);
+        e.epoch += 1;
+        if matches!(e.state, EntryState::Idle | EntryState::Waiting { .. }) {
+            self.make_ready(partition);
+        }
+    }
+
+    /// Replaces beliefs with a storage snapshot of partitions with pending data.
+    pub fn apply_reseed(&mut self, pending: &[String], now: Timestamp) {
+        for p in pending {
+            let e = self.entry(p);
+            e.epoch += 1;
+            e.pending_hint = e.pending_hint.max(1);
+            if e.state == EntryState::Idle {
+                self.make_ready(p);
+            }
+        }
+        self.next_reseed_at = Some(now.plus_millis(self.reseed_interval_ms));
+    }
+
+    /// Moves wheel entries that are due into the ready queue.
+    pub fn advance(&mut self, now: Timestamp) {
+        while let Some((t, p)) = self.wheel.first().cloned() {
+            if t > now {
+                break;
+            }
+            self.wheel.remove(&(t, p.clone()));
+            if let Some(e) = self.entries.get_mut(&p) {
+                if e.state == (EntryState::Waiting { until: t }) {
+                    e.state = EntryState::Ready;
+                    self.ready.push_back(p);
+                }
+            }
+        }
+    }
+
+    pub fn has_ready(&mut self, now: Timestamp) -> bool {
+        self.advance(now);
+        !self.ready.is_empty()
+    }
+
+    /// Sum of pending hints over ready partitions (for the min_pop_wait hold).
+    pub fn pending_hint(&mut self, now: Timestamp) -> u64 {
+        self.advance(now);
+        self.ready.iter().filter_map(|p| self.entries.get(p)).map(|e| e.pending_hint).sum()
+    }
+
+    /// The earliest wheel revisit, for the driver's wake tick.
+    pub fn next_revisit(&self) -> Option<Timestamp> {
+        self.wheel.first().map(|(t, _)| *t)
+    }
+
+    /// Hands out up to `k` ready candidates in round-robin order.
+    pub fn take_candidates(&mut self, k: usize, now: Timestamp) -> Vec<Candidate> {
+        self.advance(now);
+        let mut out = Vec::with_capacity(k.min(self.ready.len()));
+        while out.len() < k {
+            let Some(p) = self.ready.pop_front() else { break };
+            if let Some(e) = self.entries.get_mut(&p) {
+                if e.state == EntryState::Ready {
+                    e.state = EntryState::InFlight { taken_epoch: e.epoch };
+                    out.push(Candidate { partition: p, epoch: e.epoch });
+                }
+            }
+        }
+        out
+    }
+
+    fn set_state(&mut self, partition: &str, state: EntryState) {
+        if let Some(e) = self.entries.get_mut(partition) {
+            e.state = state;
+        }
+    }
+
+    fn wait_until(&mut self, partition: &str, until: Timestamp) {
+        if let Some(e) = self.entries.get_mut(partition) {
+            e.state = EntryState::Waiting { until };
+            self.wheel.insert((until, partition.to_string()));
+        }
+    }
+
+    /// Checks a storage verdict back in. `taken_epoch` is what `take_candidates` returned, or
+    /// `None` for a partition the ring did not hand out (wildcard or single-partition pops).
+    pub fn check_in(&mut self, partition: &str, verdict: Verdict, taken_epoch: Option<u64>, now: Timestamp) {
+        if verdict == Verdict::Missing {
+            if let Some(Entry { state: EntryState::Waiting { until }, .. }) = self.entries.remove(partition) {
+                self.wheel.remove(&(until, partition.to_string()));
+            }
+            return;
+        }
+        let clear_without_epoch_check = self.bugs.clear_without_epoch_check;
+        let e = self.entry(partition);
+        let state = e.state;
+        let epoch = e.epoch;
+        if state == EntryState::Ready {
+            // Still queued from a push after hand-out; the ready slot stays authoritative.
+            return;
+        }
+        if let EntryState::Waiting { until } = state {
+            self.wheel.remove(&(until, partition.to_string()));
+            self.set_state(partition, EntryState::Idle);
+        }
+        // Without a hand-out epoch (wildcard or single-partition verdicts) only an idle entry is
+        // known not to have been pushed to since.
+        let pushed_since = match taken_epoch {
+            Some(t) => t != epoch,
+            None => state != EntryState::Idle,
+        };
+        match verdict {
+            Verdict::Took { count, leased_until } => {
+                if let Some(e) = self.entries.get_mut(partition) {
+                    e.pending_hint = e.pending_hint.saturating_sub(u64::from(count));
+                }
+                match leased_until {
+                    Some(t) => self.wait_until(partition, t),
+                    None => self.make_ready(partition),
+                }
+            }
+            Verdict::Empty => {
+                if pushed_since && !clear_without_epoch_check {
+                    self.make_ready(partition);
+                } else if let Some(e) = self.entries.get_mut(partition) {
+                    e.pending_hint = 0;
+                    e.state = EntryState::Idle;
+                }
+            }
+            Verdict::LeasedUntil(t) | Verdict::DeferredUntil(t) => self.wait_until(partition, t),
+            Verdict::Busy => self.wait_until(partition, now.plus_millis(BUSY_REVISIT_MS)),
+            Verdict::NotEvaluated => self.make_ready(partition),
+            Verdict::Missing => {}
+        }
+    }
+
+    pub fn is_ready_or_waiting(&self, partition: &str) -> bool {
+        self.entries
+            .get(partition)
+            .is_some_and(|e| !matches!(e.state, EntryState::Idle))
+    }
+
+    pub fn epoch(&self, partition: &str) -> u64 {
+        self.entries.get(partition).map_or(0, |e| e.epoch)
+    }
+}
+
+/// Rings keyed by (queue, group), plus the broker-wide min_pop_wait gate.
+#[derive(Debug, Default)]
+pub struct RingTable {
+    rings: BTreeMap<(String, String), HotRing>,
+    reseed_interval_ms: Option<i64>,
+    bugs: RingBugs,
+    /// False on every broker where no queue ever configured min_pop_wait_time: the default path
+    /// pays one flag check instead of a per-queue lookup.
+    pub min_pop_wait_in_use: bool,
+}
+
+impl RingTable {
+    pub fn new(reseed_interval_ms: i64, bugs: RingBugs) -> Self {
+        RingTable { rings: BTreeMap::new(), reseed_interval_ms: Some(reseed_interval_ms), bugs, min_pop_wait_in_use: false }
+    }
+
+    pub fn ring(&mut self, queue: &str, group: &str) -> &mut HotRing {
+        let interval = self.reseed_interval_ms.unwrap_or(DEFAULT_RESEED_INTERVAL_MS);
+        let bugs = self.bugs;
+        self.rings
+            .entry((queue.to_string(), group.to_string()))
+            .or_insert_with(|| HotRing::new(interval, bugs))
+    }
+
+    /// A push to (queue, partition): every group's ring of that queue learns it.
+    pub fn note_push(&mut self, queue: &str, partition: &str, count: u64) {
+        for ((q, _), ring) in self.rings.range_mut((queue.to_string(), String::new())..) {
+            if q != queue {
+                break;
+            }
+            ring.note_push(partition, count);
+        }
+    }
+
+    pub fn note_freed(&mut self, queue: &str, group: &str, partition: &str) {
+        if let Some(r) = self.rings.get_mut(&(queue.to_string(), group.to_string())) {
+            r.note_freed(partition);
+        }
+    }
+
+    /// Drops every ring of a queue (queue deleted).
+    pub fn forget_queue(&mut self, queue: &str) {
+        self.rings.retain(|(q, _), _| q != queue);
+    }
+
+    /// Earliest revisit across all rings of a queue.
+    pub fn next_revisit(&self, queue: &str) -> Option<Timestamp> {
+        self.rings
+            .range((queue.to_string(), String::new())..)
+            .take_while(|((q, _), _)| q == queue)
+            .filter_map(|(_, r)| r.next_revisit())
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Timestamp = Timestamp(1_000_000);
+
+    #[test]
+    fn k_is_clamped() {
+        assert_eq!(candidate_count(1), 16);
+        assert_eq!(candidate_count(2), 16);
+        assert_eq!(candidate_count(3), 24);
+        assert_eq!(candidate_count(32), 256);
+        assert_eq!(candidate_count(1000), 256);
+    }
+
+    #[test]
+    fn push_makes_ready_and_empty_clears() {
+        let mut r = HotRing::default();
+        assert!(!r.has_ready(T0));
+        r.note_push("p1", 3);
+        assert!(r.has_ready(T0));
+        let c = r.take_candidates(16, T0);
+        assert_eq!(c, vec![Candidate { partition: "p1".into(), epoch: 1 }]);
+        assert!(!r.has_ready(T0), "in flight, not ready");
+        r.check_in("p1", Verdict::Empty, Some(1), T0);
+        assert!(!r.has_ready(T0));
+        assert!(!r.is_ready_or_waiting("p1"));
+    }
+
+    #[test]
+    fn a_push_racing_an_empty_verdict_is_kept() {
+        let mut r = HotRing::default();
+        r.note_push("p1", 1);
+        let c = r.take_candidates(16, T0);
+        r.note_push("p1", 1); // lands after storage answered "empty" for the old snapshot
+        r.check_in("p1", Verdict::Empty, Some(c[0].epoch), T0);
+        assert!(r.has_ready(T0), "the epoch check keeps the raced push visible");
+    }
+
+    #[test]
+    fn the_bug_switch_loses_the_raced_push() {
+        let mut r = HotRing::new(DEFAULT_RESEED_INTERVAL_MS, RingBugs { clear_without_epoch_check: true });
+        r.note_push("p1", 1);
+        let c = r.take_candidates(16, T0);
+        r.note_push("p1", 1);
+        r.check_in("p1", Verdict::Empty, Some(c[0].epoch), T0);
+        assert!(!r.has_ready(T0));
+    }
+
+    #[test]
+    fn leased_and_deferred_partitions_wait_on_the_wheel() {
+        let mut r = HotRing::default();
+        r.note_push("a", 1);
+        r.note_push("b", 1);
+        let c = r.take_candidates(16, T0);
+        assert_eq!(c.len(), 2);
+        r.check_in("a", Verdict::LeasedUntil(T0.plus_millis(500)), Some(1), T0);
+        r.check_in("b", Verdict::DeferredUntil(T0.plus_millis(200)), Some(1), T0);
+        assert_eq!(r.next_revisit(), Some(T0.plus_millis(200)));
+        r.note_push("a", 1);
+        assert!(!r.has_ready(T0), "a push does not un-lease a partition");
+        assert!(r.has_ready(T0.plus_millis(200)));
+        let c = r.take_candidates(16, T0.plus_millis(200));
+        assert_eq!(c[0].partition, "b");
+        assert!(r.has_ready(T0.plus_millis(500)));
+    }
+
+    #[test]
+    fn ack_frees_a_leased_partition() {
+        let mut r = HotRing::default();
+        r.note_push("a", 5);
+        let _ = r.take_candidates(16, T0);
+        r.check_in("a", Verdict::Took { count: 2, leased_until: Some(T0.plus_secs(60)) }, Some(1), T0);
+        assert!(!r.has_ready(T0));
+        r.note_freed("a");
+        assert!(r.has_ready(T0));
+        assert_eq!(r.pending_hint(T0), 3);
+    }
+
+    #[test]
+    fn busy_and_not_evaluated_come_back() {
+        let mut r = HotRing::default();
+        r.note_push("a", 1);
+        r.note_push("b", 1);
+        let _ = r.take_candidates(16, T0);
+        r.check_in("a", Verdict::Busy, Some(1), T0);
+        r.check_in("b", Verdict::NotEvaluated, Some(1), T0);
+        assert_eq!(r.take_candidates(16, T0)[0].partition, "b");
+        assert!(r.has_ready(T0.plus_millis(BUSY_REVISIT_MS)));
+    }
+
+    #[test]
+    fn round_robin_and_k_limit() {
+        let mut r = HotRing::default();
+        for i in 0..40 {
+            r.note_push(&format!("p{i:02}"), 1);
+        }
+        let c = r.take_candidates(16, T0);
+        assert_eq!(c.len(), 16);
+        assert_eq!(c[0].partition, "p00");
+        assert_eq!(r.take_candidates(16, T0)[0].partition, "p16");
+    }
+
+    #[test]
+    fn reseed_schedule() {
+        let mut r = HotRing::new(1000, RingBugs::default());
+        assert!(r.reseed_due(T0));
+        r.apply_reseed(&["x".into()], T0);
+        assert!(!r.reseed_due(T0.plus_millis(999)));
+        assert!(r.reseed_due(T0.plus_millis(1000)));
+        assert!(r.has_ready(T0));
+    }
+
+    #[test]
+    fn table_fans_a_push_out_to_every_group() {
+        let mut t = RingTable::new(1000, RingBugs::default());
+        let _ = t.ring("q", "g1");
+        let _ = t.ring("q", "g2");
+        let _ = t.ring("q2", "g1");
+        t.note_push("q", "p", 1);
+        assert!(t.ring("q", "g1").has_ready(T0));
+        assert!(t.ring("q", "g2").has_ready(T0));
+        assert!(!t.ring("q2", "g1").has_ready(T0));
+    }
+}
+
+impl HotRing {
+    /// Holds a partition on the wheel until `until` (windowBuffer), unless it is in flight.
+    pub fn defer(&mut self, partition: &str, until: Timestamp) {
+        let Some(e) = self.entries.get_mut(partition) else { return };
+        match e.state {
+            EntryState::InFlight { .. } => {}
+            EntryState::Waiting { until: old } if old >= until => {}
+            EntryState::Waiting { until: old } => {
+                self.wheel.remove(&(old, partition.to_string()));
+                self.wait_until(partition, until);
+            }
+            EntryState::Ready => {
+                self.ready.retain(|p| p != partition);
+                self.wait_until(partition, until);
+            }
+            EntryState::Idle => self.wait_until(partition, until),
+        }
+    }
+}
+
+impl RingTable {
+    pub fn defer_all_groups(&mut self, queue: &str, partition: &str, until: Timestamp) {
+        for ((q, _), ring) in self.rings.range_mut((queue.to_string(), String::new())..) {
+            if q != queue {
+                break;
+            }
+            ring.defer(partition, until);
+        }
+    }
+}
