@@ -1,1 +1,5 @@
-pub fn _x(){}
+//! Suites that hold the broker to its contract: the conformance cases shared by every storage
+//! backend, the model's property tests, and (later) the turmoil simulation.
+
+pub mod conformance;
+pub mod fixtures;

@@ -1,1 +1,232 @@
-pub fn _x(){}
+//! `queen-storage-sim`: an in-memory model of Queen's PostgreSQL storage.
+//!
+//! It reproduces the semantics where the races live (row locks held to commit, SKIP LOCKED,
+//! transaction-scoped advisory try-locks, READ COMMITTED statement snapshots, inserts that wait on
+//! an in-flight inserter) and executes every procedure one statement at a time, so a seeded
+//! scheduler (`sched::Interleaving`) can interleave transactions deterministically. Through the
+//! `Storage` trait it runs transactions serially: the broker's embedded in-memory backend.
+
+mod ops;
+mod pop;
+pub mod sched;
+mod state;
+pub mod table;
+mod tx;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use async_trait::async_trait;
+use queen_core::claim::CursorRow;
+use queen_core::storage::{
+    AckItem, AckOutcome, PopRequest, PopResult, PushGroup, PushGroupResult, QueueConfig, RenewOutcome, Storage, StorageError, StorageResult,
+};
+use queen_core::{Offset, Timestamp};
+
+pub use state::DlqRow as DeadLetter;
+pub use tx::{SimEvents, TaskCell, WaitEvent};
+
+use tx::{lock, Shared};
+
+/// The model's clock: PostgreSQL's now(), injected.
+pub type SimClock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// A settable clock for tests and simulations.
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock(Arc::new(AtomicI64::new(start.0)))
+    }
+    pub fn now(&self) -> Timestamp {
+        Timestamp(self.0.load(Ordering::SeqCst))
+    }
+    pub fn set(&self, t: Timestamp) {
+        self.0.store(t.0, Ordering::SeqCst);
+    }
+    pub fn advance_millis(&self, ms: i64) {
+        self.0.fetch_add(ms * 1000, Ordering::SeqCst);
+    }
+    pub fn as_sim_clock(&self) -> SimClock {
+        let c = self.clone();
+        Arc::new(move || c.now())
+    }
+}
+
+/// Switches that re-introduce the historical bugs the seed records. Each has a test proving the
+/// suites catch it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimBugs {
+    /// The specific-partition pop reports the partitionId resolved under the outer statement's
+    /// snapshot, taken before the claim.
+    pub partition_id_outside_function: bool,
+    /// Every pop runs INSERT ... ON CONFLICT DO NOTHING on the cursor row before claiming.
+    pub per_pop_insert_on_conflict: bool,
+    /// Cursor creation takes the advisory lock (waits) instead of trying it.
+    pub advisory_lock_blocking: bool,
+    /// No empty-partition cursor seal.
+    pub no_cursor_seal: bool,
+}
+
+/// A model database. Clone the `Arc` to share it between brokers.
+pub struct SimDb {
+    shared: Arc<Shared>,
+}
+
+impl SimDb {
+    pub fn new(seed: u64, clock: SimClock, bugs: SimBugs) -> Arc<SimDb> {
+        Arc::new(SimDb {
+            shared: Arc::new(Shared {
+                state: Mutex::new(state::DbState::new(seed)),
+                events: Mutex::new(SimEvents::default()),
+                clock,
+                bugs,
+                active: Mutex::new(Default::default()),
+                next_tx: Mutex::new(0),
+                serial: Mutex::new(()),
+            }),
+        })
+    }
+
+    pub fn now(&self) -> Timestamp {
+        (self.shared.clock)()
+    }
+
+    pub fn events(&self) -> SimEvents {
+        lock(&self.shared.events).clone()
+    }
+
+    pub fn bugs(&self) -> SimBugs {
+        self.shared.bugs
+    }
+
+    /// The committed cursor row of (queue, partition, group), if any.
+    pub fn cursor(&self, queue: &str, partition: &str, group: &str) -> Option<CursorRow> {
+        let st = lock(&self.shared.state);
+        let pid = st.partitions.get(&(queue.to_string(), partition.to_string()), 0)?.id.clone();
+        st.consumers.get(&(pid, group.to_string()), 0).cloned()
+    }
+
+    /// (last_offset, partition id) of a partition, committed.
+    pub fn partition_head(&self, queue: &str, partition: &str) -> Option<(Offset, String)> {
+        let st = lock(&self.shared.state);
+        st.partitions.get(&(queue.to_string(), partition.to_string()), 0).map(|p| (p.last_offset, p.id.clone()))
+    }
+
+    /// Partition names of a queue, committed, in name order.
+    pub fn partitions(&self, queue: &str) -> Vec<String> {
+        let st = lock(&self.shared.state);
+        st.partitions.range((queue.to_string(), String::new()).., 0).take_while(|((q, _), _)| q == queue).map(|((_, n), _)| n.clone()).collect()
+    }
+
+    /// Dead letters of a queue, in filing order.
+    pub fn dead_letters(&self, queue: &str) -> Vec<DeadLetter> {
+        let st = lock(&self.shared.state);
+        st.dlq
+            .range((queue.to_string(), 0)..=(queue.to_string(), u64::MAX), 0)
+            .map(|(_, d)| DeadLetter {
+                partition_id: d.partition_id.clone(),
+                partition: d.partition.clone(),
+                group: d.group.clone(),
+                offset: d.offset,
+                transaction_id: d.transaction_id.clone(),
+                error: d.error.clone(),
+                retry_count: d.retry_count,
+                failed_at: d.failed_at,
+            })
+            .collect()
+    }
+
+    /// The durable subscription record of (queue, group): (timestamp, registered at).
+    pub fn subscription(&self, queue: &str, group: &str) -> Option<(Option<Timestamp>, Timestamp)> {
+        let st = lock(&self.shared.state);
+        st.metadata.get(&(queue.to_string(), group.to_string()), 0).map(|m| (m.subscription_timestamp, m.created_at))
+    }
+
+    /// Whether any transaction is open (every scheduled task finished cleanly).
+    pub fn open_transactions(&self) -> usize {
+        lock(&self.shared.active).len()
+    }
+
+    /// Retention: drop a partition's segments below `before`.
+    pub fn drop_segments(&self, queue: &str, partition: &str, before: Offset) -> StorageResult<u32> {
+        self.run(ops::drop_segments(self.shared.clone(), TaskCell::free_run(), queue.into(), partition.into(), before))
+    }
+
+    /// Runs a transaction to completion in free-run mode (serially; it can never wait).
+    fn run<T>(&self, fut: impl Future<Output = StorageResult<T>>) -> StorageResult<T> {
+        let _serial = lock(&self.shared.serial);
+        let mut fut = std::pin::pin!(fut);
+        let mut cx = Context::from_waker(Waker::noop());
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(StorageError::Internal("model transaction did not complete in serial mode".into())),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+#[async_trait]
+impl Storage for SimDb {
+    async fn configure_queue(&self, config: QueueConfig) -> StorageResult<(String, String)> {
+        self.run(ops::configure(self.shared.clone(), TaskCell::free_run(), config))
+    }
+
+    async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
+        Ok(lock(&self.shared.state).queues.get(&queue.to_string(), 0).map(|q| q.config.clone()))
+    }
+
+    async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
+        self.run(ops::delete_queue(self.shared.clone(), TaskCell::free_run(), queue.to_string()))
+    }
+
+    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
+        self.run(ops::push(self.shared.clone(), TaskCell::free_run(), groups))
+    }
+
+    async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {
+        self.run(pop::pop_partition(self.shared.clone(), TaskCell::free_run(), req, partition))
+    }
+
+    async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult> {
+        self.run(pop::pop_list(self.shared.clone(), TaskCell::free_run(), req, candidates))
+    }
+
+    async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {
+        self.run(pop::pop_wildcard(self.shared.clone(), TaskCell::free_run(), req))
+    }
+
+    async fn queues_matching(&self, namespace: Option<String>, task: Option<String>) -> StorageResult<Vec<String>> {
+        let st = lock(&self.shared.state);
+        Ok(st
+            .queues
+            .iter(0)
+            .filter(|(_, q)| namespace.as_ref().is_none_or(|n| &q.config.namespace == n) && task.as_ref().is_none_or(|t| &q.config.task == t))
+            .map(|(name, _)| name.clone())
+            .collect())
+    }
+
+    async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool> {
+        let now = self.now();
+        Ok(pop::has_pending(&lock(&self.shared.state), queue, group, now, 0))
+    }
+
+    async fn pending_partitions(&self, queue: &str, group: &str, limit: u32) -> StorageResult<Vec<String>> {
+        let now = self.now();
+        Ok(pop::pending_partitions(&lock(&self.shared.state), queue, group, now, limit, 0))
+    }
+
+    async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
+        self.run(ops::ack(self.shared.clone(), TaskCell::free_run(), group.to_string(), items))
+    }
+
+    async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
+        self.run(ops::renew(self.shared.clone(), TaskCell::free_run(), lease_id.to_string(), seconds))
+    }
+}

@@ -1,0 +1,482 @@
+//! The pop procedures: `log_pop_v1` and its three callers, statement by statement as in SQL.
+
+use std::sync::Arc;
+
+use queen_core::claim::{
+    apply_auto_ack, apply_lease, plan_scan, seal_target, seed_cursor, seed_rule, window_hold_until, wildcard_candidate_cap,
+    CursorRow, SegmentMeta, SubscriptionRecord, WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
+};
+use queen_core::params::effective_lease_seconds;
+use queen_core::storage::{Claim, PopRequest, PopResult, SegmentRow, StorageError, Verdict};
+use queen_core::{Offset, Timestamp};
+
+use crate::state::{advisory_key, DbState, MetaRow, WatermarkRow};
+use crate::table::{Insert, Lock};
+use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell, TxHandle};
+
+/// The advisory key seeds: 42 for cursor-row creation (the seed's), 43 for group-first-contact
+/// election, 44 for the watermark row.
+const CURSOR_CREATE_SEED: u64 = 42;
+const FIRST_CONTACT_SEED: u64 = 43;
+const WATERMARK_SEED: u64 = 44;
+
+struct QueueGates {
+    delayed_processing: u32,
+    window_buffer: u32,
+    lease_time: u32,
+}
+
+fn load_gates(st: &DbState, queue: &str, tx: u64) -> Option<QueueGates> {
+    st.queues.get(&queue.to_string(), tx).map(|q| QueueGates {
+        delayed_processing: q.config.delayed_processing,
+        window_buffer: q.config.window_buffer,
+        lease_time: q.config.lease_time,
+    })
+}
+
+fn segments_of(st: &DbState, pid: &str) -> std::ops::RangeInclusive<(String, Offset)> {
+    let _ = st;
+    (pid.to_string(), Offset::MIN)..=(pid.to_string(), Offset::MAX)
+}
+
+fn meta(st: &DbState, pid: &str, base: Offset, tx: u64) -> Option<SegmentMeta> {
+    st.segments.get(&(pid.to_string(), base), tx).map(|s| SegmentMeta { base_offset: base, end_offset: s.end_offset, created_at: s.created_at })
+}
+
+/// The claim: `SELECT committed ... FOR UPDATE SKIP LOCKED` with the lease filter.
+fn claim_row(st: &mut DbState, key: &(String, String), now: Timestamp, tx: u64) -> Result<Option<Offset>, StmtError> {
+    if st.consumers.locked_by_other(key, tx).is_some() {
+        return Ok(None);
+    }
+    match st.consumers.get(key, tx) {
+        Some(row) if row.claimable(now) => {
+            let committed = row.committed;
+            match st.consumers.lock(key, tx) {
+                Lock::Acquired => Ok(Some(committed)),
+                _ => Ok(None),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `log_pop_v1` for one partition. Returns the claim (if any messages were taken) and the verdict.
+#[allow(clippy::too_many_arguments)]
+async fn log_pop_v1(
+    shared: &Arc<Shared>,
+    tx: &TxHandle,
+    req: &PopRequest,
+    queue_gates: &QueueGates,
+    partition: &str,
+    pid: &str,
+    budget: u32,
+) -> Result<(Option<Claim>, Verdict), StorageError> {
+    let now = tx.now();
+    let key = (pid.to_string(), req.group.clone());
+    let bugs = shared.bugs;
+
+    // Step 2: windowBuffer debounce (bypassed on the ring path, where the wheel owns it).
+    if !req.skip_window_debounce && queue_gates.window_buffer > 0 {
+        let hold = tx
+            .stmt("window gate", |st, t| {
+                let newest = st.segments.range(segments_of(st, pid), t.id).next_back().map(|(_, s)| s.created_at);
+                Ok(window_hold_until(newest, queue_gates.window_buffer, now))
+            })
+            .await?;
+        if let Some(until) = hold {
+            return Ok((None, Verdict::DeferredUntil(until)));
+        }
+    }
+
+    if bugs.per_pop_insert_on_conflict {
+        // The historical shape: an unconditional INSERT ... ON CONFLICT DO NOTHING per pop. It
+        // waits on any transaction inserting or updating the row.
+        tx.stmt("insert on conflict (historical)", |st, t| match st.consumers.insert(key.clone(), CursorRow::seeded(-1), t.id) {
+            Insert::WaitFor(holder) => Err(StmtError::Blocked(holder)),
+            _ => Ok(()),
+        })
+        .await?;
+    }
+
+    // Step 4: claim-first.
+    let mut committed = tx
+        .stmt("claim", |st, t| {
+            let r = claim_row(st, &key, now, t.id)?;
+            if r.is_none() && st.consumers.locked_by_other(&key, t.id).is_some() {
+                lock(&shared.events).skip_locked += 1;
+            }
+            Ok(r)
+        })
+        .await?;
+
+    if committed.is_none() {
+        // Re-probe without the lease filter: missing, or present but leased/locked?
+        let present = tx
+            .stmt("re-probe", |st, t| Ok(st.consumers.get(&key, t.id).map(|r| r.live_lease_until(now))))
+            .await?;
+        match present {
+            Some(Some(until)) => return Ok((None, Verdict::LeasedUntil(until))),
+            Some(None) => return Ok((None, Verdict::Busy)),
+            None => {}
+        }
+        let acquired = if bugs.advisory_lock_blocking {
+            // The historical shape: take, not try. It waits on the holder's whole transaction.
+            tx.stmt("advisory lock (historical)", |st, t| match st.take_advisory(advisory_key(pid, &req.group, CURSOR_CREATE_SEED), t.id) {
+                Some(holder) => Err(StmtError::Blocked(holder)),
+                None => Ok(true),
+            })
+            .await?
+        } else {
+            tx.stmt("advisory try-lock", |st, t| Ok(st.try_advisory(advisory_key(pid, &req.group, CURSOR_CREATE_SEED), t.id)))
+                .await?
+        };
+        if !acquired {
+            lock(&shared.events).advisory_skips += 1;
+            return Ok((None, Verdict::Busy));
+        }
+        // Step 3: seed the new cursor, then insert it.
+        let inserted = tx
+            .stmt("seed and insert", |st, t| {
+                let record = st
+                    .metadata
+                    .get(&(req.queue.clone(), req.group.clone()), t.id)
+                    .map(|m| SubscriptionRecord { subscription_timestamp: m.subscription_timestamp });
+                let rule = seed_rule(&req.group, record, req.intent);
+                let part_key = (req.queue.clone(), partition.to_string());
+                let last_offset = st.partitions.get(&part_key, t.id).map_or(-1, |p| p.last_offset);
+                let first_recent = match rule {
+                    queen_core::claim::SeedRule::FromTimestamp(ts) => st
+                        .segments
+                        .range(segments_of(st, pid), t.id)
+                        .find(|(_, s)| s.created_at >= ts)
+                        .map(|((_, base), _)| *base),
+                    _ => None,
+                };
+                let row = CursorRow::seeded(seed_cursor(rule, last_offset, first_recent));
+                match st.consumers.insert(key.clone(), row, t.id) {
+                    Insert::Inserted => Ok(true),
+                    Insert::Exists => Ok(false),
+                    Insert::WaitFor(holder) => Err(StmtError::Blocked(holder)),
+                }
+            })
+            .await?;
+        let _ = inserted;
+        committed = tx.stmt("re-claim", |st, t| claim_row(st, &key, now, t.id)).await?;
+        if committed.is_none() {
+            return Ok((None, Verdict::Busy));
+        }
+    }
+    let committed = committed.unwrap_or(-1);
+    let wanted = committed + 1;
+
+    // Step 5: head probe (one backward step), then the forward scan to the budget.
+    let head = tx
+        .stmt("head probe", |st, t| {
+            Ok(st.segments.range((pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted), t.id).next_back().and_then(|((_, base), _)| meta(st, pid, *base, t.id)))
+        })
+        .await?;
+    let (rows, deferred) = tx
+        .stmt("forward scan", |st, t| {
+            let forward = st
+                .segments
+                .range((pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX), t.id)
+                .map(|((_, base), s)| SegmentMeta { base_offset: *base, end_offset: s.end_offset, created_at: s.created_at });
+            let rows = plan_scan(wanted, head, forward, budget, queue_gates.delayed_processing, now);
+            let deferred = if rows.is_empty() && queue_gates.delayed_processing > 0 {
+                let next = head.filter(|h| h.end_offset >= wanted).or_else(|| {
+                    st.segments
+                        .range((pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX), t.id)
+                        .next()
+                        .map(|((_, base), s)| SegmentMeta { base_offset: *base, end_offset: s.end_offset, created_at: s.created_at })
+                });
+                next.map(|s| s.created_at.plus_secs(i64::from(queue_gates.delayed_processing)))
+            } else {
+                None
+            };
+            let with_blobs: Vec<SegmentRow> = rows
+                .iter()
+                .filter_map(|r| {
+                    st.segments.get(&(pid.to_string(), r.base_offset), t.id).map(|s| SegmentRow {
+                        base_offset: r.base_offset,
+                        start_idx: r.start_idx,
+                        take: r.take,
+                        msg_count: r.msg_count,
+                        created_at: r.created_at,
+                        blob: s.blob.clone(),
+                    })
+                })
+                .collect();
+            Ok((with_blobs, deferred))
+        })
+        .await?;
+    let taken: u32 = rows.iter().map(|r| r.take).sum();
+
+    if taken == 0 {
+        if let Some(until) = deferred {
+            return Ok((None, Verdict::DeferredUntil(until)));
+        }
+        if !bugs.no_cursor_seal {
+            // The empty-partition seal, with its narrow guards.
+            tx.stmt("seal", |st, t| {
+                let has_segments = st.segments.range(segments_of(st, pid), t.id).next().is_some();
+                let last_offset = st.partitions.get(&(req.queue.clone(), partition.to_string()), t.id).map_or(-1, |p| p.last_offset);
+                if let Some(target) = seal_target(0, has_segments, last_offset, committed) {
+                    if let Some(mut row) = st.consumers.get(&key, t.id).cloned() {
+                        row.committed = target;
+                        st.consumers.update(&key, row, t.id);
+                        lock(&shared.events).seals += 1;
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        return Ok((None, Verdict::Empty));
+    }
+
+    // Step 6: autoAck or lease.
+    let last = wanted + i64::from(taken) - 1;
+    let lease_seconds = effective_lease_seconds(req.lease_seconds, Some(queue_gates.lease_time));
+    let (attempt_count, leased_until) = tx
+        .stmt("deliver", |st, t| {
+            let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into())))?;
+            if req.auto_ack {
+                apply_auto_ack(&mut row, last, taken);
+            } else {
+                apply_lease(&mut row, req.worker, now, lease_seconds, wanted, last);
+            }
+            let out = (row.attempt_count, row.lease_expires_at);
+            st.consumers.update(&key, row, t.id);
+            Ok(out)
+        })
+        .await?;
+    let claim = Claim {
+        queue: req.queue.clone(),
+        partition: partition.to_string(),
+        partition_id: pid.to_string(),
+        first_offset: wanted,
+        last_offset: last,
+        attempt_count: if req.auto_ack { 1 } else { attempt_count },
+        lease_expires_at: if req.auto_ack { None } else { leased_until },
+        rows,
+    };
+    Ok((Some(claim), Verdict::Took { count: taken, leased_until: if req.auto_ack { None } else { leased_until } }))
+}
+
+fn resolve_pid(st: &DbState, queue: &str, partition: &str, tx: u64) -> Option<String> {
+    st.partitions.get(&(queue.to_string(), partition.to_string()), tx).map(|p| p.id.clone())
+}
+
+/// Runs `log_pop_v1` over named candidates while budgets last (shared by list and wildcard).
+async fn pop_candidates(shared: &Arc<Shared>, tx: &TxHandle, req: &PopRequest, gates: &QueueGates, candidates: Vec<(String, Option<String>)>) -> Result<PopResult, StorageError> {
+    let mut result = PopResult::default();
+    let mut budget = req.batch;
+    for (name, pid) in candidates {
+        if budget == 0 || result.claims.len() as u32 >= req.max_partitions.max(1) {
+            result.verdicts.push((name, Verdict::NotEvaluated));
+            continue;
+        }
+        let pid = match pid {
+            Some(p) => Some(p),
+            None => tx.stmt("resolve partition", |st, t| Ok(resolve_pid(st, &req.queue, &name, t.id))).await?,
+        };
+        let Some(pid) = pid else {
+            result.verdicts.push((name, Verdict::Missing));
+            continue;
+        };
+        let (claim, verdict) = log_pop_v1(shared, tx, req, gates, &name, &pid, budget).await?;
+        if let Some(c) = claim {
+            budget = budget.saturating_sub(c.message_count());
+            result.claims.push(c);
+        }
+        result.verdicts.push((name, verdict));
+    }
+    Ok(result)
+}
+
+/// `log_pop_list_v1`: candidate names from the broker's ring, one transaction.
+pub(crate) async fn pop_list(shared: Arc<Shared>, cell: Arc<TaskCell>, req: PopRequest, candidates: Vec<String>) -> Result<PopResult, StorageError> {
+    in_tx(&shared, "log_pop_list_v1", cell, |tx| {
+        let shared = shared.clone();
+        async move {
+            let Some(gates) = tx.stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id))).await? else {
+                return Ok(PopResult { claims: vec![], verdicts: candidates.into_iter().map(|c| (c, Verdict::Missing)).collect() });
+            };
+            pop_candidates(&shared, &tx, &req, &gates, candidates.into_iter().map(|c| (c, None)).collect()).await
+        }
+    })
+    .await
+}
+
+/// `log_pop_specific_v1`: one named partition. The partitionId in the answer is resolved after
+/// the claim, inside the function, so its snapshot is at least as new as the claim's.
+pub(crate) async fn pop_partition(shared: Arc<Shared>, cell: Arc<TaskCell>, req: PopRequest, partition: String) -> Result<PopResult, StorageError> {
+    in_tx(&shared, "log_pop_specific_v1", cell, |tx| {
+        let shared = shared.clone();
+        async move {
+            // The historical shape resolved the reported partitionId in the outer statement,
+            // under a snapshot taken before the claim ran.
+            let outer_pid = tx.stmt("outer snapshot", |st, t| Ok(resolve_pid(st, &req.queue, &partition, t.id))).await?;
+            let Some(gates) = tx.stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id))).await? else {
+                return Ok(PopResult { claims: vec![], verdicts: vec![(partition, Verdict::Missing)] });
+            };
+            let mut result = pop_candidates(&shared, &tx, &req, &gates, vec![(partition.clone(), None)]).await?;
+            if !result.claims.is_empty() {
+                if outer_pid.is_none() {
+                    lock(&shared.events).creation_races += 1;
+                }
+                let reported = if shared.bugs.partition_id_outside_function {
+                    outer_pid.unwrap_or_default()
+                } else {
+                    tx.stmt("resolve partitionId", |st, t| Ok(resolve_pid(st, &req.queue, &partition, t.id).unwrap_or_default())).await?
+                };
+                for c in &mut result.claims {
+                    c.partition_id = reported.clone();
+                }
+                if reported.is_empty() {
+                    lock(&shared.events).empty_partition_ids += 1;
+                }
+            }
+            Ok(result)
+        }
+    })
+    .await
+}
+
+/// The wildcard scan (QUEEN_HOTLIST=0, and every first contact of a (queue, group)).
+pub(crate) async fn pop_wildcard(shared: Arc<Shared>, cell: Arc<TaskCell>, req: PopRequest) -> Result<PopResult, StorageError> {
+    in_tx(&shared, "log_pop_wildcard_v1", cell, |tx| {
+        let shared = shared.clone();
+        async move {
+            let now = tx.now();
+            let Some(gates) = tx.stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id))).await? else {
+                return Ok(PopResult::default());
+            };
+            let mkey = (req.queue.clone(), req.group.clone());
+            // Group-first-contact bulk seed: one elected seeder seeds every cursor at once.
+            tx.stmt("first contact", |st, t| {
+                if st.metadata.get(&mkey, t.id).is_some() || !st.try_advisory(advisory_key(&req.queue, &req.group, FIRST_CONTACT_SEED), t.id) {
+                    return Ok(());
+                }
+                let row = MetaRow { subscription_timestamp: queen_core::claim::registration_timestamp(req.intent, now), created_at: now };
+                let record = SubscriptionRecord { subscription_timestamp: row.subscription_timestamp };
+                if st.metadata.insert(mkey.clone(), row, t.id) != Insert::Inserted {
+                    return Ok(());
+                }
+                let parts: Vec<(String, String, Offset)> = st
+                    .partitions
+                    .range((req.queue.clone(), String::new()).., t.id)
+                    .take_while(|((q, _), _)| *q == req.queue)
+                    .map(|((_, name), p)| (name.clone(), p.id.clone(), p.last_offset))
+                    .collect();
+                let rule = seed_rule(&req.group, Some(record), req.intent);
+                for (_, pid, last_offset) in parts {
+                    let key = (pid.clone(), req.group.clone());
+                    // Set-based and non-blocking: rows another transaction is creating are left
+                    // to it (it holds their advisory lock).
+                    if st.consumers.get(&key, t.id).is_some() || st.consumers.locked_by_other(&key, t.id).is_some() {
+                        continue;
+                    }
+                    if !st.try_advisory(advisory_key(&pid, &req.group, CURSOR_CREATE_SEED), t.id) {
+                        continue;
+                    }
+                    let first_recent = match rule {
+                        queen_core::claim::SeedRule::FromTimestamp(ts) => st
+                            .segments
+                            .range((pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX), t.id)
+                            .find(|(_, s)| s.created_at >= ts)
+                            .map(|((_, base), _)| *base),
+                        _ => None,
+                    };
+                    let _ = st.consumers.insert(key, CursorRow::seeded(seed_cursor(rule, last_offset, first_recent)), t.id);
+                }
+                Ok(())
+            })
+            .await?;
+            // The candidate scan: watermark, coarse filter, lease filter, ORDER BY random(), cap.
+            let candidates = tx
+                .stmt("candidate scan", |st, t| {
+                    let watermark = st.watermarks.get(&mkey, t.id).map_or(Timestamp::EPOCH, |w| w.watermark);
+                    let floor = watermark.minus_secs(WATERMARK_SLACK_SECS);
+                    let all: Vec<_> = st
+                        .partitions
+                        .range((req.queue.clone(), String::new()).., t.id)
+                        .take_while(|((q, _), _)| *q == req.queue)
+                        .collect();
+                    let cap = wildcard_candidate_cap(all.len() as u64) as usize;
+                    let mut picked: Vec<(String, Option<String>)> = all
+                        .into_iter()
+                        .filter(|(_, p)| p.last_write_at >= floor)
+                        .filter(|(_, p)| match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
+                            None => true,
+                            Some(c) => p.last_offset > c.committed && c.claimable(now),
+                        })
+                        .map(|((_, name), p)| (name.clone(), Some(p.id.clone())))
+                        .collect();
+                    st.rng.shuffle(&mut picked);
+                    picked.truncate(cap);
+                    Ok(picked)
+                })
+                .await?;
+            let result = pop_candidates(&shared, &tx, &req, &gates, candidates).await?;
+            if result.claims.is_empty() {
+                // The empty-scan watermark: re-checked at most every 30 s, advanced only when the
+                // queue is genuinely empty for this group (a lease-held backlog keeps the floor).
+                tx.stmt("watermark", |st, t| {
+                    let current = st.watermarks.get(&mkey, t.id).cloned();
+                    if current.as_ref().is_some_and(|w| now < w.last_checked.plus_secs(WATERMARK_RECHECK_SECS)) {
+                        return Ok(());
+                    }
+                    if !st.try_advisory(advisory_key(&req.queue, &req.group, WATERMARK_SEED), t.id) {
+                        return Ok(());
+                    }
+                    let pending = st
+                        .partitions
+                        .range((req.queue.clone(), String::new()).., t.id)
+                        .take_while(|((q, _), _)| *q == req.queue)
+                        .any(|(_, p)| match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
+                            None => p.last_offset >= 0,
+                            Some(c) => p.last_offset > c.committed,
+                        });
+                    let watermark = match (&current, pending) {
+                        (_, false) => now,
+                        (Some(w), true) => w.watermark,
+                        (None, true) => Timestamp::EPOCH,
+                    };
+                    let row = WatermarkRow { watermark, last_checked: now };
+                    match current {
+                        Some(_) => match st.watermarks.update(&mkey, row, t.id) {
+                            Lock::HeldBy(_) | Lock::Missing | Lock::Acquired => {}
+                        },
+                        None => {
+                            let _ = st.watermarks.insert(mkey.clone(), row, t.id);
+                        }
+                    }
+                    Ok(())
+                })
+                .await?;
+            }
+            Ok(result)
+        }
+    })
+    .await
+}
+
+/// `log_has_pending_v1`: false means definitively nothing to deliver to this group now.
+pub(crate) fn has_pending(st: &DbState, queue: &str, group: &str, now: Timestamp, tx: u64) -> bool {
+    !pending_partitions(st, queue, group, now, 1, tx).is_empty()
+}
+
+/// Partitions with pending, claimable data for the group (coarse: re-verified by the pop).
+pub(crate) fn pending_partitions(st: &DbState, queue: &str, group: &str, now: Timestamp, limit: u32, tx: u64) -> Vec<String> {
+    st.partitions
+        .range((queue.to_string(), String::new()).., tx)
+        .take_while(|((q, _), _)| q == queue)
+        .filter(|(_, p)| match st.consumers.get(&(p.id.clone(), group.to_string()), tx) {
+            None => p.last_offset >= 0,
+            Some(c) => p.last_offset > c.committed && c.claimable(now),
+        })
+        .take(limit as usize)
+        .map(|((_, name), _)| name.clone())
+        .collect()
+}

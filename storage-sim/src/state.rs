@@ -1,0 +1,154 @@
+//! The model's tables: the same rows as schema `queen` in PostgreSQL.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use queen_core::claim::CursorRow;
+use queen_core::rng::SeededRng;
+use queen_core::storage::QueueConfig;
+use queen_core::{Offset, Timestamp};
+
+use crate::table::{Table, TxId};
+
+#[derive(Clone, Debug)]
+pub struct QueueRow {
+    pub id: String,
+    pub config: QueueConfig,
+}
+
+#[derive(Clone, Debug)]
+pub struct PartitionRow {
+    pub id: String,
+    pub last_offset: Offset,
+    /// Quantized to one second, as in PostgreSQL.
+    pub last_write_at: Timestamp,
+}
+
+#[derive(Clone, Debug)]
+pub struct SegmentData {
+    pub end_offset: Offset,
+    pub created_at: Timestamp,
+    pub blob: Arc<Vec<u8>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TxidRow {
+    pub offset: Offset,
+    pub message_id: uuid::Uuid,
+}
+
+#[derive(Clone, Debug)]
+pub struct MetaRow {
+    pub subscription_timestamp: Option<Timestamp>,
+    pub created_at: Timestamp,
+}
+
+#[derive(Clone, Debug)]
+pub struct WatermarkRow {
+    pub watermark: Timestamp,
+    pub last_checked: Timestamp,
+}
+
+#[derive(Clone, Debug)]
+pub struct DlqRow {
+    pub partition_id: String,
+    pub partition: String,
+    pub group: String,
+    pub offset: Offset,
+    pub transaction_id: String,
+    pub error: Option<String>,
+    pub retry_count: u32,
+    pub failed_at: Timestamp,
+}
+
+/// Partition id → (queue, partition name).
+pub type PartitionKey = (String, String);
+
+#[derive(Debug)]
+pub struct DbState {
+    pub queues: Table<String, QueueRow>,
+    pub partitions: Table<PartitionKey, PartitionRow>,
+    pub partition_ids: Table<String, PartitionKey>,
+    pub segments: Table<(String, Offset), SegmentData>,
+    pub txids: Table<(String, String), TxidRow>,
+    pub consumers: Table<(String, String), CursorRow>,
+    pub metadata: Table<(String, String), MetaRow>,
+    pub watermarks: Table<(String, String), WatermarkRow>,
+    pub dlq: Table<(String, u64), DlqRow>,
+    pub dlq_seq: u64,
+    /// Transaction-scoped advisory locks: key → holder.
+    pub advisory: BTreeMap<i64, TxId>,
+    pub advisory_held: BTreeMap<TxId, Vec<i64>>,
+    /// For ORDER BY random() and id minting.
+    pub rng: SeededRng,
+}
+
+impl DbState {
+    pub fn new(seed: u64) -> Self {
+        DbState {
+            queues: Table::default(),
+            partitions: Table::default(),
+            partition_ids: Table::default(),
+            segments: Table::default(),
+            txids: Table::default(),
+            consumers: Table::default(),
+            metadata: Table::default(),
+            watermarks: Table::default(),
+            dlq: Table::default(),
+            dlq_seq: 0,
+            advisory: BTreeMap::new(),
+            advisory_held: BTreeMap::new(),
+            rng: SeededRng::new(seed).child("db"),
+        }
+    }
+
+    /// `pg_try_advisory_xact_lock`: never waits.
+    pub fn try_advisory(&mut self, key: i64, tx: TxId) -> bool {
+        match self.advisory.get(&key) {
+            Some(holder) => *holder == tx,
+            None => {
+                self.advisory.insert(key, tx);
+                self.advisory_held.entry(tx).or_default().push(key);
+                true
+            }
+        }
+    }
+
+    /// `pg_advisory_xact_lock`: the holder, if this would wait.
+    pub fn take_advisory(&mut self, key: i64, tx: TxId) -> Option<TxId> {
+        match self.advisory.get(&key) {
+            Some(holder) if *holder != tx => Some(*holder),
+            _ => {
+                self.try_advisory(key, tx);
+                None
+            }
+        }
+    }
+
+    pub fn end(&mut self, tx: TxId, commit: bool) {
+        macro_rules! each_table {
+            ($($t:ident),*) => { $( if commit { self.$t.commit(tx) } else { self.$t.rollback(tx) } )* };
+        }
+        each_table!(queues, partitions, partition_ids, segments, txids, consumers, metadata, watermarks, dlq);
+        for key in self.advisory_held.remove(&tx).unwrap_or_default() {
+            self.advisory.remove(&key);
+        }
+    }
+
+    pub fn mint_uuid(&mut self, now: Timestamp) -> uuid::Uuid {
+        let mut bytes = [0u8; 10];
+        self.rng.fill(&mut bytes);
+        uuid::Builder::from_unix_timestamp_millis(u64::try_from(now.as_millis()).unwrap_or(0), &bytes).into_uuid()
+    }
+}
+
+/// `hashtextextended(partition_id || '/' || group, seed)` stand-in: any stable 64-bit hash will
+/// do for the model, collisions included (they false-skip, harmlessly).
+pub fn advisory_key(partition_id: &str, group: &str, seed: u64) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+    for b in partition_id.bytes().chain(std::iter::once(b'/')).chain(group.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h as i64
+}
