@@ -12,7 +12,12 @@ pub struct WaitBackoff {
 
 impl Default for WaitBackoff {
     fn default() -> Self {
-        WaitBackoff { initial_ms: 100, threshold: 3, multiplier: 2.0, max_ms: 1000 }
+        WaitBackoff {
+            initial_ms: 100,
+            threshold: 3,
+            multiplier: 2.0,
+            max_ms: 1000,
+        }
     }
 }
 
@@ -44,7 +49,12 @@ mod tests {
 
     #[test]
     fn never_exceeds_the_cap() {
-        let b = WaitBackoff { initial_ms: 50, threshold: 1, multiplier: 3.0, max_ms: 400 };
+        let b = WaitBackoff {
+            initial_ms: 50,
+            threshold: 1,
+            multiplier: 3.0,
+            max_ms: 400,
+        };
         assert_eq!(b.interval_ms(1), 50);
         assert_eq!(b.interval_ms(2), 300);
         assert_eq!(b.interval_ms(3), 400);

@@ -94,7 +94,11 @@ pub enum SeedRule {
 
 /// Step 3 of the seed: the durable record first, then the pop-carried intent, then -1.
 /// `__QUEUE_MODE__` skips both: a queue-mode pop never skips backlog.
-pub fn seed_rule(group: &str, record: Option<SubscriptionRecord>, intent: SubscriptionIntent) -> SeedRule {
+pub fn seed_rule(
+    group: &str,
+    record: Option<SubscriptionRecord>,
+    intent: SubscriptionIntent,
+) -> SeedRule {
     if group == QUEUE_MODE_GROUP {
         return SeedRule::FromStart;
     }
@@ -106,18 +110,26 @@ pub fn seed_rule(group: &str, record: Option<SubscriptionRecord>, intent: Subscr
     }
     match (intent.from, intent.mode) {
         (SubscriptionFrom::At(t), _) => SeedRule::FromTimestamp(t),
-        (SubscriptionFrom::Now, _) | (SubscriptionFrom::Unset, SubscriptionMode::New) => SeedRule::AtEnd,
+        (SubscriptionFrom::Now, _) | (SubscriptionFrom::Unset, SubscriptionMode::New) => {
+            SeedRule::AtEnd
+        }
         (SubscriptionFrom::Unset, SubscriptionMode::All) => SeedRule::FromStart,
     }
 }
 
 /// Resolves a seed rule to a cursor. `first_segment_at_or_after` is the base offset of the first
 /// segment whose created_at >= the timestamp (found by a forward walk from the retention start).
-pub fn seed_cursor(rule: SeedRule, last_offset: Offset, first_segment_at_or_after: Option<Offset>) -> Offset {
+pub fn seed_cursor(
+    rule: SeedRule,
+    last_offset: Offset,
+    first_segment_at_or_after: Option<Offset>,
+) -> Offset {
     match rule {
         SeedRule::FromStart => -1,
         SeedRule::AtEnd => last_offset,
-        SeedRule::FromTimestamp(_) => first_segment_at_or_after.map_or(last_offset, |base| base - 1),
+        SeedRule::FromTimestamp(_) => {
+            first_segment_at_or_after.map_or(last_offset, |base| base - 1)
+        }
     }
 }
 
@@ -147,7 +159,8 @@ pub struct SliceRow {
 
 /// delayedProcessing: a segment is visible only when it is at least D seconds old.
 pub fn delay_visible(seg: &SegmentMeta, delayed_processing_secs: u32, now: Timestamp) -> bool {
-    delayed_processing_secs == 0 || seg.created_at <= now.minus_secs(i64::from(delayed_processing_secs))
+    delayed_processing_secs == 0
+        || seg.created_at <= now.minus_secs(i64::from(delayed_processing_secs))
 }
 
 /// The head probe's covering test and the forward scan, over segments the caller fetched:
@@ -204,7 +217,11 @@ pub fn plan_scan(
 
 /// windowBuffer: the partition is held while its newest segment is younger than W seconds.
 /// Returns the instant the hold ends, or `None` when the partition may be served.
-pub fn window_hold_until(newest_created_at: Option<Timestamp>, window_buffer_secs: u32, now: Timestamp) -> Option<Timestamp> {
+pub fn window_hold_until(
+    newest_created_at: Option<Timestamp>,
+    window_buffer_secs: u32,
+    now: Timestamp,
+) -> Option<Timestamp> {
     if window_buffer_secs == 0 {
         return None;
     }
@@ -214,7 +231,12 @@ pub fn window_hold_until(newest_created_at: Option<Timestamp>, window_buffer_sec
 
 /// The empty-partition cursor seal: only when the scan took nothing, the partition holds no
 /// segments at all, and last_offset > committed. Returns the new committed offset.
-pub fn seal_target(taken: u32, partition_has_segments: bool, last_offset: Offset, committed: Offset) -> Option<Offset> {
+pub fn seal_target(
+    taken: u32,
+    partition_has_segments: bool,
+    last_offset: Offset,
+    committed: Offset,
+) -> Option<Offset> {
     (taken == 0 && !partition_has_segments && last_offset > committed).then_some(last_offset)
 }
 
@@ -238,7 +260,14 @@ pub fn apply_auto_ack(row: &mut CursorRow, last: Offset, taken: u32) {
 }
 
 /// Leased delivery of (committed, last]: the cursor does not move.
-pub fn apply_lease(row: &mut CursorRow, worker: WorkerId, now: Timestamp, lease_seconds: u32, start: Offset, last: Offset) {
+pub fn apply_lease(
+    row: &mut CursorRow,
+    worker: WorkerId,
+    now: Timestamp,
+    lease_seconds: u32,
+    start: Offset,
+    last: Offset,
+) {
     row.worker_id = Some(worker);
     row.lease_expires_at = Some(now.plus_secs(i64::from(lease_seconds)));
     row.lease_acquired_at = Some(now);
@@ -266,30 +295,60 @@ mod tests {
     use super::*;
 
     fn seg(base: Offset, end: Offset, at: i64) -> SegmentMeta {
-        SegmentMeta { base_offset: base, end_offset: end, created_at: Timestamp::from_secs(at) }
+        SegmentMeta {
+            base_offset: base,
+            end_offset: end,
+            created_at: Timestamp::from_secs(at),
+        }
     }
 
     const NOW: Timestamp = Timestamp(1_000_000_000);
 
     #[test]
     fn seeding_order_record_then_intent_then_start() {
-        let new = SubscriptionIntent { mode: SubscriptionMode::New, from: SubscriptionFrom::Unset };
+        let new = SubscriptionIntent {
+            mode: SubscriptionMode::New,
+            from: SubscriptionFrom::Unset,
+        };
         let all = SubscriptionIntent::default();
-        let at = SubscriptionIntent { mode: SubscriptionMode::All, from: SubscriptionFrom::At(Timestamp(5)) };
-        let rec = |t| Some(SubscriptionRecord { subscription_timestamp: t });
+        let at = SubscriptionIntent {
+            mode: SubscriptionMode::All,
+            from: SubscriptionFrom::At(Timestamp(5)),
+        };
+        let rec = |t| {
+            Some(SubscriptionRecord {
+                subscription_timestamp: t,
+            })
+        };
         // Queue mode never skips backlog, whatever it carries.
-        assert_eq!(seed_rule(QUEUE_MODE_GROUP, rec(Some(Timestamp(9))), new), SeedRule::FromStart);
+        assert_eq!(
+            seed_rule(QUEUE_MODE_GROUP, rec(Some(Timestamp(9))), new),
+            SeedRule::FromStart
+        );
         assert_eq!(seed_rule(QUEUE_MODE_GROUP, None, new), SeedRule::FromStart);
         // The durable record wins over the intent.
-        assert_eq!(seed_rule("g", rec(Some(Timestamp(9))), new), SeedRule::FromTimestamp(Timestamp(9)));
+        assert_eq!(
+            seed_rule("g", rec(Some(Timestamp(9))), new),
+            SeedRule::FromTimestamp(Timestamp(9))
+        );
         assert_eq!(seed_rule("g", rec(None), new), SeedRule::FromStart);
         // Then the intent.
         assert_eq!(seed_rule("g", None, new), SeedRule::AtEnd);
         assert_eq!(
-            seed_rule("g", None, SubscriptionIntent { mode: SubscriptionMode::All, from: SubscriptionFrom::Now }),
+            seed_rule(
+                "g",
+                None,
+                SubscriptionIntent {
+                    mode: SubscriptionMode::All,
+                    from: SubscriptionFrom::Now
+                }
+            ),
             SeedRule::AtEnd
         );
-        assert_eq!(seed_rule("g", None, at), SeedRule::FromTimestamp(Timestamp(5)));
+        assert_eq!(
+            seed_rule("g", None, at),
+            SeedRule::FromTimestamp(Timestamp(5))
+        );
         assert_eq!(seed_rule("g", None, all), SeedRule::FromStart);
     }
 
@@ -297,17 +356,32 @@ mod tests {
     fn seed_cursor_lands_before_the_first_recent_segment() {
         assert_eq!(seed_cursor(SeedRule::FromStart, 9, None), -1);
         assert_eq!(seed_cursor(SeedRule::AtEnd, 9, None), 9);
-        assert_eq!(seed_cursor(SeedRule::FromTimestamp(Timestamp(1)), 9, Some(4)), 3);
-        assert_eq!(seed_cursor(SeedRule::FromTimestamp(Timestamp(1)), 9, None), 9);
+        assert_eq!(
+            seed_cursor(SeedRule::FromTimestamp(Timestamp(1)), 9, Some(4)),
+            3
+        );
+        assert_eq!(
+            seed_cursor(SeedRule::FromTimestamp(Timestamp(1)), 9, None),
+            9
+        );
     }
 
     #[test]
     fn registration_stores_the_intent() {
         let now = Timestamp(77);
-        assert_eq!(registration_timestamp(SubscriptionIntent::default(), now), None);
-        let new = SubscriptionIntent { mode: SubscriptionMode::New, from: SubscriptionFrom::Unset };
+        assert_eq!(
+            registration_timestamp(SubscriptionIntent::default(), now),
+            None
+        );
+        let new = SubscriptionIntent {
+            mode: SubscriptionMode::New,
+            from: SubscriptionFrom::Unset,
+        };
         assert_eq!(registration_timestamp(new, now), Some(now));
-        let at = SubscriptionIntent { mode: SubscriptionMode::New, from: SubscriptionFrom::At(Timestamp(3)) };
+        let at = SubscriptionIntent {
+            mode: SubscriptionMode::New,
+            from: SubscriptionFrom::At(Timestamp(3)),
+        };
         assert_eq!(registration_timestamp(at, now), Some(Timestamp(3)));
     }
 
@@ -317,7 +391,10 @@ mod tests {
         let fwd = [seg(10, 14, 2), seg(15, 29, 3), seg(30, 39, 4)];
         let rows = plan_scan(7, Some(head), fwd, 12, 0, NOW);
         assert_eq!(rows.len(), 3);
-        assert_eq!((rows[0].start_idx, rows[0].take, rows[0].msg_count), (7, 3, 10));
+        assert_eq!(
+            (rows[0].start_idx, rows[0].take, rows[0].msg_count),
+            (7, 3, 10)
+        );
         assert_eq!((rows[1].start_idx, rows[1].take), (0, 5));
         assert_eq!((rows[2].base_offset, rows[2].take), (15, 4));
         assert_eq!(rows.iter().map(|r| r.take).sum::<u32>(), 12);
@@ -327,7 +404,16 @@ mod tests {
     fn head_that_does_not_cover_is_ignored() {
         // Fully consumed head (0..=4, wanted 5): the forward scan starts at 10 (retention gap).
         let rows = plan_scan(5, Some(seg(0, 4, 1)), [seg(10, 12, 2)], 100, 0, NOW);
-        assert_eq!(rows, vec![SliceRow { base_offset: 10, start_idx: 0, take: 3, msg_count: 3, created_at: Timestamp::from_secs(2) }]);
+        assert_eq!(
+            rows,
+            vec![SliceRow {
+                base_offset: 10,
+                start_idx: 0,
+                take: 3,
+                msg_count: 3,
+                created_at: Timestamp::from_secs(2)
+            }]
+        );
     }
 
     #[test]
@@ -342,16 +428,29 @@ mod tests {
     #[test]
     fn window_holds_until_quiet() {
         let now = Timestamp::from_secs(100);
-        assert_eq!(window_hold_until(Some(Timestamp::from_secs(99)), 2, now), Some(Timestamp::from_secs(101)));
-        assert_eq!(window_hold_until(Some(Timestamp::from_secs(98)), 2, now), None);
-        assert_eq!(window_hold_until(Some(Timestamp::from_secs(99)), 0, now), None);
+        assert_eq!(
+            window_hold_until(Some(Timestamp::from_secs(99)), 2, now),
+            Some(Timestamp::from_secs(101))
+        );
+        assert_eq!(
+            window_hold_until(Some(Timestamp::from_secs(98)), 2, now),
+            None
+        );
+        assert_eq!(
+            window_hold_until(Some(Timestamp::from_secs(99)), 0, now),
+            None
+        );
         assert_eq!(window_hold_until(None, 2, now), None);
     }
 
     #[test]
     fn seal_guards_are_narrow() {
         assert_eq!(seal_target(0, false, 9, 3), Some(9));
-        assert_eq!(seal_target(0, true, 9, 3), None, "segments exist (maybe deferred): never seal");
+        assert_eq!(
+            seal_target(0, true, 9, 3),
+            None,
+            "segments exist (maybe deferred): never seal"
+        );
         assert_eq!(seal_target(2, false, 9, 3), None);
         assert_eq!(seal_target(0, false, 3, 3), None);
     }
@@ -364,13 +463,27 @@ mod tests {
         let mut row = CursorRow::seeded(-1);
         let w = WorkerId(uuid::Uuid::nil());
         apply_lease(&mut row, w, NOW, 30, 0, 4);
-        assert_eq!((row.attempt_count, row.attempt_offset, row.batch_end, row.committed), (1, Some(0), Some(4), -1));
+        assert_eq!(
+            (
+                row.attempt_count,
+                row.attempt_offset,
+                row.batch_end,
+                row.committed
+            ),
+            (1, Some(0), Some(4), -1)
+        );
         assert_eq!(row.lease_expires_at, Some(NOW.plus_secs(30)));
         apply_lease(&mut row, w, NOW, 30, 0, 2);
         assert_eq!(row.attempt_count, 2);
         apply_auto_ack(&mut row, 2, 3);
-        assert_eq!((row.committed, row.worker_id, row.total_consumed), (2, None, 3));
-        assert_eq!(row.attempt_count, 2, "autoAck leaves the attempt telemetry alone");
+        assert_eq!(
+            (row.committed, row.worker_id, row.total_consumed),
+            (2, None, 3)
+        );
+        assert_eq!(
+            row.attempt_count, 2,
+            "autoAck leaves the attempt telemetry alone"
+        );
     }
 
     #[test]
@@ -379,7 +492,10 @@ mod tests {
         assert!(row.claimable(NOW));
         row.worker_id = Some(WorkerId(uuid::Uuid::nil()));
         row.lease_expires_at = Some(NOW);
-        assert!(!row.claimable(NOW), "expiry is strict: a lease is live through its expiry instant");
+        assert!(
+            !row.claimable(NOW),
+            "expiry is strict: a lease is live through its expiry instant"
+        );
         assert!(row.claimable(Timestamp(NOW.0 + 1)));
     }
 

@@ -21,7 +21,12 @@ pub fn claims_to_messages(claims: &[Claim]) -> Result<Vec<DeliveredMessage>, Fra
     let mut out = Vec::with_capacity(claims.iter().map(|c| c.message_count() as usize).sum());
     for c in claims {
         for row in &c.rows {
-            let frames = slice_blob(&row.blob, row.start_idx as usize, row.take as usize, row.msg_count as usize)?;
+            let frames = slice_blob(
+                &row.blob,
+                row.start_idx as usize,
+                row.take as usize,
+                row.msg_count as usize,
+            )?;
             for (i, frame) in frames.into_iter().enumerate() {
                 out.push(DeliveredMessage {
                     queue: c.queue.clone(),

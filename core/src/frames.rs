@@ -22,20 +22,31 @@ pub struct Frame {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrameError {
-    Truncated { at: usize },
+    Truncated {
+        at: usize,
+    },
     TransactionIdTooLong(usize),
     Compression(String),
-    SliceOutOfRange { start: usize, take: usize, count: usize },
+    SliceOutOfRange {
+        start: usize,
+        take: usize,
+        count: usize,
+    },
 }
 
 impl fmt::Display for FrameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FrameError::Truncated { at } => write!(f, "segment blob truncated at byte {at}"),
-            FrameError::TransactionIdTooLong(n) => write!(f, "transactionId of {n} bytes does not fit a frame"),
+            FrameError::TransactionIdTooLong(n) => {
+                write!(f, "transactionId of {n} bytes does not fit a frame")
+            }
             FrameError::Compression(e) => write!(f, "segment blob codec: {e}"),
             FrameError::SliceOutOfRange { start, take, count } => {
-                write!(f, "slice [{start}, {start}+{take}) outside a segment of {count} frames")
+                write!(
+                    f,
+                    "slice [{start}, {start}+{take}) outside a segment of {count} frames"
+                )
             }
         }
     }
@@ -44,13 +55,20 @@ impl fmt::Display for FrameError {
 impl std::error::Error for FrameError {}
 
 pub fn encode_frames(frames: &[Frame]) -> Result<Vec<u8>, FrameError> {
-    let mut out = Vec::with_capacity(frames.iter().map(|f| 40 + f.payload.len() + f.transaction_id.len()).sum());
+    let mut out = Vec::with_capacity(
+        frames
+            .iter()
+            .map(|f| 40 + f.payload.len() + f.transaction_id.len())
+            .sum(),
+    );
     for f in frames {
         let txid = f.transaction_id.as_bytes();
-        let txid_len = u16::try_from(txid.len()).map_err(|_| FrameError::TransactionIdTooLong(txid.len()))?;
+        let txid_len =
+            u16::try_from(txid.len()).map_err(|_| FrameError::TransactionIdTooLong(txid.len()))?;
         let trace_len = if f.trace_id.is_some() { 16 } else { 0 };
         let body_len = 1 + 16 + trace_len + 2 + txid.len() + f.payload.len();
-        let body_len = u32::try_from(body_len).map_err(|_| FrameError::TransactionIdTooLong(body_len))?;
+        let body_len =
+            u32::try_from(body_len).map_err(|_| FrameError::TransactionIdTooLong(body_len))?;
         out.extend_from_slice(&body_len.to_le_bytes());
         out.push(if f.trace_id.is_some() { FLAG_TRACE } else { 0 });
         out.extend_from_slice(f.message_id.as_bytes());
@@ -65,7 +83,10 @@ pub fn encode_frames(frames: &[Frame]) -> Result<Vec<u8>, FrameError> {
 }
 
 fn take<'a>(buf: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8], FrameError> {
-    let end = pos.checked_add(n).filter(|e| *e <= buf.len()).ok_or(FrameError::Truncated { at: *pos })?;
+    let end = pos
+        .checked_add(n)
+        .filter(|e| *e <= buf.len())
+        .ok_or(FrameError::Truncated { at: *pos })?;
     let s = &buf[*pos..end];
     *pos = end;
     Ok(s)
@@ -79,15 +100,25 @@ fn uuid_at(buf: &[u8], pos: &mut usize) -> Result<uuid::Uuid, FrameError> {
 }
 
 /// Decodes frames `[start, start + take)` of an uncompressed frame buffer holding `count` frames.
-pub fn decode_frames(raw: &[u8], start: usize, take_n: usize, count: usize) -> Result<Vec<Frame>, FrameError> {
+pub fn decode_frames(
+    raw: &[u8],
+    start: usize,
+    take_n: usize,
+    count: usize,
+) -> Result<Vec<Frame>, FrameError> {
     if start.checked_add(take_n).is_none_or(|e| e > count) {
-        return Err(FrameError::SliceOutOfRange { start, take: take_n, count });
+        return Err(FrameError::SliceOutOfRange {
+            start,
+            take: take_n,
+            count,
+        });
     }
     let mut pos = 0usize;
     let mut out = Vec::with_capacity(take_n);
     for idx in 0..start + take_n {
         let len_bytes = take(raw, &mut pos, 4)?;
-        let body_len = u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
+        let body_len =
+            u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
         let body = take(raw, &mut pos, body_len)?;
         if idx < start {
             continue;
@@ -95,12 +126,21 @@ pub fn decode_frames(raw: &[u8], start: usize, take_n: usize, count: usize) -> R
         let mut p = 0usize;
         let flags = take(body, &mut p, 1)?[0];
         let message_id = uuid_at(body, &mut p)?;
-        let trace_id = if flags & FLAG_TRACE != 0 { Some(uuid_at(body, &mut p)?) } else { None };
+        let trace_id = if flags & FLAG_TRACE != 0 {
+            Some(uuid_at(body, &mut p)?)
+        } else {
+            None
+        };
         let l = take(body, &mut p, 2)?;
         let txid_len = u16::from_le_bytes([l[0], l[1]]) as usize;
         let txid = take(body, &mut p, txid_len)?;
         let transaction_id = String::from_utf8_lossy(txid).into_owned();
-        out.push(Frame { message_id, transaction_id, trace_id, payload: body[p..].to_vec() });
+        out.push(Frame {
+            message_id,
+            transaction_id,
+            trace_id,
+            payload: body[p..].to_vec(),
+        });
     }
     Ok(out)
 }
@@ -120,7 +160,8 @@ pub fn decompress_blob(blob: &[u8]) -> Result<Vec<u8>, FrameError> {
         .flatten()
         .map(|s| s as usize)
         .unwrap_or(MAX_SEGMENT_BYTES);
-    zstd::bulk::decompress(blob, size.min(MAX_SEGMENT_BYTES)).map_err(|e| FrameError::Compression(e.to_string()))
+    zstd::bulk::decompress(blob, size.min(MAX_SEGMENT_BYTES))
+        .map_err(|e| FrameError::Compression(e.to_string()))
 }
 
 /// Encode and compress in one step (what a push does per (queue, partition) group).
@@ -129,7 +170,12 @@ pub fn build_blob(frames: &[Frame]) -> Result<Vec<u8>, FrameError> {
 }
 
 /// Decompress a blob and slice frames `[start, start + take)`: the broker side of a pop.
-pub fn slice_blob(blob: &[u8], start: usize, take_n: usize, count: usize) -> Result<Vec<Frame>, FrameError> {
+pub fn slice_blob(
+    blob: &[u8],
+    start: usize,
+    take_n: usize,
+    count: usize,
+) -> Result<Vec<Frame>, FrameError> {
     decode_frames(&decompress_blob(blob)?, start, take_n, count)
 }
 
@@ -151,8 +197,14 @@ mod tests {
         let frames: Vec<Frame> = (0..5).map(|i| frame(i, i % 2 == 0)).collect();
         let blob = build_blob(&frames).expect("encode");
         assert_eq!(slice_blob(&blob, 0, 5, 5).expect("all"), frames);
-        assert_eq!(slice_blob(&blob, 2, 2, 5).expect("mid"), frames[2..4].to_vec());
-        assert!(matches!(slice_blob(&blob, 4, 2, 5), Err(FrameError::SliceOutOfRange { .. })));
+        assert_eq!(
+            slice_blob(&blob, 2, 2, 5).expect("mid"),
+            frames[2..4].to_vec()
+        );
+        assert!(matches!(
+            slice_blob(&blob, 4, 2, 5),
+            Err(FrameError::SliceOutOfRange { .. })
+        ));
     }
 
     #[test]

@@ -15,7 +15,11 @@ pub struct IdMinter {
 
 impl IdMinter {
     pub fn new(rng: SeededRng) -> Self {
-        IdMinter { rng, last_ms: 0, counter: 0 }
+        IdMinter {
+            rng,
+            last_ms: 0,
+            counter: 0,
+        }
     }
 
     pub fn mint(&mut self, now: Timestamp) -> uuid::Uuid {

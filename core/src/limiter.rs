@@ -15,7 +15,13 @@ pub struct VegasConfig {
 
 impl Default for VegasConfig {
     fn default() -> Self {
-        VegasConfig { initial_limit: 16, min_limit: 1, max_limit: 32, alpha: 3.0, beta: 12.0 }
+        VegasConfig {
+            initial_limit: 16,
+            min_limit: 1,
+            max_limit: 32,
+            alpha: 3.0,
+            beta: 12.0,
+        }
     }
 }
 
@@ -30,8 +36,15 @@ pub struct VegasLimiter {
 
 impl VegasLimiter {
     pub fn new(config: VegasConfig) -> Self {
-        let limit = config.initial_limit.clamp(config.min_limit.max(1), config.max_limit.max(1));
-        VegasLimiter { config, limit, in_flight: 0, min_rtt_us: None }
+        let limit = config
+            .initial_limit
+            .clamp(config.min_limit.max(1), config.max_limit.max(1));
+        VegasLimiter {
+            config,
+            limit,
+            in_flight: 0,
+            min_rtt_us: None,
+        }
     }
 
     pub fn limit(&self) -> u32 {
@@ -56,7 +69,9 @@ impl VegasLimiter {
     pub fn release(&mut self, rtt_us: Option<u64>) {
         debug_assert!(self.in_flight > 0, "release without acquire");
         self.in_flight = self.in_flight.saturating_sub(1);
-        let Some(rtt) = rtt_us.map(|r| r.max(1)) else { return };
+        let Some(rtt) = rtt_us.map(|r| r.max(1)) else {
+            return;
+        };
         let min_rtt = *self.min_rtt_us.get_or_insert(rtt);
         let min_rtt = if rtt < min_rtt {
             self.min_rtt_us = Some(rtt);
@@ -68,7 +83,10 @@ impl VegasLimiter {
         if queue < self.config.alpha {
             self.limit = (self.limit + 1).min(self.config.max_limit);
         } else if queue > self.config.beta {
-            self.limit = self.limit.saturating_sub(1).max(self.config.min_limit.max(1));
+            self.limit = self
+                .limit
+                .saturating_sub(1)
+                .max(self.config.min_limit.max(1));
         }
     }
 }
@@ -79,7 +97,10 @@ mod tests {
 
     #[test]
     fn permits_are_bounded_by_the_limit() {
-        let mut l = VegasLimiter::new(VegasConfig { initial_limit: 2, ..VegasConfig::default() });
+        let mut l = VegasLimiter::new(VegasConfig {
+            initial_limit: 2,
+            ..VegasConfig::default()
+        });
         assert!(l.try_acquire());
         assert!(l.try_acquire());
         assert!(!l.try_acquire());
@@ -99,7 +120,11 @@ mod tests {
             assert!(l.try_acquire());
             l.release(Some(10_000));
         }
-        assert!(l.limit() < 32, "10x latency means a queue: shrink, got {}", l.limit());
+        assert!(
+            l.limit() < 32,
+            "10x latency means a queue: shrink, got {}",
+            l.limit()
+        );
         assert!(l.limit() >= 1);
     }
 }

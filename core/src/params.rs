@@ -36,9 +36,17 @@ pub enum SubscriptionFrom {
 /// The three shapes of a pop; they differ only in candidate selection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PopShape {
-    Partition { queue: String, partition: String },
-    Queue { queue: String },
-    Discovery { namespace: Option<String>, task: Option<String> },
+    Partition {
+        queue: String,
+        partition: String,
+    },
+    Queue {
+        queue: String,
+    },
+    Discovery {
+        namespace: Option<String>,
+        task: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -59,9 +67,19 @@ pub struct PopParams {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ParamError {
     DiscoveryNeedsNamespaceOrTask,
-    NotANumber { name: &'static str, value: String },
-    OutOfRange { name: &'static str, min: u64, max: u64 },
-    NotABool { name: &'static str, value: String },
+    NotANumber {
+        name: &'static str,
+        value: String,
+    },
+    OutOfRange {
+        name: &'static str,
+        min: u64,
+        max: u64,
+    },
+    NotABool {
+        name: &'static str,
+        value: String,
+    },
     BadTimestamp(String),
     Name(NameError),
 }
@@ -72,11 +90,20 @@ impl fmt::Display for ParamError {
             ParamError::DiscoveryNeedsNamespaceOrTask => {
                 write!(f, "a pop without a queue needs a namespace or a task")
             }
-            ParamError::NotANumber { name, value } => write!(f, "{name} must be a whole number, got {value:?}"),
-            ParamError::OutOfRange { name, min, max } => write!(f, "{name} must be between {min} and {max}"),
-            ParamError::NotABool { name, value } => write!(f, "{name} must be true or false, got {value:?}"),
+            ParamError::NotANumber { name, value } => {
+                write!(f, "{name} must be a whole number, got {value:?}")
+            }
+            ParamError::OutOfRange { name, min, max } => {
+                write!(f, "{name} must be between {min} and {max}")
+            }
+            ParamError::NotABool { name, value } => {
+                write!(f, "{name} must be true or false, got {value:?}")
+            }
             ParamError::BadTimestamp(v) => {
-                write!(f, "subscriptionFrom must be 'now' or an ISO-8601 timestamp, got {v:?}")
+                write!(
+                    f,
+                    "subscriptionFrom must be 'now' or an ISO-8601 timestamp, got {v:?}"
+                )
             }
             ParamError::Name(e) => e.fmt(f),
         }
@@ -92,7 +119,10 @@ impl From<NameError> for ParamError {
 }
 
 fn parse_u64(name: &'static str, v: &str, min: u64, max: u64) -> Result<u64, ParamError> {
-    let n: u64 = v.trim().parse().map_err(|_| ParamError::NotANumber { name, value: v.to_string() })?;
+    let n: u64 = v.trim().parse().map_err(|_| ParamError::NotANumber {
+        name,
+        value: v.to_string(),
+    })?;
     if n < min || n > max {
         return Err(ParamError::OutOfRange { name, min, max });
     }
@@ -103,7 +133,10 @@ fn parse_bool(name: &'static str, v: &str) -> Result<bool, ParamError> {
     match v {
         "true" | "1" | "" => Ok(true),
         "false" | "0" => Ok(false),
-        _ => Err(ParamError::NotABool { name, value: v.to_string() }),
+        _ => Err(ParamError::NotABool {
+            name,
+            value: v.to_string(),
+        }),
     }
 }
 
@@ -131,12 +164,15 @@ impl PopParams {
         for (k, v) in pairs {
             match k {
                 "batch" => p.batch = parse_u64("batch", v, 1, MAX_BATCH.into())? as u32,
-                "partitions" => p.partitions = parse_u64("partitions", v, 1, MAX_PARTITIONS.into())? as u32,
+                "partitions" => {
+                    p.partitions = parse_u64("partitions", v, 1, MAX_PARTITIONS.into())? as u32
+                }
                 "autoAck" => p.auto_ack = parse_bool("autoAck", v)?,
                 "wait" => p.wait = parse_bool("wait", v)?,
                 "timeout" => p.timeout_ms = parse_u64("timeout", v, 0, MAX_TIMEOUT_MS)?,
                 "leaseSeconds" | "leaseTime" => {
-                    p.lease_seconds = Some(parse_u64("leaseSeconds", v, 1, MAX_LEASE_SECONDS.into())? as u32)
+                    p.lease_seconds =
+                        Some(parse_u64("leaseSeconds", v, 1, MAX_LEASE_SECONDS.into())? as u32)
                 }
                 "consumerGroup" if !v.is_empty() => {
                     validate_name("consumerGroup", v)?;
@@ -153,7 +189,10 @@ impl PopParams {
                     p.subscription_from = match v {
                         "" => SubscriptionFrom::Unset,
                         "now" => SubscriptionFrom::Now,
-                        ts => SubscriptionFrom::At(parse_iso(ts).ok_or_else(|| ParamError::BadTimestamp(ts.to_string()))?),
+                        ts => SubscriptionFrom::At(
+                            parse_iso(ts)
+                                .ok_or_else(|| ParamError::BadTimestamp(ts.to_string()))?,
+                        ),
                     }
                 }
                 "namespace" if !v.is_empty() => namespace = Some(v.to_string()),
@@ -162,7 +201,10 @@ impl PopParams {
             }
         }
         match &mut p.shape {
-            PopShape::Discovery { namespace: ns, task: t } => {
+            PopShape::Discovery {
+                namespace: ns,
+                task: t,
+            } => {
                 *ns = ns.take().or(namespace);
                 *t = t.take().or(task);
                 if ns.is_none() && t.is_none() {
@@ -193,7 +235,10 @@ impl PopParams {
 
 /// COALESCE(leaseSeconds, queue lease_time, 60); a stored lease_time of 0 means unset.
 pub fn effective_lease_seconds(requested: Option<u32>, queue_lease_time: Option<u32>) -> u32 {
-    requested.filter(|s| *s > 0).or(queue_lease_time.filter(|s| *s > 0)).unwrap_or(DEFAULT_LEASE_SECONDS)
+    requested
+        .filter(|s| *s > 0)
+        .or(queue_lease_time.filter(|s| *s > 0))
+        .unwrap_or(DEFAULT_LEASE_SECONDS)
 }
 
 #[cfg(test)]
@@ -201,7 +246,9 @@ mod tests {
     use super::*;
 
     fn q() -> PopShape {
-        PopShape::Queue { queue: "orders".into() }
+        PopShape::Queue {
+            queue: "orders".into(),
+        }
     }
 
     #[test]
@@ -216,7 +263,12 @@ mod tests {
         assert_eq!(p.subscription_mode, SubscriptionMode::All);
         assert_eq!(p.subscription_from, SubscriptionFrom::Unset);
         assert_eq!(p.lease_seconds, None);
-        assert_eq!(PopParams::from_query(q(), [], 5000).expect("valid").timeout_ms, 5000);
+        assert_eq!(
+            PopParams::from_query(q(), [], 5000)
+                .expect("valid")
+                .timeout_ms,
+            5000
+        );
     }
 
     #[test]
@@ -241,17 +293,24 @@ mod tests {
             ("autoAck", "true"),
         ];
         let p = PopParams::from_query(q(), pairs, 30_000).expect("valid");
-        assert_eq!((p.batch, p.partitions, p.wait, p.auto_ack, p.timeout_ms), (10, 3, true, true, 1000));
+        assert_eq!(
+            (p.batch, p.partitions, p.wait, p.auto_ack, p.timeout_ms),
+            (10, 3, true, true, 1000)
+        );
         assert_eq!(p.consumer_group, "g");
         assert_eq!(p.subscription_mode, SubscriptionMode::New);
         assert_eq!(p.subscription_from, SubscriptionFrom::Now);
-        let p = PopParams::from_query(q(), [("subscriptionMode", "from_beginning")], 1).expect("valid");
+        let p =
+            PopParams::from_query(q(), [("subscriptionMode", "from_beginning")], 1).expect("valid");
         assert_eq!(p.subscription_mode, SubscriptionMode::All);
     }
 
     #[test]
     fn single_partition_pop_ignores_partitions() {
-        let shape = PopShape::Partition { queue: "q".into(), partition: "p".into() };
+        let shape = PopShape::Partition {
+            queue: "q".into(),
+            partition: "p".into(),
+        };
         let p = PopParams::from_query(shape, [("partitions", "5")], 1).expect("valid");
         assert_eq!(p.partitions, 1);
     }
@@ -270,7 +329,10 @@ mod tests {
             ("partitions", "0"),
         ];
         for (k, v) in bad {
-            assert!(PopParams::from_query(q(), [(k, v)], 1).is_err(), "{k}={v} accepted");
+            assert!(
+                PopParams::from_query(q(), [(k, v)], 1).is_err(),
+                "{k}={v} accepted"
+            );
         }
         let long = "g".repeat(300);
         assert!(PopParams::from_query(q(), [("consumerGroup", long.as_str())], 1).is_err());
@@ -278,12 +340,21 @@ mod tests {
 
     #[test]
     fn discovery_needs_namespace_or_task() {
-        let shape = || PopShape::Discovery { namespace: None, task: None };
+        let shape = || PopShape::Discovery {
+            namespace: None,
+            task: None,
+        };
         assert_eq!(
             PopParams::from_query(shape(), [], 1),
             Err(ParamError::DiscoveryNeedsNamespaceOrTask)
         );
         let p = PopParams::from_query(shape(), [("task", "inv")], 1).expect("valid");
-        assert_eq!(p.shape, PopShape::Discovery { namespace: None, task: Some("inv".into()) });
+        assert_eq!(
+            p.shape,
+            PopShape::Discovery {
+                namespace: None,
+                task: Some("inv".into())
+            }
+        );
     }
 }

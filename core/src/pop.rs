@@ -12,19 +12,41 @@ use crate::backoff::WaitBackoff;
 use crate::claim::SubscriptionIntent;
 use crate::params::{PopParams, PopShape};
 use crate::ring::{candidate_count, Candidate, RingTable, DEFAULT_CONFIG_TTL_MS};
-use crate::storage::{Claim, PopRequest, PopResult, QueueConfig, StorageError, StorageResult, Verdict};
+use crate::storage::{
+    Claim, PopRequest, PopResult, QueueConfig, StorageError, StorageResult, Verdict,
+};
 use crate::types::{Timestamp, WorkerId};
 
 /// A storage call the driver performs for the machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StorageCommand {
-    PopPartition { req: PopRequest, partition: String },
-    PopList { req: PopRequest, candidates: Vec<String> },
-    PopWildcard { req: PopRequest },
-    QueuesMatching { namespace: Option<String>, task: Option<String> },
-    HasPending { queue: String, group: String },
-    PendingPartitions { queue: String, group: String, limit: u32 },
-    QueueConfig { queue: String },
+    PopPartition {
+        req: PopRequest,
+        partition: String,
+    },
+    PopList {
+        req: PopRequest,
+        candidates: Vec<String>,
+    },
+    PopWildcard {
+        req: PopRequest,
+    },
+    QueuesMatching {
+        namespace: Option<String>,
+        task: Option<String>,
+    },
+    HasPending {
+        queue: String,
+        group: String,
+    },
+    PendingPartitions {
+        queue: String,
+        group: String,
+        limit: u32,
+    },
+    QueueConfig {
+        queue: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -36,19 +58,32 @@ pub enum StorageReply {
 }
 
 /// Runs a command against a backend: the whole of the driver's storage effect.
-pub async fn execute(storage: &dyn crate::storage::Storage, command: StorageCommand) -> StorageResult<StorageReply> {
+pub async fn execute(
+    storage: &dyn crate::storage::Storage,
+    command: StorageCommand,
+) -> StorageResult<StorageReply> {
     Ok(match command {
-        StorageCommand::PopPartition { req, partition } => StorageReply::Pop(storage.pop_partition(req, partition).await?),
-        StorageCommand::PopList { req, candidates } => StorageReply::Pop(storage.pop_list(req, candidates).await?),
+        StorageCommand::PopPartition { req, partition } => {
+            StorageReply::Pop(storage.pop_partition(req, partition).await?)
+        }
+        StorageCommand::PopList { req, candidates } => {
+            StorageReply::Pop(storage.pop_list(req, candidates).await?)
+        }
         StorageCommand::PopWildcard { req } => StorageReply::Pop(storage.pop_wildcard(req).await?),
         StorageCommand::QueuesMatching { namespace, task } => {
             StorageReply::Names(storage.queues_matching(namespace, task).await?)
         }
-        StorageCommand::HasPending { queue, group } => StorageReply::HasPending(storage.has_pending(&queue, &group).await?),
-        StorageCommand::PendingPartitions { queue, group, limit } => {
-            StorageReply::Names(storage.pending_partitions(&queue, &group, limit).await?)
+        StorageCommand::HasPending { queue, group } => {
+            StorageReply::HasPending(storage.has_pending(&queue, &group).await?)
         }
-        StorageCommand::QueueConfig { queue } => StorageReply::Config(storage.queue_config(&queue).await?),
+        StorageCommand::PendingPartitions {
+            queue,
+            group,
+            limit,
+        } => StorageReply::Names(storage.pending_partitions(&queue, &group, limit).await?),
+        StorageCommand::QueueConfig { queue } => {
+            StorageReply::Config(storage.queue_config(&queue).await?)
+        }
     })
 }
 
@@ -57,7 +92,10 @@ pub enum PopInput {
     /// Begin (or nothing: the first `handle` of a new machine).
     Start,
     PermitGranted,
-    StorageDone { id: u64, result: StorageResult<StorageReply> },
+    StorageDone {
+        id: u64,
+        result: StorageResult<StorageReply>,
+    },
     /// The queue's wake gate opened (local push, ack that freed a partition, wheel tick).
     Wake,
     /// The timer of the last `Park` fired. A spurious timer is a harmless no-op.
@@ -68,7 +106,11 @@ pub enum PopInput {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum PopReply {
-    Messages { worker: WorkerId, auto_ack: bool, claims: Vec<Claim> },
+    Messages {
+        worker: WorkerId,
+        auto_ack: bool,
+        claims: Vec<Claim>,
+    },
     Empty,
     Failed(StorageError),
 }
@@ -78,10 +120,17 @@ pub enum PopEffect {
     /// Take a serving permit, then feed `PermitGranted`.
     AcquirePermit,
     /// Return the permit; `rtt_us` is the storage latency under it, if any work completed.
-    ReleasePermit { rtt_us: Option<u64> },
-    Storage { id: u64, command: StorageCommand },
+    ReleasePermit {
+        rtt_us: Option<u64>,
+    },
+    Storage {
+        id: u64,
+        command: StorageCommand,
+    },
     /// Wait for `Wake`, or feed `Timer` at `until`. Holds no permit and no connection.
-    Park { until: Timestamp },
+    Park {
+        until: Timestamp,
+    },
     /// The final answer; the machine is done after it.
     Reply(PopReply),
 }
@@ -104,7 +153,12 @@ pub struct PopConfig {
 
 impl Default for PopConfig {
     fn default() -> Self {
-        PopConfig { backoff: WaitBackoff::default(), hotlist: true, config_ttl_ms: DEFAULT_CONFIG_TTL_MS, bugs: PopBugs::default() }
+        PopConfig {
+            backoff: WaitBackoff::default(),
+            hotlist: true,
+            config_ttl_ms: DEFAULT_CONFIG_TTL_MS,
+            bugs: PopBugs::default(),
+        }
     }
 }
 
@@ -125,14 +179,20 @@ pub struct PopContext {
 
 impl PopContext {
     pub fn new(rings: RingTable) -> Self {
-        PopContext { rings, configs: Default::default(), pop_maintenance: false }
+        PopContext {
+            rings,
+            configs: Default::default(),
+            pop_maintenance: false,
+        }
     }
 
     /// A local push landed: every ring of the queue learns it. A windowBuffer queue's
     /// partition waits on the wheel until it has been quiet for the window.
     pub fn note_push(&mut self, queue: &str, partition: &str, count: u64, now: Timestamp) {
         let window = match self.configs.get(queue) {
-            Some(CachedConfig { config: Some(c), .. }) => c.window_buffer,
+            Some(CachedConfig {
+                config: Some(c), ..
+            }) => c.window_buffer,
             Some(CachedConfig { config: None, .. }) => {
                 // The queue was unknown when cached; the push may have created it.
                 self.configs.remove(queue);
@@ -142,12 +202,15 @@ impl PopContext {
         };
         self.rings.note_push(queue, partition, count);
         if window > 0 {
-            self.rings.defer_all_groups(queue, partition, now.plus_secs(i64::from(window)));
+            self.rings
+                .defer_all_groups(queue, partition, now.plus_secs(i64::from(window)));
         }
     }
 
     fn config_fresh(&self, queue: &str, now: Timestamp, ttl_ms: i64) -> bool {
-        self.configs.get(queue).is_some_and(|c| now < c.fetched_at.plus_millis(ttl_ms))
+        self.configs
+            .get(queue)
+            .is_some_and(|c| now < c.fetched_at.plus_millis(ttl_ms))
     }
 }
 
@@ -164,11 +227,21 @@ enum Work {
 #[derive(Clone, Debug, PartialEq)]
 enum Phase {
     New,
-    Holding { until: Timestamp },
+    Holding {
+        until: Timestamp,
+    },
     AwaitPermit,
-    Probing { id: u64 },
-    Working { id: u64, work: Work, since: Timestamp },
-    Parked { until: Timestamp },
+    Probing {
+        id: u64,
+    },
+    Working {
+        id: u64,
+        work: Work,
+        since: Timestamp,
+    },
+    Parked {
+        until: Timestamp,
+    },
     Done,
 }
 
@@ -201,7 +274,11 @@ const RESEED_LIMIT: u32 = 4096;
 
 impl PopMachine {
     pub fn new(params: PopParams, worker: WorkerId, config: PopConfig, now: Timestamp) -> Self {
-        let deadline = if params.wait { params.deadline(now) } else { now };
+        let deadline = if params.wait {
+            params.deadline(now)
+        } else {
+            now
+        };
         PopMachine {
             params,
             worker,
@@ -264,7 +341,10 @@ impl PopMachine {
             max_partitions: self.params.partitions,
             auto_ack: self.params.auto_ack,
             lease_seconds: self.params.lease_seconds,
-            intent: SubscriptionIntent { mode: self.params.subscription_mode, from: self.params.subscription_from },
+            intent: SubscriptionIntent {
+                mode: self.params.subscription_mode,
+                from: self.params.subscription_from,
+            },
             skip_window_debounce,
         }
     }
@@ -282,7 +362,10 @@ impl PopMachine {
     }
 
     pub fn handle(&mut self, input: PopInput, now: Timestamp, ctx: &mut PopContext) {
-        debug_assert!(self.effects.is_empty(), "drain poll() before the next input");
+        debug_assert!(
+            self.effects.is_empty(),
+            "drain poll() before the next input"
+        );
         if self.phase == Phase::Done {
             return;
         }
@@ -294,7 +377,8 @@ impl PopMachine {
             }
             PopInput::Cancel => {
                 if let Phase::Working { .. } = self.phase {
-                    self.effects.push_back(PopEffect::ReleasePermit { rtt_us: None });
+                    self.effects
+                        .push_back(PopEffect::ReleasePermit { rtt_us: None });
                 }
                 self.phase = Phase::Done;
             }
@@ -304,7 +388,9 @@ impl PopMachine {
                     self.check(now, ctx);
                 }
                 Phase::Holding { .. } => self.check_hold(now, ctx),
-                Phase::Working { .. } | Phase::Probing { .. } | Phase::AwaitPermit => self.woken_during_work = true,
+                Phase::Working { .. } | Phase::Probing { .. } | Phase::AwaitPermit => {
+                    self.woken_during_work = true
+                }
                 Phase::New | Phase::Done => {}
             },
             PopInput::Timer => match self.phase {
@@ -329,7 +415,11 @@ impl PopMachine {
                     Ok(_) => self.empty_or_park(now),
                     Err(e) => self.finish(PopReply::Failed(e)),
                 },
-                Phase::Working { id: want, work, since } if want == id => self.on_storage(work, since, result, now, ctx),
+                Phase::Working {
+                    id: want,
+                    work,
+                    since,
+                } if want == id => self.on_storage(work, since, result, now, ctx),
                 _ => {}
             },
         }
@@ -348,7 +438,9 @@ impl PopMachine {
             PopShape::Partition { queue, partition } => {
                 let epoch = ctx.rings.ring(&queue, &group).epoch(&partition);
                 self.partition_epoch_seen != Some(epoch)
-                    || self.last_storage_check.is_none_or(|t| now >= t.plus_millis(PARTITION_RECHECK_MS))
+                    || self
+                        .last_storage_check
+                        .is_none_or(|t| now >= t.plus_millis(PARTITION_RECHECK_MS))
             }
             PopShape::Queue { queue } if self.config.hotlist => {
                 let fresh = ctx.config_fresh(&queue, now, self.config.config_ttl_ms);
@@ -372,12 +464,16 @@ impl PopMachine {
 
     /// min_pop_wait_time: hold an under-full claim in the broker, before the permit.
     fn check_hold(&mut self, now: Timestamp, ctx: &mut PopContext) {
-        let PopShape::Queue { queue } = &self.params.shape else { return self.acquire() };
+        let PopShape::Queue { queue } = &self.params.shape else {
+            return self.acquire();
+        };
         if !ctx.rings.min_pop_wait_in_use || !self.config.hotlist {
             return self.acquire();
         }
         let min_wait = match ctx.configs.get(queue) {
-            Some(CachedConfig { config: Some(c), .. }) => c.min_pop_wait_time,
+            Some(CachedConfig {
+                config: Some(c), ..
+            }) => c.min_pop_wait_time,
             _ => 0,
         };
         if min_wait == 0 {
@@ -391,8 +487,13 @@ impl PopMachine {
             return self.acquire();
         }
         let started = *self.hold_started.get_or_insert(now);
-        let until = started.plus_millis(i64::from(min_wait)).min(self.params.deadline(started).max(started));
-        if pending >= u64::from(self.params.batch) || now >= until || now >= self.deadline && self.params.wait {
+        let until = started
+            .plus_millis(i64::from(min_wait))
+            .min(self.params.deadline(started).max(started));
+        if pending >= u64::from(self.params.batch)
+            || now >= until
+            || now >= self.deadline && self.params.wait
+        {
             self.hold_started = None;
             self.acquire();
         } else {
@@ -419,36 +520,80 @@ impl PopMachine {
                 let req = self.request(&queue, false);
                 self.last_storage_check = Some(now);
                 self.partition_epoch_seen = Some(ctx.rings.ring(&queue, &group).epoch(&partition));
-                self.work(StorageCommand::PopPartition { req, partition }, Work::Partition, now);
+                self.work(
+                    StorageCommand::PopPartition { req, partition },
+                    Work::Partition,
+                    now,
+                );
             }
-            PopShape::Queue { queue } if self.config.hotlist => self.next_ring_step(&queue, now, now, ctx),
+            PopShape::Queue { queue } if self.config.hotlist => {
+                self.next_ring_step(&queue, now, now, ctx)
+            }
             PopShape::Queue { queue } => {
                 let req = self.request(&queue, false);
-                self.work(StorageCommand::PopWildcard { req }, Work::Wildcard { first_contact: false }, now);
+                self.work(
+                    StorageCommand::PopWildcard { req },
+                    Work::Wildcard {
+                        first_contact: false,
+                    },
+                    now,
+                );
             }
             PopShape::Discovery { namespace, task } => {
-                self.work(StorageCommand::QueuesMatching { namespace, task }, Work::Discovery { queues: vec![], next: 0 }, now);
+                self.work(
+                    StorageCommand::QueuesMatching { namespace, task },
+                    Work::Discovery {
+                        queues: vec![],
+                        next: 0,
+                    },
+                    now,
+                );
             }
         }
     }
 
     /// The ring path under a permit: refresh config, first contact, reseed, then the list pop.
-    fn next_ring_step(&mut self, queue: &str, since: Timestamp, now: Timestamp, ctx: &mut PopContext) {
+    fn next_ring_step(
+        &mut self,
+        queue: &str,
+        since: Timestamp,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
         let group = self.params.consumer_group.clone();
         if !ctx.config_fresh(queue, now, self.config.config_ttl_ms) {
-            return self.work(StorageCommand::QueueConfig { queue: queue.to_string() }, Work::Config, since);
+            return self.work(
+                StorageCommand::QueueConfig {
+                    queue: queue.to_string(),
+                },
+                Work::Config,
+                since,
+            );
         }
-        if matches!(ctx.configs.get(queue), Some(CachedConfig { config: None, .. })) {
+        if matches!(
+            ctx.configs.get(queue),
+            Some(CachedConfig { config: None, .. })
+        ) {
             // No such queue (yet): nothing to deliver.
             return self.release_then_empty(since, now);
         }
         let ring = ctx.rings.ring(queue, &group);
         if !ring.first_contact_done() {
             let req = self.request(queue, false);
-            return self.work(StorageCommand::PopWildcard { req }, Work::Wildcard { first_contact: true }, since);
+            return self.work(
+                StorageCommand::PopWildcard { req },
+                Work::Wildcard {
+                    first_contact: true,
+                },
+                since,
+            );
         }
         if ring.reseed_due(now) {
-            let command = StorageCommand::PendingPartitions { queue: queue.to_string(), group, limit: RESEED_LIMIT };
+            let command = StorageCommand::PendingPartitions {
+                queue: queue.to_string(),
+                group,
+                limit: RESEED_LIMIT,
+            };
             return self.work(command, Work::Reseed, since);
         }
         let candidates = ring.take_candidates(candidate_count(self.params.partitions), now);
@@ -458,10 +603,24 @@ impl PopMachine {
         self.list_rounds += 1;
         let req = self.request(queue, true);
         let names = candidates.iter().map(|c| c.partition.clone()).collect();
-        self.work(StorageCommand::PopList { req, candidates: names }, Work::List(candidates), since);
+        self.work(
+            StorageCommand::PopList {
+                req,
+                candidates: names,
+            },
+            Work::List(candidates),
+            since,
+        );
     }
 
-    fn on_storage(&mut self, work: Work, since: Timestamp, result: StorageResult<StorageReply>, now: Timestamp, ctx: &mut PopContext) {
+    fn on_storage(
+        &mut self,
+        work: Work,
+        since: Timestamp,
+        result: StorageResult<StorageReply>,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
         let reply = match result {
             Ok(r) => r,
             Err(e) => {
@@ -474,7 +633,8 @@ impl PopMachine {
                         }
                     }
                 }
-                self.effects.push_back(PopEffect::ReleasePermit { rtt_us: None });
+                self.effects
+                    .push_back(PopEffect::ReleasePermit { rtt_us: None });
                 return self.finish(PopReply::Failed(e));
             }
         };
@@ -485,13 +645,21 @@ impl PopMachine {
                 if config.as_ref().is_some_and(|c| c.min_pop_wait_time > 0) {
                     ctx.rings.min_pop_wait_in_use = true;
                 }
-                ctx.configs.insert(queue.clone(), CachedConfig { config, fetched_at: now });
+                ctx.configs.insert(
+                    queue.clone(),
+                    CachedConfig {
+                        config,
+                        fetched_at: now,
+                    },
+                );
                 self.next_ring_step(&queue, since, now, ctx);
             }
             (Work::Reseed, StorageReply::Names(names)) => {
                 let queue = self.params.queue_name().unwrap_or_default().to_string();
                 let window = match ctx.configs.get(&queue) {
-                    Some(CachedConfig { config: Some(c), .. }) => c.window_buffer,
+                    Some(CachedConfig {
+                        config: Some(c), ..
+                    }) => c.window_buffer,
                     _ => 0,
                 };
                 let ring = ctx.rings.ring(&queue, &group);
@@ -499,7 +667,8 @@ impl PopMachine {
                 if window > 0 {
                     // Pushes seen only through the reseed: hold a full window from now.
                     for n in &names {
-                        ctx.rings.defer_all_groups(&queue, n, now.plus_secs(i64::from(window)));
+                        ctx.rings
+                            .defer_all_groups(&queue, n, now.plus_secs(i64::from(window)));
                     }
                 }
                 self.next_ring_step(&queue, since, now, ctx);
@@ -557,17 +726,29 @@ impl PopMachine {
                     return self.deliver_or_wait(result, since, now);
                 }
                 let req = self.request(&queues[next], false);
-                self.work(StorageCommand::PopWildcard { req }, Work::Discovery { queues, next: next + 1 }, since);
+                self.work(
+                    StorageCommand::PopWildcard { req },
+                    Work::Discovery {
+                        queues,
+                        next: next + 1,
+                    },
+                    since,
+                );
             }
             (_, other) => {
-                self.effects.push_back(PopEffect::ReleasePermit { rtt_us: None });
-                self.finish(PopReply::Failed(StorageError::Internal(format!("unexpected storage reply {other:?}"))));
+                self.effects
+                    .push_back(PopEffect::ReleasePermit { rtt_us: None });
+                self.finish(PopReply::Failed(StorageError::Internal(format!(
+                    "unexpected storage reply {other:?}"
+                ))));
             }
         }
     }
 
     fn release_then_empty(&mut self, since: Timestamp, now: Timestamp) {
-        self.effects.push_back(PopEffect::ReleasePermit { rtt_us: Some(since.millis_until(now) * 1000) });
+        self.effects.push_back(PopEffect::ReleasePermit {
+            rtt_us: Some(since.millis_until(now) * 1000),
+        });
         self.empty_or_park(now);
     }
 
@@ -575,7 +756,11 @@ impl PopMachine {
         let rtt_us = Some(u64::try_from((now.0 - since.0).max(1)).unwrap_or(1));
         self.effects.push_back(PopEffect::ReleasePermit { rtt_us });
         if !result.claims.is_empty() {
-            let reply = PopReply::Messages { worker: self.worker, auto_ack: self.params.auto_ack, claims: result.claims };
+            let reply = PopReply::Messages {
+                worker: self.worker,
+                auto_ack: self.params.auto_ack,
+                claims: result.claims,
+            };
             return self.finish(reply);
         }
         if self.woken_during_work && self.params.wait && now < self.deadline {
@@ -597,7 +782,8 @@ impl PopMachine {
         let until = if self.config.bugs.no_backoff_floor {
             self.deadline
         } else {
-            let interval = i64::try_from(self.config.backoff.interval_ms(self.attempt)).unwrap_or(i64::MAX);
+            let interval =
+                i64::try_from(self.config.backoff.interval_ms(self.attempt)).unwrap_or(i64::MAX);
             now.plus_millis(interval).min(self.deadline)
         };
         self.phase = Phase::Parked { until };

@@ -112,9 +112,11 @@ impl HotRing {
     }
 
     fn entry(&mut self, partition: &str) -> &mut Entry {
-        self.entries
-            .entry(partition.to_string())
-            .or_insert(Entry { epoch: 0, state: EntryState::Idle, pending_hint: 0 })
+        self.entries.entry(partition.to_string()).or_insert(Entry {
+            epoch: 0,
+            state: EntryState::Idle,
+            pending_hint: 0,
+        })
     }
 
     /// A local push (or a peer's hint) of `count` messages into `partition`.
@@ -175,7 +177,11 @@ impl HotRing {
     /// Sum of pending hints over ready partitions (for the min_pop_wait hold).
     pub fn pending_hint(&mut self, now: Timestamp) -> u64 {
         self.advance(now);
-        self.ready.iter().filter_map(|p| self.entries.get(p)).map(|e| e.pending_hint).sum()
+        self.ready
+            .iter()
+            .filter_map(|p| self.entries.get(p))
+            .map(|e| e.pending_hint)
+            .sum()
     }
 
     /// The earliest wheel revisit, for the driver's wake tick.
@@ -188,11 +194,18 @@ impl HotRing {
         self.advance(now);
         let mut out = Vec::with_capacity(k.min(self.ready.len()));
         while out.len() < k {
-            let Some(p) = self.ready.pop_front() else { break };
+            let Some(p) = self.ready.pop_front() else {
+                break;
+            };
             if let Some(e) = self.entries.get_mut(&p) {
                 if e.state == EntryState::Ready {
-                    e.state = EntryState::InFlight { taken_epoch: e.epoch };
-                    out.push(Candidate { partition: p, epoch: e.epoch });
+                    e.state = EntryState::InFlight {
+                        taken_epoch: e.epoch,
+                    };
+                    out.push(Candidate {
+                        partition: p,
+                        epoch: e.epoch,
+                    });
                 }
             }
         }
@@ -214,9 +227,19 @@ impl HotRing {
 
     /// Checks a storage verdict back in. `taken_epoch` is what `take_candidates` returned, or
     /// `None` for a partition the ring did not hand out (wildcard or single-partition pops).
-    pub fn check_in(&mut self, partition: &str, verdict: Verdict, taken_epoch: Option<u64>, now: Timestamp) {
+    pub fn check_in(
+        &mut self,
+        partition: &str,
+        verdict: Verdict,
+        taken_epoch: Option<u64>,
+        now: Timestamp,
+    ) {
         if verdict == Verdict::Missing {
-            if let Some(Entry { state: EntryState::Waiting { until }, .. }) = self.entries.remove(partition) {
+            if let Some(Entry {
+                state: EntryState::Waiting { until },
+                ..
+            }) = self.entries.remove(partition)
+            {
                 self.wheel.remove(&(until, partition.to_string()));
             }
             return;
@@ -240,7 +263,10 @@ impl HotRing {
             None => state != EntryState::Idle,
         };
         match verdict {
-            Verdict::Took { count, leased_until } => {
+            Verdict::Took {
+                count,
+                leased_until,
+            } => {
                 if let Some(e) = self.entries.get_mut(partition) {
                     e.pending_hint = e.pending_hint.saturating_sub(u64::from(count));
                 }
@@ -288,11 +314,18 @@ pub struct RingTable {
 
 impl RingTable {
     pub fn new(reseed_interval_ms: i64, bugs: RingBugs) -> Self {
-        RingTable { rings: BTreeMap::new(), reseed_interval_ms: Some(reseed_interval_ms), bugs, min_pop_wait_in_use: false }
+        RingTable {
+            rings: BTreeMap::new(),
+            reseed_interval_ms: Some(reseed_interval_ms),
+            bugs,
+            min_pop_wait_in_use: false,
+        }
     }
 
     pub fn ring(&mut self, queue: &str, group: &str) -> &mut HotRing {
-        let interval = self.reseed_interval_ms.unwrap_or(DEFAULT_RESEED_INTERVAL_MS);
+        let interval = self
+            .reseed_interval_ms
+            .unwrap_or(DEFAULT_RESEED_INTERVAL_MS);
         let bugs = self.bugs;
         self.rings
             .entry((queue.to_string(), group.to_string()))
@@ -330,6 +363,39 @@ impl RingTable {
     }
 }
 
+impl HotRing {
+    /// Holds a partition on the wheel until `until` (windowBuffer), unless it is in flight.
+    pub fn defer(&mut self, partition: &str, until: Timestamp) {
+        let Some(e) = self.entries.get_mut(partition) else {
+            return;
+        };
+        match e.state {
+            EntryState::InFlight { .. } => {}
+            EntryState::Waiting { until: old } if old >= until => {}
+            EntryState::Waiting { until: old } => {
+                self.wheel.remove(&(old, partition.to_string()));
+                self.wait_until(partition, until);
+            }
+            EntryState::Ready => {
+                self.ready.retain(|p| p != partition);
+                self.wait_until(partition, until);
+            }
+            EntryState::Idle => self.wait_until(partition, until),
+        }
+    }
+}
+
+impl RingTable {
+    pub fn defer_all_groups(&mut self, queue: &str, partition: &str, until: Timestamp) {
+        for ((q, _), ring) in self.rings.range_mut((queue.to_string(), String::new())..) {
+            if q != queue {
+                break;
+            }
+            ring.defer(partition, until);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,7 +418,13 @@ mod tests {
         r.note_push("p1", 3);
         assert!(r.has_ready(T0));
         let c = r.take_candidates(16, T0);
-        assert_eq!(c, vec![Candidate { partition: "p1".into(), epoch: 1 }]);
+        assert_eq!(
+            c,
+            vec![Candidate {
+                partition: "p1".into(),
+                epoch: 1
+            }]
+        );
         assert!(!r.has_ready(T0), "in flight, not ready");
         r.check_in("p1", Verdict::Empty, Some(1), T0);
         assert!(!r.has_ready(T0));
@@ -366,12 +438,20 @@ mod tests {
         let c = r.take_candidates(16, T0);
         r.note_push("p1", 1); // lands after storage answered "empty" for the old snapshot
         r.check_in("p1", Verdict::Empty, Some(c[0].epoch), T0);
-        assert!(r.has_ready(T0), "the epoch check keeps the raced push visible");
+        assert!(
+            r.has_ready(T0),
+            "the epoch check keeps the raced push visible"
+        );
     }
 
     #[test]
     fn the_bug_switch_loses_the_raced_push() {
-        let mut r = HotRing::new(DEFAULT_RESEED_INTERVAL_MS, RingBugs { clear_without_epoch_check: true });
+        let mut r = HotRing::new(
+            DEFAULT_RESEED_INTERVAL_MS,
+            RingBugs {
+                clear_without_epoch_check: true,
+            },
+        );
         r.note_push("p1", 1);
         let c = r.take_candidates(16, T0);
         r.note_push("p1", 1);
@@ -387,7 +467,12 @@ mod tests {
         let c = r.take_candidates(16, T0);
         assert_eq!(c.len(), 2);
         r.check_in("a", Verdict::LeasedUntil(T0.plus_millis(500)), Some(1), T0);
-        r.check_in("b", Verdict::DeferredUntil(T0.plus_millis(200)), Some(1), T0);
+        r.check_in(
+            "b",
+            Verdict::DeferredUntil(T0.plus_millis(200)),
+            Some(1),
+            T0,
+        );
         assert_eq!(r.next_revisit(), Some(T0.plus_millis(200)));
         r.note_push("a", 1);
         assert!(!r.has_ready(T0), "a push does not un-lease a partition");
@@ -402,7 +487,15 @@ mod tests {
         let mut r = HotRing::default();
         r.note_push("a", 5);
         let _ = r.take_candidates(16, T0);
-        r.check_in("a", Verdict::Took { count: 2, leased_until: Some(T0.plus_secs(60)) }, Some(1), T0);
+        r.check_in(
+            "a",
+            Verdict::Took {
+                count: 2,
+                leased_until: Some(T0.plus_secs(60)),
+            },
+            Some(1),
+            T0,
+        );
         assert!(!r.has_ready(T0));
         r.note_freed("a");
         assert!(r.has_ready(T0));
@@ -453,36 +546,5 @@ mod tests {
         assert!(t.ring("q", "g1").has_ready(T0));
         assert!(t.ring("q", "g2").has_ready(T0));
         assert!(!t.ring("q2", "g1").has_ready(T0));
-    }
-}
-
-impl HotRing {
-    /// Holds a partition on the wheel until `until` (windowBuffer), unless it is in flight.
-    pub fn defer(&mut self, partition: &str, until: Timestamp) {
-        let Some(e) = self.entries.get_mut(partition) else { return };
-        match e.state {
-            EntryState::InFlight { .. } => {}
-            EntryState::Waiting { until: old } if old >= until => {}
-            EntryState::Waiting { until: old } => {
-                self.wheel.remove(&(old, partition.to_string()));
-                self.wait_until(partition, until);
-            }
-            EntryState::Ready => {
-                self.ready.retain(|p| p != partition);
-                self.wait_until(partition, until);
-            }
-            EntryState::Idle => self.wait_until(partition, until),
-        }
-    }
-}
-
-impl RingTable {
-    pub fn defer_all_groups(&mut self, queue: &str, partition: &str, until: Timestamp) {
-        for ((q, _), ring) in self.rings.range_mut((queue.to_string(), String::new())..) {
-            if q != queue {
-                break;
-            }
-            ring.defer(partition, until);
-        }
     }
 }

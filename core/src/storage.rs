@@ -77,9 +77,16 @@ pub struct PushGroup {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PushOutcome {
-    Queued { message_id: uuid::Uuid, partition_id: String, offset: Offset },
+    Queued {
+        message_id: uuid::Uuid,
+        partition_id: String,
+        offset: Offset,
+    },
     /// The (partition, transactionId) was already stored: the original message's id.
-    Duplicate { message_id: uuid::Uuid, partition_id: String },
+    Duplicate {
+        message_id: uuid::Uuid,
+        partition_id: String,
+    },
 }
 
 /// One push group's outcomes, one per frame in the group's order.
@@ -138,7 +145,10 @@ impl Claim {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Delivered `count` messages; `leased_until` is the new lease (None for autoAck).
-    Took { count: u32, leased_until: Option<Timestamp> },
+    Took {
+        count: u32,
+        leased_until: Option<Timestamp>,
+    },
     /// Nothing deliverable for this group.
     Empty,
     /// Another consumer holds a live lease until then.
@@ -208,7 +218,14 @@ pub struct AckOutcome {
 
 impl AckOutcome {
     pub fn refused(error: &str) -> Self {
-        AckOutcome { success: false, error: Some(error.to_string()), queue: None, partition: None, lease_released: false, dlq: false }
+        AckOutcome {
+            success: false,
+            error: Some(error.to_string()),
+            queue: None,
+            partition: None,
+            lease_released: false,
+            dlq: false,
+        }
     }
 }
 
@@ -264,12 +281,21 @@ pub trait Storage: Send + Sync {
     /// The wildcard scan (legacy path, and every first contact of a (queue, group)).
     async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult>;
     /// Queues matching a namespace and/or task, for the discovery pop.
-    async fn queues_matching(&self, namespace: Option<String>, task: Option<String>) -> StorageResult<Vec<String>>;
+    async fn queues_matching(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+    ) -> StorageResult<Vec<String>>;
 
     /// `log_has_pending_v1`: false means definitively nothing to deliver to this group.
     async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool>;
     /// Partitions with pending data for the group, for seeding the ring (coarse, may be stale).
-    async fn pending_partitions(&self, queue: &str, group: &str, limit: u32) -> StorageResult<Vec<String>>;
+    async fn pending_partitions(
+        &self,
+        queue: &str,
+        group: &str,
+        limit: u32,
+    ) -> StorageResult<Vec<String>>;
 
     /// Positional cursor advances fenced by the lease; one outcome per item, in order.
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>>;

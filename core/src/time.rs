@@ -42,7 +42,9 @@ pub fn format_iso_micros(t: Timestamp) -> String {
 
 fn digits(s: &[u8], at: usize, n: usize) -> Option<i64> {
     let part = s.get(at..at + n)?;
-    part.iter().try_fold(0i64, |acc, c| c.is_ascii_digit().then(|| acc * 10 + i64::from(c - b'0')))
+    part.iter().try_fold(0i64, |acc, c| {
+        c.is_ascii_digit().then(|| acc * 10 + i64::from(c - b'0'))
+    })
 }
 
 /// Parses `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM[:SS[.frac]]` with an optional `Z` or `+HH:MM` offset
@@ -120,7 +122,10 @@ mod tests {
 
     #[test]
     fn formats_like_queen() {
-        assert_eq!(format_iso_micros(Timestamp(0)), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            format_iso_micros(Timestamp(0)),
+            "1970-01-01T00:00:00.000000Z"
+        );
         let t = parse_iso("2026-04-26T10:59:28.267966Z").expect("parses");
         assert_eq!(format_iso_micros(t), "2026-04-26T10:59:28.267966Z");
     }

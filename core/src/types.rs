@@ -108,7 +108,10 @@ mod tests {
 
     #[test]
     fn namespace_and_task_follow_the_dots() {
-        assert_eq!(namespace_and_task("billing.invoice.v2"), ("billing".into(), "invoice".into()));
+        assert_eq!(
+            namespace_and_task("billing.invoice.v2"),
+            ("billing".into(), "invoice".into())
+        );
         assert_eq!(namespace_and_task("orders"), ("orders".into(), "".into()));
         assert_eq!(namespace_and_task("a.b"), ("a".into(), "b".into()));
     }
@@ -117,14 +120,23 @@ mod tests {
     fn names_are_bounded() {
         assert!(validate_name("queue", "q").is_ok());
         assert_eq!(validate_name("queue", ""), Err(NameError::Empty("queue")));
-        assert_eq!(validate_name("queue", &"x".repeat(256)), Err(NameError::TooLong("queue")));
+        assert_eq!(
+            validate_name("queue", &"x".repeat(256)),
+            Err(NameError::TooLong("queue"))
+        );
         assert!(validate_name("queue", &"x".repeat(255)).is_ok());
-        assert_eq!(validate_name("queue", "a\0b"), Err(NameError::ControlCharacter("queue")));
+        assert_eq!(
+            validate_name("queue", "a\0b"),
+            Err(NameError::ControlCharacter("queue"))
+        );
     }
 
     #[test]
     fn timestamp_quantizes_down() {
-        assert_eq!(Timestamp(1_999_999).quantize_to_second(), Timestamp(1_000_000));
+        assert_eq!(
+            Timestamp(1_999_999).quantize_to_second(),
+            Timestamp(1_000_000)
+        );
         assert_eq!(Timestamp(5).millis_until(Timestamp(2005)), 2);
         assert_eq!(Timestamp(5000).millis_until(Timestamp(0)), 0);
     }

@@ -1,8 +1,13 @@
 //! The pop state machine against scripted storage replies: every rule of the serve path.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
 use queen_core::backoff::WaitBackoff;
 use queen_core::params::{PopParams, PopShape};
-use queen_core::pop::{PopBugs, PopConfig, PopContext, PopEffect, PopInput, PopMachine, PopReply, StorageCommand, StorageReply};
+use queen_core::pop::{
+    PopBugs, PopConfig, PopContext, PopEffect, PopInput, PopMachine, PopReply, StorageCommand,
+    StorageReply,
+};
 use queen_core::ring::{RingBugs, RingTable};
 use queen_core::storage::{Claim, PopResult, QueueConfig, Verdict};
 use queen_core::{Timestamp, WorkerId};
@@ -10,7 +15,12 @@ use queen_core::{Timestamp, WorkerId};
 const T0: Timestamp = Timestamp(1_700_000_000_000_000);
 
 fn machine(query: &[(&str, &str)], config: PopConfig) -> PopMachine {
-    let params = PopParams::from_query(PopShape::Queue { queue: "q".into() }, query.iter().copied(), 30_000).expect("params");
+    let params = PopParams::from_query(
+        PopShape::Queue { queue: "q".into() },
+        query.iter().copied(),
+        30_000,
+    )
+    .expect("params");
     PopMachine::new(params, WorkerId(uuid::Uuid::nil()), config, T0)
 }
 
@@ -47,19 +57,51 @@ fn claim(partition: &str) -> Claim {
 
 /// Walks a fresh (queue, group) through config fetch, first-contact wildcard and reseed,
 /// answering empty, so the ring is warm.
-fn warm_up(m: &mut PopMachine, c: &mut PopContext, now: Timestamp, pending: Vec<String>) -> Vec<PopEffect> {
+fn warm_up(
+    m: &mut PopMachine,
+    c: &mut PopContext,
+    now: Timestamp,
+    pending: Vec<String>,
+) -> Vec<PopEffect> {
     m.handle(PopInput::Start, now, c);
     assert_eq!(drain(m), vec![PopEffect::AcquirePermit]);
     m.handle(PopInput::PermitGranted, now, c);
     let (id, cmd) = storage_id(&drain(m));
     assert_eq!(cmd, StorageCommand::QueueConfig { queue: "q".into() });
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Config(Some(QueueConfig::with_defaults("q")))) }, now, c);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Config(Some(QueueConfig::with_defaults("q")))),
+        },
+        now,
+        c,
+    );
     let (id, cmd) = storage_id(&drain(m));
-    assert!(matches!(cmd, StorageCommand::PopWildcard { .. }), "first contact goes through the wildcard path: {cmd:?}");
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Pop(PopResult::default())) }, now, c);
+    assert!(
+        matches!(cmd, StorageCommand::PopWildcard { .. }),
+        "first contact goes through the wildcard path: {cmd:?}"
+    );
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Pop(PopResult::default())),
+        },
+        now,
+        c,
+    );
     let (id, cmd) = storage_id(&drain(m));
-    assert!(matches!(cmd, StorageCommand::PendingPartitions { .. }), "{cmd:?}");
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Names(pending)) }, now, c);
+    assert!(
+        matches!(cmd, StorageCommand::PendingPartitions { .. }),
+        "{cmd:?}"
+    );
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Names(pending)),
+        },
+        now,
+        c,
+    );
     drain(m)
 }
 
@@ -78,7 +120,13 @@ fn warm_empty_ring_answers_without_permit_or_storage() {
     let mut c = ctx();
     let mut m = machine(&[], PopConfig::default());
     let fx = warm_up(&mut m, &mut c, T0, vec![]);
-    assert_eq!(fx, vec![PopEffect::ReleasePermit { rtt_us: Some(0) }, PopEffect::Reply(PopReply::Empty)]);
+    assert_eq!(
+        fx,
+        vec![
+            PopEffect::ReleasePermit { rtt_us: Some(0) },
+            PopEffect::Reply(PopReply::Empty)
+        ]
+    );
     // A second pop on the warm ring: the cheap check answers with no permit and no storage.
     let mut m2 = machine(&[], PopConfig::default());
     m2.handle(PopInput::Start, T0.plus_millis(5), &mut c);
@@ -91,29 +139,64 @@ fn ring_candidates_and_verdicts_flow_back() {
     let mut m = machine(&[("partitions", "3")], PopConfig::default());
     let fx = warm_up(&mut m, &mut c, T0, vec!["a".into(), "b".into()]);
     let (id, cmd) = storage_id(&fx);
-    let StorageCommand::PopList { req, candidates } = cmd else { panic!("expected a list pop") };
+    let StorageCommand::PopList { req, candidates } = cmd else {
+        panic!("expected a list pop")
+    };
     assert_eq!(candidates, vec!["a".to_string(), "b".to_string()]);
-    assert!(req.skip_window_debounce, "the ring path owns the window hold");
+    assert!(
+        req.skip_window_debounce,
+        "the ring path owns the window hold"
+    );
     assert_eq!(req.max_partitions, 3);
     let result = PopResult {
         claims: vec![claim("a")],
-        verdicts: vec![("a".into(), Verdict::Took { count: 1, leased_until: Some(T0.plus_secs(60)) }), ("b".into(), Verdict::Empty)],
+        verdicts: vec![
+            (
+                "a".into(),
+                Verdict::Took {
+                    count: 1,
+                    leased_until: Some(T0.plus_secs(60)),
+                },
+            ),
+            ("b".into(), Verdict::Empty),
+        ],
     };
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Pop(result)) }, T0, &mut c);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Pop(result)),
+        },
+        T0,
+        &mut c,
+    );
     let fx = drain(&mut m);
-    assert!(matches!(fx.last(), Some(PopEffect::Reply(PopReply::Messages { .. }))), "{fx:?}");
+    assert!(
+        matches!(fx.last(), Some(PopEffect::Reply(PopReply::Messages { .. }))),
+        "{fx:?}"
+    );
     assert!(matches!(fx[0], PopEffect::ReleasePermit { .. }));
     let ring = c.rings.ring("q", "__QUEUE_MODE__");
     assert!(!ring.has_ready(T0), "a is leased, b is empty");
-    assert!(ring.has_ready(T0.plus_secs(61)), "the wheel revisits a at lease expiry");
+    assert!(
+        ring.has_ready(T0.plus_secs(61)),
+        "the wheel revisits a at lease expiry"
+    );
 }
 
 #[test]
 fn parks_with_the_seed_backoff_and_ends_at_the_deadline() {
     let mut c = ctx();
-    let mut m = machine(&[("wait", "true"), ("timeout", "3000")], PopConfig::default());
+    let mut m = machine(
+        &[("wait", "true"), ("timeout", "3000")],
+        PopConfig::default(),
+    );
     let fx = warm_up(&mut m, &mut c, T0, vec![]);
-    assert_eq!(fx.last(), Some(&PopEffect::Park { until: T0.plus_millis(100) }));
+    assert_eq!(
+        fx.last(),
+        Some(&PopEffect::Park {
+            until: T0.plus_millis(100)
+        })
+    );
     assert!(!m.holds_permit());
     let mut now = T0;
     let mut intervals = vec![];
@@ -123,7 +206,11 @@ fn parks_with_the_seed_backoff_and_ends_at_the_deadline() {
         now = until;
         m.handle(PopInput::Timer, now, &mut c);
         let fx = drain(&mut m);
-        assert!(!fx.iter().any(|e| matches!(e, PopEffect::Storage { .. } | PopEffect::AcquirePermit)), "re-checks of an empty warm ring are free: {fx:?}");
+        assert!(
+            !fx.iter()
+                .any(|e| matches!(e, PopEffect::Storage { .. } | PopEffect::AcquirePermit)),
+            "re-checks of an empty warm ring are free: {fx:?}"
+        );
         if m.is_done() {
             assert_eq!(fx, vec![PopEffect::Reply(PopReply::Empty)]);
             break;
@@ -153,18 +240,44 @@ fn a_spurious_timer_is_a_no_op_and_a_wake_resets_the_backoff() {
     assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
     m.handle(PopInput::PermitGranted, now, &mut c);
     let (id, _) = storage_id(&drain(&mut m));
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Pop(PopResult { claims: vec![], verdicts: vec![("p".into(), Verdict::Busy)] })) }, now, &mut c);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Pop(PopResult {
+                claims: vec![],
+                verdicts: vec![("p".into(), Verdict::Busy)],
+            })),
+        },
+        now,
+        &mut c,
+    );
     let fx = drain(&mut m);
-    assert_eq!(fx.last(), Some(&PopEffect::Park { until: now.plus_millis(100) }), "backoff restarted at 100 ms");
+    assert_eq!(
+        fx.last(),
+        Some(&PopEffect::Park {
+            until: now.plus_millis(100)
+        }),
+        "backoff restarted at 100 ms"
+    );
 }
 
 #[test]
 fn without_the_backoff_floor_a_lost_wake_strands_until_the_deadline() {
-    let config = PopConfig { bugs: PopBugs { no_backoff_floor: true }, ..PopConfig::default() };
+    let config = PopConfig {
+        bugs: PopBugs {
+            no_backoff_floor: true,
+        },
+        ..PopConfig::default()
+    };
     let mut c = ctx();
     let mut m = machine(&[("wait", "true"), ("timeout", "30000")], config);
     let fx = warm_up(&mut m, &mut c, T0, vec![]);
-    assert_eq!(fx.last(), Some(&PopEffect::Park { until: T0.plus_secs(30) }));
+    assert_eq!(
+        fx.last(),
+        Some(&PopEffect::Park {
+            until: T0.plus_secs(30)
+        })
+    );
 }
 
 #[test]
@@ -175,11 +288,38 @@ fn stale_and_duplicate_storage_replies_are_ignored() {
     let _ = drain(&mut m);
     m.handle(PopInput::PermitGranted, T0, &mut c);
     let (id, _) = storage_id(&drain(&mut m));
-    m.handle(PopInput::StorageDone { id: id + 7, result: Ok(StorageReply::Config(None)) }, T0, &mut c);
+    m.handle(
+        PopInput::StorageDone {
+            id: id + 7,
+            result: Ok(StorageReply::Config(None)),
+        },
+        T0,
+        &mut c,
+    );
     assert!(drain(&mut m).is_empty());
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Config(None)) }, T0, &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::ReleasePermit { rtt_us: Some(0) }, PopEffect::Reply(PopReply::Empty)]);
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Config(None)) }, T0, &mut c);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Config(None)),
+        },
+        T0,
+        &mut c,
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            PopEffect::ReleasePermit { rtt_us: Some(0) },
+            PopEffect::Reply(PopReply::Empty)
+        ]
+    );
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Config(None)),
+        },
+        T0,
+        &mut c,
+    );
     assert!(drain(&mut m).is_empty(), "done machines ignore everything");
 }
 
@@ -192,8 +332,21 @@ fn storage_failure_releases_the_permit_and_fails() {
     m.handle(PopInput::PermitGranted, T0, &mut c);
     let (id, _) = storage_id(&drain(&mut m));
     let err = queen_core::storage::StorageError::Unavailable("connection reset".into());
-    m.handle(PopInput::StorageDone { id, result: Err(err.clone()) }, T0, &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::ReleasePermit { rtt_us: None }, PopEffect::Reply(PopReply::Failed(err))]);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Err(err.clone()),
+        },
+        T0,
+        &mut c,
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            PopEffect::ReleasePermit { rtt_us: None },
+            PopEffect::Reply(PopReply::Failed(err))
+        ]
+    );
 }
 
 #[test]
@@ -205,13 +358,19 @@ fn cancel_releases_a_held_permit() {
     m.handle(PopInput::PermitGranted, T0, &mut c);
     let _ = drain(&mut m);
     m.handle(PopInput::Cancel, T0, &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::ReleasePermit { rtt_us: None }]);
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::ReleasePermit { rtt_us: None }]
+    );
     assert!(m.is_done());
 }
 
 #[test]
 fn legacy_path_probes_has_pending_before_the_permit() {
-    let config = PopConfig { hotlist: false, ..PopConfig::default() };
+    let config = PopConfig {
+        hotlist: false,
+        ..PopConfig::default()
+    };
     let mut c = ctx();
     let mut m = machine(&[("wait", "true")], config);
     m.handle(PopInput::Start, T0, &mut c);
@@ -219,11 +378,30 @@ fn legacy_path_probes_has_pending_before_the_permit() {
     let (id, cmd) = storage_id(&fx);
     assert_eq!(fx.len(), 1, "no permit before the probe");
     assert!(matches!(cmd, StorageCommand::HasPending { .. }));
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::HasPending(false)) }, T0, &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::Park { until: T0.plus_millis(100) }]);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::HasPending(false)),
+        },
+        T0,
+        &mut c,
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::Park {
+            until: T0.plus_millis(100)
+        }]
+    );
     m.handle(PopInput::Timer, T0.plus_millis(100), &mut c);
     let (id, _) = storage_id(&drain(&mut m));
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::HasPending(true)) }, T0.plus_millis(100), &mut c);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::HasPending(true)),
+        },
+        T0.plus_millis(100),
+        &mut c,
+    );
     assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
     m.handle(PopInput::PermitGranted, T0.plus_millis(100), &mut c);
     let (_, cmd) = storage_id(&drain(&mut m));
@@ -238,25 +416,64 @@ fn min_pop_wait_holds_before_the_permit_until_the_window_ends() {
     let _ = drain(&mut m);
     m.handle(PopInput::PermitGranted, T0, &mut c);
     let (id, _) = storage_id(&drain(&mut m));
-    let config = QueueConfig { min_pop_wait_time: 200, ..QueueConfig::with_defaults("q") };
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Config(Some(config))) }, T0, &mut c);
+    let config = QueueConfig {
+        min_pop_wait_time: 200,
+        ..QueueConfig::with_defaults("q")
+    };
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Config(Some(config))),
+        },
+        T0,
+        &mut c,
+    );
     let (id, _) = storage_id(&drain(&mut m));
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Pop(PopResult::default())) }, T0, &mut c);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Pop(PopResult::default())),
+        },
+        T0,
+        &mut c,
+    );
     let (id, _) = storage_id(&drain(&mut m));
-    m.handle(PopInput::StorageDone { id, result: Ok(StorageReply::Names(vec![])) }, T0, &mut c);
-    assert_eq!(drain(&mut m).last(), Some(&PopEffect::Park { until: T0.plus_millis(100) }));
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Names(vec![])),
+        },
+        T0,
+        &mut c,
+    );
+    assert_eq!(
+        drain(&mut m).last(),
+        Some(&PopEffect::Park {
+            until: T0.plus_millis(100)
+        })
+    );
     assert!(c.rings.min_pop_wait_in_use);
     // 3 messages arrive: under-full (batch 10), so the machine holds, without a permit.
     let t1 = T0.plus_millis(50);
     c.note_push("q", "p", 3, t1);
     m.handle(PopInput::Wake, t1, &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::Park { until: t1.plus_millis(200) }]);
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::Park {
+            until: t1.plus_millis(200)
+        }]
+    );
     assert!(!m.holds_permit());
     // More arrive but still under-full: keep holding.
     let t2 = t1.plus_millis(100);
     c.note_push("q", "p", 3, t2);
     m.handle(PopInput::Wake, t2, &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::Park { until: t1.plus_millis(200) }]);
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::Park {
+            until: t1.plus_millis(200)
+        }]
+    );
     // The window elapses: take the permit.
     m.handle(PopInput::Timer, t1.plus_millis(200), &mut c);
     assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
@@ -266,14 +483,30 @@ fn min_pop_wait_holds_before_the_permit_until_the_window_ends() {
 fn min_pop_wait_ends_early_when_the_batch_is_full() {
     let mut c = ctx();
     c.rings.min_pop_wait_in_use = true;
-    let config = QueueConfig { min_pop_wait_time: 5_000, ..QueueConfig::with_defaults("q") };
-    c.configs.insert("q".into(), queen_core::pop::CachedConfig { config: Some(config), fetched_at: T0 });
-    c.rings.ring("q", "__QUEUE_MODE__").mark_first_contact_done();
+    let config = QueueConfig {
+        min_pop_wait_time: 5_000,
+        ..QueueConfig::with_defaults("q")
+    };
+    c.configs.insert(
+        "q".into(),
+        queen_core::pop::CachedConfig {
+            config: Some(config),
+            fetched_at: T0,
+        },
+    );
+    c.rings
+        .ring("q", "__QUEUE_MODE__")
+        .mark_first_contact_done();
     c.rings.ring("q", "__QUEUE_MODE__").apply_reseed(&[], T0);
     c.note_push("q", "p", 4, T0);
     let mut m = machine(&[("batch", "5"), ("wait", "true")], PopConfig::default());
     m.handle(PopInput::Start, T0, &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::Park { until: T0.plus_millis(5000) }]);
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::Park {
+            until: T0.plus_millis(5000)
+        }]
+    );
     c.note_push("q", "p", 1, T0.plus_millis(10));
     m.handle(PopInput::Wake, T0.plus_millis(10), &mut c);
     assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
@@ -282,23 +515,53 @@ fn min_pop_wait_ends_early_when_the_batch_is_full() {
 #[test]
 fn window_buffer_queues_wait_on_the_wheel_after_a_push() {
     let mut c = ctx();
-    let config = QueueConfig { window_buffer: 2, ..QueueConfig::with_defaults("q") };
-    c.configs.insert("q".into(), queen_core::pop::CachedConfig { config: Some(config), fetched_at: T0 });
+    let config = QueueConfig {
+        window_buffer: 2,
+        ..QueueConfig::with_defaults("q")
+    };
+    c.configs.insert(
+        "q".into(),
+        queen_core::pop::CachedConfig {
+            config: Some(config),
+            fetched_at: T0,
+        },
+    );
     c.rings.ring("q", "g").mark_first_contact_done();
     c.note_push("q", "p", 1, T0);
     assert!(!c.rings.ring("q", "g").has_ready(T0.plus_millis(1999)));
     c.note_push("q", "p", 1, T0.plus_millis(1500));
-    assert!(!c.rings.ring("q", "g").has_ready(T0.plus_millis(2000)), "each push restarts the quiet period");
+    assert!(
+        !c.rings.ring("q", "g").has_ready(T0.plus_millis(2000)),
+        "each push restarts the quiet period"
+    );
     assert!(c.rings.ring("q", "g").has_ready(T0.plus_millis(3500)));
 }
 
 #[test]
 fn backoff_config_is_honoured() {
-    let config = PopConfig { backoff: WaitBackoff { initial_ms: 10, threshold: 1, multiplier: 1.0, max_ms: 15 }, ..PopConfig::default() };
+    let config = PopConfig {
+        backoff: WaitBackoff {
+            initial_ms: 10,
+            threshold: 1,
+            multiplier: 1.0,
+            max_ms: 15,
+        },
+        ..PopConfig::default()
+    };
     let mut c = ctx();
     let mut m = machine(&[("wait", "true")], config);
     let fx = warm_up(&mut m, &mut c, T0, vec![]);
-    assert_eq!(fx.last(), Some(&PopEffect::Park { until: T0.plus_millis(10) }));
+    assert_eq!(
+        fx.last(),
+        Some(&PopEffect::Park {
+            until: T0.plus_millis(10)
+        })
+    );
     m.handle(PopInput::Timer, T0.plus_millis(10), &mut c);
-    assert_eq!(drain(&mut m), vec![PopEffect::Park { until: T0.plus_millis(25) }]);
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::Park {
+            until: T0.plus_millis(25)
+        }]
+    );
 }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use queen_core::claim::SubscriptionIntent;
 use queen_core::params::{SubscriptionFrom, SubscriptionMode};
-use queen_core::storage::{AckItem, AckStatus, PopRequest, PushOutcome, QueueConfig, Storage, Verdict};
+use queen_core::storage::{
+    AckItem, AckStatus, PopRequest, PushOutcome, QueueConfig, Storage, Verdict,
+};
 use queen_core::types::QUEUE_MODE_GROUP;
 
 use crate::fixtures::{group, payload_ns, pop_req, Ids};
@@ -53,8 +55,18 @@ fn verdict_of(r: &queen_core::storage::PopResult, p: &str) -> Option<Verdict> {
     r.verdicts.iter().find(|(n, _)| n == p).map(|(_, v)| *v)
 }
 
-async fn push(s: &dyn Storage, ids: &mut Ids, q: &str, p: &str, prefix: &str, range: std::ops::Range<u32>) -> Result<Vec<PushOutcome>, String> {
-    let mut r = s.push(vec![group(ids, q, p, prefix, range)]).await.map_err(e)?;
+async fn push(
+    s: &dyn Storage,
+    ids: &mut Ids,
+    q: &str,
+    p: &str,
+    prefix: &str,
+    range: std::ops::Range<u32>,
+) -> Result<Vec<PushOutcome>, String> {
+    let mut r = s
+        .push(vec![group(ids, q, p, prefix, range)])
+        .await
+        .map_err(e)?;
     r.pop().ok_or_else(|| "push returned no group".to_string())
 }
 
@@ -63,7 +75,13 @@ async fn configure(s: &dyn Storage, config: QueueConfig) -> CaseResult {
 }
 
 fn ack(tx: &str, pid: &str, status: AckStatus, lease: Option<String>) -> AckItem {
-    AckItem { transaction_id: tx.into(), partition_id: pid.into(), status, lease_id: lease, error: None }
+    AckItem {
+        transaction_id: tx.into(),
+        partition_id: pid.into(),
+        status,
+        lease_id: lease,
+        error: None,
+    }
 }
 
 /// A pushed, leased batch comes back exactly as pushed; the cursor does not move on a lease.
@@ -72,19 +90,47 @@ pub async fn leased_pop_delivers_in_order(b: &dyn Backend) -> CaseResult {
     let mut ids = Ids::new(1);
     let out = push(&*s, &mut ids, "q", "p1", "t", 0..3).await?;
     ensure_eq!(out.len(), 3, "push outcomes");
-    ensure!(out.iter().all(|o| matches!(o, PushOutcome::Queued { .. })), "all queued: {out:?}");
+    ensure!(
+        out.iter().all(|o| matches!(o, PushOutcome::Queued { .. })),
+        "all queued: {out:?}"
+    );
     let w = ids.worker();
-    let r = s.pop_partition(pop_req("q", QUEUE_MODE_GROUP, w, 10), "p1".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("q", QUEUE_MODE_GROUP, w, 10), "p1".into())
+        .await
+        .map_err(e)?;
     ensure_eq!(payload_ns(&r), vec![0, 1, 2], "payloads");
     let c = &r.claims[0];
-    ensure_eq!((c.first_offset, c.last_offset, c.attempt_count), (0, 2, 1), "claim span");
+    ensure_eq!(
+        (c.first_offset, c.last_offset, c.attempt_count),
+        (0, 2, 1),
+        "claim span"
+    );
     ensure!(!c.partition_id.is_empty(), "partition id present");
     ensure!(c.lease_expires_at.is_some(), "leased");
-    ensure!(matches!(verdict_of(&r, "p1"), Some(Verdict::Took { count: 3, .. })), "verdict {:?}", r.verdicts);
+    ensure!(
+        matches!(verdict_of(&r, "p1"), Some(Verdict::Took { count: 3, .. })),
+        "verdict {:?}",
+        r.verdicts
+    );
     // A second consumer of the same group sees the live lease.
-    let r2 = s.pop_partition(pop_req("q", QUEUE_MODE_GROUP, ids.worker(), 10), "p1".into()).await.map_err(e)?;
-    ensure!(r2.claims.is_empty(), "second pop during the lease took {:?}", r2.claims);
-    ensure!(matches!(verdict_of(&r2, "p1"), Some(Verdict::LeasedUntil(_))), "verdict {:?}", r2.verdicts);
+    let r2 = s
+        .pop_partition(
+            pop_req("q", QUEUE_MODE_GROUP, ids.worker(), 10),
+            "p1".into(),
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        r2.claims.is_empty(),
+        "second pop during the lease took {:?}",
+        r2.claims
+    );
+    ensure!(
+        matches!(verdict_of(&r2, "p1"), Some(Verdict::LeasedUntil(_))),
+        "verdict {:?}",
+        r2.verdicts
+    );
     Ok(())
 }
 
@@ -92,19 +138,54 @@ pub async fn leased_pop_delivers_in_order(b: &dyn Backend) -> CaseResult {
 pub async fn lease_length_coalesces(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let mut ids = Ids::new(2);
-    configure(&*s, QueueConfig { lease_time: 100, ..QueueConfig::with_defaults("q") }).await?;
+    configure(
+        &*s,
+        QueueConfig {
+            lease_time: 100,
+            ..QueueConfig::with_defaults("q")
+        },
+    )
+    .await?;
     push(&*s, &mut ids, "q", "p", "t", 0..2).await?;
-    let r = s.pop_partition(pop_req("q", "g1", ids.worker(), 10), "p".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("q", "g1", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
     let now_ish = r.claims[0].lease_expires_at.ok_or("no lease")?;
-    let r2 = s.pop_partition(PopRequest { lease_seconds: Some(5), ..pop_req("q", "g2", ids.worker(), 10) }, "p".into()).await.map_err(e)?;
+    let r2 = s
+        .pop_partition(
+            PopRequest {
+                lease_seconds: Some(5),
+                ..pop_req("q", "g2", ids.worker(), 10)
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
     let short = r2.claims[0].lease_expires_at.ok_or("no lease")?;
     let diff = now_ish.0 - short.0;
-    ensure!((94_000_000..=96_000_000).contains(&diff), "lease 100 s vs 5 s differ by {diff} us");
-    configure(&*s, QueueConfig { lease_time: 0, ..QueueConfig::with_defaults("q") }).await?;
-    let r3 = s.pop_partition(pop_req("q", "g3", ids.worker(), 10), "p".into()).await.map_err(e)?;
+    ensure!(
+        (94_000_000..=96_000_000).contains(&diff),
+        "lease 100 s vs 5 s differ by {diff} us"
+    );
+    configure(
+        &*s,
+        QueueConfig {
+            lease_time: 0,
+            ..QueueConfig::with_defaults("q")
+        },
+    )
+    .await?;
+    let r3 = s
+        .pop_partition(pop_req("q", "g3", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
     let dflt = r3.claims[0].lease_expires_at.ok_or("no lease")?;
     let diff = dflt.0 - short.0;
-    ensure!((54_000_000..=56_000_000).contains(&diff), "lease_time 0 falls back to 60 s: {diff} us");
+    ensure!(
+        (54_000_000..=56_000_000).contains(&diff),
+        "lease_time 0 falls back to 60 s: {diff} us"
+    );
     Ok(())
 }
 
@@ -113,14 +194,42 @@ pub async fn auto_ack_commits(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let mut ids = Ids::new(3);
     push(&*s, &mut ids, "q", "p", "t", 0..3).await?;
-    let req = PopRequest { auto_ack: true, ..pop_req("q", "g", ids.worker(), 2) };
+    let req = PopRequest {
+        auto_ack: true,
+        ..pop_req("q", "g", ids.worker(), 2)
+    };
     let r = s.pop_partition(req.clone(), "p".into()).await.map_err(e)?;
     ensure_eq!(payload_ns(&r), vec![0, 1], "first autoAck batch");
-    ensure!(r.claims[0].lease_expires_at.is_none(), "no lease on autoAck");
-    let r = s.pop_partition(PopRequest { worker: ids.worker(), ..req.clone() }, "p".into()).await.map_err(e)?;
-    ensure_eq!(payload_ns(&r), vec![2], "second autoAck batch continues after the commit");
+    ensure!(
+        r.claims[0].lease_expires_at.is_none(),
+        "no lease on autoAck"
+    );
+    let r = s
+        .pop_partition(
+            PopRequest {
+                worker: ids.worker(),
+                ..req.clone()
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![2],
+        "second autoAck batch continues after the commit"
+    );
     b.advance_secs(3600).await;
-    let r = s.pop_partition(PopRequest { worker: ids.worker(), ..req }, "p".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(
+            PopRequest {
+                worker: ids.worker(),
+                ..req
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
     ensure!(r.claims.is_empty(), "autoAck deliveries never repeat");
     Ok(())
 }
@@ -130,18 +239,48 @@ pub async fn expiry_redelivers_and_counts_attempts(b: &dyn Backend) -> CaseResul
     let s = b.storage();
     let mut ids = Ids::new(4);
     push(&*s, &mut ids, "q", "p", "t", 0..4).await?;
-    let req = |w| PopRequest { lease_seconds: Some(10), ..pop_req("q", "g", w, 2) };
-    let r = s.pop_partition(req(ids.worker()), "p".into()).await.map_err(e)?;
-    ensure_eq!((r.claims[0].first_offset, r.claims[0].attempt_count), (0, 1), "first delivery");
+    let req = |w| PopRequest {
+        lease_seconds: Some(10),
+        ..pop_req("q", "g", w, 2)
+    };
+    let r = s
+        .pop_partition(req(ids.worker()), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        (r.claims[0].first_offset, r.claims[0].attempt_count),
+        (0, 1),
+        "first delivery"
+    );
     b.advance_secs(11).await;
     let w2 = ids.worker();
     let r = s.pop_partition(req(w2), "p".into()).await.map_err(e)?;
-    ensure_eq!((r.claims[0].first_offset, r.claims[0].attempt_count), (0, 2), "redelivery after expiry");
+    ensure_eq!(
+        (r.claims[0].first_offset, r.claims[0].attempt_count),
+        (0, 2),
+        "redelivery after expiry"
+    );
     let pid = r.claims[0].partition_id.clone();
-    let o = s.ack("g", vec![ack("t-1", &pid, AckStatus::Completed, Some(w2.to_string()))]).await.map_err(e)?;
-    ensure!(o[0].success && o[0].lease_released, "ack of the whole batch releases: {o:?}");
-    let r = s.pop_partition(req(ids.worker()), "p".into()).await.map_err(e)?;
-    ensure_eq!((r.claims[0].first_offset, r.claims[0].attempt_count), (2, 1), "fresh work resets the count");
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-1", &pid, AckStatus::Completed, Some(w2.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].success && o[0].lease_released,
+        "ack of the whole batch releases: {o:?}"
+    );
+    let r = s
+        .pop_partition(req(ids.worker()), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        (r.claims[0].first_offset, r.claims[0].attempt_count),
+        (2, 1),
+        "fresh work resets the count"
+    );
     Ok(())
 }
 
@@ -151,24 +290,73 @@ pub async fn positional_ack_and_fencing(b: &dyn Backend) -> CaseResult {
     let mut ids = Ids::new(5);
     push(&*s, &mut ids, "q", "p", "t", 0..3).await?;
     let w = ids.worker();
-    let r = s.pop_partition(pop_req("q", "g", w, 10), "p".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("q", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
     let pid = r.claims[0].partition_id.clone();
     let wrong = ids.worker().to_string();
-    let o = s.ack("g", vec![ack("t-0", &pid, AckStatus::Completed, Some(wrong))]).await.map_err(e)?;
-    ensure!(!o[0].success && o[0].error.as_deref() == Some("Invalid or expired lease"), "wrong lease refused: {o:?}");
-    let o = s.ack("g", vec![ack("t-1", &pid, AckStatus::Completed, Some(w.to_string()))]).await.map_err(e)?;
-    ensure!(o[0].success && !o[0].lease_released, "prefix ack keeps the lease: {o:?}");
-    let r2 = s.pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into()).await.map_err(e)?;
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-0", &pid, AckStatus::Completed, Some(wrong))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        !o[0].success && o[0].error.as_deref() == Some("Invalid or expired lease"),
+        "wrong lease refused: {o:?}"
+    );
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-1", &pid, AckStatus::Completed, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].success && !o[0].lease_released,
+        "prefix ack keeps the lease: {o:?}"
+    );
+    let r2 = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
     ensure!(r2.claims.is_empty(), "the rest is still leased");
     // Re-acking is idempotent; an ack of another group is refused (no cursor there).
-    let o = s.ack("g", vec![ack("t-0", &pid, AckStatus::Completed, Some(w.to_string()))]).await.map_err(e)?;
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-0", &pid, AckStatus::Completed, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
     ensure!(o[0].success, "re-ack is idempotent: {o:?}");
-    let o = s.ack("other", vec![ack("t-2", &pid, AckStatus::Completed, None)]).await.map_err(e)?;
+    let o = s
+        .ack("other", vec![ack("t-2", &pid, AckStatus::Completed, None)])
+        .await
+        .map_err(e)?;
     ensure!(!o[0].success, "wrong group refused: {o:?}");
-    let o = s.ack("g", vec![ack("t-2", &pid, AckStatus::Completed, Some(w.to_string()))]).await.map_err(e)?;
-    ensure!(o[0].success && o[0].lease_released, "last ack releases: {o:?}");
-    let o = s.ack("g", vec![ack("nope", &pid, AckStatus::Completed, None)]).await.map_err(e)?;
-    ensure_eq!(o[0].error.as_deref(), Some("Message not found"), "unknown transaction id");
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-2", &pid, AckStatus::Completed, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].success && o[0].lease_released,
+        "last ack releases: {o:?}"
+    );
+    let o = s
+        .ack("g", vec![ack("nope", &pid, AckStatus::Completed, None)])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        o[0].error.as_deref(),
+        Some("Message not found"),
+        "unknown transaction id"
+    );
     Ok(())
 }
 
@@ -177,21 +365,45 @@ pub async fn dedup_by_partition_and_transaction_id(b: &dyn Backend) -> CaseResul
     let s = b.storage();
     let mut ids = Ids::new(6);
     let first = push(&*s, &mut ids, "q", "p", "t", 0..1).await?;
-    let PushOutcome::Queued { message_id, .. } = first[0] else { return Err(format!("not queued: {first:?}")) };
+    let PushOutcome::Queued { message_id, .. } = first[0] else {
+        return Err(format!("not queued: {first:?}"));
+    };
     let again = push(&*s, &mut ids, "q", "p", "t", 0..1).await?;
-    ensure!(matches!(again[0], PushOutcome::Duplicate { message_id: m, .. } if m == message_id), "duplicate carries the original id: {again:?}");
+    ensure!(
+        matches!(again[0], PushOutcome::Duplicate { message_id: m, .. } if m == message_id),
+        "duplicate carries the original id: {again:?}"
+    );
     let other = push(&*s, &mut ids, "q", "p2", "t", 0..1).await?;
-    ensure!(matches!(other[0], PushOutcome::Queued { .. }), "another partition is a new message");
+    ensure!(
+        matches!(other[0], PushOutcome::Queued { .. }),
+        "another partition is a new message"
+    );
     let mut g = group(&mut ids, "q", "p3", "x", 0..3);
     for f in &mut g.frames {
         f.transaction_id = "same".into();
     }
     let out = s.push(vec![g]).await.map_err(e)?;
     let out = &out[0];
-    ensure!(matches!(out[0], PushOutcome::Queued { .. }), "first occurrence wins");
-    let PushOutcome::Queued { message_id: winner, .. } = out[0] else { return Err("unreachable".into()) };
-    ensure!(out[1..].iter().all(|o| matches!(o, PushOutcome::Duplicate { message_id, .. } if *message_id == winner)), "intra-request duplicates: {out:?}");
-    let r = s.pop_partition(pop_req("q", "g", ids.worker(), 10), "p3".into()).await.map_err(e)?;
+    ensure!(
+        matches!(out[0], PushOutcome::Queued { .. }),
+        "first occurrence wins"
+    );
+    let PushOutcome::Queued {
+        message_id: winner, ..
+    } = out[0]
+    else {
+        return Err("unreachable".into());
+    };
+    ensure!(
+        out[1..].iter().all(
+            |o| matches!(o, PushOutcome::Duplicate { message_id, .. } if *message_id == winner)
+        ),
+        "intra-request duplicates: {out:?}"
+    );
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p3".into())
+        .await
+        .map_err(e)?;
     ensure_eq!(r.claims[0].message_count(), 1, "only one message stored");
     Ok(())
 }
@@ -201,23 +413,85 @@ pub async fn subscription_seeding(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let mut ids = Ids::new(7);
     push(&*s, &mut ids, "q", "p", "old", 0..5).await?;
-    let new = SubscriptionIntent { mode: SubscriptionMode::New, from: SubscriptionFrom::Unset };
-    let r = s.pop_partition(PopRequest { intent: new, ..pop_req("q", "g-new", ids.worker(), 10) }, "p".into()).await.map_err(e)?;
+    let new = SubscriptionIntent {
+        mode: SubscriptionMode::New,
+        from: SubscriptionFrom::Unset,
+    };
+    let r = s
+        .pop_partition(
+            PopRequest {
+                intent: new,
+                ..pop_req("q", "g-new", ids.worker(), 10)
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
     ensure!(r.claims.is_empty(), "mode new skips the backlog");
-    let r = s.pop_partition(PopRequest { intent: new, ..pop_req("q", QUEUE_MODE_GROUP, ids.worker(), 10) }, "p".into()).await.map_err(e)?;
-    ensure_eq!(payload_ns(&r), vec![0, 1, 2, 3, 4], "queue mode never skips backlog");
-    let r = s.pop_partition(pop_req("q", "g-all", ids.worker(), 10), "p".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(
+            PopRequest {
+                intent: new,
+                ..pop_req("q", QUEUE_MODE_GROUP, ids.worker(), 10)
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![0, 1, 2, 3, 4],
+        "queue mode never skips backlog"
+    );
+    let r = s
+        .pop_partition(pop_req("q", "g-all", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
     ensure_eq!(r.message_count(), 5, "mode all delivers everything");
-    let now_intent = SubscriptionIntent { mode: SubscriptionMode::All, from: SubscriptionFrom::Now };
-    let r = s.pop_partition(PopRequest { intent: now_intent, ..pop_req("q", "g-now", ids.worker(), 10) }, "p".into()).await.map_err(e)?;
-    ensure!(r.claims.is_empty(), "subscriptionFrom=now skips the backlog");
+    let now_intent = SubscriptionIntent {
+        mode: SubscriptionMode::All,
+        from: SubscriptionFrom::Now,
+    };
+    let r = s
+        .pop_partition(
+            PopRequest {
+                intent: now_intent,
+                ..pop_req("q", "g-now", ids.worker(), 10)
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        r.claims.is_empty(),
+        "subscriptionFrom=now skips the backlog"
+    );
     b.advance_secs(10).await;
     push(&*s, &mut ids, "q", "p", "later", 0..2).await?;
-    let r = s.pop_partition(pop_req("q", "g-new", ids.worker(), 10), "p".into()).await.map_err(e)?;
-    ensure_eq!(payload_ns(&r), vec![0, 1], "the group then sees only new messages");
+    let r = s
+        .pop_partition(pop_req("q", "g-new", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![0, 1],
+        "the group then sees only new messages"
+    );
     // An existing cursor is never re-seeded, whatever a later pop carries.
-    let r = s.pop_partition(PopRequest { intent: new, ..pop_req("q", "g-all", ids.worker(), 10) }, "p".into()).await.map_err(e)?;
-    ensure!(r.claims.is_empty(), "g-all is leased (5 messages outstanding)");
+    let r = s
+        .pop_partition(
+            PopRequest {
+                intent: new,
+                ..pop_req("q", "g-all", ids.worker(), 10)
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        r.claims.is_empty(),
+        "g-all is leased (5 messages outstanding)"
+    );
     Ok(())
 }
 
@@ -228,15 +502,42 @@ pub async fn durable_subscription_covers_later_partitions(b: &dyn Backend) -> Ca
     let mut ids = Ids::new(8);
     push(&*s, &mut ids, "q", "a", "old", 0..3).await?;
     b.advance_secs(5).await;
-    let new = SubscriptionIntent { mode: SubscriptionMode::New, from: SubscriptionFrom::Unset };
-    let r = s.pop_wildcard(PopRequest { intent: new, ..pop_req("q", "g", ids.worker(), 10) }).await.map_err(e)?;
-    ensure!(r.claims.is_empty(), "registration with mode new skips existing backlog: {:?}", r.claims);
+    let new = SubscriptionIntent {
+        mode: SubscriptionMode::New,
+        from: SubscriptionFrom::Unset,
+    };
+    let r = s
+        .pop_wildcard(PopRequest {
+            intent: new,
+            ..pop_req("q", "g", ids.worker(), 10)
+        })
+        .await
+        .map_err(e)?;
+    ensure!(
+        r.claims.is_empty(),
+        "registration with mode new skips existing backlog: {:?}",
+        r.claims
+    );
     b.advance_secs(5).await;
     push(&*s, &mut ids, "q", "b", "fresh", 0..4).await?;
-    let r = s.pop_wildcard(pop_req("q", "g", ids.worker(), 10)).await.map_err(e)?;
-    ensure_eq!(payload_ns(&r), vec![0, 1, 2, 3], "the later partition's whole backlog");
-    let r = s.pop_wildcard(pop_req("q", "g", ids.worker(), 10)).await.map_err(e)?;
-    ensure!(r.claims.is_empty(), "partition a stays skipped: {:?}", r.claims);
+    let r = s
+        .pop_wildcard(pop_req("q", "g", ids.worker(), 10))
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![0, 1, 2, 3],
+        "the later partition's whole backlog"
+    );
+    let r = s
+        .pop_wildcard(pop_req("q", "g", ids.worker(), 10))
+        .await
+        .map_err(e)?;
+    ensure!(
+        r.claims.is_empty(),
+        "partition a stays skipped: {:?}",
+        r.claims
+    );
     Ok(())
 }
 
@@ -245,25 +546,78 @@ pub async fn durable_subscription_covers_later_partitions(b: &dyn Backend) -> Ca
 pub async fn visibility_gates(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let mut ids = Ids::new(9);
-    configure(&*s, QueueConfig { delayed_processing: 5, ..QueueConfig::with_defaults("d") }).await?;
+    configure(
+        &*s,
+        QueueConfig {
+            delayed_processing: 5,
+            ..QueueConfig::with_defaults("d")
+        },
+    )
+    .await?;
     push(&*s, &mut ids, "d", "p", "t", 0..2).await?;
-    let req = PopRequest { skip_window_debounce: true, ..pop_req("d", "g", ids.worker(), 10) };
+    let req = PopRequest {
+        skip_window_debounce: true,
+        ..pop_req("d", "g", ids.worker(), 10)
+    };
     let r = s.pop_list(req.clone(), vec!["p".into()]).await.map_err(e)?;
     ensure!(r.claims.is_empty(), "delayed messages are invisible");
-    ensure!(matches!(verdict_of(&r, "p"), Some(Verdict::DeferredUntil(_))), "deferred verdict: {:?}", r.verdicts);
+    ensure!(
+        matches!(verdict_of(&r, "p"), Some(Verdict::DeferredUntil(_))),
+        "deferred verdict: {:?}",
+        r.verdicts
+    );
     b.advance_secs(6).await;
-    let r = s.pop_list(PopRequest { worker: ids.worker(), ..req }, vec!["p".into()]).await.map_err(e)?;
+    let r = s
+        .pop_list(
+            PopRequest {
+                worker: ids.worker(),
+                ..req
+            },
+            vec!["p".into()],
+        )
+        .await
+        .map_err(e)?;
     ensure_eq!(r.message_count(), 2, "visible after the delay");
 
-    configure(&*s, QueueConfig { window_buffer: 3, ..QueueConfig::with_defaults("w") }).await?;
+    configure(
+        &*s,
+        QueueConfig {
+            window_buffer: 3,
+            ..QueueConfig::with_defaults("w")
+        },
+    )
+    .await?;
     push(&*s, &mut ids, "w", "p", "t", 0..3).await?;
-    let r = s.pop_list(pop_req("w", "g", ids.worker(), 10), vec!["p".into()]).await.map_err(e)?;
-    ensure!(r.claims.is_empty() && matches!(verdict_of(&r, "p"), Some(Verdict::DeferredUntil(_))), "window holds: {:?}", r.verdicts);
-    let r = s.pop_list(PopRequest { skip_window_debounce: true, ..pop_req("w", "g2", ids.worker(), 10) }, vec!["p".into()]).await.map_err(e)?;
+    let r = s
+        .pop_list(pop_req("w", "g", ids.worker(), 10), vec!["p".into()])
+        .await
+        .map_err(e)?;
+    ensure!(
+        r.claims.is_empty() && matches!(verdict_of(&r, "p"), Some(Verdict::DeferredUntil(_))),
+        "window holds: {:?}",
+        r.verdicts
+    );
+    let r = s
+        .pop_list(
+            PopRequest {
+                skip_window_debounce: true,
+                ..pop_req("w", "g2", ids.worker(), 10)
+            },
+            vec!["p".into()],
+        )
+        .await
+        .map_err(e)?;
     ensure_eq!(r.message_count(), 3, "the ring path owns the hold");
     b.advance_secs(4).await;
-    let r = s.pop_list(pop_req("w", "g", ids.worker(), 10), vec!["p".into()]).await.map_err(e)?;
-    ensure_eq!(r.message_count(), 3, "quiet for the window: everything at once");
+    let r = s
+        .pop_list(pop_req("w", "g", ids.worker(), 10), vec!["p".into()])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        r.message_count(),
+        3,
+        "quiet for the window: everything at once"
+    );
     Ok(())
 }
 
@@ -273,22 +627,55 @@ pub async fn seal_guards(b: &dyn Backend) -> CaseResult {
     let mut ids = Ids::new(10);
     push(&*s, &mut ids, "q", "p", "t", 0..3).await?;
     b.drop_segments("q", "p", i64::MAX).await;
-    ensure!(s.has_pending("q", "g").await.map_err(e)?, "phantom pending before the seal");
-    let r = s.pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into()).await.map_err(e)?;
-    ensure!(r.claims.is_empty() && verdict_of(&r, "p") == Some(Verdict::Empty), "empty: {:?}", r.verdicts);
-    ensure!(!s.has_pending("q", "g").await.map_err(e)?, "sealed: no longer pending");
+    ensure!(
+        s.has_pending("q", "g").await.map_err(e)?,
+        "phantom pending before the seal"
+    );
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure!(
+        r.claims.is_empty() && verdict_of(&r, "p") == Some(Verdict::Empty),
+        "empty: {:?}",
+        r.verdicts
+    );
+    ensure!(
+        !s.has_pending("q", "g").await.map_err(e)?,
+        "sealed: no longer pending"
+    );
     // New pushes land above the seal and are delivered.
     push(&*s, &mut ids, "q", "p", "u", 0..2).await?;
-    let r = s.pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
     ensure_eq!(payload_ns(&r), vec![0, 1], "messages after the seal");
     // Deferred segments are never sealed past.
-    configure(&*s, QueueConfig { delayed_processing: 60, ..QueueConfig::with_defaults("d") }).await?;
+    configure(
+        &*s,
+        QueueConfig {
+            delayed_processing: 60,
+            ..QueueConfig::with_defaults("d")
+        },
+    )
+    .await?;
     push(&*s, &mut ids, "d", "p", "t", 0..2).await?;
-    let r = s.pop_partition(pop_req("d", "g", ids.worker(), 10), "p".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("d", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
     ensure!(r.claims.is_empty(), "deferred");
     b.advance_secs(61).await;
-    let r = s.pop_partition(pop_req("d", "g", ids.worker(), 10), "p".into()).await.map_err(e)?;
-    ensure_eq!(r.message_count(), 2, "deferred messages survive: the seal did not fire");
+    let r = s
+        .pop_partition(pop_req("d", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        r.message_count(),
+        2,
+        "deferred messages survive: the seal did not fire"
+    );
     Ok(())
 }
 
@@ -299,21 +686,48 @@ pub async fn budgets(b: &dyn Backend) -> CaseResult {
     for p in ["a", "b", "c", "d", "e"] {
         push(&*s, &mut ids, "q", p, "t", 0..50).await?;
     }
-    let req = PopRequest { max_partitions: 5, ..pop_req("q", "g", ids.worker(), 20) };
+    let req = PopRequest {
+        max_partitions: 5,
+        ..pop_req("q", "g", ids.worker(), 20)
+    };
     let r = s.pop_wildcard(req).await.map_err(e)?;
     ensure_eq!(r.message_count(), 20, "global cap");
-    let req = PopRequest { max_partitions: 3, ..pop_req("q", "g2", ids.worker(), 1000) };
+    let req = PopRequest {
+        max_partitions: 3,
+        ..pop_req("q", "g2", ids.worker(), 1000)
+    };
     let r = s.pop_wildcard(req).await.map_err(e)?;
     ensure_eq!(r.claims.len(), 3, "partition cap");
     ensure_eq!(r.message_count(), 150, "three whole partitions");
-    let names: Vec<String> = ["a", "b", "c", "d", "e", "zz"].iter().map(|s| s.to_string()).collect();
-    let req = PopRequest { max_partitions: 2, ..pop_req("q", "g3", ids.worker(), 1000) };
+    let names: Vec<String> = ["a", "b", "c", "d", "e", "zz"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let req = PopRequest {
+        max_partitions: 2,
+        ..pop_req("q", "g3", ids.worker(), 1000)
+    };
     let r = s.pop_list(req, names).await.map_err(e)?;
     ensure_eq!(r.claims.len(), 2, "list respects the partition cap");
-    ensure_eq!(verdict_of(&r, "e"), Some(Verdict::NotEvaluated), "budget spent before e");
-    ensure_eq!(verdict_of(&r, "zz"), Some(Verdict::NotEvaluated), "budget spent before zz");
-    let r = s.pop_list(pop_req("q", "g4", ids.worker(), 10), vec!["zz".into()]).await.map_err(e)?;
-    ensure_eq!(verdict_of(&r, "zz"), Some(Verdict::Missing), "unknown partition");
+    ensure_eq!(
+        verdict_of(&r, "e"),
+        Some(Verdict::NotEvaluated),
+        "budget spent before e"
+    );
+    ensure_eq!(
+        verdict_of(&r, "zz"),
+        Some(Verdict::NotEvaluated),
+        "budget spent before zz"
+    );
+    let r = s
+        .pop_list(pop_req("q", "g4", ids.worker(), 10), vec!["zz".into()])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        verdict_of(&r, "zz"),
+        Some(Verdict::Missing),
+        "unknown partition"
+    );
     Ok(())
 }
 
@@ -324,13 +738,26 @@ pub async fn lease_renewal(b: &dyn Backend) -> CaseResult {
     push(&*s, &mut ids, "q", "a", "t", 0..1).await?;
     push(&*s, &mut ids, "q", "b", "t", 0..1).await?;
     let w = ids.worker();
-    let r = s.pop_wildcard(PopRequest { max_partitions: 2, lease_seconds: Some(10), ..pop_req("q", "g", w, 10) }).await.map_err(e)?;
+    let r = s
+        .pop_wildcard(PopRequest {
+            max_partitions: 2,
+            lease_seconds: Some(10),
+            ..pop_req("q", "g", w, 10)
+        })
+        .await
+        .map_err(e)?;
     ensure_eq!(r.claims.len(), 2, "two partitions under one lease");
     b.advance_secs(8).await;
     let o = s.renew_lease(&w.to_string(), 60).await.map_err(e)?;
     ensure_eq!(o.renewed, 2, "both partitions renewed");
     b.advance_secs(30).await;
-    let r = s.pop_wildcard(PopRequest { max_partitions: 2, ..pop_req("q", "g", ids.worker(), 10) }).await.map_err(e)?;
+    let r = s
+        .pop_wildcard(PopRequest {
+            max_partitions: 2,
+            ..pop_req("q", "g", ids.worker(), 10)
+        })
+        .await
+        .map_err(e)?;
     ensure!(r.claims.is_empty(), "renewed leases still hold");
     b.advance_secs(40).await;
     let o = s.renew_lease(&w.to_string(), 60).await.map_err(e)?;
@@ -343,30 +770,79 @@ pub async fn lease_renewal(b: &dyn Backend) -> CaseResult {
 pub async fn failed_acks_retry_then_dead_letter(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let mut ids = Ids::new(13);
-    configure(&*s, QueueConfig { retry_limit: 1, ..QueueConfig::with_defaults("q") }).await?;
+    configure(
+        &*s,
+        QueueConfig {
+            retry_limit: 1,
+            ..QueueConfig::with_defaults("q")
+        },
+    )
+    .await?;
     push(&*s, &mut ids, "q", "p", "t", 0..3).await?;
     // Mixed batch: [t-0 failed, t-1 completed, t-2 completed] must redeliver t-0.
     let w = ids.worker();
-    let r = s.pop_partition(pop_req("q", "g", w, 10), "p".into()).await.map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("q", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
     let pid = r.claims[0].partition_id.clone();
     let l = Some(w.to_string());
     let o = s
-        .ack("g", vec![ack("t-0", &pid, AckStatus::Failed, l.clone()), ack("t-1", &pid, AckStatus::Completed, l.clone()), ack("t-2", &pid, AckStatus::Completed, l)])
+        .ack(
+            "g",
+            vec![
+                ack("t-0", &pid, AckStatus::Failed, l.clone()),
+                ack("t-1", &pid, AckStatus::Completed, l.clone()),
+                ack("t-2", &pid, AckStatus::Completed, l),
+            ],
+        )
         .await
         .map_err(e)?;
     ensure!(o.iter().all(|x| x.success), "all accepted: {o:?}");
     let w = ids.worker();
-    let r = s.pop_partition(pop_req("q", "g", w, 10), "p".into()).await.map_err(e)?;
-    ensure_eq!(payload_ns(&r), vec![0, 1, 2], "the failed message comes back (with what followed)");
+    let r = s
+        .pop_partition(pop_req("q", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![0, 1, 2],
+        "the failed message comes back (with what followed)"
+    );
     ensure_eq!(r.claims[0].attempt_count, 2, "a redelivery");
-    let o = s.ack("g", vec![ack("t-0", &pid, AckStatus::Failed, Some(w.to_string()))]).await.map_err(e)?;
-    ensure!(o[0].dlq, "second failure with retryLimit 1 dead-letters: {o:?}");
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-0", &pid, AckStatus::Failed, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].dlq,
+        "second failure with retryLimit 1 dead-letters: {o:?}"
+    );
     ensure!(!o[0].lease_released, "the lease still covers t-1 and t-2");
     // The next message starts with a full budget.
-    let o = s.ack("g", vec![ack("t-1", &pid, AckStatus::Failed, Some(w.to_string()))]).await.map_err(e)?;
-    ensure!(o[0].success && !o[0].dlq && o[0].lease_released, "t-1 has its own budget: {o:?}");
-    let r = s.pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into()).await.map_err(e)?;
-    ensure_eq!(payload_ns(&r), vec![1, 2], "past the dead letter, t-1 redelivered");
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-1", &pid, AckStatus::Failed, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].success && !o[0].dlq && o[0].lease_released,
+        "t-1 has its own budget: {o:?}"
+    );
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![1, 2],
+        "past the dead letter, t-1 redelivered"
+    );
     let dl = b.dead_letters("q").await;
     ensure_eq!(dl, vec![(0, "t-0".to_string())], "one dead letter");
     Ok(())
@@ -379,12 +855,32 @@ pub async fn discovery(b: &dyn Backend) -> CaseResult {
     push(&*s, &mut ids, "billing.invoice.v2", "p", "t", 0..1).await?;
     push(&*s, &mut ids, "billing.refund", "p", "t", 0..1).await?;
     push(&*s, &mut ids, "ops", "p", "t", 0..1).await?;
-    let mut q = s.queues_matching(Some("billing".into()), None).await.map_err(e)?;
+    let mut q = s
+        .queues_matching(Some("billing".into()), None)
+        .await
+        .map_err(e)?;
     q.sort();
-    ensure_eq!(q, vec!["billing.invoice.v2".to_string(), "billing.refund".to_string()], "by namespace");
-    let q = s.queues_matching(Some("billing".into()), Some("refund".into())).await.map_err(e)?;
-    ensure_eq!(q, vec!["billing.refund".to_string()], "by namespace and task");
-    let q = s.queues_matching(None, Some("invoice".into())).await.map_err(e)?;
+    ensure_eq!(
+        q,
+        vec![
+            "billing.invoice.v2".to_string(),
+            "billing.refund".to_string()
+        ],
+        "by namespace"
+    );
+    let q = s
+        .queues_matching(Some("billing".into()), Some("refund".into()))
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        q,
+        vec!["billing.refund".to_string()],
+        "by namespace and task"
+    );
+    let q = s
+        .queues_matching(None, Some("invoice".into()))
+        .await
+        .map_err(e)?;
     ensure_eq!(q, vec!["billing.invoice.v2".to_string()], "by task");
     Ok(())
 }
@@ -393,39 +889,77 @@ pub async fn discovery(b: &dyn Backend) -> CaseResult {
 pub async fn pending_and_delete(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let mut ids = Ids::new(15);
-    ensure!(!s.has_pending("q", "g").await.map_err(e)?, "unknown queue has nothing pending");
+    ensure!(
+        !s.has_pending("q", "g").await.map_err(e)?,
+        "unknown queue has nothing pending"
+    );
     push(&*s, &mut ids, "q", "a", "t", 0..2).await?;
     push(&*s, &mut ids, "q", "b", "t", 0..2).await?;
-    ensure_eq!(s.pending_partitions("q", "g", 10).await.map_err(e)?, vec!["a".to_string(), "b".to_string()], "pending names");
+    ensure_eq!(
+        s.pending_partitions("q", "g", 10).await.map_err(e)?,
+        vec!["a".to_string(), "b".to_string()],
+        "pending names"
+    );
     let w = ids.worker();
-    let r = s.pop_list(pop_req("q", "g", w, 10), vec!["a".into()]).await.map_err(e)?;
+    let r = s
+        .pop_list(pop_req("q", "g", w, 10), vec!["a".into()])
+        .await
+        .map_err(e)?;
     ensure_eq!(r.message_count(), 2, "took a");
-    ensure_eq!(s.pending_partitions("q", "g", 10).await.map_err(e)?, vec!["b".to_string()], "a is leased");
+    ensure_eq!(
+        s.pending_partitions("q", "g", 10).await.map_err(e)?,
+        vec!["b".to_string()],
+        "a is leased"
+    );
     ensure!(s.delete_queue("q").await.map_err(e)?, "deleted");
     ensure!(!s.delete_queue("q").await.map_err(e)?, "already gone");
     ensure!(!s.has_pending("q", "g").await.map_err(e)?, "nothing left");
-    ensure!(s.queue_config("q").await.map_err(e)?.is_none(), "config gone");
+    ensure!(
+        s.queue_config("q").await.map_err(e)?.is_none(),
+        "config gone"
+    );
     let out = push(&*s, &mut ids, "q", "a", "t", 0..1).await?;
-    ensure!(matches!(out[0], PushOutcome::Queued { offset: 0, .. }), "a recreated queue starts over: {out:?}");
+    ensure!(
+        matches!(out[0], PushOutcome::Queued { offset: 0, .. }),
+        "a recreated queue starts over: {out:?}"
+    );
     Ok(())
 }
 
 /// Configure stores every option and creates the Default partition.
 pub async fn configure_round_trip(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
-    let cfg = QueueConfig { lease_time: 7, retry_limit: 9, delayed_processing: 1, window_buffer: 2, min_pop_wait_time: 50, priority: 4, ..QueueConfig::with_defaults("a.b.c") };
+    let cfg = QueueConfig {
+        lease_time: 7,
+        retry_limit: 9,
+        delayed_processing: 1,
+        window_buffer: 2,
+        min_pop_wait_time: 50,
+        priority: 4,
+        ..QueueConfig::with_defaults("a.b.c")
+    };
     let (qid, pid) = s.configure_queue(cfg.clone()).await.map_err(e)?;
     ensure!(!qid.is_empty() && !pid.is_empty(), "ids");
     let got = s.queue_config("a.b.c").await.map_err(e)?;
     ensure_eq!(got, Some(cfg.clone()), "stored config");
-    let again = QueueConfig { lease_time: 8, ..cfg };
+    let again = QueueConfig {
+        lease_time: 8,
+        ..cfg
+    };
     let (qid2, pid2) = s.configure_queue(again.clone()).await.map_err(e)?;
     ensure_eq!((qid2, pid2), (qid, pid), "reconfigure keeps ids");
-    ensure_eq!(s.queue_config("a.b.c").await.map_err(e)?, Some(again), "overwritten");
+    ensure_eq!(
+        s.queue_config("a.b.c").await.map_err(e)?,
+        Some(again),
+        "overwritten"
+    );
     Ok(())
 }
 
-type CaseFn = for<'a> fn(&'a dyn Backend) -> std::pin::Pin<Box<dyn std::future::Future<Output = CaseResult> + Send + 'a>>;
+type CaseFn =
+    for<'a> fn(
+        &'a dyn Backend,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = CaseResult> + Send + 'a>>;
 
 macro_rules! cases {
     ($($name:ident),* $(,)?) => {

@@ -27,7 +27,10 @@ pub struct Ids(IdMinter, Timestamp);
 
 impl Ids {
     pub fn new(seed: u64) -> Self {
-        Ids(IdMinter::new(SeededRng::new(seed).child("test-ids")), Timestamp::from_secs(1_700_000_000))
+        Ids(
+            IdMinter::new(SeededRng::new(seed).child("test-ids")),
+            Timestamp::from_secs(1_700_000_000),
+        )
     }
     pub fn uuid(&mut self) -> uuid::Uuid {
         self.1 = self.1.plus_millis(1);
@@ -39,7 +42,13 @@ impl Ids {
 }
 
 /// A push group of JSON payloads `{"n": i}` with transaction ids `{prefix}-{i}`.
-pub fn group(ids: &mut Ids, queue: &str, partition: &str, prefix: &str, range: std::ops::Range<u32>) -> PushGroup {
+pub fn group(
+    ids: &mut Ids,
+    queue: &str,
+    partition: &str,
+    prefix: &str,
+    range: std::ops::Range<u32>,
+) -> PushGroup {
     PushGroup {
         queue: queue.into(),
         partition: partition.into(),
@@ -79,7 +88,10 @@ pub fn payload_ns(r: &PopResult) -> Vec<u32> {
         .iter()
         .map(|m| {
             let s = String::from_utf8_lossy(&m.frame.payload);
-            s.trim_start_matches("{\"n\":").trim_end_matches('}').parse().unwrap_or(u32::MAX)
+            s.trim_start_matches("{\"n\":")
+                .trim_end_matches('}')
+                .parse()
+                .unwrap_or(u32::MAX)
         })
         .collect()
 }

@@ -1,5 +1,7 @@
 //! The conformance cases on the in-memory model.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -28,7 +30,11 @@ impl Backend for Model {
         }
     }
     async fn dead_letters(&self, queue: &str) -> Vec<(i64, String)> {
-        self.db.dead_letters(queue).into_iter().map(|d| (d.offset, d.transaction_id)).collect()
+        self.db
+            .dead_letters(queue)
+            .into_iter()
+            .map(|d| (d.offset, d.transaction_id))
+            .collect()
     }
 }
 
@@ -37,11 +43,22 @@ fn every_case_passes_on_the_model() {
     let mut failures = vec![];
     for (name, case) in conformance::all() {
         let clock = ManualClock::new(Timestamp::from_secs(1_700_000_000));
-        let model = Model { db: SimDb::new(7, clock.as_sim_clock(), SimBugs::default()), clock };
+        let model = Model {
+            db: SimDb::new(7, clock.as_sim_clock(), SimBugs::default()),
+            clock,
+        };
         if let Err(e) = block_on(case(&model)) {
             failures.push(format!("{name}: {e}"));
         }
-        assert_eq!(model.db.open_transactions(), 0, "{name} left a transaction open");
+        assert_eq!(
+            model.db.open_transactions(),
+            0,
+            "{name} left a transaction open"
+        );
     }
-    assert!(failures.is_empty(), "conformance failures on the model:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "conformance failures on the model:\n{}",
+        failures.join("\n")
+    );
 }

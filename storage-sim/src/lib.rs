@@ -21,7 +21,8 @@ use std::task::{Context, Poll, Waker};
 use async_trait::async_trait;
 use queen_core::claim::CursorRow;
 use queen_core::storage::{
-    AckItem, AckOutcome, PopRequest, PopResult, PushGroup, PushGroupResult, QueueConfig, RenewOutcome, Storage, StorageError, StorageResult,
+    AckItem, AckOutcome, PopRequest, PopResult, PushGroup, PushGroupResult, QueueConfig,
+    RenewOutcome, Storage, StorageError, StorageResult,
 };
 use queen_core::{Offset, Timestamp};
 
@@ -69,6 +70,9 @@ pub struct SimBugs {
     pub advisory_lock_blocking: bool,
     /// No empty-partition cursor seal.
     pub no_cursor_seal: bool,
+    /// Cursor creation inserts without re-checking for the row after the advisory lock (a window
+    /// the model found in the literal design: the insert can wait on a third pop's update).
+    pub insert_without_recheck: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.
@@ -106,20 +110,30 @@ impl SimDb {
     /// The committed cursor row of (queue, partition, group), if any.
     pub fn cursor(&self, queue: &str, partition: &str, group: &str) -> Option<CursorRow> {
         let st = lock(&self.shared.state);
-        let pid = st.partitions.get(&(queue.to_string(), partition.to_string()), 0)?.id.clone();
+        let pid = st
+            .partitions
+            .get(&(queue.to_string(), partition.to_string()), 0)?
+            .id
+            .clone();
         st.consumers.get(&(pid, group.to_string()), 0).cloned()
     }
 
     /// (last_offset, partition id) of a partition, committed.
     pub fn partition_head(&self, queue: &str, partition: &str) -> Option<(Offset, String)> {
         let st = lock(&self.shared.state);
-        st.partitions.get(&(queue.to_string(), partition.to_string()), 0).map(|p| (p.last_offset, p.id.clone()))
+        st.partitions
+            .get(&(queue.to_string(), partition.to_string()), 0)
+            .map(|p| (p.last_offset, p.id.clone()))
     }
 
     /// Partition names of a queue, committed, in name order.
     pub fn partitions(&self, queue: &str) -> Vec<String> {
         let st = lock(&self.shared.state);
-        st.partitions.range((queue.to_string(), String::new()).., 0).take_while(|((q, _), _)| q == queue).map(|((_, n), _)| n.clone()).collect()
+        st.partitions
+            .range((queue.to_string(), String::new()).., 0)
+            .take_while(|((q, _), _)| q == queue)
+            .map(|((_, n), _)| n.clone())
+            .collect()
     }
 
     /// Dead letters of a queue, in filing order.
@@ -143,7 +157,9 @@ impl SimDb {
     /// The durable subscription record of (queue, group): (timestamp, registered at).
     pub fn subscription(&self, queue: &str, group: &str) -> Option<(Option<Timestamp>, Timestamp)> {
         let st = lock(&self.shared.state);
-        st.metadata.get(&(queue.to_string(), group.to_string()), 0).map(|m| (m.subscription_timestamp, m.created_at))
+        st.metadata
+            .get(&(queue.to_string(), group.to_string()), 0)
+            .map(|m| (m.subscription_timestamp, m.created_at))
     }
 
     /// Whether any transaction is open (every scheduled task finished cleanly).
@@ -152,8 +168,19 @@ impl SimDb {
     }
 
     /// Retention: drop a partition's segments below `before`.
-    pub fn drop_segments(&self, queue: &str, partition: &str, before: Offset) -> StorageResult<u32> {
-        self.run(ops::drop_segments(self.shared.clone(), TaskCell::free_run(), queue.into(), partition.into(), before))
+    pub fn drop_segments(
+        &self,
+        queue: &str,
+        partition: &str,
+        before: Offset,
+    ) -> StorageResult<u32> {
+        self.run(ops::drop_segments(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            queue.into(),
+            partition.into(),
+            before,
+        ))
     }
 
     /// Runs a transaction to completion in free-run mode (serially; it can never wait).
@@ -163,7 +190,9 @@ impl SimDb {
         let mut cx = Context::from_waker(Waker::noop());
         match fut.as_mut().poll(&mut cx) {
             Poll::Ready(r) => r,
-            Poll::Pending => Err(StorageError::Internal("model transaction did not complete in serial mode".into())),
+            Poll::Pending => Err(StorageError::Internal(
+                "model transaction did not complete in serial mode".into(),
+            )),
         }
     }
 
@@ -175,15 +204,26 @@ impl SimDb {
 #[async_trait]
 impl Storage for SimDb {
     async fn configure_queue(&self, config: QueueConfig) -> StorageResult<(String, String)> {
-        self.run(ops::configure(self.shared.clone(), TaskCell::free_run(), config))
+        self.run(ops::configure(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            config,
+        ))
     }
 
     async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
-        Ok(lock(&self.shared.state).queues.get(&queue.to_string(), 0).map(|q| q.config.clone()))
+        Ok(lock(&self.shared.state)
+            .queues
+            .get(&queue.to_string(), 0)
+            .map(|q| q.config.clone()))
     }
 
     async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
-        self.run(ops::delete_queue(self.shared.clone(), TaskCell::free_run(), queue.to_string()))
+        self.run(ops::delete_queue(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            queue.to_string(),
+        ))
     }
 
     async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
@@ -191,42 +231,91 @@ impl Storage for SimDb {
     }
 
     async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {
-        self.run(pop::pop_partition(self.shared.clone(), TaskCell::free_run(), req, partition))
+        self.run(pop::pop_partition(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            req,
+            partition,
+        ))
     }
 
     async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult> {
-        self.run(pop::pop_list(self.shared.clone(), TaskCell::free_run(), req, candidates))
+        self.run(pop::pop_list(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            req,
+            candidates,
+        ))
     }
 
     async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {
-        self.run(pop::pop_wildcard(self.shared.clone(), TaskCell::free_run(), req))
+        self.run(pop::pop_wildcard(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            req,
+        ))
     }
 
-    async fn queues_matching(&self, namespace: Option<String>, task: Option<String>) -> StorageResult<Vec<String>> {
+    async fn queues_matching(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+    ) -> StorageResult<Vec<String>> {
         let st = lock(&self.shared.state);
         Ok(st
             .queues
             .iter(0)
-            .filter(|(_, q)| namespace.as_ref().is_none_or(|n| &q.config.namespace == n) && task.as_ref().is_none_or(|t| &q.config.task == t))
+            .filter(|(_, q)| {
+                namespace.as_ref().is_none_or(|n| &q.config.namespace == n)
+                    && task.as_ref().is_none_or(|t| &q.config.task == t)
+            })
             .map(|(name, _)| name.clone())
             .collect())
     }
 
     async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool> {
         let now = self.now();
-        Ok(pop::has_pending(&lock(&self.shared.state), queue, group, now, 0))
+        Ok(pop::has_pending(
+            &lock(&self.shared.state),
+            queue,
+            group,
+            now,
+            0,
+        ))
     }
 
-    async fn pending_partitions(&self, queue: &str, group: &str, limit: u32) -> StorageResult<Vec<String>> {
+    async fn pending_partitions(
+        &self,
+        queue: &str,
+        group: &str,
+        limit: u32,
+    ) -> StorageResult<Vec<String>> {
         let now = self.now();
-        Ok(pop::pending_partitions(&lock(&self.shared.state), queue, group, now, limit, 0))
+        Ok(pop::pending_partitions(
+            &lock(&self.shared.state),
+            queue,
+            group,
+            now,
+            limit,
+            0,
+        ))
     }
 
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
-        self.run(ops::ack(self.shared.clone(), TaskCell::free_run(), group.to_string(), items))
+        self.run(ops::ack(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            group.to_string(),
+            items,
+        ))
     }
 
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
-        self.run(ops::renew(self.shared.clone(), TaskCell::free_run(), lease_id.to_string(), seconds))
+        self.run(ops::renew(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            lease_id.to_string(),
+            seconds,
+        ))
     }
 }

@@ -4,14 +4,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use queen_core::frames::build_blob;
-use queen_core::storage::{AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, StorageError};
+use queen_core::storage::{
+    AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
+    RenewOutcome, StorageError,
+};
 use queen_core::{Offset, Timestamp, WorkerId};
 
 use crate::state::{DbState, DlqRow, PartitionRow, QueueRow, SegmentData, TxidRow};
 use crate::table::{Insert, Lock};
-use crate::tx::{in_tx, StmtError, Shared, TaskCell};
+use crate::tx::{in_tx, Shared, StmtError, TaskCell};
 
-fn insert_or_wait<K: Ord + Clone, V: Clone>(t: &mut crate::table::Table<K, V>, k: K, v: V, tx: u64) -> Result<bool, StmtError> {
+fn insert_or_wait<K: Ord + Clone, V: Clone>(
+    t: &mut crate::table::Table<K, V>,
+    k: K,
+    v: V,
+    tx: u64,
+) -> Result<bool, StmtError> {
     match t.insert(k, v, tx) {
         Insert::Inserted => Ok(true),
         Insert::Exists => Ok(false),
@@ -33,69 +41,138 @@ fn ensure_queue(st: &mut DbState, queue: &str, now: Timestamp, tx: u64) -> Resul
         return Ok(());
     }
     let id = st.mint_uuid(now).to_string();
-    insert_or_wait(&mut st.queues, queue.to_string(), QueueRow { id, config: QueueConfig::with_defaults(queue) }, tx)?;
+    insert_or_wait(
+        &mut st.queues,
+        queue.to_string(),
+        QueueRow {
+            id,
+            config: QueueConfig::with_defaults(queue),
+        },
+        tx,
+    )?;
     Ok(())
 }
 
 /// Creates the partition row if absent and locks it; returns its id.
-fn ensure_partition_locked(st: &mut DbState, queue: &str, partition: &str, now: Timestamp, tx: u64) -> Result<String, StmtError> {
+fn ensure_partition_locked(
+    st: &mut DbState,
+    queue: &str,
+    partition: &str,
+    now: Timestamp,
+    tx: u64,
+) -> Result<String, StmtError> {
     let key = (queue.to_string(), partition.to_string());
     if st.partitions.get(&key, tx).is_none() {
         let id = st.mint_uuid(now).to_string();
-        let row = PartitionRow { id: id.clone(), last_offset: -1, last_write_at: now.quantize_to_second() };
+        let row = PartitionRow {
+            id: id.clone(),
+            last_offset: -1,
+            last_write_at: now.quantize_to_second(),
+        };
         if insert_or_wait(&mut st.partitions, key.clone(), row, tx)? {
             insert_or_wait(&mut st.partition_ids, id, key.clone(), tx)?;
         }
     }
     if !lock_or_wait(st.partitions.lock(&key, tx))? {
-        return Err(StmtError::Abort(StorageError::Internal(format!("partition {queue}/{partition} vanished"))));
+        return Err(StmtError::Abort(StorageError::Internal(format!(
+            "partition {queue}/{partition} vanished"
+        ))));
     }
-    st.partitions.get(&key, tx).map(|p| p.id.clone()).ok_or_else(|| StmtError::Abort(StorageError::Internal("partition row missing".into())))
+    st.partitions
+        .get(&key, tx)
+        .map(|p| p.id.clone())
+        .ok_or_else(|| StmtError::Abort(StorageError::Internal("partition row missing".into())))
 }
 
 /// One transaction for the request; offsets allocated under the partition row's lock, so commit
 /// order equals offset order; duplicates by (partition, transactionId) answer the original id.
-pub(crate) async fn push(shared: Arc<Shared>, cell: Arc<TaskCell>, groups: Vec<PushGroup>) -> Result<Vec<PushGroupResult>, StorageError> {
+pub(crate) async fn push(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    groups: Vec<PushGroup>,
+) -> Result<Vec<PushGroupResult>, StorageError> {
     in_tx(&shared, "push", cell, |tx| async move {
         let now = tx.now();
         // Lock partitions in one global order so concurrent multi-partition pushes never deadlock.
         let mut order: Vec<usize> = (0..groups.len()).collect();
-        order.sort_by(|a, b| (&groups[*a].queue, &groups[*a].partition).cmp(&(&groups[*b].queue, &groups[*b].partition)));
+        order.sort_by(|a, b| {
+            (&groups[*a].queue, &groups[*a].partition)
+                .cmp(&(&groups[*b].queue, &groups[*b].partition))
+        });
         let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
         for i in order {
             let g = &groups[i];
-            tx.stmt("upsert queue", |st, t| ensure_queue(st, &g.queue, now, t.id)).await?;
-            let pid = tx.stmt("upsert and lock partition", |st, t| ensure_partition_locked(st, &g.queue, &g.partition, now, t.id)).await?;
+            tx.stmt("upsert queue", |st, t| {
+                ensure_queue(st, &g.queue, now, t.id)
+            })
+            .await?;
+            let pid = tx
+                .stmt("upsert and lock partition", |st, t| {
+                    ensure_partition_locked(st, &g.queue, &g.partition, now, t.id)
+                })
+                .await?;
             results[i] = tx
                 .stmt("dedup and append", |st, t| {
                     let key = (g.queue.clone(), g.partition.clone());
-                    let mut part = st.partitions.get(&key, t.id).cloned().ok_or_else(|| StmtError::Abort(StorageError::Internal("partition row missing".into())))?;
+                    let mut part = st.partitions.get(&key, t.id).cloned().ok_or_else(|| {
+                        StmtError::Abort(StorageError::Internal("partition row missing".into()))
+                    })?;
                     let mut outcomes = Vec::with_capacity(g.frames.len());
                     let mut fresh = Vec::new();
                     let mut seen: BTreeMap<&str, uuid::Uuid> = BTreeMap::new();
                     for f in &g.frames {
-                        if let Some(orig) = st.txids.get(&(pid.clone(), f.transaction_id.clone()), t.id) {
-                            outcomes.push(PushOutcome::Duplicate { message_id: orig.message_id, partition_id: pid.clone() });
+                        if let Some(orig) =
+                            st.txids.get(&(pid.clone(), f.transaction_id.clone()), t.id)
+                        {
+                            outcomes.push(PushOutcome::Duplicate {
+                                message_id: orig.message_id,
+                                partition_id: pid.clone(),
+                            });
                         } else if let Some(first) = seen.get(f.transaction_id.as_str()) {
-                            outcomes.push(PushOutcome::Duplicate { message_id: *first, partition_id: pid.clone() });
+                            outcomes.push(PushOutcome::Duplicate {
+                                message_id: *first,
+                                partition_id: pid.clone(),
+                            });
                         } else {
                             let offset = part.last_offset + 1 + fresh.len() as Offset;
                             seen.insert(&f.transaction_id, f.message_id);
-                            outcomes.push(PushOutcome::Queued { message_id: f.message_id, partition_id: pid.clone(), offset });
+                            outcomes.push(PushOutcome::Queued {
+                                message_id: f.message_id,
+                                partition_id: pid.clone(),
+                                offset,
+                            });
                             fresh.push(f.clone());
                         }
                     }
                     if fresh.is_empty() {
                         return Ok(outcomes);
                     }
-                    let blob = build_blob(&fresh).map_err(|e| StmtError::Abort(StorageError::Invalid(e.to_string())))?;
+                    let blob = build_blob(&fresh)
+                        .map_err(|e| StmtError::Abort(StorageError::Invalid(e.to_string())))?;
                     let base = part.last_offset + 1;
                     for (i, f) in fresh.iter().enumerate() {
-                        let row = TxidRow { offset: base + i as Offset, message_id: f.message_id };
-                        insert_or_wait(&mut st.txids, (pid.clone(), f.transaction_id.clone()), row, t.id)?;
+                        let row = TxidRow {
+                            offset: base + i as Offset,
+                            message_id: f.message_id,
+                        };
+                        insert_or_wait(
+                            &mut st.txids,
+                            (pid.clone(), f.transaction_id.clone()),
+                            row,
+                            t.id,
+                        )?;
                     }
                     let end = base + fresh.len() as Offset - 1;
-                    insert_or_wait(&mut st.segments, (pid.clone(), base), SegmentData { end_offset: end, created_at: now, blob: Arc::new(blob) }, t.id)?;
+                    insert_or_wait(
+                        &mut st.segments,
+                        (pid.clone(), base),
+                        SegmentData {
+                            end_offset: end,
+                            created_at: now,
+                            blob: Arc::new(blob),
+                        },
+                        t.id,
+                    )?;
                     part.last_offset = end;
                     part.last_write_at = now.quantize_to_second();
                     st.partitions.update(&key, part, t.id);
@@ -120,7 +197,12 @@ struct CallState {
 
 /// Positional acks fenced by the lease. Within one call a failed message is a barrier: later
 /// completed acks never move the cursor past it, so it is redelivered or dead-lettered, never lost.
-pub(crate) async fn ack(shared: Arc<Shared>, cell: Arc<TaskCell>, group: String, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, StorageError> {
+pub(crate) async fn ack(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    group: String,
+    items: Vec<AckItem>,
+) -> Result<Vec<AckOutcome>, StorageError> {
     in_tx(&shared, "ack", cell, |tx| async move {
         let now = tx.now();
         let mut calls: BTreeMap<String, CallState> = BTreeMap::new();
@@ -128,35 +210,70 @@ pub(crate) async fn ack(shared: Arc<Shared>, cell: Arc<TaskCell>, group: String,
         for item in &items {
             let outcome = tx
                 .stmt("ack", |st, t| {
-                    let Some((queue, partition)) = st.partition_ids.get(&item.partition_id, t.id).cloned() else {
+                    let Some((queue, partition)) =
+                        st.partition_ids.get(&item.partition_id, t.id).cloned()
+                    else {
                         return Ok(AckOutcome::refused("Message not found"));
                     };
-                    let Some(offset) = st.txids.get(&(item.partition_id.clone(), item.transaction_id.clone()), t.id).map(|r| r.offset) else {
+                    let Some(offset) = st
+                        .txids
+                        .get(
+                            &(item.partition_id.clone(), item.transaction_id.clone()),
+                            t.id,
+                        )
+                        .map(|r| r.offset)
+                    else {
                         return Ok(AckOutcome::refused("Message not found"));
                     };
                     let key = (item.partition_id.clone(), group.clone());
                     if !lock_or_wait(st.consumers.lock(&key, t.id))? {
-                        return Ok(AckOutcome::refused("Message not delivered to this consumer group"));
+                        return Ok(AckOutcome::refused(
+                            "Message not delivered to this consumer group",
+                        ));
                     }
-                    let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| StmtError::Abort(StorageError::Internal("cursor row vanished".into())))?;
-                    let call = calls.entry(item.partition_id.clone()).or_insert_with(|| CallState {
-                        worker: row.worker_id,
-                        live: !row.claimable(now),
-                        ..Default::default()
-                    });
-                    let mut res = AckOutcome { success: true, error: None, queue: Some(queue.clone()), partition: Some(partition.clone()), lease_released: false, dlq: false };
+                    let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
+                        StmtError::Abort(StorageError::Internal("cursor row vanished".into()))
+                    })?;
+                    let call =
+                        calls
+                            .entry(item.partition_id.clone())
+                            .or_insert_with(|| CallState {
+                                worker: row.worker_id,
+                                live: !row.claimable(now),
+                                ..Default::default()
+                            });
+                    let mut res = AckOutcome {
+                        success: true,
+                        error: None,
+                        queue: Some(queue.clone()),
+                        partition: Some(partition.clone()),
+                        lease_released: false,
+                        dlq: false,
+                    };
                     if let Some(lid) = item.lease_id.as_deref().filter(|l| !l.is_empty()) {
-                        if !call.live || call.worker.map(|w| w.to_string()).as_deref() != Some(lid) {
-                            return Ok(AckOutcome { success: false, error: Some("Invalid or expired lease".into()), ..res });
+                        if !call.live || call.worker.map(|w| w.to_string()).as_deref() != Some(lid)
+                        {
+                            return Ok(AckOutcome {
+                                success: false,
+                                error: Some("Invalid or expired lease".into()),
+                                ..res
+                            });
                         }
                     }
                     if offset <= row.committed {
                         return Ok(res); // already committed: idempotent
                     }
                     if row.batch_end.is_none_or(|e| offset > e) {
-                        return Ok(AckOutcome { success: false, error: Some("Message not delivered".into()), ..res });
+                        return Ok(AckOutcome {
+                            success: false,
+                            error: Some("Message not delivered".into()),
+                            ..res
+                        });
                     }
-                    let retry_limit = st.queues.get(&queue, t.id).map_or(3, |q| q.config.retry_limit);
+                    let retry_limit = st
+                        .queues
+                        .get(&queue, t.id)
+                        .map_or(3, |q| q.config.retry_limit);
                     let dead_letter = |st: &mut DbState, row: &queen_core::claim::CursorRow| {
                         st.dlq_seq += 1;
                         let seq = st.dlq_seq;
@@ -172,7 +289,9 @@ pub(crate) async fn ack(shared: Arc<Shared>, cell: Arc<TaskCell>, group: String,
                         };
                         let _ = st.dlq.insert((queue.clone(), seq), dl, t.id);
                     };
-                    let advance = |row: &mut queen_core::claim::CursorRow, to: Offset, barrier: Option<Offset>| {
+                    let advance = |row: &mut queen_core::claim::CursorRow,
+                                   to: Offset,
+                                   barrier: Option<Offset>| {
                         let to = barrier.map_or(to, |b| to.min(b - 1));
                         if to > row.committed {
                             row.total_consumed += to - row.committed;
@@ -186,9 +305,16 @@ pub(crate) async fn ack(shared: Arc<Shared>, cell: Arc<TaskCell>, group: String,
                     match item.status {
                         AckStatus::Completed => advance(&mut row, offset, call.barrier),
                         AckStatus::Failed => {
-                            row.retry_count = if row.retry_offset == Some(offset) { row.retry_count + 1 } else { 1 };
+                            row.retry_count = if row.retry_offset == Some(offset) {
+                                row.retry_count + 1
+                            } else {
+                                1
+                            };
                             row.retry_offset = Some(offset);
-                            if row.retry_count > retry_limit && offset == row.committed + 1 && call.barrier.is_none() {
+                            if row.retry_count > retry_limit
+                                && offset == row.committed + 1
+                                && call.barrier.is_none()
+                            {
                                 dead_letter(st, &row);
                                 advance(&mut row, offset, None);
                                 res.dlq = true;
@@ -233,7 +359,9 @@ pub(crate) async fn ack(shared: Arc<Shared>, cell: Arc<TaskCell>, group: String,
             let released = tx
                 .stmt("release lease", |st, t| {
                     let key = (pid.clone(), group.clone());
-                    let Some(mut row) = st.consumers.get(&key, t.id).cloned() else { return Ok(false) };
+                    let Some(mut row) = st.consumers.get(&key, t.id).cloned() else {
+                        return Ok(false);
+                    };
                     if row.worker_id.is_none() || row.worker_id != call.worker {
                         return Ok(false);
                     }
@@ -258,53 +386,85 @@ pub(crate) async fn ack(shared: Arc<Shared>, cell: Arc<TaskCell>, group: String,
 }
 
 /// Extends every live lease held under `lease_id` to at least now + seconds.
-pub(crate) async fn renew(shared: Arc<Shared>, cell: Arc<TaskCell>, lease_id: String, seconds: u32) -> Result<RenewOutcome, StorageError> {
+pub(crate) async fn renew(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    lease_id: String,
+    seconds: u32,
+) -> Result<RenewOutcome, StorageError> {
     in_tx(&shared, "renew_lease", cell, |tx| async move {
         let now = tx.now();
         tx.stmt("renew", |st, t| {
             let keys: Vec<(String, String)> = st
                 .consumers
                 .iter(t.id)
-                .filter(|(_, r)| r.worker_id.is_some_and(|w| w.to_string() == lease_id) && !r.claimable(now))
+                .filter(|(_, r)| {
+                    r.worker_id.is_some_and(|w| w.to_string() == lease_id) && !r.claimable(now)
+                })
                 .map(|(k, _)| k.clone())
                 .collect();
             let target = now.plus_secs(i64::from(seconds));
             let mut renewed = 0;
             let mut expires_at = None;
             for k in keys {
-                let Some(mut row) = st.consumers.get(&k, t.id).cloned() else { continue };
+                let Some(mut row) = st.consumers.get(&k, t.id).cloned() else {
+                    continue;
+                };
                 let exp = row.lease_expires_at.map_or(target, |e| e.max(target));
                 row.lease_expires_at = Some(exp);
                 lock_or_wait(st.consumers.update(&k, row, t.id))?;
                 renewed += 1;
                 expires_at = Some(expires_at.map_or(exp, |e: Timestamp| e.max(exp)));
             }
-            Ok(RenewOutcome { renewed, expires_at })
+            Ok(RenewOutcome {
+                renewed,
+                expires_at,
+            })
         })
         .await
     })
     .await
 }
 
-pub(crate) async fn configure(shared: Arc<Shared>, cell: Arc<TaskCell>, config: QueueConfig) -> Result<(String, String), StorageError> {
+pub(crate) async fn configure(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    config: QueueConfig,
+) -> Result<(String, String), StorageError> {
     in_tx(&shared, "configure_queue", cell, |tx| async move {
         let now = tx.now();
         let qid = tx
             .stmt("upsert queue", |st, t| {
                 ensure_queue(st, &config.name, now, t.id)?;
-                let mut row = st.queues.get(&config.name, t.id).cloned().ok_or_else(|| StmtError::Abort(StorageError::Internal("queue row missing".into())))?;
+                let mut row = st.queues.get(&config.name, t.id).cloned().ok_or_else(|| {
+                    StmtError::Abort(StorageError::Internal("queue row missing".into()))
+                })?;
                 row.config = config.clone();
                 lock_or_wait(st.queues.update(&config.name, row.clone(), t.id))?;
                 Ok(row.id)
             })
             .await?;
-        let pid = tx.stmt("default partition", |st, t| ensure_partition_locked(st, &config.name, queen_core::types::DEFAULT_PARTITION, now, t.id)).await?;
+        let pid = tx
+            .stmt("default partition", |st, t| {
+                ensure_partition_locked(
+                    st,
+                    &config.name,
+                    queen_core::types::DEFAULT_PARTITION,
+                    now,
+                    t.id,
+                )
+            })
+            .await?;
         Ok((qid, pid))
     })
     .await
 }
 
-pub(crate) async fn delete_queue(shared: Arc<Shared>, cell: Arc<TaskCell>, queue: String) -> Result<bool, StorageError> {
+pub(crate) async fn delete_queue(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    queue: String,
+) -> Result<bool, StorageError> {
     in_tx(&shared, "delete_queue", cell, |tx| async move {
         tx.stmt("delete queue", |st, t| {
             if st.queues.get(&queue, t.id).is_none() {
@@ -320,32 +480,63 @@ pub(crate) async fn delete_queue(shared: Arc<Shared>, cell: Arc<TaskCell>, queue
             lock_or_wait(st.queues.lock(&queue, t.id))?;
             for (k, pid) in &parts {
                 lock_or_wait(st.partitions.lock(k, t.id))?;
-                let cursors: Vec<_> = st.consumers.range((pid.clone(), String::new()).., t.id).take_while(|((p, _), _)| p == pid).map(|(k, _)| k.clone()).collect();
+                let cursors: Vec<_> = st
+                    .consumers
+                    .range((pid.clone(), String::new()).., t.id)
+                    .take_while(|((p, _), _)| p == pid)
+                    .map(|(k, _)| k.clone())
+                    .collect();
                 for c in cursors {
                     lock_or_wait(st.consumers.lock(&c, t.id))?;
                 }
             }
             for (k, pid) in &parts {
-                let segs: Vec<_> = st.segments.range((pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX), t.id).map(|(k, _)| k.clone()).collect();
+                let segs: Vec<_> = st
+                    .segments
+                    .range(
+                        (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
+                        t.id,
+                    )
+                    .map(|(k, _)| k.clone())
+                    .collect();
                 for s in segs {
                     st.segments.delete(&s, t.id);
                 }
-                let txids: Vec<_> = st.txids.range((pid.clone(), String::new()).., t.id).take_while(|((p, _), _)| p == pid).map(|(k, _)| k.clone()).collect();
+                let txids: Vec<_> = st
+                    .txids
+                    .range((pid.clone(), String::new()).., t.id)
+                    .take_while(|((p, _), _)| p == pid)
+                    .map(|(k, _)| k.clone())
+                    .collect();
                 for x in txids {
                     st.txids.delete(&x, t.id);
                 }
-                let cursors: Vec<_> = st.consumers.range((pid.clone(), String::new()).., t.id).take_while(|((p, _), _)| p == pid).map(|(k, _)| k.clone()).collect();
+                let cursors: Vec<_> = st
+                    .consumers
+                    .range((pid.clone(), String::new()).., t.id)
+                    .take_while(|((p, _), _)| p == pid)
+                    .map(|(k, _)| k.clone())
+                    .collect();
                 for c in cursors {
                     st.consumers.delete(&c, t.id);
                 }
                 st.partition_ids.delete(pid, t.id);
                 st.partitions.delete(k, t.id);
             }
-            let dl: Vec<_> = st.dlq.range((queue.clone(), 0)..=(queue.clone(), u64::MAX), t.id).map(|(k, _)| k.clone()).collect();
+            let dl: Vec<_> = st
+                .dlq
+                .range((queue.clone(), 0)..=(queue.clone(), u64::MAX), t.id)
+                .map(|(k, _)| k.clone())
+                .collect();
             for d in dl {
                 st.dlq.delete(&d, t.id);
             }
-            let wm: Vec<_> = st.watermarks.range((queue.clone(), String::new()).., t.id).take_while(|((q, _), _)| *q == queue).map(|(k, _)| k.clone()).collect();
+            let wm: Vec<_> = st
+                .watermarks
+                .range((queue.clone(), String::new()).., t.id)
+                .take_while(|((q, _), _)| *q == queue)
+                .map(|(k, _)| k.clone())
+                .collect();
             for w in wm {
                 st.watermarks.delete(&w, t.id);
             }
@@ -359,11 +550,27 @@ pub(crate) async fn delete_queue(shared: Arc<Shared>, cell: Arc<TaskCell>, queue
 
 /// Retention: removes a partition's segments with base_offset < `before` (the cursor rows and
 /// partition head are untouched, exactly as a retention job leaves them).
-pub(crate) async fn drop_segments(shared: Arc<Shared>, cell: Arc<TaskCell>, queue: String, partition: String, before: Offset) -> Result<u32, StorageError> {
+pub(crate) async fn drop_segments(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    queue: String,
+    partition: String,
+    before: Offset,
+) -> Result<u32, StorageError> {
     in_tx(&shared, "retention", cell, |tx| async move {
         tx.stmt("delete segments", |st, t| {
-            let Some(pid) = st.partitions.get(&(queue.clone(), partition.clone()), t.id).map(|p| p.id.clone()) else { return Ok(0) };
-            let segs: Vec<_> = st.segments.range((pid.clone(), Offset::MIN)..(pid.clone(), before), t.id).map(|(k, _)| k.clone()).collect();
+            let Some(pid) = st
+                .partitions
+                .get(&(queue.clone(), partition.clone()), t.id)
+                .map(|p| p.id.clone())
+            else {
+                return Ok(0);
+            };
+            let segs: Vec<_> = st
+                .segments
+                .range((pid.clone(), Offset::MIN)..(pid.clone(), before), t.id)
+                .map(|(k, _)| k.clone())
+                .collect();
             for s in &segs {
                 lock_or_wait(st.segments.lock(s, t.id))?;
             }

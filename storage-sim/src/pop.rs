@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use queen_core::claim::{
-    apply_auto_ack, apply_lease, plan_scan, seal_target, seed_cursor, seed_rule, window_hold_until, wildcard_candidate_cap,
-    CursorRow, SegmentMeta, SubscriptionRecord, WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
+    apply_auto_ack, apply_lease, plan_scan, seal_target, seed_cursor, seed_rule,
+    wildcard_candidate_cap, window_hold_until, CursorRow, SegmentMeta, SubscriptionRecord,
+    WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
 };
 use queen_core::params::effective_lease_seconds;
 use queen_core::storage::{Claim, PopRequest, PopResult, SegmentRow, StorageError, Verdict};
@@ -40,11 +41,22 @@ fn segments_of(st: &DbState, pid: &str) -> std::ops::RangeInclusive<(String, Off
 }
 
 fn meta(st: &DbState, pid: &str, base: Offset, tx: u64) -> Option<SegmentMeta> {
-    st.segments.get(&(pid.to_string(), base), tx).map(|s| SegmentMeta { base_offset: base, end_offset: s.end_offset, created_at: s.created_at })
+    st.segments
+        .get(&(pid.to_string(), base), tx)
+        .map(|s| SegmentMeta {
+            base_offset: base,
+            end_offset: s.end_offset,
+            created_at: s.created_at,
+        })
 }
 
 /// The claim: `SELECT committed ... FOR UPDATE SKIP LOCKED` with the lease filter.
-fn claim_row(st: &mut DbState, key: &(String, String), now: Timestamp, tx: u64) -> Result<Option<Offset>, StmtError> {
+fn claim_row(
+    st: &mut DbState,
+    key: &(String, String),
+    now: Timestamp,
+    tx: u64,
+) -> Result<Option<Offset>, StmtError> {
     if st.consumers.locked_by_other(key, tx).is_some() {
         return Ok(None);
     }
@@ -79,7 +91,11 @@ async fn log_pop_v1(
     if !req.skip_window_debounce && queue_gates.window_buffer > 0 {
         let hold = tx
             .stmt("window gate", |st, t| {
-                let newest = st.segments.range(segments_of(st, pid), t.id).next_back().map(|(_, s)| s.created_at);
+                let newest = st
+                    .segments
+                    .range(segments_of(st, pid), t.id)
+                    .next_back()
+                    .map(|(_, s)| s.created_at);
                 Ok(window_hold_until(newest, queue_gates.window_buffer, now))
             })
             .await?;
@@ -91,9 +107,14 @@ async fn log_pop_v1(
     if bugs.per_pop_insert_on_conflict {
         // The historical shape: an unconditional INSERT ... ON CONFLICT DO NOTHING per pop. It
         // waits on any transaction inserting or updating the row.
-        tx.stmt("insert on conflict (historical)", |st, t| match st.consumers.insert(key.clone(), CursorRow::seeded(-1), t.id) {
-            Insert::WaitFor(holder) => Err(StmtError::Blocked(holder)),
-            _ => Ok(()),
+        tx.stmt("insert on conflict (historical)", |st, t| {
+            match st
+                .consumers
+                .insert(key.clone(), CursorRow::seeded(-1), t.id)
+            {
+                Insert::WaitFor(holder) => Err(StmtError::Blocked(holder)),
+                _ => Ok(()),
+            }
         })
         .await?;
     }
@@ -112,7 +133,12 @@ async fn log_pop_v1(
     if committed.is_none() {
         // Re-probe without the lease filter: missing, or present but leased/locked?
         let present = tx
-            .stmt("re-probe", |st, t| Ok(st.consumers.get(&key, t.id).map(|r| r.live_lease_until(now))))
+            .stmt("re-probe", |st, t| {
+                Ok(st
+                    .consumers
+                    .get(&key, t.id)
+                    .map(|r| r.live_lease_until(now)))
+            })
             .await?;
         match present {
             Some(Some(until)) => return Ok((None, Verdict::LeasedUntil(until))),
@@ -121,14 +147,18 @@ async fn log_pop_v1(
         }
         let acquired = if bugs.advisory_lock_blocking {
             // The historical shape: take, not try. It waits on the holder's whole transaction.
-            tx.stmt("advisory lock (historical)", |st, t| match st.take_advisory(advisory_key(pid, &req.group, CURSOR_CREATE_SEED), t.id) {
-                Some(holder) => Err(StmtError::Blocked(holder)),
-                None => Ok(true),
+            tx.stmt("advisory lock (historical)", |st, t| {
+                match st.take_advisory(advisory_key(pid, &req.group, CURSOR_CREATE_SEED), t.id) {
+                    Some(holder) => Err(StmtError::Blocked(holder)),
+                    None => Ok(true),
+                }
             })
             .await?
         } else {
-            tx.stmt("advisory try-lock", |st, t| Ok(st.try_advisory(advisory_key(pid, &req.group, CURSOR_CREATE_SEED), t.id)))
-                .await?
+            tx.stmt("advisory try-lock", |st, t| {
+                Ok(st.try_advisory(advisory_key(pid, &req.group, CURSOR_CREATE_SEED), t.id))
+            })
+            .await?
         };
         if !acquired {
             lock(&shared.events).advisory_skips += 1;
@@ -140,10 +170,15 @@ async fn log_pop_v1(
                 let record = st
                     .metadata
                     .get(&(req.queue.clone(), req.group.clone()), t.id)
-                    .map(|m| SubscriptionRecord { subscription_timestamp: m.subscription_timestamp });
+                    .map(|m| SubscriptionRecord {
+                        subscription_timestamp: m.subscription_timestamp,
+                    });
                 let rule = seed_rule(&req.group, record, req.intent);
                 let part_key = (req.queue.clone(), partition.to_string());
-                let last_offset = st.partitions.get(&part_key, t.id).map_or(-1, |p| p.last_offset);
+                let last_offset = st
+                    .partitions
+                    .get(&part_key, t.id)
+                    .map_or(-1, |p| p.last_offset);
                 let first_recent = match rule {
                     queen_core::claim::SeedRule::FromTimestamp(ts) => st
                         .segments
@@ -153,6 +188,13 @@ async fn log_pop_v1(
                     _ => None,
                 };
                 let row = CursorRow::seeded(seed_cursor(rule, last_offset, first_recent));
+                // INSERT ... SELECT ... WHERE NOT EXISTS, under a snapshot taken after the advisory
+                // lock: a row another pop created and committed between our re-probe and the lock
+                // is seen here, so the insert never conflicts with a row a third pop is updating
+                // (the unique check would wait on that updater).
+                if !shared.bugs.insert_without_recheck && st.consumers.get(&key, t.id).is_some() {
+                    return Ok(false);
+                }
                 match st.consumers.insert(key.clone(), row, t.id) {
                     Insert::Inserted => Ok(true),
                     Insert::Exists => Ok(false),
@@ -161,7 +203,9 @@ async fn log_pop_v1(
             })
             .await?;
         let _ = inserted;
-        committed = tx.stmt("re-claim", |st, t| claim_row(st, &key, now, t.id)).await?;
+        committed = tx
+            .stmt("re-claim", |st, t| claim_row(st, &key, now, t.id))
+            .await?;
         if committed.is_none() {
             return Ok((None, Verdict::Busy));
         }
@@ -172,38 +216,71 @@ async fn log_pop_v1(
     // Step 5: head probe (one backward step), then the forward scan to the budget.
     let head = tx
         .stmt("head probe", |st, t| {
-            Ok(st.segments.range((pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted), t.id).next_back().and_then(|((_, base), _)| meta(st, pid, *base, t.id)))
+            Ok(st
+                .segments
+                .range(
+                    (pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted),
+                    t.id,
+                )
+                .next_back()
+                .and_then(|((_, base), _)| meta(st, pid, *base, t.id)))
         })
         .await?;
     let (rows, deferred) = tx
         .stmt("forward scan", |st, t| {
             let forward = st
                 .segments
-                .range((pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX), t.id)
-                .map(|((_, base), s)| SegmentMeta { base_offset: *base, end_offset: s.end_offset, created_at: s.created_at });
-            let rows = plan_scan(wanted, head, forward, budget, queue_gates.delayed_processing, now);
+                .range(
+                    (pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX),
+                    t.id,
+                )
+                .map(|((_, base), s)| SegmentMeta {
+                    base_offset: *base,
+                    end_offset: s.end_offset,
+                    created_at: s.created_at,
+                });
+            let rows = plan_scan(
+                wanted,
+                head,
+                forward,
+                budget,
+                queue_gates.delayed_processing,
+                now,
+            );
             let deferred = if rows.is_empty() && queue_gates.delayed_processing > 0 {
                 let next = head.filter(|h| h.end_offset >= wanted).or_else(|| {
                     st.segments
-                        .range((pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX), t.id)
+                        .range(
+                            (pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX),
+                            t.id,
+                        )
                         .next()
-                        .map(|((_, base), s)| SegmentMeta { base_offset: *base, end_offset: s.end_offset, created_at: s.created_at })
+                        .map(|((_, base), s)| SegmentMeta {
+                            base_offset: *base,
+                            end_offset: s.end_offset,
+                            created_at: s.created_at,
+                        })
                 });
-                next.map(|s| s.created_at.plus_secs(i64::from(queue_gates.delayed_processing)))
+                next.map(|s| {
+                    s.created_at
+                        .plus_secs(i64::from(queue_gates.delayed_processing))
+                })
             } else {
                 None
             };
             let with_blobs: Vec<SegmentRow> = rows
                 .iter()
                 .filter_map(|r| {
-                    st.segments.get(&(pid.to_string(), r.base_offset), t.id).map(|s| SegmentRow {
-                        base_offset: r.base_offset,
-                        start_idx: r.start_idx,
-                        take: r.take,
-                        msg_count: r.msg_count,
-                        created_at: r.created_at,
-                        blob: s.blob.clone(),
-                    })
+                    st.segments
+                        .get(&(pid.to_string(), r.base_offset), t.id)
+                        .map(|s| SegmentRow {
+                            base_offset: r.base_offset,
+                            start_idx: r.start_idx,
+                            take: r.take,
+                            msg_count: r.msg_count,
+                            created_at: r.created_at,
+                            blob: s.blob.clone(),
+                        })
                 })
                 .collect();
             Ok((with_blobs, deferred))
@@ -218,8 +295,15 @@ async fn log_pop_v1(
         if !bugs.no_cursor_seal {
             // The empty-partition seal, with its narrow guards.
             tx.stmt("seal", |st, t| {
-                let has_segments = st.segments.range(segments_of(st, pid), t.id).next().is_some();
-                let last_offset = st.partitions.get(&(req.queue.clone(), partition.to_string()), t.id).map_or(-1, |p| p.last_offset);
+                let has_segments = st
+                    .segments
+                    .range(segments_of(st, pid), t.id)
+                    .next()
+                    .is_some();
+                let last_offset = st
+                    .partitions
+                    .get(&(req.queue.clone(), partition.to_string()), t.id)
+                    .map_or(-1, |p| p.last_offset);
                 if let Some(target) = seal_target(0, has_segments, last_offset, committed) {
                     if let Some(mut row) = st.consumers.get(&key, t.id).cloned() {
                         row.committed = target;
@@ -239,7 +323,9 @@ async fn log_pop_v1(
     let lease_seconds = effective_lease_seconds(req.lease_seconds, Some(queue_gates.lease_time));
     let (attempt_count, leased_until) = tx
         .stmt("deliver", |st, t| {
-            let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into())))?;
+            let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
+                StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into()))
+            })?;
             if req.auto_ack {
                 apply_auto_ack(&mut row, last, taken);
             } else {
@@ -260,15 +346,29 @@ async fn log_pop_v1(
         lease_expires_at: if req.auto_ack { None } else { leased_until },
         rows,
     };
-    Ok((Some(claim), Verdict::Took { count: taken, leased_until: if req.auto_ack { None } else { leased_until } }))
+    Ok((
+        Some(claim),
+        Verdict::Took {
+            count: taken,
+            leased_until: if req.auto_ack { None } else { leased_until },
+        },
+    ))
 }
 
 fn resolve_pid(st: &DbState, queue: &str, partition: &str, tx: u64) -> Option<String> {
-    st.partitions.get(&(queue.to_string(), partition.to_string()), tx).map(|p| p.id.clone())
+    st.partitions
+        .get(&(queue.to_string(), partition.to_string()), tx)
+        .map(|p| p.id.clone())
 }
 
 /// Runs `log_pop_v1` over named candidates while budgets last (shared by list and wildcard).
-async fn pop_candidates(shared: &Arc<Shared>, tx: &TxHandle, req: &PopRequest, gates: &QueueGates, candidates: Vec<(String, Option<String>)>) -> Result<PopResult, StorageError> {
+async fn pop_candidates(
+    shared: &Arc<Shared>,
+    tx: &TxHandle,
+    req: &PopRequest,
+    gates: &QueueGates,
+    candidates: Vec<(String, Option<String>)>,
+) -> Result<PopResult, StorageError> {
     let mut result = PopResult::default();
     let mut budget = req.batch;
     for (name, pid) in candidates {
@@ -278,7 +378,12 @@ async fn pop_candidates(shared: &Arc<Shared>, tx: &TxHandle, req: &PopRequest, g
         }
         let pid = match pid {
             Some(p) => Some(p),
-            None => tx.stmt("resolve partition", |st, t| Ok(resolve_pid(st, &req.queue, &name, t.id))).await?,
+            None => {
+                tx.stmt("resolve partition", |st, t| {
+                    Ok(resolve_pid(st, &req.queue, &name, t.id))
+                })
+                .await?
+            }
         };
         let Some(pid) = pid else {
             result.verdicts.push((name, Verdict::Missing));
@@ -295,14 +400,35 @@ async fn pop_candidates(shared: &Arc<Shared>, tx: &TxHandle, req: &PopRequest, g
 }
 
 /// `log_pop_list_v1`: candidate names from the broker's ring, one transaction.
-pub(crate) async fn pop_list(shared: Arc<Shared>, cell: Arc<TaskCell>, req: PopRequest, candidates: Vec<String>) -> Result<PopResult, StorageError> {
+pub(crate) async fn pop_list(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    req: PopRequest,
+    candidates: Vec<String>,
+) -> Result<PopResult, StorageError> {
     in_tx(&shared, "log_pop_list_v1", cell, |tx| {
         let shared = shared.clone();
         async move {
-            let Some(gates) = tx.stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id))).await? else {
-                return Ok(PopResult { claims: vec![], verdicts: candidates.into_iter().map(|c| (c, Verdict::Missing)).collect() });
+            let Some(gates) = tx
+                .stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id)))
+                .await?
+            else {
+                return Ok(PopResult {
+                    claims: vec![],
+                    verdicts: candidates
+                        .into_iter()
+                        .map(|c| (c, Verdict::Missing))
+                        .collect(),
+                });
             };
-            pop_candidates(&shared, &tx, &req, &gates, candidates.into_iter().map(|c| (c, None)).collect()).await
+            pop_candidates(
+                &shared,
+                &tx,
+                &req,
+                &gates,
+                candidates.into_iter().map(|c| (c, None)).collect(),
+            )
+            .await
         }
     })
     .await
@@ -310,17 +436,33 @@ pub(crate) async fn pop_list(shared: Arc<Shared>, cell: Arc<TaskCell>, req: PopR
 
 /// `log_pop_specific_v1`: one named partition. The partitionId in the answer is resolved after
 /// the claim, inside the function, so its snapshot is at least as new as the claim's.
-pub(crate) async fn pop_partition(shared: Arc<Shared>, cell: Arc<TaskCell>, req: PopRequest, partition: String) -> Result<PopResult, StorageError> {
+pub(crate) async fn pop_partition(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    req: PopRequest,
+    partition: String,
+) -> Result<PopResult, StorageError> {
     in_tx(&shared, "log_pop_specific_v1", cell, |tx| {
         let shared = shared.clone();
         async move {
             // The historical shape resolved the reported partitionId in the outer statement,
             // under a snapshot taken before the claim ran.
-            let outer_pid = tx.stmt("outer snapshot", |st, t| Ok(resolve_pid(st, &req.queue, &partition, t.id))).await?;
-            let Some(gates) = tx.stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id))).await? else {
-                return Ok(PopResult { claims: vec![], verdicts: vec![(partition, Verdict::Missing)] });
+            let outer_pid = tx
+                .stmt("outer snapshot", |st, t| {
+                    Ok(resolve_pid(st, &req.queue, &partition, t.id))
+                })
+                .await?;
+            let Some(gates) = tx
+                .stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id)))
+                .await?
+            else {
+                return Ok(PopResult {
+                    claims: vec![],
+                    verdicts: vec![(partition, Verdict::Missing)],
+                });
             };
-            let mut result = pop_candidates(&shared, &tx, &req, &gates, vec![(partition.clone(), None)]).await?;
+            let mut result =
+                pop_candidates(&shared, &tx, &req, &gates, vec![(partition.clone(), None)]).await?;
             if !result.claims.is_empty() {
                 if outer_pid.is_none() {
                     lock(&shared.events).creation_races += 1;
@@ -328,7 +470,10 @@ pub(crate) async fn pop_partition(shared: Arc<Shared>, cell: Arc<TaskCell>, req:
                 let reported = if shared.bugs.partition_id_outside_function {
                     outer_pid.unwrap_or_default()
                 } else {
-                    tx.stmt("resolve partitionId", |st, t| Ok(resolve_pid(st, &req.queue, &partition, t.id).unwrap_or_default())).await?
+                    tx.stmt("resolve partitionId", |st, t| {
+                        Ok(resolve_pid(st, &req.queue, &partition, t.id).unwrap_or_default())
+                    })
+                    .await?
                 };
                 for c in &mut result.claims {
                     c.partition_id = reported.clone();
@@ -344,22 +489,41 @@ pub(crate) async fn pop_partition(shared: Arc<Shared>, cell: Arc<TaskCell>, req:
 }
 
 /// The wildcard scan (QUEEN_HOTLIST=0, and every first contact of a (queue, group)).
-pub(crate) async fn pop_wildcard(shared: Arc<Shared>, cell: Arc<TaskCell>, req: PopRequest) -> Result<PopResult, StorageError> {
+pub(crate) async fn pop_wildcard(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    req: PopRequest,
+) -> Result<PopResult, StorageError> {
     in_tx(&shared, "log_pop_wildcard_v1", cell, |tx| {
         let shared = shared.clone();
         async move {
             let now = tx.now();
-            let Some(gates) = tx.stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id))).await? else {
+            let Some(gates) = tx
+                .stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id)))
+                .await?
+            else {
                 return Ok(PopResult::default());
             };
             let mkey = (req.queue.clone(), req.group.clone());
             // Group-first-contact bulk seed: one elected seeder seeds every cursor at once.
             tx.stmt("first contact", |st, t| {
-                if st.metadata.get(&mkey, t.id).is_some() || !st.try_advisory(advisory_key(&req.queue, &req.group, FIRST_CONTACT_SEED), t.id) {
+                if st.metadata.get(&mkey, t.id).is_some()
+                    || !st.try_advisory(
+                        advisory_key(&req.queue, &req.group, FIRST_CONTACT_SEED),
+                        t.id,
+                    )
+                {
                     return Ok(());
                 }
-                let row = MetaRow { subscription_timestamp: queen_core::claim::registration_timestamp(req.intent, now), created_at: now };
-                let record = SubscriptionRecord { subscription_timestamp: row.subscription_timestamp };
+                let row = MetaRow {
+                    subscription_timestamp: queen_core::claim::registration_timestamp(
+                        req.intent, now,
+                    ),
+                    created_at: now,
+                };
+                let record = SubscriptionRecord {
+                    subscription_timestamp: row.subscription_timestamp,
+                };
                 if st.metadata.insert(mkey.clone(), row, t.id) != Insert::Inserted {
                     return Ok(());
                 }
@@ -374,7 +538,9 @@ pub(crate) async fn pop_wildcard(shared: Arc<Shared>, cell: Arc<TaskCell>, req: 
                     let key = (pid.clone(), req.group.clone());
                     // Set-based and non-blocking: rows another transaction is creating are left
                     // to it (it holds their advisory lock).
-                    if st.consumers.get(&key, t.id).is_some() || st.consumers.locked_by_other(&key, t.id).is_some() {
+                    if st.consumers.get(&key, t.id).is_some()
+                        || st.consumers.locked_by_other(&key, t.id).is_some()
+                    {
                         continue;
                     }
                     if !st.try_advisory(advisory_key(&pid, &req.group, CURSOR_CREATE_SEED), t.id) {
@@ -383,12 +549,19 @@ pub(crate) async fn pop_wildcard(shared: Arc<Shared>, cell: Arc<TaskCell>, req: 
                     let first_recent = match rule {
                         queen_core::claim::SeedRule::FromTimestamp(ts) => st
                             .segments
-                            .range((pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX), t.id)
+                            .range(
+                                (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
+                                t.id,
+                            )
                             .find(|(_, s)| s.created_at >= ts)
                             .map(|((_, base), _)| *base),
                         _ => None,
                     };
-                    let _ = st.consumers.insert(key, CursorRow::seeded(seed_cursor(rule, last_offset, first_recent)), t.id);
+                    let _ = st.consumers.insert(
+                        key,
+                        CursorRow::seeded(seed_cursor(rule, last_offset, first_recent)),
+                        t.id,
+                    );
                 }
                 Ok(())
             })
@@ -396,7 +569,10 @@ pub(crate) async fn pop_wildcard(shared: Arc<Shared>, cell: Arc<TaskCell>, req: 
             // The candidate scan: watermark, coarse filter, lease filter, ORDER BY random(), cap.
             let candidates = tx
                 .stmt("candidate scan", |st, t| {
-                    let watermark = st.watermarks.get(&mkey, t.id).map_or(Timestamp::EPOCH, |w| w.watermark);
+                    let watermark = st
+                        .watermarks
+                        .get(&mkey, t.id)
+                        .map_or(Timestamp::EPOCH, |w| w.watermark);
                     let floor = watermark.minus_secs(WATERMARK_SLACK_SECS);
                     let all: Vec<_> = st
                         .partitions
@@ -407,9 +583,11 @@ pub(crate) async fn pop_wildcard(shared: Arc<Shared>, cell: Arc<TaskCell>, req: 
                     let mut picked: Vec<(String, Option<String>)> = all
                         .into_iter()
                         .filter(|(_, p)| p.last_write_at >= floor)
-                        .filter(|(_, p)| match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
-                            None => true,
-                            Some(c) => p.last_offset > c.committed && c.claimable(now),
+                        .filter(|(_, p)| {
+                            match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
+                                None => true,
+                                Some(c) => p.last_offset > c.committed && c.claimable(now),
+                            }
                         })
                         .map(|((_, name), p)| (name.clone(), Some(p.id.clone())))
                         .collect();
@@ -424,26 +602,35 @@ pub(crate) async fn pop_wildcard(shared: Arc<Shared>, cell: Arc<TaskCell>, req: 
                 // queue is genuinely empty for this group (a lease-held backlog keeps the floor).
                 tx.stmt("watermark", |st, t| {
                     let current = st.watermarks.get(&mkey, t.id).cloned();
-                    if current.as_ref().is_some_and(|w| now < w.last_checked.plus_secs(WATERMARK_RECHECK_SECS)) {
+                    if current
+                        .as_ref()
+                        .is_some_and(|w| now < w.last_checked.plus_secs(WATERMARK_RECHECK_SECS))
+                    {
                         return Ok(());
                     }
-                    if !st.try_advisory(advisory_key(&req.queue, &req.group, WATERMARK_SEED), t.id) {
+                    if !st.try_advisory(advisory_key(&req.queue, &req.group, WATERMARK_SEED), t.id)
+                    {
                         return Ok(());
                     }
                     let pending = st
                         .partitions
                         .range((req.queue.clone(), String::new()).., t.id)
                         .take_while(|((q, _), _)| *q == req.queue)
-                        .any(|(_, p)| match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
-                            None => p.last_offset >= 0,
-                            Some(c) => p.last_offset > c.committed,
+                        .any(|(_, p)| {
+                            match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
+                                None => p.last_offset >= 0,
+                                Some(c) => p.last_offset > c.committed,
+                            }
                         });
                     let watermark = match (&current, pending) {
                         (_, false) => now,
                         (Some(w), true) => w.watermark,
                         (None, true) => Timestamp::EPOCH,
                     };
-                    let row = WatermarkRow { watermark, last_checked: now };
+                    let row = WatermarkRow {
+                        watermark,
+                        last_checked: now,
+                    };
                     match current {
                         Some(_) => match st.watermarks.update(&mkey, row, t.id) {
                             Lock::HeldBy(_) | Lock::Missing | Lock::Acquired => {}
@@ -468,14 +655,23 @@ pub(crate) fn has_pending(st: &DbState, queue: &str, group: &str, now: Timestamp
 }
 
 /// Partitions with pending, claimable data for the group (coarse: re-verified by the pop).
-pub(crate) fn pending_partitions(st: &DbState, queue: &str, group: &str, now: Timestamp, limit: u32, tx: u64) -> Vec<String> {
+pub(crate) fn pending_partitions(
+    st: &DbState,
+    queue: &str,
+    group: &str,
+    now: Timestamp,
+    limit: u32,
+    tx: u64,
+) -> Vec<String> {
     st.partitions
         .range((queue.to_string(), String::new()).., tx)
         .take_while(|((q, _), _)| q == queue)
-        .filter(|(_, p)| match st.consumers.get(&(p.id.clone(), group.to_string()), tx) {
-            None => p.last_offset >= 0,
-            Some(c) => p.last_offset > c.committed && c.claimable(now),
-        })
+        .filter(
+            |(_, p)| match st.consumers.get(&(p.id.clone(), group.to_string()), tx) {
+                None => p.last_offset >= 0,
+                Some(c) => p.last_offset > c.committed && c.claimable(now),
+            },
+        )
         .take(limit as usize)
         .map(|((_, name), _)| name.clone())
         .collect()

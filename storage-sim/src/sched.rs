@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use queen_core::rng::SeededRng;
-use queen_core::storage::{AckItem, AckOutcome, PopRequest, PopResult, PushGroup, PushGroupResult, RenewOutcome, StorageResult};
+use queen_core::storage::{
+    AckItem, AckOutcome, PopRequest, PopResult, PushGroup, PushGroupResult, RenewOutcome,
+    StorageResult,
+};
 
 use crate::tx::{lock, TaskCell};
 use crate::{ops, pop, SimDb};
@@ -52,7 +55,12 @@ pub struct Interleaving {
 
 impl Interleaving {
     pub fn new(db: Arc<SimDb>, seed: u64) -> Self {
-        Interleaving { db, rng: SeededRng::new(seed).child("interleaving"), tasks: Vec::new(), trace: Vec::new() }
+        Interleaving {
+            db,
+            rng: SeededRng::new(seed).child("interleaving"),
+            tasks: Vec::new(),
+            trace: Vec::new(),
+        }
     }
 
     /// Adds a task; returns its index.
@@ -61,14 +69,30 @@ impl Interleaving {
         let shared = self.db.shared().clone();
         let c = cell.clone();
         let fut: TaskFuture = match op {
-            Op::Push(groups) => Box::pin(async move { OpResult::Push(ops::push(shared, c, groups).await) }),
-            Op::PopPartition(req, p) => Box::pin(async move { OpResult::Pop(pop::pop_partition(shared, c, req, p).await) }),
-            Op::PopList(req, names) => Box::pin(async move { OpResult::Pop(pop::pop_list(shared, c, req, names).await) }),
-            Op::PopWildcard(req) => Box::pin(async move { OpResult::Pop(pop::pop_wildcard(shared, c, req).await) }),
-            Op::Ack(group, items) => Box::pin(async move { OpResult::Ack(ops::ack(shared, c, group, items).await) }),
-            Op::Renew(lease, secs) => Box::pin(async move { OpResult::Renew(ops::renew(shared, c, lease, secs).await) }),
+            Op::Push(groups) => {
+                Box::pin(async move { OpResult::Push(ops::push(shared, c, groups).await) })
+            }
+            Op::PopPartition(req, p) => {
+                Box::pin(async move { OpResult::Pop(pop::pop_partition(shared, c, req, p).await) })
+            }
+            Op::PopList(req, names) => {
+                Box::pin(async move { OpResult::Pop(pop::pop_list(shared, c, req, names).await) })
+            }
+            Op::PopWildcard(req) => {
+                Box::pin(async move { OpResult::Pop(pop::pop_wildcard(shared, c, req).await) })
+            }
+            Op::Ack(group, items) => {
+                Box::pin(async move { OpResult::Ack(ops::ack(shared, c, group, items).await) })
+            }
+            Op::Renew(lease, secs) => {
+                Box::pin(async move { OpResult::Renew(ops::renew(shared, c, lease, secs).await) })
+            }
         };
-        self.tasks.push(Task { cell, fut: Some(fut), result: None });
+        self.tasks.push(Task {
+            cell,
+            fut: Some(fut),
+            result: None,
+        });
         self.tasks.len() - 1
     }
 
@@ -95,12 +119,18 @@ impl Interleaving {
     pub fn step(&mut self) -> bool {
         let mut runnable = self.runnable();
         if runnable.is_empty() {
-            let open: Vec<usize> = (0..self.tasks.len()).filter(|i| self.tasks[*i].fut.is_some()).collect();
+            let open: Vec<usize> = (0..self.tasks.len())
+                .filter(|i| self.tasks[*i].fut.is_some())
+                .collect();
             if open.is_empty() {
                 return false;
             }
             // Everyone waits: a cycle. Abort the youngest transaction in it.
-            let victim = open.iter().copied().max_by_key(|i| lock(&self.tasks[*i].cell.tx).unwrap_or(0)).unwrap_or(open[0]);
+            let victim = open
+                .iter()
+                .copied()
+                .max_by_key(|i| lock(&self.tasks[*i].cell.tx).unwrap_or(0))
+                .unwrap_or(open[0]);
             debug_assert!(self.waiting_on(victim).is_some());
             *lock(&self.tasks[victim].cell.deadlock_victim) = true;
             runnable = vec![victim];
@@ -122,7 +152,7 @@ impl Interleaving {
     pub fn run(&mut self, max_steps: usize) -> Result<Vec<OpResult>, String> {
         for _ in 0..max_steps {
             if !self.step() {
-                return Ok(self.tasks.iter_mut().filter_map(|t| t.result.take()).collect());
+                return Ok(self.tasks.iter().filter_map(|t| t.result.clone()).collect());
             }
         }
         Err(format!("no progress after {max_steps} steps: livelock"))

@@ -129,7 +129,17 @@ impl DbState {
         macro_rules! each_table {
             ($($t:ident),*) => { $( if commit { self.$t.commit(tx) } else { self.$t.rollback(tx) } )* };
         }
-        each_table!(queues, partitions, partition_ids, segments, txids, consumers, metadata, watermarks, dlq);
+        each_table!(
+            queues,
+            partitions,
+            partition_ids,
+            segments,
+            txids,
+            consumers,
+            metadata,
+            watermarks,
+            dlq
+        );
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);
         }
@@ -138,7 +148,11 @@ impl DbState {
     pub fn mint_uuid(&mut self, now: Timestamp) -> uuid::Uuid {
         let mut bytes = [0u8; 10];
         self.rng.fill(&mut bytes);
-        uuid::Builder::from_unix_timestamp_millis(u64::try_from(now.as_millis()).unwrap_or(0), &bytes).into_uuid()
+        uuid::Builder::from_unix_timestamp_millis(
+            u64::try_from(now.as_millis()).unwrap_or(0),
+            &bytes,
+        )
+        .into_uuid()
     }
 }
 
@@ -146,7 +160,11 @@ impl DbState {
 /// do for the model, collisions included (they false-skip, harmlessly).
 pub fn advisory_key(partition_id: &str, group: &str, seed: u64) -> i64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
-    for b in partition_id.bytes().chain(std::iter::once(b'/')).chain(group.bytes()) {
+    for b in partition_id
+        .bytes()
+        .chain(std::iter::once(b'/'))
+        .chain(group.bytes())
+    {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }

@@ -43,12 +43,15 @@ pub struct Table<K: Ord + Clone, V: Clone> {
 
 impl<K: Ord + Clone, V: Clone> Default for Table<K, V> {
     fn default() -> Self {
-        Table { rows: BTreeMap::new(), touched: BTreeMap::new() }
+        Table {
+            rows: BTreeMap::new(),
+            touched: BTreeMap::new(),
+        }
     }
 }
 
 impl<K: Ord + Clone, V: Clone> Table<K, V> {
-    fn visible<'a>(row: &'a Versioned<V>, tx: TxId) -> Option<&'a V> {
+    fn visible(row: &Versioned<V>, tx: TxId) -> Option<&V> {
         match (&row.pending, row.owner) {
             (Some(p), Some(o)) if o == tx => p.as_ref(),
             _ => row.committed.as_ref(),
@@ -61,7 +64,10 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
 
     /// Who holds the row lock, if anyone other than `tx`.
     pub fn locked_by_other(&self, key: &K, tx: TxId) -> Option<TxId> {
-        self.rows.get(key).and_then(|r| r.owner).filter(|o| *o != tx)
+        self.rows
+            .get(key)
+            .and_then(|r| r.owner)
+            .filter(|o| *o != tx)
     }
 
     fn touch(&mut self, key: &K, tx: TxId) {
@@ -70,7 +76,9 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
 
     /// `SELECT ... FOR UPDATE` on a visible row.
     pub fn lock(&mut self, key: &K, tx: TxId) -> Lock {
-        let Some(row) = self.rows.get_mut(key) else { return Lock::Missing };
+        let Some(row) = self.rows.get_mut(key) else {
+            return Lock::Missing;
+        };
         if Self::visible(row, tx).is_none() {
             return Lock::Missing;
         }
@@ -114,7 +122,14 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
     pub fn insert(&mut self, key: K, value: V, tx: TxId) -> Insert {
         match self.rows.get_mut(&key) {
             None => {
-                self.rows.insert(key.clone(), Versioned { committed: None, pending: Some(Some(value)), owner: Some(tx) });
+                self.rows.insert(
+                    key.clone(),
+                    Versioned {
+                        committed: None,
+                        pending: Some(Some(value)),
+                        owner: Some(tx),
+                    },
+                );
                 self.touch(&key, tx);
                 Insert::Inserted
             }
@@ -183,17 +198,28 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
     }
 
     /// Rows visible to `tx` in key order.
-    pub fn range<'a, R: RangeBounds<K> + 'a>(&'a self, range: R, tx: TxId) -> impl DoubleEndedIterator<Item = (&'a K, &'a V)> + 'a {
-        self.rows.range(range).filter_map(move |(k, r)| Self::visible(r, tx).map(|v| (k, v)))
+    pub fn range<'a, R: RangeBounds<K> + 'a>(
+        &'a self,
+        range: R,
+        tx: TxId,
+    ) -> impl DoubleEndedIterator<Item = (&'a K, &'a V)> + 'a {
+        self.rows
+            .range(range)
+            .filter_map(move |(k, r)| Self::visible(r, tx).map(|v| (k, v)))
     }
 
     /// Every key in a range, visible or not, with its lock holder (for waits on deletes).
-    pub fn keys_in<'a, R: RangeBounds<K> + 'a>(&'a self, range: R) -> impl Iterator<Item = (&'a K, Option<TxId>)> + 'a {
+    pub fn keys_in<'a, R: RangeBounds<K> + 'a>(
+        &'a self,
+        range: R,
+    ) -> impl Iterator<Item = (&'a K, Option<TxId>)> + 'a {
         self.rows.range(range).map(|(k, r)| (k, r.owner))
     }
 
     pub fn iter(&self, tx: TxId) -> impl Iterator<Item = (&K, &V)> {
-        self.rows.iter().filter_map(move |(k, r)| Self::visible(r, tx).map(|v| (k, v)))
+        self.rows
+            .iter()
+            .filter_map(move |(k, r)| Self::visible(r, tx).map(|v| (k, v)))
     }
 }
 
@@ -226,9 +252,17 @@ mod tests {
         t.commit(10);
         assert_eq!(t.insert(1, 2, 11), Insert::Exists);
         assert_eq!(t.lock(&1, 12), Lock::Acquired);
-        assert_eq!(t.insert(1, 3, 11), Insert::Exists, "FOR UPDATE alone does not block inserters");
+        assert_eq!(
+            t.insert(1, 3, 11),
+            Insert::Exists,
+            "FOR UPDATE alone does not block inserters"
+        );
         assert_eq!(t.update(&1, 5, 12), Lock::Acquired);
-        assert_eq!(t.insert(1, 3, 11), Insert::WaitFor(12), "an in-flight update does");
+        assert_eq!(
+            t.insert(1, 3, 11),
+            Insert::WaitFor(12),
+            "an in-flight update does"
+        );
         t.commit(12);
         assert_eq!(t.get(&1, 0), Some(&5));
     }

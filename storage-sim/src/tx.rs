@@ -75,10 +75,16 @@ pub struct TaskCell {
 
 impl TaskCell {
     pub fn free_run() -> Arc<TaskCell> {
-        Arc::new(TaskCell { stepped: false, ..Default::default() })
+        Arc::new(TaskCell {
+            stepped: false,
+            ..Default::default()
+        })
     }
     pub fn stepped() -> Arc<TaskCell> {
-        Arc::new(TaskCell { stepped: true, ..Default::default() })
+        Arc::new(TaskCell {
+            stepped: true,
+            ..Default::default()
+        })
     }
 }
 
@@ -128,16 +134,30 @@ impl Tx {
         };
         lock(&shared.active).insert(id, None);
         *lock(&cell.tx) = Some(id);
-        Tx { shared: shared.clone(), id, now: (shared.clock)(), procedure, cell, ended: false }
+        Tx {
+            shared: shared.clone(),
+            id,
+            now: (shared.clock)(),
+            procedure,
+            cell,
+            ended: false,
+        }
     }
 
     /// Runs one statement. `f` sees the whole database and either completes or says whom it
     /// waits on; it must not change anything before deciding to wait.
-    pub async fn stmt<T>(&self, name: &'static str, mut f: impl FnMut(&mut DbState, &Tx) -> Result<T, StmtError>) -> Result<T, StorageError> {
+    pub async fn stmt<T>(
+        &self,
+        name: &'static str,
+        mut f: impl FnMut(&mut DbState, &Tx) -> Result<T, StmtError>,
+    ) -> Result<T, StorageError> {
         if self.cell.stepped {
             YieldOnce(false).await;
         }
-        *lock(&self.shared.events).statements.entry(self.procedure).or_default() += 1;
+        *lock(&self.shared.events)
+            .statements
+            .entry(self.procedure)
+            .or_default() += 1;
         let mut waiting_on = None;
         loop {
             if std::mem::take(&mut *lock(&self.cell.deadlock_victim)) {
@@ -145,7 +165,10 @@ impl Tx {
                 if let Some(w) = lock(&self.shared.active).get_mut(&self.id) {
                     *w = None;
                 }
-                return Err(StorageError::Internal(format!("deadlock detected in {}: {name}", self.procedure)));
+                return Err(StorageError::Internal(format!(
+                    "deadlock detected in {}: {name}",
+                    self.procedure
+                )));
             }
             let r = f(&mut lock(&self.shared.state), self);
             match r {
@@ -175,7 +198,12 @@ impl Tx {
                             chain_length(&active, self.id)
                         };
                         let mut ev = lock(&self.shared.events);
-                        ev.waits.push(WaitEvent { procedure: self.procedure, statement: name, waiter: self.id, holder });
+                        ev.waits.push(WaitEvent {
+                            procedure: self.procedure,
+                            statement: name,
+                            waiter: self.id,
+                            holder,
+                        });
                         ev.longest_wait_chain = ev.longest_wait_chain.max(chain);
                     }
                     YieldOnce(false).await;
@@ -221,12 +249,19 @@ pub(crate) fn chain_length(active: &BTreeMap<TxId, Option<TxId>>, tx: TxId) -> u
 }
 
 /// Runs a procedure body in its own transaction: commit on success, roll back on error.
-pub(crate) async fn in_tx<T, F, Fut>(shared: &Arc<Shared>, procedure: &'static str, cell: Arc<TaskCell>, body: F) -> Result<T, StorageError>
+pub(crate) async fn in_tx<T, F, Fut>(
+    shared: &Arc<Shared>,
+    procedure: &'static str,
+    cell: Arc<TaskCell>,
+    body: F,
+) -> Result<T, StorageError>
 where
     F: FnOnce(Arc<TxHandle>) -> Fut,
     Fut: Future<Output = Result<T, StorageError>>,
 {
-    let tx = Arc::new(TxHandle(Mutex::new(Some(Tx::begin(shared, procedure, cell)))));
+    let tx = Arc::new(TxHandle(Mutex::new(Some(Tx::begin(
+        shared, procedure, cell,
+    )))));
     let r = body(tx.clone()).await;
     if let Some(t) = lock(&tx.0).take() {
         t.end(r.is_ok());
@@ -238,10 +273,16 @@ where
 pub(crate) struct TxHandle(Mutex<Option<Tx>>);
 
 impl TxHandle {
-    pub async fn stmt<T>(&self, name: &'static str, f: impl FnMut(&mut DbState, &Tx) -> Result<T, StmtError>) -> Result<T, StorageError> {
+    pub async fn stmt<T>(
+        &self,
+        name: &'static str,
+        f: impl FnMut(&mut DbState, &Tx) -> Result<T, StmtError>,
+    ) -> Result<T, StorageError> {
         // The Tx itself is only borrowed for the statement; take it out so no guard is held
         // across the scheduling point.
-        let tx = lock(&self.0).take().ok_or_else(|| StorageError::Internal("transaction already ended".into()))?;
+        let tx = lock(&self.0)
+            .take()
+            .ok_or_else(|| StorageError::Internal("transaction already ended".into()))?;
         let r = tx.stmt(name, f).await;
         *lock(&self.0) = Some(tx);
         r

@@ -3,6 +3,8 @@
 //!
 //! Every test sweeps a range of seeds; a failure names its seed, and `SIM_SEED=<n>` replays it.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
 use std::sync::Arc;
 
 use queen_core::claim::SubscriptionIntent;
@@ -43,7 +45,12 @@ fn push_group(ids: &mut IdMinter, queue: &str, partition: &str, n: u32) -> PushG
         queue: queue.into(),
         partition: partition.into(),
         frames: (0..n)
-            .map(|i| Frame { message_id: ids.mint(T0), transaction_id: format!("{partition}-{i}"), trace_id: None, payload: b"{}".to_vec() })
+            .map(|i| Frame {
+                message_id: ids.mint(T0),
+                transaction_id: format!("{partition}-{i}"),
+                trace_id: None,
+                payload: b"{}".to_vec(),
+            })
             .collect(),
     }
 }
@@ -76,7 +83,10 @@ fn contention(seed: u64, bugs: SimBugs) -> ContentionRun {
     let (db, _clock) = db(seed, bugs);
     let mut ids = IdMinter::new(SeededRng::new(seed).child("ids"));
     let names: Vec<String> = (0..6).map(|i| format!("p{i}")).collect();
-    let groups = names.iter().map(|n| push_group(&mut ids, "q", n, 3)).collect();
+    let groups = names
+        .iter()
+        .map(|n| push_group(&mut ids, "q", n, 3))
+        .collect();
     block_on(db.push(groups)).unwrap_or_else(|e| panic!("seed {seed}: push failed: {e}"));
     let mut rng = SeededRng::new(seed).child("orders");
     let mut run = Interleaving::new(db.clone(), seed);
@@ -85,7 +95,9 @@ fn contention(seed: u64, bugs: SimBugs) -> ContentionRun {
         rng.shuffle(&mut order);
         run.spawn(Op::PopList(req("q", WorkerId(ids.mint(T0)), 3), order));
     }
-    let results = run.run(100_000).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    let results = run
+        .run(100_000)
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let ev = db.events();
     let mut claimed = vec![];
     let mut errors = 0;
@@ -96,8 +108,18 @@ fn contention(seed: u64, bugs: SimBugs) -> ContentionRun {
             other => panic!("seed {seed}: unexpected {other:?}"),
         }
     }
-    assert_eq!(db.open_transactions(), 0, "seed {seed}: a transaction was left open");
-    ContentionRun { waits: ev.waits.len(), deadlocks: ev.deadlocks, longest_chain: ev.longest_wait_chain, errors, claimed }
+    assert_eq!(
+        db.open_transactions(),
+        0,
+        "seed {seed}: a transaction was left open"
+    );
+    ContentionRun {
+        waits: ev.waits.len(),
+        deadlocks: ev.deadlocks,
+        longest_chain: ev.longest_wait_chain,
+        errors,
+        claimed,
+    }
 }
 
 #[test]
@@ -105,12 +127,20 @@ fn claim_first_with_advisory_try_lock_never_waits() {
     let mut skips = 0;
     for seed in seeds(0..200) {
         let r = contention(seed, SimBugs::default());
-        assert_eq!(r.waits, 0, "seed {seed}: a pop waited on another transaction");
+        assert_eq!(
+            r.waits, 0,
+            "seed {seed}: a pop waited on another transaction"
+        );
         assert_eq!(r.errors, 0, "seed {seed}: a pop failed");
         let mut c = r.claimed.clone();
         c.sort();
         c.dedup();
-        assert_eq!(c.len(), r.claimed.len(), "seed {seed}: a partition was leased twice: {:?}", r.claimed);
+        assert_eq!(
+            c.len(),
+            r.claimed.len(),
+            "seed {seed}: a partition was leased twice: {:?}",
+            r.claimed
+        );
         skips += db_skips(seed);
     }
     eprintln!("claim-first: 0 waits, {skips} skips (SKIP LOCKED or advisory)");
@@ -123,7 +153,10 @@ fn db_skips(seed: u64) -> u32 {
     let (db, _clock) = db(seed, SimBugs::default());
     let mut ids = IdMinter::new(SeededRng::new(seed).child("ids"));
     let names: Vec<String> = (0..6).map(|i| format!("p{i}")).collect();
-    let groups = names.iter().map(|n| push_group(&mut ids, "q", n, 3)).collect();
+    let groups = names
+        .iter()
+        .map(|n| push_group(&mut ids, "q", n, 3))
+        .collect();
     block_on(db.push(groups)).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let mut rng = SeededRng::new(seed).child("orders");
     let mut run = Interleaving::new(db.clone(), seed);
@@ -139,7 +172,10 @@ fn db_skips(seed: u64) -> u32 {
 
 #[test]
 fn per_pop_insert_on_conflict_convoys_and_deadlocks() {
-    let bugs = SimBugs { per_pop_insert_on_conflict: true, ..SimBugs::default() };
+    let bugs = SimBugs {
+        per_pop_insert_on_conflict: true,
+        ..SimBugs::default()
+    };
     let (mut waits, mut deadlocks, mut chains) = (0, 0, 0);
     for seed in seeds(0..200) {
         let r = contention(seed, bugs);
@@ -147,32 +183,58 @@ fn per_pop_insert_on_conflict_convoys_and_deadlocks() {
         deadlocks += r.deadlocks;
         chains = chains.max(r.longest_chain);
     }
-    eprintln!("per-pop insert-on-conflict: {waits} waits, {deadlocks} deadlocks, longest chain {chains}");
-    assert!(waits > 0, "the historical per-pop insert must make pops wait on each other");
-    assert!(deadlocks > 0 || chains >= 2, "waits must form cycles or chains (deadlocks {deadlocks}, longest chain {chains})");
+    eprintln!(
+        "per-pop insert-on-conflict: {waits} waits, {deadlocks} deadlocks, longest chain {chains}"
+    );
+    assert!(
+        waits > 0,
+        "the historical per-pop insert must make pops wait on each other"
+    );
+    assert!(
+        deadlocks > 0 || chains >= 2,
+        "waits must form cycles or chains (deadlocks {deadlocks}, longest chain {chains})"
+    );
 }
 
 #[test]
 fn blocking_advisory_lock_makes_pops_wait() {
-    let bugs = SimBugs { advisory_lock_blocking: true, ..SimBugs::default() };
-    let waits: usize = seeds(0..200).into_iter().map(|s| contention(s, bugs).waits).sum();
-    assert!(waits > 0, "taking (not trying) the advisory lock must be caught waiting");
+    let bugs = SimBugs {
+        advisory_lock_blocking: true,
+        ..SimBugs::default()
+    };
+    let waits: usize = seeds(0..200)
+        .into_iter()
+        .map(|s| contention(s, bugs).waits)
+        .sum();
+    assert!(
+        waits > 0,
+        "taking (not trying) the advisory lock must be caught waiting"
+    );
 }
 
 /// A pop of a partition racing the push that creates it.
 fn creation_race(seed: u64, bugs: SimBugs) -> (u32, u32) {
     let (db, _clock) = db(seed, bugs);
     let mut ids = IdMinter::new(SeededRng::new(seed).child("ids"));
-    block_on(db.push(vec![push_group(&mut ids, "q", "other", 1)])).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    block_on(db.push(vec![push_group(&mut ids, "q", "other", 1)]))
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let mut run = Interleaving::new(db.clone(), seed);
     run.spawn(Op::Push(vec![push_group(&mut ids, "q", "fresh", 2)]));
-    run.spawn(Op::PopPartition(req("q", WorkerId(ids.mint(T0)), 1), "fresh".into()));
-    let results = run.run(10_000).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    run.spawn(Op::PopPartition(
+        req("q", WorkerId(ids.mint(T0)), 1),
+        "fresh".into(),
+    ));
+    let results = run
+        .run(10_000)
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     for r in &results {
         if let OpResult::Pop(Ok(p)) = r {
             for c in &p.claims {
                 if bugs == SimBugs::default() {
-                    assert!(!c.partition_id.is_empty(), "seed {seed}: leased batch with an empty partitionId");
+                    assert!(
+                        !c.partition_id.is_empty(),
+                        "seed {seed}: leased batch with an empty partitionId"
+                    );
                 }
             }
         }
@@ -190,16 +252,28 @@ fn partition_id_is_resolved_after_the_claim() {
         empties += e;
     }
     eprintln!("partition-creation race happened in {races} runs; empty partitionIds: {empties}");
-    assert!(races > 0, "coverage: no seed raced the pop against the creating push's commit");
+    assert!(
+        races > 0,
+        "coverage: no seed raced the pop against the creating push's commit"
+    );
     assert_eq!(empties, 0);
 }
 
 #[test]
 fn partition_id_from_the_outer_snapshot_is_caught() {
-    let bugs = SimBugs { partition_id_outside_function: true, ..SimBugs::default() };
-    let empties: u32 = seeds(0..300).into_iter().map(|s| creation_race(s, bugs).1).sum();
+    let bugs = SimBugs {
+        partition_id_outside_function: true,
+        ..SimBugs::default()
+    };
+    let empties: u32 = seeds(0..300)
+        .into_iter()
+        .map(|s| creation_race(s, bugs).1)
+        .sum();
     eprintln!("old shape: {empties} leased batches with partitionId \"\"");
-    assert!(empties > 0, "the old shape must deliver a leased batch with partitionId \"\"");
+    assert!(
+        empties > 0,
+        "the old shape must deliver a leased batch with partitionId \"\""
+    );
 }
 
 /// An emptied partition (retention removed every segment) must not stay pending forever.
@@ -207,13 +281,18 @@ fn phantom_pops_after_retention(bugs: SimBugs) -> (bool, usize) {
     let (db, clock) = db(1, bugs);
     let mut ids = IdMinter::new(SeededRng::new(1).child("ids"));
     block_on(db.push(vec![push_group(&mut ids, "q", "p", 3)])).unwrap_or_else(|e| panic!("{e}"));
-    db.drop_segments("q", "p", i64::MAX).unwrap_or_else(|e| panic!("{e}"));
+    db.drop_segments("q", "p", i64::MAX)
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut candidate_pops = 0;
     for _ in 0..20 {
         clock.advance_millis(31_000);
-        let r = block_on(db.pop_wildcard(req("q", WorkerId(ids.mint(T0)), 1))).unwrap_or_else(|e| panic!("{e}"));
+        let r = block_on(db.pop_wildcard(req("q", WorkerId(ids.mint(T0)), 1)))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(r.claims.is_empty());
-        if r.verdicts.iter().any(|(n, v)| n == "p" && *v == Verdict::Empty) {
+        if r.verdicts
+            .iter()
+            .any(|(n, v)| n == "p" && *v == Verdict::Empty)
+        {
             candidate_pops += 1;
         }
     }
@@ -225,12 +304,18 @@ fn phantom_pops_after_retention(bugs: SimBugs) -> (bool, usize) {
 fn the_seal_ends_phantom_pending() {
     let (pending, candidate_pops) = phantom_pops_after_retention(SimBugs::default());
     assert!(!pending, "sealed partitions are not pending");
-    assert_eq!(candidate_pops, 1, "only the first scan visits the emptied partition");
+    assert_eq!(
+        candidate_pops, 1,
+        "only the first scan visits the emptied partition"
+    );
 }
 
 #[test]
 fn without_the_seal_an_emptied_partition_stays_a_phantom_candidate() {
-    let (pending, candidate_pops) = phantom_pops_after_retention(SimBugs { no_cursor_seal: true, ..SimBugs::default() });
+    let (pending, candidate_pops) = phantom_pops_after_retention(SimBugs {
+        no_cursor_seal: true,
+        ..SimBugs::default()
+    });
     assert!(pending, "the phantom stays pending");
     assert_eq!(candidate_pops, 20, "every scan revisits it");
 }
@@ -241,7 +326,15 @@ fn a_seed_replays_exactly() {
         let (db, _clock) = db(seed, SimBugs::default());
         let mut ids = IdMinter::new(SeededRng::new(seed).child("ids"));
         let names: Vec<String> = (0..4).map(|i| format!("p{i}")).collect();
-        block_on(db.push(names.iter().map(|n| push_group(&mut ids, "q", n, 2)).collect())).unwrap_or_else(|e| panic!("{e}"));
+        block_on(
+            db.push(
+                names
+                    .iter()
+                    .map(|n| push_group(&mut ids, "q", n, 2))
+                    .collect(),
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let mut run = Interleaving::new(db.clone(), seed);
         for _ in 0..3 {
             run.spawn(Op::PopWildcard(req("q", WorkerId(ids.mint(T0)), 2)));
@@ -250,5 +343,9 @@ fn a_seed_replays_exactly() {
         (run.trace.clone(), format!("{results:?}"))
     };
     assert_eq!(trace(42), trace(42));
-    assert_ne!(trace(42).0, trace(43).0, "different seeds interleave differently");
+    assert_ne!(
+        trace(42).0,
+        trace(43).0,
+        "different seeds interleave differently"
+    );
 }
