@@ -1,1 +1,527 @@
-pub fn _x() {}
+//! `queen-storage-pg`: the production backend. PostgreSQL is the sole authority on claim, lease,
+//! cursor and visibility; the procedures live in `migrations/` and are applied at start-up.
+
+mod config;
+mod error;
+mod migrate;
+mod pop_rows;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use queen_core::frames::build_blob;
+use queen_core::params::{SubscriptionFrom, SubscriptionMode};
+use queen_core::storage::{
+    AckItem, AckOutcome, AckStatus, PopRequest, PopResult, PushGroup, PushGroupResult, PushOutcome,
+    QueueConfig, RenewOutcome, Storage, StorageError, StorageResult,
+};
+use queen_core::{Offset, Timestamp};
+use tokio_postgres::NoTls;
+
+pub use config::{PgConfig, DEFAULT_POOL_SIZE};
+pub use error::pg_err;
+pub use migrate::MIGRATIONS;
+
+use error::pool_err;
+
+pub(crate) fn to_system_time(t: Timestamp) -> SystemTime {
+    if t.0 >= 0 {
+        UNIX_EPOCH + Duration::from_micros(t.0 as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_micros(t.0.unsigned_abs())
+    }
+}
+
+pub(crate) fn from_system_time(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)),
+        Err(e) => Timestamp(-i64::try_from(e.duration().as_micros()).unwrap_or(i64::MAX)),
+    }
+}
+
+/// The PostgreSQL backend: a connection pool over schema `queen`.
+#[derive(Clone)]
+pub struct PgStorage {
+    pool: Pool,
+}
+
+impl PgStorage {
+    /// Builds the pool and applies pending migrations.
+    pub async fn connect(config: &PgConfig) -> StorageResult<PgStorage> {
+        let manager = Manager::from_config(
+            config.pg.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .build()
+            .map_err(|e| StorageError::Internal(format!("building the connection pool: {e}")))?;
+        let storage = PgStorage { pool };
+        let mut client = storage.pool.get().await.map_err(pool_err)?;
+        migrate::migrate(&mut client).await?;
+        Ok(storage)
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// (connections in use, pool size), for metrics.
+    pub fn pool_usage(&self) -> (usize, usize) {
+        let s = self.pool.status();
+        (s.size.saturating_sub(s.available), s.max_size)
+    }
+
+    /// Test hook: moves queen.now() forward (production never calls it; the offset stays 0).
+    pub async fn advance_clock(&self, secs: i64) -> StorageResult<()> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        client
+            .execute(
+                "UPDATE queen.clock SET offset_us = offset_us + $1",
+                &[&(secs * 1_000_000)],
+            )
+            .await
+            .map_err(pg_err("advance clock"))?;
+        Ok(())
+    }
+
+    /// Retention: removes a partition's segments below `before`.
+    pub async fn drop_segments(
+        &self,
+        queue: &str,
+        partition: &str,
+        before: Offset,
+    ) -> StorageResult<i32> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_one(
+                "SELECT queen.drop_segments_v1($1, $2, $3)",
+                &[&queue, &partition, &before],
+            )
+            .await
+            .map_err(pg_err("drop segments"))?;
+        Ok(row.get(0))
+    }
+
+    /// (offset, transactionId) of a queue's dead letters, in filing order.
+    pub async fn dead_letters(&self, queue: &str) -> StorageResult<Vec<(Offset, String)>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let rows = client
+            .query(
+                "SELECT d.msg_offset, d.transaction_id FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id
+                  WHERE q.name = $1 ORDER BY d.id",
+                &[&queue],
+            )
+            .await
+            .map_err(pg_err("dead letters"))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn pop_query(
+        &self,
+        queue: &str,
+        context: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StorageResult<PopResult> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client.prepare_cached(sql).await.map_err(pg_err(context))?;
+        let rows = client.query(&stmt, params).await.map_err(pg_err(context))?;
+        let mut result = pop_rows::decode(&rows, context)?;
+        for c in &mut result.claims {
+            c.queue = queue.to_string();
+        }
+        Ok(result)
+    }
+}
+
+/// The pop-carried subscription intent as the procedures take it: (mode, from, from=now).
+fn intent_params(req: &PopRequest) -> (&'static str, Option<SystemTime>, bool) {
+    let mode = match req.intent.mode {
+        SubscriptionMode::All => "all",
+        SubscriptionMode::New => "new",
+    };
+    match req.intent.from {
+        SubscriptionFrom::Unset => (mode, None, false),
+        SubscriptionFrom::Now => (mode, None, true),
+        SubscriptionFrom::At(t) => (mode, Some(to_system_time(t)), false),
+    }
+}
+
+fn lease_param(req: &PopRequest) -> Option<i32> {
+    req.lease_seconds
+        .map(|s| i32::try_from(s).unwrap_or(i32::MAX))
+}
+
+fn int(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn status_text(s: AckStatus) -> &'static str {
+    match s {
+        AckStatus::Completed => "completed",
+        AckStatus::Failed => "failed",
+        AckStatus::Retry => "retry",
+        AckStatus::Dlq => "dlq",
+    }
+}
+
+#[async_trait]
+impl Storage for PgStorage {
+    async fn configure_queue(&self, c: QueueConfig) -> StorageResult<(String, String)> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_one(
+                "SELECT o_queue_id, o_partition_id FROM queen.configure_queue_v1($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)",
+                &[
+                    &c.name,
+                    &c.namespace,
+                    &c.task,
+                    &int(c.lease_time),
+                    &int(c.retry_limit),
+                    &int(c.retry_delay),
+                    &c.priority,
+                    &int(c.delayed_processing),
+                    &int(c.window_buffer),
+                    &int(c.max_size),
+                    &int(c.ttl),
+                    &c.retention_enabled,
+                    &int(c.retention_seconds),
+                    &int(c.completed_retention_seconds),
+                    &c.encryption_enabled,
+                    &c.dead_letter_queue,
+                    &c.dlq_after_max_retries,
+                    &int(c.max_wait_time_seconds),
+                    &int(c.min_pop_wait_time),
+                ],
+            )
+            .await
+            .map_err(pg_err("configure queue"))?;
+        let q: uuid::Uuid = row.get(0);
+        let p: uuid::Uuid = row.get(1);
+        Ok((q.to_string(), p.to_string()))
+    }
+
+    async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT name, namespace, task, lease_time, retry_limit, retry_delay, priority, delayed_processing,
+                        window_buffer, max_size, ttl, retention_enabled, retention_seconds, completed_retention_seconds,
+                        encryption_enabled, dead_letter_queue, dlq_after_max_retries, max_wait_time_seconds, min_pop_wait_time
+                   FROM queen.queues WHERE name = $1",
+            )
+            .await
+            .map_err(pg_err("queue config"))?;
+        let row = client
+            .query_opt(&stmt, &[&queue])
+            .await
+            .map_err(pg_err("queue config"))?;
+        let u = |v: i32| u32::try_from(v).unwrap_or(0);
+        Ok(row.map(|r| QueueConfig {
+            name: r.get(0),
+            namespace: r.get(1),
+            task: r.get(2),
+            lease_time: u(r.get(3)),
+            retry_limit: u(r.get(4)),
+            retry_delay: u(r.get(5)),
+            priority: r.get(6),
+            delayed_processing: u(r.get(7)),
+            window_buffer: u(r.get(8)),
+            max_size: u(r.get(9)),
+            ttl: u(r.get(10)),
+            retention_enabled: r.get(11),
+            retention_seconds: u(r.get(12)),
+            completed_retention_seconds: u(r.get(13)),
+            encryption_enabled: r.get(14),
+            dead_letter_queue: r.get(15),
+            dlq_after_max_retries: r.get(16),
+            max_wait_time_seconds: u(r.get(17)),
+            min_pop_wait_time: u(r.get(18)),
+        }))
+    }
+
+    async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_one("SELECT queen.delete_queue_v1($1)", &[&queue])
+            .await
+            .map_err(pg_err("delete queue"))?;
+        Ok(row.get(0))
+    }
+
+    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
+        let stmt = tx
+            .prepare_cached("SELECT o_status, o_message_id, o_partition_id, o_offset FROM queen.push_v1($1, $2, $3, $4, $5)")
+            .await
+            .map_err(pg_err("push"))?;
+        // Partition locks are taken in one global order, so concurrent multi-partition pushes
+        // never deadlock.
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.sort_by(|a, b| {
+            (&groups[*a].queue, &groups[*a].partition)
+                .cmp(&(&groups[*b].queue, &groups[*b].partition))
+        });
+        let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
+        for i in order {
+            let g = &groups[i];
+            // Within the request the first occurrence of a transactionId wins.
+            let mut first_of: std::collections::BTreeMap<&str, usize> =
+                std::collections::BTreeMap::new();
+            let mut unique: Vec<usize> = vec![];
+            for (k, f) in g.frames.iter().enumerate() {
+                if !first_of.contains_key(f.transaction_id.as_str()) {
+                    first_of.insert(&f.transaction_id, k);
+                    unique.push(k);
+                }
+            }
+            let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
+            let mut candidates = unique;
+            // At most two rounds: the second has no duplicates by construction (the partition
+            // lock is held, so nothing can change in between).
+            for _ in 0..2 {
+                if candidates.is_empty() {
+                    break;
+                }
+                let frames: Vec<_> = candidates.iter().map(|k| g.frames[*k].clone()).collect();
+                let blob = build_blob(&frames).map_err(|e| StorageError::Invalid(e.to_string()))?;
+                let txids: Vec<&str> = frames.iter().map(|f| f.transaction_id.as_str()).collect();
+                let ids: Vec<uuid::Uuid> = frames.iter().map(|f| f.message_id).collect();
+                let rows = tx
+                    .query(&stmt, &[&g.queue, &g.partition, &txids, &ids, &blob])
+                    .await
+                    .map_err(pg_err("push"))?;
+                if rows.len() != candidates.len() {
+                    return Err(StorageError::Internal(format!(
+                        "push_v1 answered {} rows for {} items",
+                        rows.len(),
+                        candidates.len()
+                    )));
+                }
+                let mut retry = vec![];
+                for (k, row) in candidates.iter().zip(rows.iter()) {
+                    let status: String = row.get(0);
+                    let message_id: uuid::Uuid = row.get(1);
+                    let partition_id: uuid::Uuid = row.get(2);
+                    match status.as_str() {
+                        "queued" => {
+                            let offset: i64 = row.get(3);
+                            outcome[*k] = Some(PushOutcome::Queued {
+                                message_id,
+                                partition_id: partition_id.to_string(),
+                                offset,
+                            });
+                        }
+                        "duplicate" => {
+                            outcome[*k] = Some(PushOutcome::Duplicate {
+                                message_id,
+                                partition_id: partition_id.to_string(),
+                            })
+                        }
+                        _ => retry.push(*k),
+                    }
+                }
+                candidates = retry;
+            }
+            if !candidates.is_empty() {
+                return Err(StorageError::Internal(
+                    "push_v1 reported duplicates twice under the partition lock".into(),
+                ));
+            }
+            // Intra-request duplicates answer the winner's id.
+            for (k, f) in g.frames.iter().enumerate() {
+                if outcome[k].is_none() {
+                    let winner = first_of
+                        .get(f.transaction_id.as_str())
+                        .and_then(|w| outcome[*w].clone());
+                    outcome[k] = winner.map(|w| match w {
+                        PushOutcome::Queued {
+                            message_id,
+                            partition_id,
+                            ..
+                        }
+                        | PushOutcome::Duplicate {
+                            message_id,
+                            partition_id,
+                        } => PushOutcome::Duplicate {
+                            message_id,
+                            partition_id,
+                        },
+                    });
+                }
+            }
+            results[i] = outcome
+                .into_iter()
+                .map(|o| o.ok_or_else(|| StorageError::Internal("push outcome missing".into())))
+                .collect::<StorageResult<_>>()?;
+        }
+        tx.commit().await.map_err(pg_err("push: commit"))?;
+        Ok(results)
+    }
+
+    async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {
+        let (mode, from, now) = intent_params(&req);
+        self.pop_query(
+            &req.queue,
+            "log_pop_specific_v1",
+            "SELECT * FROM queen.log_pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &req.queue,
+                &partition,
+                &req.group,
+                &req.worker.0,
+                &int(req.batch),
+                &req.auto_ack,
+                &lease_param(&req),
+                &mode,
+                &from,
+                &now,
+            ],
+        )
+        .await
+    }
+
+    async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult> {
+        let (mode, from, now) = intent_params(&req);
+        self.pop_query(
+            &req.queue,
+            "log_pop_list_v1",
+            "SELECT * FROM queen.log_pop_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            &[
+                &req.queue,
+                &req.group,
+                &candidates,
+                &req.worker.0,
+                &int(req.batch),
+                &int(req.max_partitions),
+                &req.auto_ack,
+                &lease_param(&req),
+                &req.skip_window_debounce,
+                &mode,
+                &from,
+                &now,
+            ],
+        )
+        .await
+    }
+
+    async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {
+        let (mode, from, now) = intent_params(&req);
+        self.pop_query(
+            &req.queue,
+            "log_pop_wildcard_v1",
+            "SELECT * FROM queen.log_pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &req.queue,
+                &req.group,
+                &req.worker.0,
+                &int(req.batch),
+                &int(req.max_partitions),
+                &req.auto_ack,
+                &lease_param(&req),
+                &mode,
+                &from,
+                &now,
+            ],
+        )
+        .await
+    }
+
+    async fn queues_matching(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+    ) -> StorageResult<Vec<String>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let rows = client
+            .query(
+                "SELECT name FROM queen.queues WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2) ORDER BY name",
+                &[&namespace, &task],
+            )
+            .await
+            .map_err(pg_err("queues matching"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached("SELECT queen.log_has_pending_v1($1, $2)")
+            .await
+            .map_err(pg_err("has pending"))?;
+        let row = client
+            .query_one(&stmt, &[&queue, &group])
+            .await
+            .map_err(pg_err("has pending"))?;
+        Ok(row.get(0))
+    }
+
+    async fn pending_partitions(
+        &self,
+        queue: &str,
+        group: &str,
+        limit: u32,
+    ) -> StorageResult<Vec<String>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached("SELECT queen.log_pending_partitions_v1($1, $2, $3)")
+            .await
+            .map_err(pg_err("pending partitions"))?;
+        let rows = client
+            .query(&stmt, &[&queue, &group, &int(limit)])
+            .await
+            .map_err(pg_err("pending partitions"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached("SELECT o_success, o_error, o_queue, o_partition, o_lease_released, o_dlq FROM queen.ack_v1($1, $2, $3, $4, $5, $6)")
+            .await
+            .map_err(pg_err("ack"))?;
+        let pids: Vec<&str> = items.iter().map(|i| i.partition_id.as_str()).collect();
+        let txids: Vec<&str> = items.iter().map(|i| i.transaction_id.as_str()).collect();
+        let statuses: Vec<&str> = items.iter().map(|i| status_text(i.status)).collect();
+        let leases: Vec<Option<&str>> = items.iter().map(|i| i.lease_id.as_deref()).collect();
+        let errors: Vec<Option<&str>> = items.iter().map(|i| i.error.as_deref()).collect();
+        let rows = client
+            .query(&stmt, &[&group, &pids, &txids, &statuses, &leases, &errors])
+            .await
+            .map_err(pg_err("ack"))?;
+        Ok(rows
+            .iter()
+            .map(|r| AckOutcome {
+                success: r.get(0),
+                error: r.get(1),
+                queue: r.get(2),
+                partition: r.get(3),
+                lease_released: r.get(4),
+                dlq: r.get(5),
+            })
+            .collect())
+    }
+
+    async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_one(
+                "SELECT o_renewed, o_expires FROM queen.renew_lease_v1($1, $2)",
+                &[&lease_id, &int(seconds)],
+            )
+            .await
+            .map_err(pg_err("renew lease"))?;
+        let renewed: i32 = row.get(0);
+        let expires: Option<SystemTime> = row.get(1);
+        Ok(RenewOutcome {
+            renewed: u32::try_from(renewed).unwrap_or(0),
+            expires_at: expires.map(from_system_time),
+        })
+    }
+}

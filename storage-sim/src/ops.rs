@@ -163,18 +163,29 @@ pub(crate) async fn push(
                         )?;
                     }
                     let end = base + fresh.len() as Offset - 1;
+                    // created_at stays monotone in base_offset even when a push that began
+                    // earlier takes the partition lock later.
+                    let newest = st
+                        .segments
+                        .range(
+                            (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
+                            t.id,
+                        )
+                        .next_back()
+                        .map(|(_, s)| s.created_at);
+                    let created_at = newest.map_or(now, |n| n.max(now));
                     insert_or_wait(
                         &mut st.segments,
                         (pid.clone(), base),
                         SegmentData {
                             end_offset: end,
-                            created_at: now,
+                            created_at,
                             blob: Arc::new(blob),
                         },
                         t.id,
                     )?;
                     part.last_offset = end;
-                    part.last_write_at = now.quantize_to_second();
+                    part.last_write_at = created_at.quantize_to_second();
                     st.partitions.update(&key, part, t.id);
                     Ok(outcomes)
                 })

@@ -1,0 +1,73 @@
+# Throwaway PostgreSQL for tests and benchmarks. Source it, then `pg_start` / `pg_stop`.
+# With DATABASE_URL already set, nothing is started and that database is used.
+
+pg_find_bin() {
+  local d
+  for d in "$(dirname "$(command -v initdb 2>/dev/null || echo /nonexistent/x)")" /usr/lib/postgresql/*/bin; do
+    if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then
+      echo "$d"
+      return 0
+    fi
+  done
+  return 1
+}
+
+pg_install() {
+  echo "PostgreSQL binaries not found; installing with apt-get" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
+}
+
+pg_free_port() {
+  python3 - <<'PY'
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+PY
+}
+
+# Runs a PostgreSQL binary as the `postgres` user when we are root (initdb refuses root).
+pg_as_owner() {
+  if [ "$(id -u)" = "0" ]; then
+    su postgres -s /bin/sh -c "$(printf '%q ' "$@")"
+  else
+    "$@"
+  fi
+}
+
+pg_start() {
+  if [ -n "${DATABASE_URL:-}" ]; then
+    echo "Using DATABASE_URL from the environment" >&2
+    PG_STARTED=0
+    return 0
+  fi
+  local bin
+  bin=$(pg_find_bin) || { pg_install && bin=$(pg_find_bin); } || { echo "cannot find or install PostgreSQL" >&2; return 1; }
+  PG_DIR=$(mktemp -d /tmp/queen-pg.XXXXXX)
+  if [ "$(id -u)" = "0" ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$PG_DIR" --shell /bin/sh postgres
+    chown postgres "$PG_DIR"
+  fi
+  PG_PORT=$(pg_free_port)
+  pg_as_owner "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust --no-sync -E UTF8 >"$PG_DIR/initdb.log" 2>&1 \
+    || { cat "$PG_DIR/initdb.log" >&2; return 1; }
+  # Durability settings off: this database is thrown away after the run.
+  pg_as_owner "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start \
+    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c shared_preload_libraries=pg_stat_statements" >/dev/null \
+    || { cat "$PG_DIR/server.log" >&2; return 1; }
+  PG_BIN=$bin
+  PG_STARTED=1
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+  echo "Started PostgreSQL on port $PG_PORT (data in $PG_DIR)" >&2
+}
+
+pg_stop() {
+  if [ "${PG_STARTED:-0}" = "1" ]; then
+    pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
+    rm -rf "$PG_DIR"
+    PG_STARTED=0
+    echo "Stopped PostgreSQL" >&2
+  fi
+}
