@@ -38,15 +38,15 @@ impl PgConfig {
             return Ok(None);
         }
         let mut pg = tokio_postgres::Config::new();
-        pg.host(&get("PG_HOST").unwrap_or_else(|| "localhost".into()));
+        pg.host(get("PG_HOST").unwrap_or_else(|| "localhost".into()));
         let port = get("PG_PORT").unwrap_or_else(|| "5432".into());
         pg.port(
             port.parse()
                 .map_err(|_| format!("PG_PORT must be a port number, got {port:?}"))?,
         );
-        pg.user(&get("PG_USER").unwrap_or_else(|| "postgres".into()));
+        pg.user(get("PG_USER").unwrap_or_else(|| "postgres".into()));
         pg.password(get("PG_PASSWORD").unwrap_or_else(|| "postgres".into()));
-        pg.dbname(&get("PG_DB").unwrap_or_else(|| "postgres".into()));
+        pg.dbname(get("PG_DB").unwrap_or_else(|| "postgres".into()));
         Ok(Some(PgConfig { pg, pool_size }))
     }
 }

@@ -19,7 +19,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 ];
 
 /// Any fixed key: "queen" in ASCII.
-const MIGRATION_LOCK: i64 = 0x7175_6565_6e;
+const MIGRATION_LOCK: i64 = 0x0071_7565_656e;
 
 pub async fn migrate(client: &mut Client) -> StorageResult<Vec<i32>> {
     client
