@@ -26,10 +26,13 @@ BEGIN
         ON CONFLICT (name) DO NOTHING;
         SELECT q.id INTO v_qid FROM queen.queues q WHERE q.name = p_queue;
     END IF;
+    -- FOR NO KEY UPDATE, not FOR UPDATE: pushes still serialize on the row (offsets in commit
+    -- order), but a pop creating a cursor row takes FOR KEY SHARE on it for the foreign key and
+    -- must never wait on a push.
     SELECT p.id, p.last_offset INTO v_pid, v_last
       FROM queen.log_partitions p
      WHERE p.queue_id = v_qid AND p.name = p_partition
-       FOR UPDATE;
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
         VALUES (gen_random_uuid(), v_qid, p_partition, -1, date_trunc('second', queen.now()))
@@ -37,7 +40,7 @@ BEGIN
         SELECT p.id, p.last_offset INTO v_pid, v_last
           FROM queen.log_partitions p
          WHERE p.queue_id = v_qid AND p.name = p_partition
-           FOR UPDATE;
+           FOR NO KEY UPDATE;
     END IF;
     IF v_n = 0 THEN
         RETURN;
