@@ -258,15 +258,16 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
             );
         }
     }
-    let d = delivered.lock().unwrap();
-    assert_eq!(
-        d.len(),
-        total,
-        "every pushed message delivered exactly once"
-    );
-    let per_consumer = (0..CONSUMERS)
-        .map(|c| d.values().filter(|v| **v == c).count())
-        .collect::<Vec<_>>();
+    let (count, per_consumer) = {
+        let d = delivered.lock().unwrap();
+        (
+            d.len(),
+            (0..CONSUMERS)
+                .map(|c| d.values().filter(|v| **v == c).count())
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(count, total, "every pushed message delivered exactly once");
     eprintln!("deliveries per consumer: {per_consumer:?}");
     assert!(
         per_consumer.iter().filter(|n| **n > 0).count() >= CONSUMERS / 2,
