@@ -107,6 +107,41 @@ impl PgStorage {
         Ok(row.get(0))
     }
 
+    /// The cursor row of (queue, partition, group), for tests and diagnostics.
+    pub async fn cursor(
+        &self,
+        queue: &str,
+        partition: &str,
+        group: &str,
+    ) -> StorageResult<Option<queen_core::claim::CursorRow>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_opt(
+                "SELECT c.committed, c.worker_id, c.lease_expires_at, c.lease_acquired_at, c.batch_end, c.attempt_count,
+                        c.attempt_offset, c.total_consumed, c.retry_offset, c.retry_count
+                   FROM queen.log_consumers c
+                   JOIN queen.log_partitions p ON p.id = c.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE q.name = $1 AND p.name = $2 AND c.consumer_group = $3",
+                &[&queue, &partition, &group],
+            )
+            .await
+            .map_err(pg_err("cursor"))?;
+        let u = |v: i32| u32::try_from(v).unwrap_or(0);
+        Ok(row.map(|r| queen_core::claim::CursorRow {
+            committed: r.get(0),
+            worker_id: r.get::<_, Option<uuid::Uuid>>(1).map(queen_core::WorkerId),
+            lease_expires_at: r.get::<_, Option<SystemTime>>(2).map(from_system_time),
+            lease_acquired_at: r.get::<_, Option<SystemTime>>(3).map(from_system_time),
+            batch_end: r.get(4),
+            attempt_count: u(r.get(5)),
+            attempt_offset: r.get(6),
+            total_consumed: r.get(7),
+            retry_offset: r.get(8),
+            retry_count: u(r.get(9)),
+        }))
+    }
+
     /// (offset, transactionId) of a queue's dead letters, in filing order.
     pub async fn dead_letters(&self, queue: &str) -> StorageResult<Vec<(Offset, String)>> {
         let client = self.pool.get().await.map_err(pool_err)?;

@@ -1,0 +1,411 @@
+//! Differential property test: random operation sequences applied to the in-memory model and to
+//! real PostgreSQL give the same observable results: delivered offsets and payloads, verdicts,
+//! ack outcomes, attempt counts and the final cursor rows.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use queen_core::claim::{CursorRow, SubscriptionIntent};
+use queen_core::delivery::claims_to_messages;
+use queen_core::frames::Frame;
+use queen_core::storage::{
+    AckItem, AckStatus, PopRequest, PopResult, PushGroup, PushOutcome, QueueConfig, Storage,
+    Verdict,
+};
+use queen_core::{Timestamp, WorkerId};
+use queen_storage_pg::{PgConfig, PgStorage};
+use queen_storage_sim::{ManualClock, SimBugs, SimDb};
+
+const PARTS: [&str; 3] = ["a", "b", "c"];
+const GROUPS: [&str; 2] = ["__QUEUE_MODE__", "g"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Push {
+        part: usize,
+        n: u32,
+        dup: bool,
+    },
+    Pop {
+        group: usize,
+        shape: u8,
+        part: usize,
+        batch: u32,
+        max: u32,
+        auto_ack: bool,
+    },
+    Ack {
+        k: u8,
+        failed: bool,
+        fenced: bool,
+    },
+    Advance {
+        secs: i64,
+    },
+    Renew,
+    Retention {
+        part: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..3usize, 1..4u32, prop::bool::weighted(0.15)).prop_map(|(part, n, dup)| Op::Push { part, n, dup }),
+        4 => (0..2usize, 0..3u8, 0..3usize, 1..6u32, 1..4u32, prop::bool::weighted(0.2))
+            .prop_map(|(group, shape, part, batch, max, auto_ack)| Op::Pop { group, shape, part, batch, max, auto_ack }),
+        3 => (0..12u8, prop::bool::weighted(0.35), prop::bool::weighted(0.7)).prop_map(|(k, failed, fenced)| Op::Ack { k, failed, fenced }),
+        // 4 s and 11 s steps never land on the 10 s lease boundary (PostgreSQL's clock also moves
+        // in real time between statements).
+        1 => prop_oneof![Just(4i64), Just(11)].prop_map(|secs| Op::Advance { secs }),
+        1 => Just(Op::Renew),
+        1 => (0..3usize).prop_map(|part| Op::Retention { part }),
+    ]
+}
+
+/// What a pop answered, without ids or absolute times.
+#[derive(Debug, PartialEq)]
+struct PopView {
+    claims: Vec<(String, i64, i64, u32, bool, Vec<String>)>,
+    verdicts: Vec<(String, String)>,
+}
+
+fn view(r: &PopResult) -> PopView {
+    let msgs = claims_to_messages(&r.claims).expect("slice");
+    let mut claims: Vec<_> = r
+        .claims
+        .iter()
+        .map(|c| {
+            let txids = msgs
+                .iter()
+                .filter(|m| m.partition == c.partition)
+                .map(|m| m.frame.transaction_id.clone())
+                .collect();
+            (
+                c.partition.clone(),
+                c.first_offset,
+                c.last_offset,
+                c.attempt_count,
+                c.lease_expires_at.is_some(),
+                txids,
+            )
+        })
+        .collect();
+    claims.sort();
+    let kind = |v: &Verdict| match v {
+        Verdict::Took { count, .. } => format!("took {count}"),
+        Verdict::LeasedUntil(_) => "leased".into(),
+        Verdict::DeferredUntil(_) => "deferred".into(),
+        other => format!("{other:?}"),
+    };
+    let mut verdicts: Vec<_> = r
+        .verdicts
+        .iter()
+        .map(|(p, v)| (p.clone(), kind(v)))
+        .collect();
+    verdicts.sort();
+    PopView { claims, verdicts }
+}
+
+/// A message the last leased pop delivered: what an ack can name.
+#[derive(Clone)]
+struct Delivered {
+    group: String,
+    partition_id: String,
+    transaction_id: String,
+    worker: WorkerId,
+}
+
+struct Side {
+    storage: Arc<dyn Storage>,
+    delivered: Vec<Delivered>,
+}
+
+async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String {
+    let s = side.storage.clone();
+    match op {
+        Op::Push { part, n, dup } => {
+            let frames = (0..*n)
+                .map(|i| Frame {
+                    message_id: uuid::Uuid::from_u128(seq * 100 + u128::from(i)),
+                    transaction_id: if *dup {
+                        format!("dup-{i}")
+                    } else {
+                        format!("t{seq}-{i}")
+                    },
+                    trace_id: None,
+                    payload: format!("{{\"s\":{seq}}}").into_bytes(),
+                })
+                .collect();
+            let out = s
+                .push(vec![PushGroup {
+                    queue: "q".into(),
+                    partition: PARTS[*part].into(),
+                    frames,
+                }])
+                .await
+                .expect("push");
+            let v: Vec<String> = out[0]
+                .iter()
+                .map(|o| match o {
+                    PushOutcome::Queued { offset, .. } => format!("queued {offset}"),
+                    PushOutcome::Duplicate { message_id, .. } => {
+                        format!("duplicate of {message_id}")
+                    }
+                })
+                .collect();
+            format!("{v:?}")
+        }
+        Op::Pop {
+            group,
+            shape,
+            part,
+            batch,
+            max,
+            auto_ack,
+        } => {
+            let req = PopRequest {
+                queue: "q".into(),
+                group: GROUPS[*group].into(),
+                worker,
+                batch: *batch,
+                max_partitions: *max,
+                auto_ack: *auto_ack,
+                lease_seconds: Some(10),
+                intent: SubscriptionIntent::default(),
+                skip_window_debounce: false,
+            };
+            let r = match shape {
+                0 => s.pop_partition(req, PARTS[*part].into()).await,
+                1 => {
+                    let mut names: Vec<String> = PARTS.iter().map(|p| p.to_string()).collect();
+                    names.rotate_left(*part);
+                    s.pop_list(req, names).await
+                }
+                // Everything claimable, so the scan's random order cannot change the answer.
+                _ => {
+                    s.pop_wildcard(PopRequest {
+                        batch: 1000,
+                        max_partitions: 3,
+                        ..req
+                    })
+                    .await
+                }
+            }
+            .expect("pop");
+            if !*auto_ack && !r.claims.is_empty() {
+                // Claims come back in scan order, which is random on both sides: name messages
+                // by (partition, offset).
+                let mut msgs = claims_to_messages(&r.claims).expect("slice");
+                msgs.sort_by(|a, b| (&a.partition, a.offset).cmp(&(&b.partition, b.offset)));
+                side.delivered = msgs
+                    .into_iter()
+                    .map(|m| Delivered {
+                        group: GROUPS[*group].into(),
+                        partition_id: m.partition_id,
+                        transaction_id: m.frame.transaction_id,
+                        worker,
+                    })
+                    .collect();
+            }
+            format!("{:?}", view(&r))
+        }
+        Op::Ack { k, failed, fenced } => {
+            if side.delivered.is_empty() {
+                return "nothing delivered".into();
+            }
+            let d = side.delivered[usize::from(*k) % side.delivered.len()].clone();
+            let out = s
+                .ack(
+                    &d.group,
+                    vec![AckItem {
+                        transaction_id: d.transaction_id,
+                        partition_id: d.partition_id,
+                        status: if *failed {
+                            AckStatus::Failed
+                        } else {
+                            AckStatus::Completed
+                        },
+                        lease_id: fenced.then(|| d.worker.to_string()),
+                        error: None,
+                    }],
+                )
+                .await
+                .expect("ack");
+            format!(
+                "{:?}",
+                out.iter()
+                    .map(|o| (o.success, o.error.clone(), o.lease_released, o.dlq))
+                    .collect::<Vec<_>>()
+            )
+        }
+        Op::Advance { .. } | Op::Retention { .. } => String::new(),
+        Op::Renew => {
+            let Some(w) = side.delivered.first().map(|d| d.worker) else {
+                return "nothing delivered".into();
+            };
+            let r = s.renew_lease(&w.to_string(), 60).await.expect("renew");
+            format!("renewed {}", r.renewed)
+        }
+    }
+}
+
+/// (committed, leased, batch_end, attempt_count, attempt_offset, retry_offset, retry_count)
+type CursorView = (i64, bool, Option<i64>, u32, Option<i64>, Option<i64>, u32);
+
+fn cursor_view(c: Option<CursorRow>) -> Option<CursorView> {
+    c.map(|c| {
+        (
+            c.committed,
+            c.worker_id.is_some(),
+            c.batch_end,
+            c.attempt_count,
+            c.attempt_offset,
+            c.retry_offset,
+            c.retry_count,
+        )
+    })
+}
+
+async fn run(ops: Vec<Op>, delay: u32, case: usize) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(Timestamp::from_secs(1_700_000_000));
+    let model = SimDb::new(3, clock.as_sim_clock(), SimBugs::default());
+    let base = tokio_postgres::Config::from_str(
+        &std::env::var("DATABASE_URL").expect("DATABASE_URL (run `bash .ci/test`)"),
+    )
+    .expect("url");
+    let name = format!("queen_diff_{}_{case}", std::process::id());
+    let (admin, conn) = base.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .expect("drop");
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create");
+    let mut cfg = base.clone();
+    cfg.dbname(&name);
+    let pg = PgStorage::connect(&PgConfig {
+        pg: cfg,
+        pool_size: 2,
+    })
+    .await
+    .expect("pg");
+    let config = QueueConfig {
+        delayed_processing: delay,
+        retry_limit: 1,
+        ..QueueConfig::with_defaults("q")
+    };
+    model
+        .configure_queue(config.clone())
+        .await
+        .expect("configure model");
+    pg.configure_queue(config).await.expect("configure pg");
+    let mut a = Side {
+        storage: model.clone(),
+        delivered: vec![],
+    };
+    let mut b = Side {
+        storage: Arc::new(pg.clone()),
+        delivered: vec![],
+    };
+    let mut trace: Vec<String> = vec![];
+    for (i, op) in ops.iter().enumerate() {
+        let worker = WorkerId(uuid::Uuid::from_u128(i as u128 + 1000));
+        match op {
+            Op::Advance { secs } => {
+                clock.advance_millis(secs * 1000);
+                pg.advance_clock(*secs).await.expect("advance");
+            }
+            Op::Retention { part } => {
+                // Safe retention: only segments every group has consumed.
+                let floor = |c: Option<CursorRow>| c.map_or(-1, |c| c.committed);
+                let mut m = i64::MAX;
+                for g in GROUPS {
+                    m = m.min(floor(model.cursor("q", PARTS[*part], g)));
+                }
+                model
+                    .drop_segments("q", PARTS[*part], m + 1)
+                    .expect("model retention");
+                pg.drop_segments("q", PARTS[*part], m + 1)
+                    .await
+                    .expect("pg retention");
+            }
+            _ => {}
+        }
+        let x = apply(&mut a, op, i as u128 + 1, worker).await;
+        let y = apply(&mut b, op, i as u128 + 1, worker).await;
+        trace.push(format!("step {i} {op:?}\n  model: {x}\n  pg:    {y}"));
+        for p in PARTS {
+            for g in GROUPS {
+                let m = cursor_view(model.cursor("q", p, g));
+                let q = cursor_view(pg.cursor("q", p, g).await.expect("pg cursor"));
+                if m.is_some() || q.is_some() {
+                    trace.push(format!("    cursor ({p},{g}) model {m:?} pg {q:?}"));
+                }
+            }
+        }
+        if x != y {
+            return Err(TestCaseError::fail(format!(
+                "step {i}: model and PostgreSQL differ (delay {delay}); trace:\n{}",
+                trace.join("\n")
+            )));
+        }
+    }
+    for p in PARTS {
+        for g in GROUPS {
+            let m = cursor_view(model.cursor("q", p, g));
+            let q = cursor_view(pg.cursor("q", p, g).await.expect("pg cursor"));
+            if m != q {
+                return Err(TestCaseError::fail(format!(
+                    "cursor ({p}, {g}) differs: model {m:?} pg {q:?}; trace:\n{}",
+                    trace.join("\n")
+                )));
+            }
+        }
+    }
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .expect("drop");
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("DIFF_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48)
+}
+
+#[test]
+fn model_and_postgres_agree() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let counter = std::sync::atomic::AtomicUsize::new(0);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 200,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(
+        &(
+            prop::collection::vec(op(), 1..40),
+            prop_oneof![Just(0u32), Just(2u32)],
+        ),
+        |(ops, delay)| {
+            let case = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(run(ops, delay, case))
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

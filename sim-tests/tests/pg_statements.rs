@@ -1,0 +1,181 @@
+//! How many PostgreSQL statements one delivered batch costs on each pop shape, counted by
+//! pg_stat_statements with track = all (statements inside the procedures included). The figures
+//! are printed for the record and bounded so a change that adds work to the pop path fails.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+use std::str::FromStr;
+
+use queen_core::claim::SubscriptionIntent;
+use queen_core::frames::Frame;
+use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup, Storage};
+use queen_core::WorkerId;
+use queen_storage_pg::{PgConfig, PgStorage};
+
+fn req(worker: u128) -> PopRequest {
+    PopRequest {
+        queue: "stm".into(),
+        group: "g".into(),
+        worker: WorkerId(uuid::Uuid::from_u128(worker)),
+        batch: 10,
+        max_partitions: 1,
+        auto_ack: false,
+        lease_seconds: Some(60),
+        intent: SubscriptionIntent::default(),
+        skip_window_debounce: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_per_delivered_batch() {
+    let base = tokio_postgres::Config::from_str(
+        &std::env::var("DATABASE_URL").expect("DATABASE_URL (run `bash .ci/test`)"),
+    )
+    .expect("url");
+    let name = format!("queen_stm_{}", std::process::id());
+    let (admin, conn) = base.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .expect("drop");
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create");
+    let mut cfg = base.clone();
+    cfg.dbname(&name);
+    cfg.options("-c pg_stat_statements.track=all");
+    let pg = PgStorage::connect(&PgConfig {
+        pg: cfg.clone(),
+        pool_size: 1,
+    })
+    .await
+    .expect("pg");
+    let (stats, conn) = cfg
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("stats connection");
+    tokio::spawn(conn);
+    stats
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .expect("pg_stat_statements must be available (shared_preload_libraries); the test command's PostgreSQL has it");
+
+    let partitions: Vec<String> = (0..60).map(|i| format!("p{i:02}")).collect();
+    let groups = partitions
+        .iter()
+        .map(|p| PushGroup {
+            queue: "stm".into(),
+            partition: p.clone(),
+            frames: (0..10)
+                .map(|i| Frame {
+                    message_id: uuid::Uuid::from_u128(i + 1),
+                    transaction_id: format!("{p}-{i}"),
+                    trace_id: None,
+                    payload: b"{}".to_vec(),
+                })
+                .collect(),
+        })
+        .collect();
+    pg.push(groups).await.expect("push");
+    // First contact (bulk seed) outside the measurement; autoAck so no partition stays leased.
+    let first = pg
+        .pop_wildcard(PopRequest {
+            batch: 1,
+            auto_ack: true,
+            ..req(1)
+        })
+        .await
+        .expect("first contact");
+    assert_eq!(first.claims.len(), 1);
+
+    let count = |label: &'static str| {
+        let stats = &stats;
+        async move {
+            let n: i64 = stats
+                .query_one(
+                    "SELECT COALESCE(sum(s.calls), 0)::bigint FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                      WHERE d.datname = current_database() AND s.query NOT ILIKE '%pg_stat_statements%'",
+                    &[],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{label}: {e}"))
+                .get(0);
+            n
+        }
+    };
+    let mut report = vec![];
+    let mut next = 2u128;
+    for shape in ["specific", "list", "wildcard"] {
+        stats
+            .batch_execute("SELECT pg_stat_statements_reset()")
+            .await
+            .expect("reset");
+        let before = count(shape).await;
+        let mut batches = 0;
+        for i in 0..15 {
+            next += 1;
+            let r = match shape {
+                "specific" => pg.pop_partition(req(next), partitions[i].clone()).await,
+                "list" => {
+                    pg.pop_list(req(next), vec![partitions[20 + i].clone()])
+                        .await
+                }
+                _ => pg.pop_wildcard(req(next)).await,
+            }
+            .expect("pop");
+            assert_eq!(r.claims.len(), 1, "{shape} pop {i} delivered nothing");
+            batches += 1;
+        }
+        let after = count(shape).await;
+        // The reset and the two counting queries are excluded by the filter; nothing else runs.
+        let per_batch = (after - before) as f64 / f64::from(batches);
+        report.push((shape, per_batch));
+    }
+    // The ack that completes a batch, for the record.
+    let frames = (0..10)
+        .map(|i| Frame {
+            message_id: uuid::Uuid::from_u128(i + 1),
+            transaction_id: format!("ackp-{i}"),
+            trace_id: None,
+            payload: b"{}".to_vec(),
+        })
+        .collect();
+    pg.push(vec![PushGroup {
+        queue: "stm".into(),
+        partition: "ackp".into(),
+        frames,
+    }])
+    .await
+    .expect("push");
+    stats
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await
+        .expect("reset");
+    let r = pg
+        .pop_list(req(999), vec!["ackp".into()])
+        .await
+        .expect("pop");
+    let c = &r.claims[0];
+    let before = count("ack").await;
+    let items = (0..10)
+        .map(|i| AckItem {
+            transaction_id: format!("ackp-{i}"),
+            partition_id: c.partition_id.clone(),
+            status: AckStatus::Completed,
+            lease_id: None,
+            error: None,
+        })
+        .collect();
+    let out = pg.ack("g", items).await.expect("ack");
+    assert!(out.iter().all(|o| o.success));
+    let ack_statements = count("ack").await - before;
+    for (shape, n) in &report {
+        eprintln!("{shape:>9} pop: {n:.1} statements per delivered batch (one round trip)");
+    }
+    eprintln!("ack of a 10-message batch: {ack_statements} statements (one round trip)");
+    for (shape, n) in report {
+        assert!(n <= 16.0, "{shape} pop costs {n:.1} statements per batch");
+    }
+}
