@@ -1,1 +1,159 @@
-pub fn _x() {}
+//! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
+
+pub mod app;
+pub mod config;
+pub mod http;
+pub mod metrics;
+mod pop_route;
+mod routes;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use queen_core::params::PopShape;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::app::App;
+use crate::http::{Failure, Reply};
+
+/// Answers one request. A panic anywhere below becomes a 500 for this request only.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Reply {
+    match AssertUnwindSafe(route(app.clone(), req))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(f)) => {
+            let counter = if f.status.is_client_error() {
+                &app.metrics.bad_requests
+            } else {
+                &app.metrics.server_errors
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if f.status.is_server_error() {
+                tracing::warn!(status = %f.status, error = %f.message, "request failed");
+            }
+            http::error(&f)
+        }
+        Err(_) => {
+            app.metrics.server_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("request handler panicked");
+            http::error(&Failure::server("internal error"))
+        }
+    }
+}
+
+async fn body(app: &App, req: Request<Incoming>) -> Result<bytes::Bytes, Failure> {
+    http::read_body(req.into_body(), app.config.max_body_bytes).await
+}
+
+async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> {
+    let method = req.method().clone();
+    let query = req.uri().query().map(str::to_string);
+    let segments: Vec<String> = req
+        .uri()
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| http::percent_decode(s, false))
+        .collect::<Result<_, _>>()?;
+    let seg: Vec<&str> = segments.iter().map(String::as_str).collect();
+    match (&method, seg.as_slice()) {
+        (&Method::OPTIONS, _) => Ok(http::no_content()),
+        (&Method::GET, ["health"]) => Ok(routes::health(&app).await),
+        (&Method::GET, ["metrics"]) => Ok(http::json(
+            StatusCode::OK,
+            &routes::metrics_snapshot(&app).json(),
+        )),
+        (&Method::GET, ["metrics", "prometheus"]) => Ok(http::text(
+            StatusCode::OK,
+            routes::metrics_snapshot(&app).prometheus(),
+            "text/plain; version=0.0.4",
+        )),
+        (&Method::POST, ["api", "v1", "push"]) => {
+            let b = body(&app, req).await?;
+            routes::push(&app, &b).await
+        }
+        (&Method::GET, ["api", "v1", "pop", "queue", q, "partition", p]) => {
+            let shape = PopShape::Partition {
+                queue: q.to_string(),
+                partition: p.to_string(),
+            };
+            Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
+        }
+        (&Method::GET, ["api", "v1", "pop", "queue", q]) => {
+            let shape = PopShape::Queue {
+                queue: q.to_string(),
+            };
+            Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
+        }
+        (&Method::GET, ["api", "v1", "pop"]) => {
+            let shape = PopShape::Discovery {
+                namespace: None,
+                task: None,
+            };
+            Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
+        }
+        (&Method::POST, ["api", "v1", "ack"]) => {
+            let b = body(&app, req).await?;
+            routes::ack(&app, &b).await
+        }
+        (&Method::POST, ["api", "v1", "ack", "batch"]) => {
+            let b = body(&app, req).await?;
+            routes::ack_batch(&app, &b).await
+        }
+        (&Method::POST, ["api", "v1", "lease", id, "extend"]) => {
+            let id = id.to_string();
+            let b = body(&app, req).await?;
+            routes::extend_lease(&app, &id, &b).await
+        }
+        (&Method::POST, ["api", "v1", "configure"]) => {
+            let b = body(&app, req).await?;
+            routes::configure(&app, &b).await
+        }
+        (&Method::DELETE, ["api", "v1", "resources", "queues", q]) => {
+            let q = q.to_string();
+            routes::delete_queue(&app, &q).await
+        }
+        (&Method::GET, ["api", "v1", "system", "maintenance", "pop"]) => {
+            Ok(routes::pop_maintenance_state(&app))
+        }
+        (&Method::POST, ["api", "v1", "system", "maintenance", "pop"]) => {
+            let b = body(&app, req).await?;
+            routes::set_pop_maintenance(&app, &b)
+        }
+        _ => Ok(http::json(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"error": "no_such_route", "code": "no_such_route", "detail": format!("{method} {}", segments.join("/"))}),
+        )),
+    }
+}
+
+/// Serves HTTP/1.1 on one connection (any byte stream: a TCP socket, or turmoil's in tests).
+/// When the app starts shutting down, the connection finishes its in-flight request and closes.
+pub async fn serve_connection<IO>(app: Arc<App>, io: IO) -> Result<(), hyper::Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut shutdown = app.shutting_down.subscribe();
+    let svc = service_fn(move |req| {
+        let app = app.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
+    });
+    let conn = http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => return r,
+        _ = shutdown.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+    }
+    conn.await
+}

@@ -1,0 +1,211 @@
+//! HTTP plumbing: bounded bodies, JSON answers, errors, query and path decoding.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
+use serde_json::Value;
+
+pub type Body = Full<Bytes>;
+pub type Reply = Response<Body>;
+
+/// A request that cannot be served, with its status and message.
+#[derive(Debug)]
+pub struct Failure {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn bad(message: impl Into<String>) -> Self {
+        Failure {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+    pub fn server(message: impl Into<String>) -> Self {
+        Failure {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+        }
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Failure {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<queen_core::storage::StorageError> for Failure {
+    fn from(e: queen_core::storage::StorageError) -> Self {
+        use queen_core::storage::StorageError as E;
+        match e {
+            E::Invalid(m) => Failure::bad(m),
+            E::Unavailable(m) => Failure::unavailable(m),
+            E::Internal(m) => Failure::server(m),
+        }
+    }
+}
+
+fn with_headers(mut r: Reply, json: bool) -> Reply {
+    let h = r.headers_mut();
+    if json {
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("GET, POST, PUT, DELETE, OPTIONS"),
+    );
+    h.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static("Content-Type, Authorization"),
+    );
+    h.insert("access-control-max-age", HeaderValue::from_static("86400"));
+    r
+}
+
+pub fn json(status: StatusCode, value: &Value) -> Reply {
+    let bytes = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    let mut r = Response::new(Full::new(Bytes::from(bytes)));
+    *r.status_mut() = status;
+    with_headers(r, true)
+}
+
+pub fn json_bytes(status: StatusCode, bytes: Vec<u8>) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(bytes)));
+    *r.status_mut() = status;
+    with_headers(r, true)
+}
+
+pub fn text(status: StatusCode, body: String, content_type: &'static str) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    with_headers(r, false)
+}
+
+/// 204 with no body at all (no Content-Length announcing one either).
+pub fn no_content() -> Reply {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    with_headers(r, false)
+}
+
+pub fn error(f: &Failure) -> Reply {
+    json(f.status, &serde_json::json!({ "error": f.message }))
+}
+
+/// Reads the whole body, refusing more than `limit` bytes.
+pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Failure> {
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(Failure {
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    message: format!("request body larger than {limit} bytes"),
+                })
+            } else {
+                Err(Failure::bad(format!(
+                    "could not read the request body: {e}"
+                )))
+            }
+        }
+    }
+}
+
+/// Parses a JSON body. `empty_means` is what an empty body stands for (None: an error).
+pub fn parse_json(bytes: &[u8], empty_means: Option<Value>) -> Result<Value, Failure> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return empty_means.ok_or_else(|| Failure::bad("Empty request body"));
+    }
+    serde_json::from_slice(bytes).map_err(|e| Failure::bad(format!("Invalid JSON: {e}")))
+}
+
+/// Percent-decodes one path segment or query component; `plus_is_space` for query strings.
+pub fn percent_decode(s: &str, plus_is_space: bool) -> Result<String, Failure> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = b
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    None => {
+                        return Err(Failure::bad(format!("malformed percent-encoding in {s:?}")))
+                    }
+                }
+            }
+            b'+' if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| Failure::bad("names and parameters must be UTF-8"))
+}
+
+/// Decoded query pairs, in order.
+pub fn query_pairs(query: Option<&str>) -> Result<Vec<(String, String)>, Failure> {
+    let Some(q) = query else { return Ok(vec![]) };
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            Ok((percent_decode(k, true)?, percent_decode(v, true)?))
+        })
+        .collect()
+}
+
+pub fn str_field<'a>(v: &'a Value, key: &str, what: &str) -> Result<Option<&'a str>, Failure> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(Failure::bad(format!("{what} must be a string"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_paths_and_queries() {
+        assert_eq!(percent_decode("my%20queue", false).unwrap(), "my queue");
+        assert_eq!(percent_decode("a+b", false).unwrap(), "a+b");
+        assert_eq!(percent_decode("a+b", true).unwrap(), "a b");
+        assert!(percent_decode("bad%2", false).is_err());
+        assert!(percent_decode("%ff%fe", false).is_err(), "not UTF-8");
+        let q = query_pairs(Some("batch=10&wait=true&consumerGroup=g%2F1&flag")).unwrap();
+        assert_eq!(q[2], ("consumerGroup".to_string(), "g/1".to_string()));
+        assert_eq!(q[3], ("flag".to_string(), String::new()));
+    }
+
+    #[test]
+    fn empty_bodies() {
+        assert!(parse_json(b"", None).is_err());
+        assert_eq!(
+            parse_json(b"  ", Some(serde_json::json!({}))).unwrap(),
+            serde_json::json!({})
+        );
+        assert!(parse_json(b"{nope", None).is_err());
+    }
+}

@@ -1,0 +1,138 @@
+//! The `queen` binary: configuration, storage, listener, graceful shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use queen_core::storage::Storage;
+use queen_server::app::{wall_now, App, Backend};
+use queen_server::config::{ServerConfig, HELP};
+use queen_storage_pg::{PgConfig, PgStorage};
+use queen_storage_sim::{SimBugs, SimDb};
+use tokio::net::TcpListener;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return;
+    }
+    if let Some(a) = args.first() {
+        eprintln!("unknown argument {a:?}; see --help");
+        std::process::exit(2);
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run()) {
+        tracing::error!("{e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let config = ServerConfig::from_env()?;
+    let seed =
+        u64::try_from(wall_now().0).unwrap_or(0) ^ u64::from(std::process::id()).rotate_left(32);
+    let (storage, backend): (Arc<dyn Storage>, Backend) = match PgConfig::from_env()? {
+        Some(pg) => {
+            let storage = PgStorage::connect(&pg)
+                .await
+                .map_err(|e| format!("cannot use PostgreSQL: {e}"))?;
+            tracing::info!(
+                pool = pg.pool_size,
+                "storage: PostgreSQL (schema queen, migrations applied)"
+            );
+            (Arc::new(storage.clone()), Backend::Postgres(storage))
+        }
+        None => {
+            tracing::warn!("storage: in-memory backend (no DATABASE_URL or PG_* set): nothing survives a restart");
+            let db = SimDb::new(seed, Arc::new(wall_now), SimBugs::default());
+            (db, Backend::Memory)
+        }
+    };
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
+    let app = App::new(config, storage, backend, seed);
+
+    let janitor = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                app.prune_gates();
+            }
+        })
+    };
+    let mut connections = tokio::task::JoinSet::new();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let app = app.clone();
+                    connections.spawn(async move {
+                        if let Err(e) = queen_server::serve_connection(app, stream).await {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        }
+                    });
+                    // Reap finished connection tasks so the set stays small.
+                    while connections.try_join_next().is_some() {}
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = &mut shutdown => break,
+        }
+    }
+    tracing::info!("shutting down: parked pops answer 204, in-flight requests finish");
+    app.shutting_down.send_replace(true);
+    drop(listener);
+    janitor.abort();
+    let drained = async { while connections.join_next().await.is_some() {} };
+    tokio::select! {
+        _ = drained => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(Duration::from_secs(30)) => tracing::warn!("connections still open after 30 s; exiting"),
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,278 @@
+//! The pop endpoints: parse, then drive the core's pop machine. The driver is thin: it performs
+//! the machine's effects (permit, storage, park on the queue's wake gate, reply) and feeds back
+//! the events. All decisions live in `queen_core::pop`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::StatusCode;
+use queen_core::delivery::claims_to_messages;
+use queen_core::params::{PopParams, PopShape};
+use queen_core::pop::{execute, PopEffect, PopInput, PopMachine, PopReply};
+use queen_core::storage::{AckItem, AckStatus, Claim};
+use queen_core::time::format_iso_micros;
+use queen_core::WorkerId;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+
+use crate::app::{lock, App};
+use crate::http::{self, Failure, Reply};
+
+pub async fn pop(app: Arc<App>, shape: PopShape, pairs: Vec<(String, String)>) -> Reply {
+    let params = match PopParams::from_query(
+        shape,
+        pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        app.config.default_timeout_ms,
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            app.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
+            return http::error(&Failure::bad(e.to_string()));
+        }
+    };
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(drive(app.clone(), params, tx));
+    match rx.await {
+        Ok(reply) => reply,
+        // The driver task ended without answering: only a panic does that.
+        Err(_) => http::error(&Failure::server("pop failed unexpectedly")),
+    }
+}
+
+/// Drives one pop machine to its reply. Runs in its own task so that it notices a client that
+/// went away (the reply channel closes): a parked pop is cancelled, and a batch leased for a
+/// client that is gone is released at once instead of waiting out its lease.
+async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>) {
+    let queue = params.queue_name().map(str::to_string);
+    let mut gate = app.gate(queue.as_deref());
+    let mut shutdown = app.shutting_down.subscribe();
+    let mut machine = PopMachine::new(params, app.mint_worker(), app.pop_config, app.now());
+    let mut input = PopInput::Start;
+    loop {
+        // Mark the gate seen before the check: a push after this point opens it for us.
+        gate.borrow_and_update();
+        {
+            let mut ctx = lock(&app.pop_ctx);
+            machine.handle(input, app.now(), &mut ctx);
+        }
+        let mut next = None;
+        while let Some(effect) = machine.poll() {
+            match effect {
+                PopEffect::AcquirePermit => {
+                    next = Some(tokio::select! {
+                        _ = app.limiter.acquire() => PopInput::PermitGranted,
+                        _ = tx.closed() => PopInput::Cancel,
+                    });
+                }
+                PopEffect::ReleasePermit { rtt_us } => app.limiter.release(rtt_us),
+                PopEffect::Storage { id, command } => {
+                    app.metrics.storage_calls.fetch_add(1, Ordering::Relaxed);
+                    let result = execute(&*app.storage, command).await;
+                    next = Some(PopInput::StorageDone { id, result });
+                }
+                PopEffect::Park { until } => {
+                    let revisit = queue
+                        .as_deref()
+                        .and_then(|q| lock(&app.pop_ctx).rings.next_revisit(q));
+                    let until = revisit.map_or(until, |r| r.max(app.now()).min(until));
+                    let sleep =
+                        Duration::from_micros(u64::try_from(until.0 - app.now().0).unwrap_or(0));
+                    app.metrics.parked.fetch_add(1, Ordering::Relaxed);
+                    let woke = tokio::select! {
+                        changed = gate.changed() => if changed.is_ok() { Some(PopInput::Wake) } else { Some(PopInput::Timer) },
+                        _ = tokio::time::sleep(sleep) => Some(PopInput::Timer),
+                        _ = tx.closed() => Some(PopInput::Cancel),
+                        _ = shutdown.wait_for(|s| *s) => None,
+                    };
+                    app.metrics.parked.fetch_sub(1, Ordering::Relaxed);
+                    match woke {
+                        Some(i) => next = Some(i),
+                        None => {
+                            // Shutting down: parked pops answer empty.
+                            app.metrics.pops_empty.fetch_add(1, Ordering::Relaxed);
+                            let _ = tx.send(http::no_content());
+                            return;
+                        }
+                    }
+                }
+                PopEffect::Reply(reply) => {
+                    let group = machine.params().consumer_group.clone();
+                    finish(&app, reply, &group, tx).await;
+                    return;
+                }
+            }
+        }
+        if machine.is_done() {
+            // Cancelled: the client is gone and nothing was claimed.
+            app.metrics.pops_cancelled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        input = match next {
+            Some(i) => i,
+            None => {
+                let _ = tx.send(http::error(&Failure::server("pop machine stalled")));
+                return;
+            }
+        };
+    }
+}
+
+async fn finish(app: &Arc<App>, reply: PopReply, group: &str, tx: oneshot::Sender<Reply>) {
+    match reply {
+        PopReply::Empty => {
+            app.metrics.pops_empty.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send(http::no_content());
+        }
+        PopReply::Failed(e) => {
+            app.metrics.pops_error.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "pop failed");
+            let _ = tx.send(http::error(&Failure::from(e)));
+        }
+        PopReply::Messages {
+            worker,
+            auto_ack,
+            claims,
+        } => {
+            app.metrics.pops_messages.fetch_add(1, Ordering::Relaxed);
+            let reply = match render(app, &claims, worker, auto_ack, group) {
+                Ok(bytes) => http::json_bytes(StatusCode::OK, bytes),
+                Err(f) => {
+                    app.metrics.server_errors.fetch_add(1, Ordering::Relaxed);
+                    http::error(&f)
+                }
+            };
+            if tx.send(reply).is_err() && !auto_ack {
+                // The client left before the answer: give the leases back now.
+                release(app, &claims, worker, group).await;
+            }
+        }
+    }
+}
+
+/// Releases the leases of claims nobody received (a retry ack: no retry budget is charged).
+async fn release(app: &Arc<App>, claims: &[Claim], worker: WorkerId, group: &str) {
+    let Ok(messages) = claims_to_messages(claims) else {
+        return;
+    };
+    for c in claims {
+        let Some(first) = messages.iter().find(|m| m.partition_id == c.partition_id) else {
+            continue;
+        };
+        let item = AckItem {
+            transaction_id: first.frame.transaction_id.clone(),
+            partition_id: c.partition_id.clone(),
+            status: AckStatus::Retry,
+            lease_id: Some(worker.to_string()),
+            error: None,
+        };
+        match app.storage.ack(group, vec![item]).await {
+            Ok(_) => {
+                lock(&app.pop_ctx)
+                    .rings
+                    .note_freed(&c.queue, group, &c.partition);
+                app.wake(&c.queue);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "releasing the lease of an undelivered batch failed; it frees at expiry")
+            }
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Message<'a> {
+    id: String,
+    transaction_id: &'a str,
+    trace_id: Option<String>,
+    data: &'a RawValue,
+    producer_sub: Option<()>,
+    created_at: String,
+    queue: &'a str,
+    partition: &'a str,
+    partition_id: &'a str,
+    lease_id: &'a str,
+    consumer_group: &'a str,
+    offset: i64,
+    /// Deliveries of this batch before this one (the attempt counter minus one).
+    retry_count: u32,
+    delivery_attempt: u32,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Answer<'a> {
+    success: bool,
+    queue: &'a str,
+    partition: &'a str,
+    partition_id: &'a str,
+    lease_id: &'a str,
+    consumer_group: &'a str,
+    partitions_claimed: usize,
+    messages: Vec<Message<'a>>,
+}
+
+/// The 0.15 answer shape; per-message fields are authoritative on multi-partition pops.
+fn render(
+    app: &App,
+    claims: &[Claim],
+    worker: WorkerId,
+    auto_ack: bool,
+    group: &str,
+) -> Result<Vec<u8>, Failure> {
+    let delivered =
+        claims_to_messages(claims).map_err(|e| Failure::server(format!("corrupt segment: {e}")))?;
+    let lease_id = if auto_ack {
+        String::new()
+    } else {
+        worker.to_string()
+    };
+    let now = app.now();
+    let payloads: Vec<Box<RawValue>> = delivered
+        .iter()
+        .map(|m| {
+            let text = String::from_utf8(m.frame.payload.clone())
+                .map_err(|_| Failure::server("stored payload is not UTF-8"))?;
+            RawValue::from_string(text)
+                .map_err(|e| Failure::server(format!("stored payload is not JSON: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut messages = Vec::with_capacity(delivered.len());
+    for (m, data) in delivered.iter().zip(payloads.iter()) {
+        app.metrics
+            .record_lag(u64::try_from(now.0 - m.created_at.0).unwrap_or(0));
+        messages.push(Message {
+            id: m.frame.message_id.to_string(),
+            transaction_id: &m.frame.transaction_id,
+            trace_id: m.frame.trace_id.map(|t| t.to_string()),
+            data,
+            producer_sub: None,
+            created_at: format_iso_micros(m.created_at),
+            queue: &m.queue,
+            partition: &m.partition,
+            partition_id: &m.partition_id,
+            lease_id: &lease_id,
+            consumer_group: group,
+            offset: m.offset,
+            retry_count: m.attempt_count.saturating_sub(1),
+            delivery_attempt: m.attempt_count.max(1),
+        });
+    }
+    app.metrics
+        .messages_delivered
+        .fetch_add(messages.len() as u64, Ordering::Relaxed);
+    let first = claims.first();
+    let answer = Answer {
+        success: true,
+        queue: first.map_or("", |c| c.queue.as_str()),
+        partition: first.map_or("", |c| c.partition.as_str()),
+        partition_id: first.map_or("", |c| c.partition_id.as_str()),
+        lease_id: &lease_id,
+        consumer_group: group,
+        partitions_claimed: claims.len(),
+        messages,
+    };
+    serde_json::to_vec(&answer).map_err(|e| Failure::server(format!("rendering the answer: {e}")))
+}
