@@ -157,3 +157,18 @@ where
     }
     conn.await
 }
+
+/// Accepts connections until the app shuts down (no signal handling: tests and embedders).
+pub async fn serve_listener(app: Arc<App>, listener: tokio::net::TcpListener) {
+    let mut shutdown = app.shutting_down.subscribe();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve_connection(app.clone(), stream));
+            }
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}

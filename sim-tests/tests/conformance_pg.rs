@@ -4,13 +4,12 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use queen_core::storage::Storage;
 use queen_sim_tests::conformance::{self, Backend};
-use queen_storage_pg::{PgConfig, PgStorage};
+use queen_storage_pg::{testing, PgConfig, PgStorage};
 
 struct Pg {
     storage: PgStorage,
@@ -41,42 +40,12 @@ impl Backend for Pg {
     }
 }
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").expect("DATABASE_URL must point at a PostgreSQL the tests may create databases in (run `bash .ci/test`)")
-}
-
-/// Creates a fresh database and connects the backend to it (running the migrations).
-pub async fn fresh_database(name: &str) -> (PgStorage, tokio_postgres::Config) {
-    let base = tokio_postgres::Config::from_str(&database_url()).expect("DATABASE_URL");
-    let (admin, conn) = base
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("connect to DATABASE_URL");
-    tokio::spawn(conn);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .expect("drop database");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create database");
-    let mut cfg = base.clone();
-    cfg.dbname(name);
-    let storage = PgStorage::connect(&PgConfig {
-        pg: cfg.clone(),
-        pool_size: 8,
-    })
-    .await
-    .expect("connect and migrate");
-    (storage, cfg)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_case_passes_on_postgres() {
     let mut failures = vec![];
     for (i, (name, case)) in conformance::all().into_iter().enumerate() {
-        let (storage, _) = fresh_database(&format!("queen_conf_{}_{i}", std::process::id())).await;
+        let storage =
+            testing::fresh_database(&format!("queen_conf_{}_{i}", std::process::id()), 8).await;
         let pg = Pg { storage };
         if let Err(e) = case(&pg).await {
             failures.push(format!("{name}: {e}"));
@@ -91,8 +60,7 @@ async fn every_case_passes_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_idempotent_and_safe_to_race() {
-    let (storage, cfg) = fresh_database(&format!("queen_mig_{}", std::process::id())).await;
-    drop(storage);
+    let cfg = testing::fresh_database_config(&format!("queen_mig_{}", std::process::id())).await;
     // Several brokers starting at once against the same database.
     let mut handles = vec![];
     for _ in 0..4 {

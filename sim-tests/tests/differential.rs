@@ -4,7 +4,6 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -16,7 +15,7 @@ use queen_core::storage::{
     Verdict,
 };
 use queen_core::{Timestamp, WorkerId};
-use queen_storage_pg::{PgConfig, PgStorage};
+use queen_storage_pg::{testing, PgConfig, PgStorage};
 use queen_storage_sim::{ManualClock, SimBugs, SimDb};
 
 const PARTS: [&str; 3] = ["a", "b", "c"];
@@ -272,23 +271,8 @@ fn cursor_view(c: Option<CursorRow>) -> Option<CursorView> {
 async fn run(ops: Vec<Op>, delay: u32, case: usize) -> Result<(), TestCaseError> {
     let clock = ManualClock::new(Timestamp::from_secs(1_700_000_000));
     let model = SimDb::new(3, clock.as_sim_clock(), SimBugs::default());
-    let base = tokio_postgres::Config::from_str(
-        &std::env::var("DATABASE_URL").expect("DATABASE_URL (run `bash .ci/test`)"),
-    )
-    .expect("url");
     let name = format!("queen_diff_{}_{case}", std::process::id());
-    let (admin, conn) = base.connect(tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .expect("drop");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create");
-    let mut cfg = base.clone();
-    cfg.dbname(&name);
+    let cfg = testing::fresh_database_config(&name).await;
     let pg = PgStorage::connect(&PgConfig {
         pg: cfg,
         pool_size: 2,
@@ -368,10 +352,7 @@ async fn run(ops: Vec<Op>, delay: u32, case: usize) -> Result<(), TestCaseError>
             }
         }
     }
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .expect("drop");
+    testing::drop_database(&name).await;
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use queen_core::frames::Frame;
 use queen_core::rng::SeededRng;
 use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup, Storage};
 use queen_core::WorkerId;
-use queen_storage_pg::{PgConfig, PgStorage};
+use queen_storage_pg::{testing, PgConfig, PgStorage};
 
 const PARTITIONS: usize = 1000;
 const CONSUMERS: usize = 16;
@@ -41,23 +41,14 @@ fn group(p: usize, tag: &str, n: usize) -> PushGroup {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease() {
-    let base = tokio_postgres::Config::from_str(
-        &std::env::var("DATABASE_URL").expect("DATABASE_URL (run `bash .ci/test`)"),
-    )
-    .expect("DATABASE_URL");
     let name = format!("queen_conc_{}", std::process::id());
-    let (admin, conn) = base.connect(tokio_postgres::NoTls).await.expect("connect");
+    let cfg = testing::fresh_database_config(&name).await;
+    let (admin, conn) = tokio_postgres::Config::from_str(&testing::database_url())
+        .expect("url")
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
     tokio::spawn(conn);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .expect("drop");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create");
-    let mut cfg = base.clone();
-    cfg.dbname(&name);
     let writer = PgStorage::connect(&PgConfig {
         pg: cfg.clone(),
         pool_size: 8,

@@ -4,13 +4,11 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
-use std::str::FromStr;
-
 use queen_core::claim::SubscriptionIntent;
 use queen_core::frames::Frame;
 use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup, Storage};
 use queen_core::WorkerId;
-use queen_storage_pg::{PgConfig, PgStorage};
+use queen_storage_pg::{testing, PgConfig, PgStorage};
 
 fn req(worker: u128) -> PopRequest {
     PopRequest {
@@ -28,23 +26,8 @@ fn req(worker: u128) -> PopRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_per_delivered_batch() {
-    let base = tokio_postgres::Config::from_str(
-        &std::env::var("DATABASE_URL").expect("DATABASE_URL (run `bash .ci/test`)"),
-    )
-    .expect("url");
-    let name = format!("queen_stm_{}", std::process::id());
-    let (admin, conn) = base.connect(tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .expect("drop");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create");
-    let mut cfg = base.clone();
-    cfg.dbname(&name);
+    let mut cfg =
+        testing::fresh_database_config(&format!("queen_stm_{}", std::process::id())).await;
     cfg.options("-c pg_stat_statements.track=all");
     let pg = PgStorage::connect(&PgConfig {
         pg: cfg.clone(),

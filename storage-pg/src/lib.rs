@@ -5,6 +5,7 @@ mod config;
 mod error;
 mod migrate;
 mod pop_rows;
+pub mod testing;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
