@@ -1,0 +1,564 @@
+//! The HTTP API over real sockets, on the in-memory backend and on PostgreSQL.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{metrics, request, start, Client, Store};
+use queen_core::rng::SeededRng;
+use queen_server::config::ServerConfig;
+use serde_json::{json, Value};
+
+async fn round_trip(store: Store) {
+    let b = start(store, ServerConfig::default()).await;
+    let a = b.addr;
+    let mut c = Client::connect(a).await;
+    let r = c.post("/api/v1/configure", &json!({"queue": "my queue", "namespace": null, "task": null, "options": {"leaseTime": 30, "retryLimit": 2}})).await;
+    assert_eq!(r.status, 200);
+    let cfg = r.json();
+    assert_eq!(cfg["configured"], true);
+    assert_eq!(cfg["options"]["leaseTime"], 30);
+    assert_eq!(
+        cfg["options"].as_object().unwrap().len(),
+        15,
+        "all 15 options echoed"
+    );
+
+    // Push: 201, per-item status, duplicate answers the original id.
+    let items = json!({"items": [
+        {"queue": "my queue", "partition": "p/1", "payload": {"n": 1}, "transactionId": "t1"},
+        {"queue": "my queue", "partition": "p/1", "data": null, "transactionId": "t2"},
+        {"queue": "my queue", "partition": "p/1", "payload": {"n": 1}, "transactionId": "t1"}]});
+    let r = c.post("/api/v1/push", &items).await;
+    assert_eq!(r.status, 201);
+    let out = r.json();
+    assert_eq!(out[0]["status"], "queued");
+    assert_eq!(out[1]["status"], "queued");
+    assert_eq!(out[2]["status"], "duplicate");
+    assert_eq!(out[2]["message_id"], out[0]["message_id"]);
+
+    // Pop the named partition (percent-encoded path segments are decoded).
+    let r = c
+        .get("/api/v1/pop/queue/my%20queue/partition/p%2F1?batch=10&wait=true&timeout=2000")
+        .await;
+    assert_eq!(r.status, 200);
+    let p = r.json();
+    let msgs = p["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 2);
+    for m in msgs {
+        for key in [
+            "partitionId",
+            "transactionId",
+            "leaseId",
+            "createdAt",
+            "partition",
+            "consumerGroup",
+        ] {
+            assert!(
+                m[key].as_str().is_some_and(|s| !s.is_empty()),
+                "{key} missing in {m}"
+            );
+        }
+        assert!(m.get("data").is_some());
+    }
+    assert_eq!(msgs[0]["data"], json!({"n": 1}));
+    assert_eq!(msgs[1]["data"], Value::Null);
+    let lease = p["leaseId"].as_str().unwrap().to_string();
+    let pid = msgs[0]["partitionId"].as_str().unwrap().to_string();
+
+    // Renewal with an empty body means {} (60 s).
+    let r = c
+        .send("POST", &format!("/api/v1/lease/{lease}/extend"), None)
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()[0]["success"], true);
+
+    // Leased: another pop gets 204 with no body.
+    let r = c.get("/api/v1/pop/queue/my%20queue?wait=false").await;
+    assert_eq!(r.status, 204);
+    assert!(r.body.is_empty());
+    assert_eq!(r.header("content-length").unwrap_or("0"), "0");
+
+    // Batch ack with per-item success; the lease is released.
+    let r = c
+        .post(
+            "/api/v1/ack/batch",
+            &json!({"consumerGroup": null, "acknowledgments": [
+            {"transactionId": "t1", "partitionId": pid, "status": "completed", "leaseId": lease},
+            {"transactionId": "t2", "partitionId": pid, "status": "completed", "leaseId": lease}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let acks = r.json();
+    assert!(
+        acks.as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["success"] == true && a["error"].is_null()),
+        "{acks}"
+    );
+    // Re-acking is idempotent; a wrong lease is refused with 200 + success:false.
+    let r = c.post("/api/v1/ack", &json!({"transactionId": "t1", "partitionId": pid, "leaseId": "00000000-0000-7000-8000-000000000000"})).await;
+    assert_eq!(r.json()[0]["success"], false);
+
+    // Consumer groups and autoAck.
+    c.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "my queue", "partition": "p2", "payload": 3}]}),
+    )
+    .await;
+    let r = c.get("/api/v1/pop/queue/my%20queue?consumerGroup=g1&autoAck=true&batch=10&partitions=5&wait=false").await;
+    assert_eq!(r.status, 200);
+    let p = r.json();
+    assert_eq!(p["leaseId"], "");
+    assert_eq!(
+        p["messages"].as_array().unwrap().len(),
+        3,
+        "a new group (mode all) sees everything: {p}"
+    );
+    let r = c
+        .get("/api/v1/pop/queue/my%20queue?consumerGroup=g1&autoAck=true&wait=false")
+        .await;
+    assert_eq!(r.status, 204, "autoAck committed");
+
+    // Discovery pop needs a namespace or task.
+    assert_eq!(c.get("/api/v1/pop?wait=false").await.status, 400);
+    c.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "billing.invoice", "payload": 1}]}),
+    )
+    .await;
+    let r = c.get("/api/v1/pop?namespace=billing&wait=false").await;
+    assert_eq!(r.status, 200, "discovery finds billing.invoice");
+
+    // Maintenance mode: pops answer 204 at once.
+    c.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "m", "payload": 1}]}),
+    )
+    .await;
+    assert_eq!(
+        c.post("/api/v1/system/maintenance/pop", &json!({"enabled": true}))
+            .await
+            .json()["popMaintenanceMode"],
+        true
+    );
+    assert_eq!(
+        c.get("/api/v1/pop/queue/m?wait=true&timeout=5000")
+            .await
+            .status,
+        204
+    );
+    c.post("/api/v1/system/maintenance/pop", &json!({"enabled": false}))
+        .await;
+    assert_eq!(c.get("/api/v1/pop/queue/m?wait=false").await.status, 200);
+
+    // Delete.
+    let r = c
+        .send("DELETE", "/api/v1/resources/queues/my%20queue", None)
+        .await;
+    assert_eq!(
+        r.json(),
+        json!({"deleted": true, "queue": "my queue", "existed": true})
+    );
+    assert_eq!(
+        c.get("/api/v1/pop/queue/my%20queue?wait=false")
+            .await
+            .status,
+        204
+    );
+
+    let h = c.get("/health").await;
+    assert_eq!(h.status, 200);
+    let m = c.get("/metrics/prometheus").await;
+    assert!(String::from_utf8_lossy(&m.body).contains("queen_pops_total{outcome=\"messages\"}"));
+    assert_eq!(c.get("/nope").await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_on_the_memory_backend() {
+    round_trip(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_on_postgres() {
+    round_trip(Store::Postgres("queen_http_rt")).await;
+}
+
+/// With a re-check interval far longer than the wait, only a wake can deliver in time: the push
+/// opens the queue's gate and the parked pop answers at once.
+async fn push_wakes_a_parked_pop(store: Store) {
+    let config = ServerConfig {
+        backoff: queen_core::backoff::WaitBackoff {
+            initial_ms: 60_000,
+            threshold: 3,
+            multiplier: 1.0,
+            max_ms: 60_000,
+        },
+        ..ServerConfig::default()
+    };
+    let b = start(store, config).await;
+    let a = b.addr;
+    // Warm the (queue, group) ring: config, first contact and reseed happen here.
+    request(
+        a,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "w", "payload": 0}]})),
+    )
+    .await;
+    assert_eq!(
+        request(
+            a,
+            "GET",
+            "/api/v1/pop/queue/w?autoAck=true&wait=false",
+            None
+        )
+        .await
+        .status,
+        200
+    );
+    let mut lat = vec![];
+    for i in 0..20 {
+        let waiter = tokio::spawn(async move {
+            request(
+                a,
+                "GET",
+                "/api/v1/pop/queue/w?autoAck=true&wait=true&timeout=20000",
+                None,
+            )
+            .await
+        });
+        while metrics(a).await["parkedPops"].as_u64().unwrap() < 1 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let t = Instant::now();
+        request(
+            a,
+            "POST",
+            "/api/v1/push",
+            Some(&json!({"items": [{"queue": "w", "payload": i}]})),
+        )
+        .await;
+        let r = waiter.await.unwrap();
+        lat.push(t.elapsed());
+        assert_eq!(
+            r.status, 200,
+            "the parked pop got the message through the wake"
+        );
+        assert_eq!(r.json()["messages"][0]["data"], json!(i));
+    }
+    lat.sort();
+    eprintln!("push-to-delivery for a parked consumer (request round trip included): p50 {:?}, p99 {:?}, max {:?}", lat[lat.len() / 2], lat[lat.len() * 99 / 100], lat[lat.len() - 1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_wakes_a_parked_pop_on_the_memory_backend() {
+    push_wakes_a_parked_pop(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_wakes_a_parked_pop_on_postgres() {
+    push_wakes_a_parked_pop(Store::Postgres("queen_http_wake")).await;
+}
+
+/// 1,000 long-polls parked on an empty queue for 5 s cost no storage calls; then one push is
+/// delivered to exactly one of them.
+async fn thousand_parked_long_polls(store: Store) {
+    let b = start(store, ServerConfig::default()).await;
+    let a = b.addr;
+    request(
+        a,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "idle", "payload": 0}]})),
+    )
+    .await;
+    assert_eq!(
+        request(
+            a,
+            "GET",
+            "/api/v1/pop/queue/idle?autoAck=true&wait=false",
+            None
+        )
+        .await
+        .status,
+        200
+    );
+    let mut waiters = vec![];
+    for _ in 0..1000 {
+        waiters.push(tokio::spawn(async move {
+            request(
+                a,
+                "GET",
+                "/api/v1/pop/queue/idle?autoAck=true&wait=true&timeout=9000",
+                None,
+            )
+            .await
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metrics(a).await["parkedPops"].as_u64().unwrap() < 1000 {
+        assert!(Instant::now() < deadline, "1,000 pops never all parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = metrics(a).await["storageCalls"].as_u64().unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let m = metrics(a).await;
+    let after = m["storageCalls"].as_u64().unwrap();
+    assert_eq!(
+        after,
+        before,
+        "parked long-polls made {} storage calls in 5 s",
+        after - before
+    );
+    assert_eq!(m["parkedPops"].as_u64().unwrap(), 1000);
+    request(
+        a,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "idle", "payload": "hello"}]})),
+    )
+    .await;
+    let mut got = 0;
+    let mut empty = 0;
+    for w in waiters {
+        let r = w.await.unwrap();
+        match r.status {
+            200 => {
+                got += 1;
+                assert_eq!(r.json()["messages"][0]["data"], "hello");
+            }
+            204 => empty += 1,
+            s => panic!("unexpected status {s}"),
+        }
+    }
+    assert_eq!(
+        (got, empty),
+        (1, 999),
+        "exactly one parked pop gets the message"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_parked_long_polls_cost_nothing_on_the_memory_backend() {
+    thousand_parked_long_polls(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_parked_long_polls_cost_nothing_on_postgres() {
+    thousand_parked_long_polls(Store::Postgres("queen_http_idle")).await;
+}
+
+fn malformed(rng: &mut SeededRng, i: usize) -> (String, String, Option<Vec<u8>>) {
+    let long = "x".repeat(256);
+    let junk_json: [&[u8]; 12] = [
+        b"{",
+        b"[]",
+        b"null",
+        b"42",
+        b"\"s\"",
+        b"{\"items\": 5}",
+        b"{\"items\": [5]}",
+        b"{\"items\": [{\"queue\": 1}]}",
+        b"{\"items\": [{\"partition\": \"p\"}]}",
+        b"\xff\xfe",
+        b"{\"items\": [{\"queue\": \"q\", \"traceId\": \"nope\"}]}",
+        b"",
+    ];
+    match i % 10 {
+        0 => (
+            "POST".into(),
+            "/api/v1/push".into(),
+            Some(junk_json[rng.below(12) as usize].to_vec()),
+        ),
+        1 => (
+            "POST".into(),
+            "/api/v1/push".into(),
+            Some(format!("{{\"items\":[{{\"queue\":\"{long}\",\"payload\":1}}]}}").into_bytes()),
+        ),
+        2 => {
+            let bad = [
+                "batch=0",
+                "batch=-1",
+                "batch=abc",
+                "batch=99999999",
+                "timeout=-5",
+                "timeout=1e9",
+                "wait=maybe",
+                "partitions=0",
+                "subscriptionFrom=yesterday",
+                "autoAck=2",
+            ];
+            (
+                "GET".into(),
+                format!(
+                    "/api/v1/pop/queue/q?{}",
+                    bad[rng.below(bad.len() as u64) as usize]
+                ),
+                None,
+            )
+        }
+        3 => ("GET".into(), "/api/v1/pop/queue/%ff%fe".into(), None),
+        4 => (
+            "POST".into(),
+            "/api/v1/ack".into(),
+            Some(junk_json[rng.below(12) as usize].to_vec()),
+        ),
+        5 => (
+            "POST".into(),
+            "/api/v1/ack".into(),
+            Some(b"{\"transactionId\":\"t\",\"partitionId\":\"p\",\"status\":\"bogus\"}".to_vec()),
+        ),
+        6 => (
+            "POST".into(),
+            "/api/v1/ack/batch".into(),
+            Some(b"{\"acknowledgments\":[{\"transactionId\":7}]}".to_vec()),
+        ),
+        7 => (
+            "POST".into(),
+            "/api/v1/configure".into(),
+            Some(
+                [
+                    b"{\"options\":{}}".as_slice(),
+                    b"{\"queue\":\"q\",\"options\":{\"leaseTime\":-1}}",
+                    b"{\"queue\":\"q\",\"options\":5}",
+                ][rng.below(3) as usize]
+                    .to_vec(),
+            ),
+        ),
+        8 => (
+            "POST".into(),
+            "/api/v1/lease/abc/extend".into(),
+            Some(b"{\"seconds\":\"ten\"}".to_vec()),
+        ),
+        _ => (
+            "GET".into(),
+            format!("/api/v1/pop/queue/{long}?wait=false"),
+            None,
+        ),
+    }
+}
+
+/// 10,000 malformed requests: every one a 4xx with a JSON error, nothing stored, and the server
+/// still serves afterwards.
+async fn malformed_requests(store: Store) {
+    let b = start(
+        store,
+        ServerConfig {
+            max_body_bytes: 4096,
+            ..ServerConfig::default()
+        },
+    )
+    .await;
+    let a = b.addr;
+    let mut rng = SeededRng::new(11);
+    let mut tasks = vec![];
+    for t in 0..8usize {
+        let mut rng = rng.child(&format!("client{t}"));
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(a).await;
+            let mut statuses = vec![];
+            for i in 0..1250 {
+                let (method, path, body) = malformed(&mut rng, i + t);
+                let r = c.send(&method, &path, body.as_deref()).await;
+                assert!(
+                    r.json().get("error").is_some(),
+                    "{method} {path}: no error body"
+                );
+                statuses.push(r.status);
+            }
+            // An oversized body: 413, and the connection may close after it.
+            let mut c = Client::connect(a).await;
+            let big = vec![b'['; 5000];
+            statuses.push(c.send("POST", "/api/v1/push", Some(&big)).await.status);
+            statuses
+        }));
+    }
+    let _ = rng.next_u64();
+    let mut n = 0;
+    for t in tasks {
+        for s in t.await.unwrap() {
+            assert!((400..500).contains(&s), "a malformed request got {s}");
+            n += 1;
+        }
+    }
+    assert!(n >= 10_000);
+    let names = b.app.storage.queues_matching(None, None).await.unwrap();
+    assert!(names.is_empty(), "bad input changed state: {names:?}");
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "ok", "payload": 1}]})),
+    )
+    .await;
+    assert_eq!(r.status, 201, "the server still serves");
+    assert_eq!(
+        request(a, "GET", "/api/v1/pop/queue/ok?wait=false", None)
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_malformed_requests_on_the_memory_backend() {
+    malformed_requests(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_malformed_requests_on_postgres() {
+    malformed_requests(Store::Postgres("queen_http_fuzz")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnected_client_frees_its_parked_pop() {
+    let b = start(Store::Memory, ServerConfig::default()).await;
+    let a = b.addr;
+    let mut c = Client::connect(a).await;
+    c.write_only(b"GET /api/v1/pop/queue/gone?wait=true&timeout=30000 HTTP/1.1\r\nhost: t\r\n\r\n")
+        .await;
+    while metrics(a).await["parkedPops"].as_u64().unwrap() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = metrics(a).await;
+        if m["parkedPops"] == 0 && m["pops"]["cancelled"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the parked pop of a gone client was never freed: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_parked_pops_with_204() {
+    let b = start(Store::Memory, ServerConfig::default()).await;
+    let a = b.addr;
+    let waiter = tokio::spawn(async move {
+        request(
+            a,
+            "GET",
+            "/api/v1/pop/queue/s?wait=true&timeout=30000",
+            None,
+        )
+        .await
+    });
+    while metrics(a).await["parkedPops"].as_u64().unwrap() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    b.app.shutting_down.send_replace(true);
+    let r = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("answered promptly")
+        .unwrap();
+    assert_eq!(r.status, 204);
+}
