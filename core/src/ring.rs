@@ -348,6 +348,13 @@ impl RingTable {
         }
     }
 
+    /// Drops a group's rings (on one queue, or on all): after a seek or a group deletion its
+    /// beliefs are stale, and its next pop starts with first contact and a reseed.
+    pub fn forget_group(&mut self, queue: Option<&str>, group: &str) {
+        self.rings
+            .retain(|(q, g), _| !(g == group && queue.is_none_or(|qq| qq == q)));
+    }
+
     /// Drops every ring of a queue (queue deleted).
     pub fn forget_queue(&mut self, queue: &str) {
         self.rings.retain(|(q, _), _| q != queue);

@@ -302,3 +302,83 @@ pub trait Storage: Send + Sync {
     /// Extends every live lease held under `lease_id` to at least now + seconds.
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome>;
 }
+
+/// One operation of a transaction, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxOp {
+    Push(Vec<PushGroup>),
+    Ack { group: String, item: AckItem },
+}
+
+/// The answer of one transaction operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxOpResult {
+    Push(Vec<PushGroupResult>),
+    Ack(AckOutcome),
+}
+
+/// A transaction's outcome: committed with every result, or rolled back at the failing ack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxOutcome {
+    pub committed: bool,
+    pub results: Vec<TxOpResult>,
+    pub error: Option<String>,
+}
+
+/// Where a consumer group's cursors on a queue move to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekTarget {
+    /// Past everything stored now.
+    End,
+    /// Just after the last message created at or before the instant (the start if none).
+    Timestamp(Timestamp),
+}
+
+/// Filters of the dead-letter listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DlqQuery {
+    pub queue: String,
+    pub group: Option<String>,
+    pub partition: Option<String>,
+    pub from: Option<Timestamp>,
+    pub to: Option<Timestamp>,
+    pub limit: u32,
+    pub offset: u32,
+}
+
+/// A dead letter with the segment row that holds its message (`None` once retention removed it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterEntry {
+    pub id: i64,
+    pub queue: String,
+    pub partition: String,
+    pub partition_id: String,
+    pub group: String,
+    pub offset: Offset,
+    pub transaction_id: String,
+    pub error: Option<String>,
+    pub retry_count: u32,
+    pub failed_at: Timestamp,
+    pub segment: Option<SegmentRow>,
+}
+
+/// Delivery-contract operations beyond the pop: transactions, dead letters, group management.
+#[async_trait]
+pub trait DeliveryStorage: Send + Sync {
+    /// Runs acks and pushes in one transaction; a refused ack rolls everything back.
+    async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome>;
+    /// Dead letters newest first, and the total matching the filters.
+    async fn dead_letters(&self, query: DlqQuery) -> StorageResult<(Vec<DeadLetterEntry>, u64)>;
+    /// Moves a group's existing cursors on a queue; returns how many moved. Leases end.
+    async fn seek_group(&self, group: &str, queue: &str, target: SeekTarget) -> StorageResult<u32>;
+    /// Deletes a group's cursors (on one queue, or all) and optionally its subscription records.
+    /// Returns (cursors deleted, subscription records deleted).
+    async fn delete_group(
+        &self,
+        group: &str,
+        queue: Option<&str>,
+        delete_metadata: bool,
+    ) -> StorageResult<(u32, u32)>;
+    /// Sets the subscription timestamp of every record of a group; returns rows updated.
+    async fn update_subscription(&self, group: &str, timestamp: Timestamp) -> StorageResult<u32>;
+}

@@ -79,6 +79,7 @@ impl Limiter {
 pub struct App {
     pub config: ServerConfig,
     pub storage: Arc<dyn Storage>,
+    pub delivery: Arc<dyn queen_core::storage::DeliveryStorage>,
     pub backend: Backend,
     pub pop_config: PopConfig,
     pub pop_ctx: Mutex<PopContext>,
@@ -98,6 +99,7 @@ impl App {
     pub fn new(
         config: ServerConfig,
         storage: Arc<dyn Storage>,
+        delivery: Arc<dyn queen_core::storage::DeliveryStorage>,
         backend: Backend,
         seed: u64,
     ) -> Arc<App> {
@@ -112,6 +114,7 @@ impl App {
             limiter: Limiter::new(config.vegas),
             config,
             storage,
+            delivery,
             backend,
             pop_config,
             pop_ctx: Mutex::new(PopContext::new(RingTable::new(

@@ -2,6 +2,7 @@
 
 pub mod app;
 pub mod config;
+mod delivery_routes;
 pub mod http;
 pub mod metrics;
 mod pop_route;
@@ -121,6 +122,33 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
         (&Method::DELETE, ["api", "v1", "resources", "queues", q]) => {
             let q = q.to_string();
             routes::delete_queue(&app, &q).await
+        }
+        (&Method::POST, ["api", "v1", "transaction"]) => {
+            let b = body(&app, req).await?;
+            delivery_routes::transaction(&app, &b).await
+        }
+        (&Method::GET, ["api", "v1", "dlq"]) => {
+            delivery_routes::dead_letters(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::DELETE, ["api", "v1", "consumer-groups", g]) => {
+            let g = g.to_string();
+            delivery_routes::delete_group(&app, &g, None, &http::query_pairs(query.as_deref())?)
+                .await
+        }
+        (&Method::DELETE, ["api", "v1", "consumer-groups", g, "queues", q]) => {
+            let (g, q) = (g.to_string(), q.to_string());
+            delivery_routes::delete_group(&app, &g, Some(&q), &http::query_pairs(query.as_deref())?)
+                .await
+        }
+        (&Method::POST, ["api", "v1", "consumer-groups", g, "queues", q, "seek"]) => {
+            let (g, q) = (g.to_string(), q.to_string());
+            let b = body(&app, req).await?;
+            delivery_routes::seek(&app, &g, &q, &b).await
+        }
+        (&Method::POST, ["api", "v1", "consumer-groups", g, "subscription"]) => {
+            let g = g.to_string();
+            let b = body(&app, req).await?;
+            delivery_routes::update_subscription(&app, &g, &b).await
         }
         (&Method::GET, ["api", "v1", "system", "maintenance", "pop"]) => {
             Ok(routes::pop_maintenance_state(&app))

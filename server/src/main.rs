@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use queen_core::storage::Storage;
+use queen_core::storage::{DeliveryStorage, Storage};
 use queen_server::app::{wall_now, App, Backend};
 use queen_server::config::{ServerConfig, HELP};
 use queen_storage_pg::{PgConfig, PgStorage};
@@ -46,29 +46,34 @@ async fn run() -> Result<(), String> {
     let config = ServerConfig::from_env()?;
     let seed =
         u64::try_from(wall_now().0).unwrap_or(0) ^ u64::from(std::process::id()).rotate_left(32);
-    let (storage, backend): (Arc<dyn Storage>, Backend) = match PgConfig::from_env()? {
-        Some(pg) => {
-            let storage = PgStorage::connect(&pg)
-                .await
-                .map_err(|e| format!("cannot use PostgreSQL: {e}"))?;
-            tracing::info!(
-                pool = pg.pool_size,
-                "storage: PostgreSQL (schema queen, migrations applied)"
-            );
-            (Arc::new(storage.clone()), Backend::Postgres(storage))
-        }
-        None => {
-            tracing::warn!("storage: in-memory backend (no DATABASE_URL or PG_* set): nothing survives a restart");
-            let db = SimDb::new(seed, Arc::new(wall_now), SimBugs::default());
-            (db, Backend::Memory)
-        }
-    };
+    let (storage, delivery, backend): (Arc<dyn Storage>, Arc<dyn DeliveryStorage>, Backend) =
+        match PgConfig::from_env()? {
+            Some(pg) => {
+                let storage = PgStorage::connect(&pg)
+                    .await
+                    .map_err(|e| format!("cannot use PostgreSQL: {e}"))?;
+                tracing::info!(
+                    pool = pg.pool_size,
+                    "storage: PostgreSQL (schema queen, migrations applied)"
+                );
+                (
+                    Arc::new(storage.clone()),
+                    Arc::new(storage.clone()),
+                    Backend::Postgres(storage),
+                )
+            }
+            None => {
+                tracing::warn!("storage: in-memory backend (no DATABASE_URL or PG_* set): nothing survives a restart");
+                let db = SimDb::new(seed, Arc::new(wall_now), SimBugs::default());
+                (db.clone(), db, Backend::Memory)
+            }
+        };
     let addr = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
-    let app = App::new(config, storage, backend, seed);
+    let app = App::new(config, storage, delivery, backend, seed);
 
     let janitor = {
         let app = app.clone();

@@ -22,13 +22,13 @@ fn name_check(what: &'static str, v: &str) -> Result<(), Failure> {
 }
 
 /// One push item after validation.
-struct Item {
-    queue: String,
-    partition: String,
-    frame: Frame,
+pub(crate) struct Item {
+    pub(crate) queue: String,
+    pub(crate) partition: String,
+    pub(crate) frame: Frame,
 }
 
-fn parse_item(i: usize, v: &Value, app: &App) -> Result<Item, Failure> {
+pub(crate) fn parse_item(i: usize, v: &Value, app: &App) -> Result<Item, Failure> {
     let obj = v
         .as_object()
         .ok_or_else(|| Failure::bad(format!("items[{i}] must be an object")))?;
@@ -80,7 +80,7 @@ fn parse_item(i: usize, v: &Value, app: &App) -> Result<Item, Failure> {
 }
 
 /// Items grouped by (queue, partition) in first-appearance order, remembering each item's slot.
-fn group_items(items: Vec<Item>) -> (Vec<PushGroup>, Vec<(usize, usize)>) {
+pub(crate) fn group_items(items: Vec<Item>) -> (Vec<PushGroup>, Vec<(usize, usize)>) {
     let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut groups: Vec<PushGroup> = vec![];
     let mut slots = Vec::with_capacity(items.len());
@@ -166,7 +166,7 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
     Ok(http::json(StatusCode::CREATED, &Value::Array(answer)))
 }
 
-fn parse_ack_item(v: &Value, i: usize) -> Result<AckItem, Failure> {
+pub(crate) fn parse_ack_fields(v: &Value, i: usize) -> Result<AckItem, Failure> {
     if !v.is_object() {
         return Err(Failure::bad(format!(
             "acknowledgments[{i}] must be an object"
@@ -245,7 +245,7 @@ pub async fn ack(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
     if str_field(&v, "transactionId", "transactionId")?.is_none_or(str::is_empty) {
         return Err(Failure::bad("transactionId is required"));
     }
-    let item = parse_ack_item(&v, 0)?;
+    let item = parse_ack_fields(&v, 0)?;
     run_acks(app, &group_of(&v)?, vec![item]).await
 }
 
@@ -258,7 +258,7 @@ pub async fn ack_batch(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
     let items = list
         .iter()
         .enumerate()
-        .map(|(i, it)| parse_ack_item(it, i))
+        .map(|(i, it)| parse_ack_fields(it, i))
         .collect::<Result<Vec<_>, _>>()?;
     if items.is_empty() {
         return Ok(http::json(StatusCode::OK, &json!([])));

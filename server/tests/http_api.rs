@@ -562,3 +562,47 @@ async fn shutdown_answers_parked_pops_with_204() {
         .unwrap();
     assert_eq!(r.status, 204);
 }
+
+/// A storage failure is a 5xx that changes nothing; the broker recovers when storage does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_failure_is_a_5xx_and_loses_nothing() {
+    let b = start(Store::Postgres("queen_http_fail"), ServerConfig::default()).await;
+    let a = b.addr;
+    let queen_server::app::Backend::Postgres(pg) = &b.app.backend else {
+        panic!("postgres backend")
+    };
+    let client = pg.pool().get().await.expect("connection");
+    let push = json!({"items": [{"queue": "f", "partition": "p", "payload": 1, "transactionId": "t-1"}, {"queue": "f", "partition": "p", "payload": 2, "transactionId": "t-2"}]});
+    // Break the segment table: the push fails after creating the queue and partition rows.
+    client
+        .batch_execute("ALTER TABLE queen.log_segments RENAME TO log_segments_away")
+        .await
+        .expect("break");
+    let r = request(a, "POST", "/api/v1/push", Some(&push)).await;
+    assert!(
+        r.status >= 500,
+        "a storage failure must be a 5xx, got {}",
+        r.status
+    );
+    assert!(r.json().get("error").is_some());
+    let r = request(a, "GET", "/api/v1/pop/queue/f?wait=false", None).await;
+    assert!(
+        r.status >= 500 || r.status == 204,
+        "a pop during the failure: {}",
+        r.status
+    );
+    client
+        .batch_execute("ALTER TABLE queen.log_segments_away RENAME TO log_segments")
+        .await
+        .expect("repair");
+    drop(client);
+    // Nothing half-done: the failed push stored nothing, so the retry is new, not a duplicate.
+    let r = request(a, "POST", "/api/v1/push", Some(&push)).await;
+    assert_eq!(r.status, 201);
+    let out = r.json();
+    assert_eq!(out[0]["status"], "queued", "{out}");
+    assert_eq!(out[1]["status"], "queued", "{out}");
+    let r = request(a, "GET", "/api/v1/pop/queue/f?wait=false&batch=10", None).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["messages"].as_array().unwrap().len(), 2);
+}

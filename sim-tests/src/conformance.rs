@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use queen_core::claim::SubscriptionIntent;
 use queen_core::params::{SubscriptionFrom, SubscriptionMode};
 use queen_core::storage::{
-    AckItem, AckStatus, PopRequest, PushOutcome, QueueConfig, Storage, Verdict,
+    AckItem, AckStatus, DeliveryStorage, DlqQuery, PopRequest, PushOutcome, QueueConfig,
+    SeekTarget, Storage, TxOp, TxOpResult, Verdict,
 };
 use queen_core::types::QUEUE_MODE_GROUP;
 
@@ -20,6 +21,7 @@ use crate::fixtures::{group, payload_ns, pop_req, Ids};
 #[async_trait]
 pub trait Backend: Send + Sync {
     fn storage(&self) -> Arc<dyn Storage>;
+    fn delivery(&self) -> Arc<dyn DeliveryStorage>;
     /// Moves storage's now() forward.
     async fn advance_secs(&self, secs: i64);
     /// Retention: removes a partition's segments below `before`.
@@ -956,6 +958,289 @@ pub async fn configure_round_trip(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
+/// Acks and pushes of a transaction commit together or not at all; a retried transaction is
+/// idempotent (its pushes are duplicates, its acks already applied). Queen 0.15 failed a retried
+/// transaction on the duplicate transactionId.
+pub async fn transactions_are_atomic_and_idempotent(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let d = b.delivery();
+    let mut ids = Ids::new(16);
+    push(&*s, &mut ids, "a", "p", "t", 0..1).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("a", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let ops = vec![
+        TxOp::Push(vec![group(&mut ids, "b", "p", "out", 0..1)]),
+        TxOp::Ack {
+            group: "g".into(),
+            item: ack("t-0", &pid, AckStatus::Completed, Some(w.to_string())),
+        },
+    ];
+    let out = d.transaction(ops.clone()).await.map_err(e)?;
+    ensure!(out.committed, "committed: {out:?}");
+    ensure!(
+        matches!(&out.results[0], TxOpResult::Push(g) if matches!(g[0][0], PushOutcome::Queued { .. })),
+        "push result first: {out:?}"
+    );
+    ensure!(
+        matches!(&out.results[1], TxOpResult::Ack(a) if a.success),
+        "ack result second"
+    );
+    let again = d.transaction(ops).await.map_err(e)?;
+    ensure!(
+        again.committed,
+        "a retried transaction is idempotent: {again:?}"
+    );
+    ensure!(
+        matches!(&again.results[0], TxOpResult::Push(g) if matches!(g[0][0], PushOutcome::Duplicate { .. })),
+        "retried push is a duplicate"
+    );
+    let rb = s
+        .pop_partition(pop_req("b", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        rb.message_count(),
+        1,
+        "exactly one message pushed by the two runs"
+    );
+    let ra = s
+        .pop_partition(pop_req("a", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure!(ra.claims.is_empty(), "a acked by the transaction");
+    // A refused ack rolls back the whole transaction, pushes included.
+    let bad = vec![
+        TxOp::Push(vec![group(&mut ids, "c", "p", "never", 0..2)]),
+        TxOp::Ack {
+            group: "g".into(),
+            item: ack("no-such-tx", &pid, AckStatus::Completed, None),
+        },
+    ];
+    let out = d.transaction(bad).await.map_err(e)?;
+    ensure!(
+        !out.committed
+            && out
+                .error
+                .as_deref()
+                .is_some_and(|x| x.contains("Message not found")),
+        "refused: {out:?}"
+    );
+    ensure!(
+        !s.has_pending("c", "g").await.map_err(e)?,
+        "the rolled-back push left nothing"
+    );
+    Ok(())
+}
+
+/// The cursor never moves backwards: a late ack of an older message changes nothing. (Queen 0.15
+/// moved the cursor back and redelivered what had been acknowledged.)
+pub async fn the_cursor_never_rewinds(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(17);
+    push(&*s, &mut ids, "q", "p", "x", 0..3).await?;
+    let r = s
+        .pop_partition(
+            PopRequest {
+                lease_seconds: Some(5),
+                ..pop_req("q", "g", ids.worker(), 10)
+            },
+            "p".into(),
+        )
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let o = s
+        .ack("g", vec![ack("x-2", &pid, AckStatus::Completed, None)])
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].success && o[0].lease_released,
+        "ack of the last message commits the batch"
+    );
+    let o = s
+        .ack("g", vec![ack("x-0", &pid, AckStatus::Completed, None)])
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].success,
+        "a late ack of an older message is accepted (idempotent)"
+    );
+    b.advance_secs(10).await;
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure!(
+        r.claims.is_empty(),
+        "nothing acknowledged comes back: {:?}",
+        r.claims
+    );
+    Ok(())
+}
+
+/// The dead-letter listing: filters, paging, a total, and the message itself.
+pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let d = b.delivery();
+    let mut ids = Ids::new(18);
+    configure(
+        &*s,
+        QueueConfig {
+            retry_limit: 0,
+            ..QueueConfig::with_defaults("q")
+        },
+    )
+    .await?;
+    for p in ["a", "b"] {
+        push(&*s, &mut ids, "q", p, p, 0..2).await?;
+    }
+    for p in ["a", "b"] {
+        for _ in 0..2 {
+            let w = ids.worker();
+            let r = s
+                .pop_partition(pop_req("q", "g", w, 1), p.into())
+                .await
+                .map_err(e)?;
+            let c = &r.claims[0];
+            let tx = format!("{p}-{}", c.first_offset);
+            let mut item = ack(&tx, &c.partition_id, AckStatus::Failed, Some(w.to_string()));
+            item.error = Some(format!("boom {tx}"));
+            let o = s.ack("g", vec![item]).await.map_err(e)?;
+            ensure!(
+                o[0].dlq,
+                "retryLimit 0: the first failure dead-letters: {o:?}"
+            );
+        }
+    }
+    let all = DlqQuery {
+        queue: "q".into(),
+        limit: 100,
+        ..DlqQuery::default()
+    };
+    let (rows, total) = d.dead_letters(all.clone()).await.map_err(e)?;
+    ensure_eq!(total, 4, "total");
+    ensure_eq!(
+        rows.iter()
+            .map(|r| r.transaction_id.clone())
+            .collect::<Vec<_>>(),
+        vec!["b-1", "b-0", "a-1", "a-0"],
+        "newest first"
+    );
+    ensure_eq!(
+        rows[0].error.as_deref(),
+        Some("boom b-1"),
+        "error text kept"
+    );
+    let seg = rows[0]
+        .segment
+        .clone()
+        .ok_or("the message is still stored")?;
+    let frames = queen_core::frames::slice_blob(
+        &seg.blob,
+        seg.start_idx as usize,
+        1,
+        seg.msg_count as usize,
+    )
+    .map_err(e)?;
+    ensure_eq!(
+        frames[0].transaction_id.as_str(),
+        "b-1",
+        "the dead letter's message"
+    );
+    let (rows, total) = d
+        .dead_letters(DlqQuery {
+            partition: Some("a".into()),
+            ..all.clone()
+        })
+        .await
+        .map_err(e)?;
+    ensure!(
+        total == 2 && rows.iter().all(|r| r.partition == "a"),
+        "partition filter"
+    );
+    let (rows, total) = d
+        .dead_letters(DlqQuery {
+            limit: 1,
+            offset: 1,
+            ..all.clone()
+        })
+        .await
+        .map_err(e)?;
+    ensure!(
+        total == 4 && rows.len() == 1 && rows[0].transaction_id == "b-0",
+        "paging"
+    );
+    let (rows, total) = d
+        .dead_letters(DlqQuery {
+            group: Some("other".into()),
+            ..all.clone()
+        })
+        .await
+        .map_err(e)?;
+    ensure!(total == 0 && rows.is_empty(), "group filter");
+    let (_, total) = d
+        .dead_letters(DlqQuery { offset: 10, ..all })
+        .await
+        .map_err(e)?;
+    ensure_eq!(total, 4, "total past the last page");
+    Ok(())
+}
+
+/// Seek to a timestamp replays, seek to the end skips, deleting a group starts it over.
+pub async fn seek_and_group_deletion(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let d = b.delivery();
+    let mut ids = Ids::new(19);
+    push(&*s, &mut ids, "q", "a", "old", 0..2).await?;
+    push(&*s, &mut ids, "q", "b", "old", 0..1).await?;
+    b.advance_secs(10).await;
+    let auto = |w| PopRequest {
+        auto_ack: true,
+        max_partitions: 10,
+        ..pop_req("q", "g", w, 100)
+    };
+    let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
+    ensure_eq!(r.message_count(), 3, "consumed everything");
+    let before = r
+        .claims
+        .iter()
+        .flat_map(|c| c.rows.iter().map(|x| x.created_at))
+        .min()
+        .ok_or("rows")?;
+    let moved = d
+        .seek_group("g", "q", SeekTarget::Timestamp(before.minus_secs(1)))
+        .await
+        .map_err(e)?;
+    ensure_eq!(moved, 2, "both touched partitions move");
+    let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
+    ensure_eq!(
+        r.message_count(),
+        3,
+        "a seek back to before the pushes replays them"
+    );
+    push(&*s, &mut ids, "q", "a", "new", 0..2).await?;
+    d.seek_group("g", "q", SeekTarget::End).await.map_err(e)?;
+    let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
+    ensure!(
+        r.claims.is_empty(),
+        "a seek to the end skips what is stored"
+    );
+    let (cursors, meta) = d.delete_group("g", Some("q"), true).await.map_err(e)?;
+    ensure!(
+        cursors >= 2 && meta == 1,
+        "deleted {cursors} cursors, {meta} records"
+    );
+    let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
+    ensure_eq!(r.message_count(), 5, "a deleted group starts over");
+    let n = d.update_subscription("g", before).await.map_err(e)?;
+    ensure_eq!(n, 1, "the re-registered group's record");
+    Ok(())
+}
+
 type CaseFn =
     for<'a> fn(
         &'a dyn Backend,
@@ -987,4 +1272,8 @@ cases!(
     discovery,
     pending_and_delete,
     configure_round_trip,
+    transactions_are_atomic_and_idempotent,
+    the_cursor_never_rewinds,
+    dead_letter_listing,
+    seek_and_group_deletion,
 );

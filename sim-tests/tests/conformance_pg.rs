@@ -20,6 +20,9 @@ impl Backend for Pg {
     fn storage(&self) -> Arc<dyn Storage> {
         Arc::new(self.storage.clone())
     }
+    fn delivery(&self) -> Arc<dyn queen_core::storage::DeliveryStorage> {
+        Arc::new(self.storage.clone())
+    }
     async fn advance_secs(&self, secs: i64) {
         self.storage
             .advance_clock(secs)

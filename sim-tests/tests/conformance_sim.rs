@@ -21,6 +21,9 @@ impl Backend for Model {
     fn storage(&self) -> Arc<dyn Storage> {
         self.db.clone()
     }
+    fn delivery(&self) -> Arc<dyn queen_core::storage::DeliveryStorage> {
+        self.db.clone()
+    }
     async fn advance_secs(&self, secs: i64) {
         self.clock.advance_millis(secs * 1000);
     }

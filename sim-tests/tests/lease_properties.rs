@@ -258,12 +258,12 @@ impl RefState {
         let mut release = false;
         let mut ok = vec![];
         for &(off, completed) in items {
-            if fenced && (!start_live || start_worker != Some(held.worker)) {
-                ok.push(false);
-                continue;
-            }
             if off <= cur.committed {
                 ok.push(true);
+                continue;
+            }
+            if fenced && (!start_live || start_worker != Some(held.worker)) {
+                ok.push(false);
                 continue;
             }
             if cur.batch_end.is_none_or(|e| off > e) {

@@ -155,13 +155,15 @@ BEGIN
                 v_call_release := v_call_release || false;
                 k := array_length(v_call_pids, 1);
             END IF;
+            IF v_off <= c.committed THEN
+                -- Already committed: idempotent, whatever lease it names (a retried transaction's
+                -- ack arrives after its lease was released).
+                v_ok := true;
+                EXIT item;
+            END IF;
             IF COALESCE(p_lease_ids[i], '') <> ''
                AND (NOT v_call_live[k] OR v_call_worker[k] IS NULL OR v_call_worker[k]::text <> p_lease_ids[i]) THEN
                 v_err := 'Invalid or expired lease';
-                EXIT item;
-            END IF;
-            IF v_off <= c.committed THEN
-                v_ok := true; -- already committed: idempotent
                 EXIT item;
             END IF;
             IF c.batch_end IS NULL OR v_off > c.batch_end THEN

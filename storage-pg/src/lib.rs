@@ -14,8 +14,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use queen_core::frames::build_blob;
 use queen_core::params::{SubscriptionFrom, SubscriptionMode};
 use queen_core::storage::{
-    AckItem, AckOutcome, AckStatus, PopRequest, PopResult, PushGroup, PushGroupResult, PushOutcome,
-    QueueConfig, RenewOutcome, Storage, StorageError, StorageResult,
+    AckItem, AckOutcome, AckStatus, DeadLetterEntry, DeliveryStorage, DlqQuery, PopRequest,
+    PopResult, PushGroup, PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, SeekTarget,
+    Storage, StorageError, StorageResult, TxOp, TxOpResult, TxOutcome,
 };
 use queen_core::{Offset, Timestamp};
 use tokio_postgres::NoTls;
@@ -206,6 +207,149 @@ fn status_text(s: AckStatus) -> &'static str {
     }
 }
 
+/// The push of a request inside a caller's transaction (a push request, or a transaction op).
+async fn push_groups(
+    tx: &deadpool_postgres::Transaction<'_>,
+    groups: &[PushGroup],
+) -> StorageResult<Vec<PushGroupResult>> {
+    let stmt = tx
+            .prepare_cached("SELECT o_status, o_message_id, o_partition_id, o_offset FROM queen.push_v1($1, $2, $3, $4, $5)")
+            .await
+            .map_err(pg_err("push"))?;
+    // Partition locks are taken in one global order, so concurrent multi-partition pushes
+    // never deadlock.
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|a, b| {
+        (&groups[*a].queue, &groups[*a].partition).cmp(&(&groups[*b].queue, &groups[*b].partition))
+    });
+    let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
+    for i in order {
+        let g = &groups[i];
+        // Within the request the first occurrence of a transactionId wins.
+        let mut first_of: std::collections::BTreeMap<&str, usize> =
+            std::collections::BTreeMap::new();
+        let mut unique: Vec<usize> = vec![];
+        for (k, f) in g.frames.iter().enumerate() {
+            if !first_of.contains_key(f.transaction_id.as_str()) {
+                first_of.insert(&f.transaction_id, k);
+                unique.push(k);
+            }
+        }
+        let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
+        let mut candidates = unique;
+        // At most two rounds: the second has no duplicates by construction (the partition
+        // lock is held, so nothing can change in between).
+        for _ in 0..2 {
+            if candidates.is_empty() {
+                break;
+            }
+            let frames: Vec<_> = candidates.iter().map(|k| g.frames[*k].clone()).collect();
+            let blob = build_blob(&frames).map_err(|e| StorageError::Invalid(e.to_string()))?;
+            let txids: Vec<&str> = frames.iter().map(|f| f.transaction_id.as_str()).collect();
+            let ids: Vec<uuid::Uuid> = frames.iter().map(|f| f.message_id).collect();
+            let rows = tx
+                .query(&stmt, &[&g.queue, &g.partition, &txids, &ids, &blob])
+                .await
+                .map_err(pg_err("push"))?;
+            if rows.len() != candidates.len() {
+                return Err(StorageError::Internal(format!(
+                    "push_v1 answered {} rows for {} items",
+                    rows.len(),
+                    candidates.len()
+                )));
+            }
+            let mut retry = vec![];
+            for (k, row) in candidates.iter().zip(rows.iter()) {
+                let status: String = row.get(0);
+                let message_id: uuid::Uuid = row.get(1);
+                let partition_id: uuid::Uuid = row.get(2);
+                match status.as_str() {
+                    "queued" => {
+                        let offset: i64 = row.get(3);
+                        outcome[*k] = Some(PushOutcome::Queued {
+                            message_id,
+                            partition_id: partition_id.to_string(),
+                            offset,
+                        });
+                    }
+                    "duplicate" => {
+                        outcome[*k] = Some(PushOutcome::Duplicate {
+                            message_id,
+                            partition_id: partition_id.to_string(),
+                        })
+                    }
+                    _ => retry.push(*k),
+                }
+            }
+            candidates = retry;
+        }
+        if !candidates.is_empty() {
+            return Err(StorageError::Internal(
+                "push_v1 reported duplicates twice under the partition lock".into(),
+            ));
+        }
+        // Intra-request duplicates answer the winner's id.
+        for (k, f) in g.frames.iter().enumerate() {
+            if outcome[k].is_none() {
+                let winner = first_of
+                    .get(f.transaction_id.as_str())
+                    .and_then(|w| outcome[*w].clone());
+                outcome[k] = winner.map(|w| match w {
+                    PushOutcome::Queued {
+                        message_id,
+                        partition_id,
+                        ..
+                    }
+                    | PushOutcome::Duplicate {
+                        message_id,
+                        partition_id,
+                    } => PushOutcome::Duplicate {
+                        message_id,
+                        partition_id,
+                    },
+                });
+            }
+        }
+        results[i] = outcome
+            .into_iter()
+            .map(|o| o.ok_or_else(|| StorageError::Internal("push outcome missing".into())))
+            .collect::<StorageResult<_>>()?;
+    }
+    Ok(results)
+}
+
+/// Runs ack_v1 on a client or a transaction.
+async fn ack_items(
+    client: &impl deadpool_postgres::GenericClient,
+    group: &str,
+    items: &[AckItem],
+) -> StorageResult<Vec<AckOutcome>> {
+    let stmt = client
+        .prepare_cached("SELECT o_success, o_error, o_queue, o_partition, o_lease_released, o_dlq FROM queen.ack_v1($1, $2, $3, $4, $5, $6)")
+        .await
+        .map_err(pg_err("ack"))?;
+    let pids: Vec<&str> = items.iter().map(|i| i.partition_id.as_str()).collect();
+    let txids: Vec<&str> = items.iter().map(|i| i.transaction_id.as_str()).collect();
+    let statuses: Vec<&str> = items.iter().map(|i| status_text(i.status)).collect();
+    let leases: Vec<Option<&str>> = items.iter().map(|i| i.lease_id.as_deref()).collect();
+    let errors: Vec<Option<&str>> = items.iter().map(|i| i.error.as_deref()).collect();
+    let rows = client
+        .query(&stmt, &[&group, &pids, &txids, &statuses, &leases, &errors])
+        .await
+        .map_err(pg_err("ack"))?;
+    Ok(rows
+        .iter()
+        .map(|r| AckOutcome {
+            success: r.get(0),
+            error: r.get(1),
+            queue: r.get(2),
+            partition: r.get(3),
+            lease_released: r.get(4),
+            dlq: r.get(5),
+        })
+        .collect())
+}
+
 #[async_trait]
 impl Storage for PgStorage {
     async fn configure_queue(&self, c: QueueConfig) -> StorageResult<(String, String)> {
@@ -293,110 +437,7 @@ impl Storage for PgStorage {
     async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
         let mut client = self.pool.get().await.map_err(pool_err)?;
         let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
-        let stmt = tx
-            .prepare_cached("SELECT o_status, o_message_id, o_partition_id, o_offset FROM queen.push_v1($1, $2, $3, $4, $5)")
-            .await
-            .map_err(pg_err("push"))?;
-        // Partition locks are taken in one global order, so concurrent multi-partition pushes
-        // never deadlock.
-        let mut order: Vec<usize> = (0..groups.len()).collect();
-        order.sort_by(|a, b| {
-            (&groups[*a].queue, &groups[*a].partition)
-                .cmp(&(&groups[*b].queue, &groups[*b].partition))
-        });
-        let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
-        for i in order {
-            let g = &groups[i];
-            // Within the request the first occurrence of a transactionId wins.
-            let mut first_of: std::collections::BTreeMap<&str, usize> =
-                std::collections::BTreeMap::new();
-            let mut unique: Vec<usize> = vec![];
-            for (k, f) in g.frames.iter().enumerate() {
-                if !first_of.contains_key(f.transaction_id.as_str()) {
-                    first_of.insert(&f.transaction_id, k);
-                    unique.push(k);
-                }
-            }
-            let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
-            let mut candidates = unique;
-            // At most two rounds: the second has no duplicates by construction (the partition
-            // lock is held, so nothing can change in between).
-            for _ in 0..2 {
-                if candidates.is_empty() {
-                    break;
-                }
-                let frames: Vec<_> = candidates.iter().map(|k| g.frames[*k].clone()).collect();
-                let blob = build_blob(&frames).map_err(|e| StorageError::Invalid(e.to_string()))?;
-                let txids: Vec<&str> = frames.iter().map(|f| f.transaction_id.as_str()).collect();
-                let ids: Vec<uuid::Uuid> = frames.iter().map(|f| f.message_id).collect();
-                let rows = tx
-                    .query(&stmt, &[&g.queue, &g.partition, &txids, &ids, &blob])
-                    .await
-                    .map_err(pg_err("push"))?;
-                if rows.len() != candidates.len() {
-                    return Err(StorageError::Internal(format!(
-                        "push_v1 answered {} rows for {} items",
-                        rows.len(),
-                        candidates.len()
-                    )));
-                }
-                let mut retry = vec![];
-                for (k, row) in candidates.iter().zip(rows.iter()) {
-                    let status: String = row.get(0);
-                    let message_id: uuid::Uuid = row.get(1);
-                    let partition_id: uuid::Uuid = row.get(2);
-                    match status.as_str() {
-                        "queued" => {
-                            let offset: i64 = row.get(3);
-                            outcome[*k] = Some(PushOutcome::Queued {
-                                message_id,
-                                partition_id: partition_id.to_string(),
-                                offset,
-                            });
-                        }
-                        "duplicate" => {
-                            outcome[*k] = Some(PushOutcome::Duplicate {
-                                message_id,
-                                partition_id: partition_id.to_string(),
-                            })
-                        }
-                        _ => retry.push(*k),
-                    }
-                }
-                candidates = retry;
-            }
-            if !candidates.is_empty() {
-                return Err(StorageError::Internal(
-                    "push_v1 reported duplicates twice under the partition lock".into(),
-                ));
-            }
-            // Intra-request duplicates answer the winner's id.
-            for (k, f) in g.frames.iter().enumerate() {
-                if outcome[k].is_none() {
-                    let winner = first_of
-                        .get(f.transaction_id.as_str())
-                        .and_then(|w| outcome[*w].clone());
-                    outcome[k] = winner.map(|w| match w {
-                        PushOutcome::Queued {
-                            message_id,
-                            partition_id,
-                            ..
-                        }
-                        | PushOutcome::Duplicate {
-                            message_id,
-                            partition_id,
-                        } => PushOutcome::Duplicate {
-                            message_id,
-                            partition_id,
-                        },
-                    });
-                }
-            }
-            results[i] = outcome
-                .into_iter()
-                .map(|o| o.ok_or_else(|| StorageError::Internal("push outcome missing".into())))
-                .collect::<StorageResult<_>>()?;
-        }
+        let results = push_groups(&tx, &groups).await?;
         tx.commit().await.map_err(pg_err("push: commit"))?;
         Ok(results)
     }
@@ -518,30 +559,7 @@ impl Storage for PgStorage {
 
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
         let client = self.pool.get().await.map_err(pool_err)?;
-        let stmt = client
-            .prepare_cached("SELECT o_success, o_error, o_queue, o_partition, o_lease_released, o_dlq FROM queen.ack_v1($1, $2, $3, $4, $5, $6)")
-            .await
-            .map_err(pg_err("ack"))?;
-        let pids: Vec<&str> = items.iter().map(|i| i.partition_id.as_str()).collect();
-        let txids: Vec<&str> = items.iter().map(|i| i.transaction_id.as_str()).collect();
-        let statuses: Vec<&str> = items.iter().map(|i| status_text(i.status)).collect();
-        let leases: Vec<Option<&str>> = items.iter().map(|i| i.lease_id.as_deref()).collect();
-        let errors: Vec<Option<&str>> = items.iter().map(|i| i.error.as_deref()).collect();
-        let rows = client
-            .query(&stmt, &[&group, &pids, &txids, &statuses, &leases, &errors])
-            .await
-            .map_err(pg_err("ack"))?;
-        Ok(rows
-            .iter()
-            .map(|r| AckOutcome {
-                success: r.get(0),
-                error: r.get(1),
-                queue: r.get(2),
-                partition: r.get(3),
-                lease_released: r.get(4),
-                dlq: r.get(5),
-            })
-            .collect())
+        ack_items(&client, group, &items).await
     }
 
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
@@ -559,5 +577,172 @@ impl Storage for PgStorage {
             renewed: u32::try_from(renewed).unwrap_or(0),
             expires_at: expires.map(from_system_time),
         })
+    }
+}
+
+#[async_trait]
+impl DeliveryStorage for PgStorage {
+    async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg_err("transaction: begin"))?;
+        let mut results = Vec::with_capacity(ops.len());
+        for op in &ops {
+            match op {
+                TxOp::Push(groups) => {
+                    results.push(TxOpResult::Push(push_groups(&tx, groups).await?))
+                }
+                TxOp::Ack { group, item } => {
+                    let out = ack_items(&tx, group, std::slice::from_ref(item))
+                        .await?
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| StorageError::Internal("ack_v1 answered no row".into()))?;
+                    let failed = (!out.success)
+                        .then(|| out.error.clone().unwrap_or_else(|| "refused".into()));
+                    results.push(TxOpResult::Ack(out));
+                    if let Some(reason) = failed {
+                        tx.rollback()
+                            .await
+                            .map_err(pg_err("transaction: rollback"))?;
+                        return Ok(TxOutcome {
+                            committed: false,
+                            results,
+                            error: Some(format!("ACK operation failed: {reason}")),
+                        });
+                    }
+                }
+            }
+        }
+        tx.commit().await.map_err(pg_err("transaction: commit"))?;
+        Ok(TxOutcome {
+            committed: true,
+            results,
+            error: None,
+        })
+    }
+
+    async fn dead_letters(&self, q: DlqQuery) -> StorageResult<(Vec<DeadLetterEntry>, u64)> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let from = q.from.map(to_system_time);
+        let to = q.to.map(to_system_time);
+        let rows = client
+            .query(
+                "SELECT * FROM queen.dead_letters_v1($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &q.queue,
+                    &q.group,
+                    &q.partition,
+                    &from,
+                    &to,
+                    &int(q.limit),
+                    &int(q.offset),
+                ],
+            )
+            .await
+            .map_err(pg_err("dead letters"))?;
+        let mut total: u64 = 0;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            total = u64::try_from(r.get::<_, i64>(13)).unwrap_or(0);
+            let offset: i64 = r.get(4);
+            let base: Option<i64> = r.get(9);
+            let segment = match (
+                base,
+                r.get::<_, Option<i64>>(10),
+                r.get::<_, Option<SystemTime>>(11),
+                r.get::<_, Option<Vec<u8>>>(12),
+            ) {
+                (Some(base), Some(end), Some(created), Some(blob)) => {
+                    Some(queen_core::storage::SegmentRow {
+                        base_offset: base,
+                        start_idx: u32::try_from(offset - base).unwrap_or(0),
+                        take: 1,
+                        msg_count: u32::try_from(end - base + 1).unwrap_or(0),
+                        created_at: from_system_time(created),
+                        blob: std::sync::Arc::new(blob),
+                    })
+                }
+                _ => None,
+            };
+            out.push(DeadLetterEntry {
+                id: r.get(0),
+                queue: q.queue.clone(),
+                partition: r.get(1),
+                partition_id: r.get::<_, uuid::Uuid>(2).to_string(),
+                group: r.get(3),
+                offset,
+                transaction_id: r.get(5),
+                error: r.get(6),
+                retry_count: u32::try_from(r.get::<_, i32>(7)).unwrap_or(0),
+                failed_at: from_system_time(r.get(8)),
+                segment,
+            });
+        }
+        if rows.is_empty() && q.offset > 0 {
+            // The page is past the end: count separately.
+            let n: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE q.name = $1
+                        AND ($2::text IS NULL OR d.consumer_group = $2) AND ($3::text IS NULL OR d.partition_name = $3)
+                        AND ($4::timestamptz IS NULL OR d.failed_at >= $4) AND ($5::timestamptz IS NULL OR d.failed_at <= $5)",
+                    &[&q.queue, &q.group, &q.partition, &from, &to],
+                )
+                .await
+                .map_err(pg_err("dead letters"))?
+                .get(0);
+            total = u64::try_from(n).unwrap_or(0);
+        }
+        Ok((out, total))
+    }
+
+    async fn seek_group(&self, group: &str, queue: &str, target: SeekTarget) -> StorageResult<u32> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let (to_end, ts) = match target {
+            SeekTarget::End => (true, None),
+            SeekTarget::Timestamp(t) => (false, Some(to_system_time(t))),
+        };
+        let row = client
+            .query_one(
+                "SELECT queen.seek_group_v1($1, $2, $3, $4)",
+                &[&group, &queue, &to_end, &ts],
+            )
+            .await
+            .map_err(pg_err("seek"))?;
+        Ok(u32::try_from(row.get::<_, i32>(0)).unwrap_or(0))
+    }
+
+    async fn delete_group(
+        &self,
+        group: &str,
+        queue: Option<&str>,
+        delete_metadata: bool,
+    ) -> StorageResult<(u32, u32)> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_one(
+                "SELECT o_cursors, o_metadata FROM queen.delete_group_v1($1, $2, $3)",
+                &[&group, &queue, &delete_metadata],
+            )
+            .await
+            .map_err(pg_err("delete consumer group"))?;
+        Ok((
+            u32::try_from(row.get::<_, i32>(0)).unwrap_or(0),
+            u32::try_from(row.get::<_, i32>(1)).unwrap_or(0),
+        ))
+    }
+
+    async fn update_subscription(&self, group: &str, timestamp: Timestamp) -> StorageResult<u32> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_one(
+                "SELECT queen.update_subscription_v1($1, $2)",
+                &[&group, &to_system_time(timestamp)],
+            )
+            .await
+            .map_err(pg_err("update subscription"))?;
+        Ok(u32::try_from(row.get::<_, i32>(0)).unwrap_or(0))
     }
 }

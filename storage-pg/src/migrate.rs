@@ -16,6 +16,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "push_ack",
         include_str!("../migrations/003_push_ack.sql"),
     ),
+    (
+        4,
+        "delivery",
+        include_str!("../migrations/004_delivery.sql"),
+    ),
 ];
 
 /// Any fixed key: "queen" in ASCII.

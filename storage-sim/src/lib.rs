@@ -6,6 +6,7 @@
 //! scheduler (`sched::Interleaving`) can interleave transactions deterministically. Through the
 //! `Storage` trait it runs transactions serially: the broker's embedded in-memory backend.
 
+mod delivery;
 mod ops;
 mod pop;
 pub mod sched;
@@ -21,8 +22,9 @@ use std::task::{Context, Poll, Waker};
 use async_trait::async_trait;
 use queen_core::claim::CursorRow;
 use queen_core::storage::{
-    AckItem, AckOutcome, PopRequest, PopResult, PushGroup, PushGroupResult, QueueConfig,
-    RenewOutcome, Storage, StorageError, StorageResult,
+    AckItem, AckOutcome, DeadLetterEntry, DeliveryStorage, DlqQuery, PopRequest, PopResult,
+    PushGroup, PushGroupResult, QueueConfig, RenewOutcome, SeekTarget, Storage, StorageError,
+    StorageResult, TxOp, TxOutcome,
 };
 use queen_core::{Offset, Timestamp};
 
@@ -316,6 +318,59 @@ impl Storage for SimDb {
             TaskCell::free_run(),
             lease_id.to_string(),
             seconds,
+        ))
+    }
+}
+
+#[async_trait]
+impl DeliveryStorage for SimDb {
+    async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
+        self.run(delivery::transaction(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            ops,
+        ))
+    }
+
+    async fn dead_letters(&self, query: DlqQuery) -> StorageResult<(Vec<DeadLetterEntry>, u64)> {
+        Ok(delivery::dead_letters(&lock(&self.shared.state), &query))
+    }
+
+    async fn seek_group(&self, group: &str, queue: &str, target: SeekTarget) -> StorageResult<u32> {
+        self.run(delivery::seek_group(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            group.into(),
+            queue.into(),
+            target,
+        ))
+    }
+
+    async fn delete_group(
+        &self,
+        group: &str,
+        queue: Option<&str>,
+        delete_metadata: bool,
+    ) -> StorageResult<(u32, u32)> {
+        self.run(delivery::delete_group(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            group.into(),
+            queue.map(str::to_string),
+            delete_metadata,
+        ))
+    }
+
+    async fn update_subscription(
+        &self,
+        group: &str,
+        timestamp: queen_core::Timestamp,
+    ) -> StorageResult<u32> {
+        self.run(delivery::update_subscription(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            group.into(),
+            timestamp,
         ))
     }
 }

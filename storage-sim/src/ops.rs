@@ -12,7 +12,7 @@ use queen_core::{Offset, Timestamp, WorkerId};
 
 use crate::state::{DbState, DlqRow, PartitionRow, QueueRow, SegmentData, TxidRow};
 use crate::table::{Insert, Lock};
-use crate::tx::{in_tx, Shared, StmtError, TaskCell};
+use crate::tx::{in_tx, Shared, StmtError, TaskCell, TxHandle};
 
 fn insert_or_wait<K: Ord + Clone, V: Clone>(
     t: &mut crate::table::Table<K, V>,
@@ -92,6 +92,17 @@ pub(crate) async fn push(
     groups: Vec<PushGroup>,
 ) -> Result<Vec<PushGroupResult>, StorageError> {
     in_tx(&shared, "push", cell, |tx| async move {
+        push_body(&tx, &groups).await
+    })
+    .await
+}
+
+/// The push statements, inside a caller's transaction.
+pub(crate) async fn push_body(
+    tx: &TxHandle,
+    groups: &[PushGroup],
+) -> Result<Vec<PushGroupResult>, StorageError> {
+    {
         let now = tx.now();
         // Lock partitions in one global order so concurrent multi-partition pushes never deadlock.
         let mut order: Vec<usize> = (0..groups.len()).collect();
@@ -192,8 +203,7 @@ pub(crate) async fn push(
                 .await?;
         }
         Ok(results)
-    })
-    .await
+    }
 }
 
 #[derive(Default)]
@@ -215,10 +225,23 @@ pub(crate) async fn ack(
     items: Vec<AckItem>,
 ) -> Result<Vec<AckOutcome>, StorageError> {
     in_tx(&shared, "ack", cell, |tx| async move {
+        ack_body(&tx, &group, &items).await
+    })
+    .await
+}
+
+/// The ack statements, inside a caller's transaction.
+pub(crate) async fn ack_body(
+    tx: &TxHandle,
+    group: &str,
+    items: &[AckItem],
+) -> Result<Vec<AckOutcome>, StorageError> {
+    let group = group.to_string();
+    {
         let now = tx.now();
         let mut calls: BTreeMap<String, CallState> = BTreeMap::new();
         let mut out = Vec::with_capacity(items.len());
-        for item in &items {
+        for item in items {
             let outcome = tx
                 .stmt("ack", |st, t| {
                     let Some((queue, partition)) =
@@ -261,6 +284,11 @@ pub(crate) async fn ack(
                         lease_released: false,
                         dlq: false,
                     };
+                    if offset <= row.committed {
+                        // Already committed: idempotent, whatever lease it names (a retried
+                        // transaction's ack arrives after its lease was released).
+                        return Ok(res);
+                    }
                     if let Some(lid) = item.lease_id.as_deref().filter(|l| !l.is_empty()) {
                         if !call.live || call.worker.map(|w| w.to_string()).as_deref() != Some(lid)
                         {
@@ -270,9 +298,6 @@ pub(crate) async fn ack(
                                 ..res
                             });
                         }
-                    }
-                    if offset <= row.committed {
-                        return Ok(res); // already committed: idempotent
                     }
                     if row.batch_end.is_none_or(|e| offset > e) {
                         return Ok(AckOutcome {
@@ -392,8 +417,7 @@ pub(crate) async fn ack(
             }
         }
         Ok(out)
-    })
-    .await
+    }
 }
 
 /// Extends every live lease held under `lease_id` to at least now + seconds.

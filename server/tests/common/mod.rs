@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use queen_core::storage::Storage;
+use queen_core::storage::{DeliveryStorage, Storage};
 use queen_server::app::{wall_now, App, Backend};
 use queen_server::config::ServerConfig;
 use queen_storage_sim::{SimBugs, SimDb};
@@ -23,25 +23,30 @@ pub enum Store {
 }
 
 pub async fn start(store: Store, config: ServerConfig) -> Broker {
-    let (storage, backend): (Arc<dyn Storage>, Backend) = match store {
-        Store::Memory => (
-            SimDb::new(1, Arc::new(wall_now), SimBugs::default()),
-            Backend::Memory,
-        ),
-        Store::Postgres(name) => {
-            let pg = queen_storage_pg::testing::fresh_database(
-                &format!("{name}_{}", std::process::id()),
-                16,
-            )
-            .await;
-            (Arc::new(pg.clone()), Backend::Postgres(pg))
-        }
-    };
+    let (storage, delivery, backend): (Arc<dyn Storage>, Arc<dyn DeliveryStorage>, Backend) =
+        match store {
+            Store::Memory => {
+                let db = SimDb::new(1, Arc::new(wall_now), SimBugs::default());
+                (db.clone(), db, Backend::Memory)
+            }
+            Store::Postgres(name) => {
+                let pg = queen_storage_pg::testing::fresh_database(
+                    &format!("{name}_{}", std::process::id()),
+                    16,
+                )
+                .await;
+                (
+                    Arc::new(pg.clone()),
+                    Arc::new(pg.clone()),
+                    Backend::Postgres(pg),
+                )
+            }
+        };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = App::new(config, storage, backend, 7);
+    let app = App::new(config, storage, delivery, backend, 7);
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
     Broker { app, addr }
 }

@@ -121,6 +121,73 @@ async def commit_on_delivery(queen):
     check(again == [], "commit_on_delivery committed at delivery")
 
 
+async def nack_retry_dlq(queen):
+    # retryLimit 1: two deliveries, then one dead letter (the testDLQ scenario).
+    q = unique("compat-dlq")
+    await queen.queue(q).config({"retryLimit": 1, "dlqAfterMaxRetries": True}).create()
+    await queen.queue(q).push([{"data": {"message": "poison"}}])
+    deliveries = 0
+    for _ in range(3):
+        msgs = await queen.queue(q).batch(1).wait(False).pop()
+        if not msgs:
+            break
+        deliveries += 1
+        res = await queen.ack(msgs[0], False, {"error": "Test error: always fails"})
+        check(res.get("success") is True, "a failed ack is accepted")
+    check(deliveries == 2, f"retryLimit 1 gives two deliveries ({deliveries})")
+    dlq = await queen.queue(q).dlq().limit(10).get()
+    check(dlq.get("total") == 1 and len(dlq["messages"]) == 1, f"one dead letter, with a total ({dlq.get('total')})")
+    m = dlq["messages"][0]
+    check(m["data"] == {"message": "poison"} and "Test error" in (m.get("errorMessage") or ""), "the dead letter carries the message and the error")
+
+
+async def transaction_pop_process_push_ack(queen):
+    src, dst = unique("compat-tx-in"), unique("compat-tx-out")
+    await queen.queue(src).create()
+    await queen.queue(dst).create()
+    await queen.queue(src).push([{"data": {"value": 1}}])
+    msgs = await queen.queue(src).batch(1).wait(False).pop()
+    check(len(msgs) == 1, "popped the input")
+    result = await (queen.transaction().ack(msgs[0]).queue(dst).push([{"data": {"value": msgs[0]["data"]["value"] + 1}}]).commit())
+    check(bool(result), "the transaction commits")
+    out = await queen.queue(dst).batch(10).wait(False).pop()
+    check(len(out) == 1 and out[0]["data"] == {"value": 2}, "the pushed result is there")
+    left = await queen.queue(src).batch(10).wait(False).pop()
+    check(left == [], "the input was acked by the transaction")
+    failed = False
+    try:
+        await (queen.transaction().queue(dst).push([{"data": {"never": True}}])
+               .ack({"transactionId": "no-such", "partitionId": out[0]["partitionId"], "leaseId": out[0]["leaseId"]}).commit())
+    except Exception:
+        failed = True
+    check(failed, "a transaction with a refused ack raises")
+    await queen.ack(out, True)
+    rest = await queen.queue(dst).batch(10).wait(False).pop()
+    check(rest == [], "the refused transaction's push was rolled back")
+
+
+async def seek_and_replay(queen):
+    q = unique("compat-seek")
+    await queen.queue(q).create()
+    before = (await httpx.AsyncClient(base_url=URL).get("/health")).headers.get("date")
+    await asyncio.sleep(1.1)
+    await queen.queue(q).push([{"data": {"i": i}} for i in range(3)])
+    first = await queen.queue(q).group("replayer").batch(10).wait(False).pop()
+    check(len(first) == 3, "the group consumed the messages")
+    await queen.ack(first, True, {"group": "replayer"})
+    from email.utils import parsedate_to_datetime
+    ts = parsedate_to_datetime(before).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    res = await queen.admin.seek_consumer_group("replayer", q, {"timestamp": ts})
+    check(res.get("success") is True and res.get("partitionsUpdated") == 1, f"seek answers ({res})")
+    again = await queen.queue(q).group("replayer").batch(10).wait(False).pop()
+    check([m["data"]["i"] for m in again] == [0, 1, 2], "a seek back replays the messages in order")
+    await queen.ack(again, True, {"group": "replayer"})
+    deleted = await queen.delete_consumer_group("replayer", True)
+    check(deleted.get("success") is True, "delete the consumer group")
+    fresh = await queen.queue(q).group("replayer").batch(10).wait(False).pop()
+    check(len(fresh) == 3, "a deleted group re-consumes from the start")
+
+
 async def js_pop_shape():
     # js 0.15: client.queue(q).batch(1).wait(true).pop() sends batch, wait, timeout first.
     q = unique("compat-js")
@@ -144,6 +211,9 @@ async def main():
         await consume_single_ack(queen)
         await groups_and_subscription_modes(queen)
         await commit_on_delivery(queen)
+        await nack_retry_dlq(queen)
+        await transaction_pop_process_push_ack(queen)
+        await seek_and_replay(queen)
     await js_pop_shape()
     print("client compatibility: all checks passed")
 

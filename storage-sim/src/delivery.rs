@@ -1,0 +1,295 @@
+//! The delivery contract in the model: transactions, dead letters, consumer-group management.
+
+use std::sync::{Arc, Mutex};
+
+use queen_core::storage::{
+    DeadLetterEntry, DlqQuery, SeekTarget, SegmentRow, StorageError, TxOp, TxOpResult, TxOutcome,
+};
+use queen_core::{Offset, Timestamp};
+
+use crate::ops::{ack_body, push_body};
+use crate::state::DbState;
+use crate::table::Lock;
+use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell};
+
+/// The results up to a refused ack, and its reason.
+type Refusal = (Vec<TxOpResult>, String);
+
+/// Runs acks and pushes in one transaction. A refused ack rolls everything back; the answer then
+/// carries the results up to it and the reason.
+pub(crate) async fn transaction(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    ops: Vec<TxOp>,
+) -> Result<TxOutcome, StorageError> {
+    let refused: Arc<Mutex<Option<Refusal>>> = Arc::new(Mutex::new(None));
+    let stash = refused.clone();
+    let r = in_tx(&shared, "transaction", cell, |tx| async move {
+        let mut results = Vec::with_capacity(ops.len());
+        for op in &ops {
+            match op {
+                TxOp::Push(groups) => results.push(TxOpResult::Push(push_body(&tx, groups).await?)),
+                TxOp::Ack { group, item } => {
+                    let out = ack_body(&tx, group, std::slice::from_ref(item))
+                        .await?
+                        .remove(0);
+                    let failed = (!out.success)
+                        .then(|| out.error.clone().unwrap_or_else(|| "refused".into()));
+                    results.push(TxOpResult::Ack(out));
+                    if let Some(reason) = failed {
+                        *lock(&stash) = Some((results, format!("ACK operation failed: {reason}")));
+                        return Err(StorageError::Invalid("transaction refused".into()));
+                    }
+                }
+            }
+        }
+        Ok(results)
+    })
+    .await;
+    let refusal = lock(&refused).take();
+    match (r, refusal) {
+        (Ok(results), _) => Ok(TxOutcome {
+            committed: true,
+            results,
+            error: None,
+        }),
+        (Err(_), Some((results, error))) => Ok(TxOutcome {
+            committed: false,
+            results,
+            error: Some(error),
+        }),
+        (Err(e), None) => Err(e),
+    }
+}
+
+fn segment_holding(st: &DbState, pid: &str, offset: Offset, tx: u64) -> Option<SegmentRow> {
+    let ((_, base), s) = st
+        .segments
+        .range(
+            (pid.to_string(), Offset::MIN)..=(pid.to_string(), offset),
+            tx,
+        )
+        .next_back()?;
+    (s.end_offset >= offset).then(|| SegmentRow {
+        base_offset: *base,
+        start_idx: (offset - base) as u32,
+        take: 1,
+        msg_count: (s.end_offset - base + 1) as u32,
+        created_at: s.created_at,
+        blob: s.blob.clone(),
+    })
+}
+
+pub(crate) fn dead_letters(st: &DbState, q: &DlqQuery) -> (Vec<DeadLetterEntry>, u64) {
+    let mut matching: Vec<DeadLetterEntry> = st
+        .dlq
+        .range((q.queue.clone(), 0)..=(q.queue.clone(), u64::MAX), 0)
+        .filter(|(_, d)| q.group.as_ref().is_none_or(|g| &d.group == g))
+        .filter(|(_, d)| q.partition.as_ref().is_none_or(|p| &d.partition == p))
+        .filter(|(_, d)| {
+            q.from.is_none_or(|f| d.failed_at >= f) && q.to.is_none_or(|t| d.failed_at <= t)
+        })
+        .map(|((queue, seq), d)| DeadLetterEntry {
+            id: *seq as i64,
+            queue: queue.clone(),
+            partition: d.partition.clone(),
+            partition_id: d.partition_id.clone(),
+            group: d.group.clone(),
+            offset: d.offset,
+            transaction_id: d.transaction_id.clone(),
+            error: d.error.clone(),
+            retry_count: d.retry_count,
+            failed_at: d.failed_at,
+            segment: segment_holding(st, &d.partition_id, d.offset, 0),
+        })
+        .collect();
+    matching.reverse(); // newest first
+    let total = matching.len() as u64;
+    let page = matching
+        .into_iter()
+        .skip(q.offset as usize)
+        .take(q.limit as usize)
+        .collect();
+    (page, total)
+}
+
+/// The cursor a seek lands on for one partition.
+fn seek_cursor(
+    st: &DbState,
+    pid: &str,
+    last_offset: Offset,
+    target: SeekTarget,
+    tx: u64,
+) -> Offset {
+    match target {
+        SeekTarget::End => last_offset,
+        SeekTarget::Timestamp(ts) => {
+            let segs: Vec<(Offset, Offset, Timestamp)> = st
+                .segments
+                .range(
+                    (pid.to_string(), Offset::MIN)..=(pid.to_string(), Offset::MAX),
+                    tx,
+                )
+                .map(|((_, b), s)| (*b, s.end_offset, s.created_at))
+                .collect();
+            match segs.iter().rev().find(|(_, _, c)| *c <= ts) {
+                Some((_, end, _)) => *end,
+                None => segs.first().map_or(last_offset, |(b, _, _)| b - 1),
+            }
+        }
+    }
+}
+
+pub(crate) async fn seek_group(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    group: String,
+    queue: String,
+    target: SeekTarget,
+) -> Result<u32, StorageError> {
+    in_tx(&shared, "seek_group", cell, |tx| async move {
+        tx.stmt("seek", |st, t| {
+            let parts: Vec<(String, Offset)> = st
+                .partitions
+                .range((queue.clone(), String::new()).., t.id)
+                .take_while(|((q, _), _)| *q == queue)
+                .map(|(_, p)| (p.id.clone(), p.last_offset))
+                .collect();
+            let keys: Vec<((String, String), Offset)> = parts
+                .iter()
+                .filter(|(pid, _)| {
+                    st.consumers
+                        .get(&(pid.clone(), group.clone()), t.id)
+                        .is_some()
+                })
+                .map(|(pid, last)| ((pid.clone(), group.clone()), *last))
+                .collect();
+            for (k, _) in &keys {
+                if let Lock::HeldBy(h) = st.consumers.lock(k, t.id) {
+                    return Err(StmtError::Blocked(h));
+                }
+            }
+            for (k, last) in &keys {
+                let target = seek_cursor(st, &k.0, *last, target, t.id);
+                if let Some(mut row) = st.consumers.get(k, t.id).cloned() {
+                    row.committed = target;
+                    row.worker_id = None;
+                    row.lease_expires_at = None;
+                    row.lease_acquired_at = None;
+                    row.batch_end = None;
+                    row.retry_offset = None;
+                    row.retry_count = 0;
+                    st.consumers.update(k, row, t.id);
+                }
+            }
+            // The group reads old partitions again: its wildcard watermark no longer holds.
+            let wm = (queue.clone(), group.clone());
+            if st.watermarks.get(&wm, t.id).is_some() {
+                st.watermarks.delete(&wm, t.id);
+            }
+            Ok(keys.len() as u32)
+        })
+        .await
+    })
+    .await
+}
+
+pub(crate) async fn delete_group(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    group: String,
+    queue: Option<String>,
+    delete_metadata: bool,
+) -> Result<(u32, u32), StorageError> {
+    in_tx(&shared, "delete_group", cell, |tx| async move {
+        tx.stmt("delete group", |st, t| {
+            let pids: Vec<String> = match &queue {
+                Some(q) => st
+                    .partitions
+                    .range((q.clone(), String::new()).., t.id)
+                    .take_while(|((qq, _), _)| qq == q)
+                    .map(|(_, p)| p.id.clone())
+                    .collect(),
+                None => st
+                    .partitions
+                    .iter(t.id)
+                    .map(|(_, p)| p.id.clone())
+                    .collect(),
+            };
+            let keys: Vec<(String, String)> = pids
+                .into_iter()
+                .map(|p| (p, group.clone()))
+                .filter(|k| st.consumers.get(k, t.id).is_some())
+                .collect();
+            let meta: Vec<(String, String)> = if delete_metadata {
+                st.metadata
+                    .iter(t.id)
+                    .filter(|((q, g), _)| *g == group && queue.as_ref().is_none_or(|qq| qq == q))
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            } else {
+                vec![]
+            };
+            for k in &keys {
+                if let Lock::HeldBy(h) = st.consumers.lock(k, t.id) {
+                    return Err(StmtError::Blocked(h));
+                }
+            }
+            for k in &meta {
+                if let Lock::HeldBy(h) = st.metadata.lock(k, t.id) {
+                    return Err(StmtError::Blocked(h));
+                }
+            }
+            let wms: Vec<(String, String)> = st
+                .watermarks
+                .iter(t.id)
+                .filter(|((q, g), _)| *g == group && queue.as_ref().is_none_or(|qq| qq == q))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &keys {
+                st.consumers.delete(k, t.id);
+            }
+            for k in &meta {
+                st.metadata.delete(k, t.id);
+            }
+            for k in &wms {
+                st.watermarks.delete(k, t.id);
+            }
+            Ok((keys.len() as u32, meta.len() as u32))
+        })
+        .await
+    })
+    .await
+}
+
+pub(crate) async fn update_subscription(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    group: String,
+    ts: Timestamp,
+) -> Result<u32, StorageError> {
+    in_tx(&shared, "update_subscription", cell, |tx| async move {
+        tx.stmt("update subscription", |st, t| {
+            let keys: Vec<(String, String)> = st
+                .metadata
+                .iter(t.id)
+                .filter(|((_, g), _)| *g == group)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &keys {
+                if let Lock::HeldBy(h) = st.metadata.lock(k, t.id) {
+                    return Err(StmtError::Blocked(h));
+                }
+            }
+            for k in &keys {
+                if let Some(mut m) = st.metadata.get(k, t.id).cloned() {
+                    m.subscription_timestamp = Some(ts);
+                    st.metadata.update(k, m, t.id);
+                }
+            }
+            Ok(keys.len() as u32)
+        })
+        .await
+    })
+    .await
+}
