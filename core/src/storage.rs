@@ -381,4 +381,22 @@ pub trait DeliveryStorage: Send + Sync {
     ) -> StorageResult<(u32, u32)>;
     /// Sets the subscription timestamp of every record of a group; returns rows updated.
     async fn update_subscription(&self, group: &str, timestamp: Timestamp) -> StorageResult<u32>;
+    /// Pushes a dead letter's message again (as a new message, `new_message_id`) and removes the
+    /// dead letter, in one transaction. `None` when there is no such dead letter, or its message
+    /// is gone (retention). Answers (queue, partition, outcome).
+    async fn requeue_dead_letter(
+        &self,
+        id: i64,
+        new_message_id: uuid::Uuid,
+    ) -> StorageResult<Option<(String, String, PushOutcome)>>;
+}
+
+/// The transactionId a requeued dead letter is pushed under: unique per dead letter, so the
+/// original's de-duplication entry does not swallow it.
+pub fn requeue_transaction_id(dead_letter_id: i64, original: &str) -> String {
+    let mut t = format!("requeue-{dead_letter_id}-{original}");
+    while t.len() > crate::types::MAX_NAME_BYTES {
+        t.pop();
+    }
+    t
 }

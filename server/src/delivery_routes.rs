@@ -196,6 +196,7 @@ pub async fn dead_letters(app: &Arc<App>, pairs: &[(String, String)]) -> Result<
             .unwrap_or(Value::Null);
         messages.push(json!({
             "id": frame.as_ref().map(|f| f.message_id.to_string()),
+            "dlqId": r.id,
             "transactionId": r.transaction_id, "partitionId": r.partition_id, "queue": r.queue, "partition": r.partition,
             "consumerGroup": r.group, "errorMessage": r.error, "retryCount": r.retry_count, "data": data, "producerSub": null,
             "createdAt": r.segment.as_ref().map(|s| format_iso_micros(s.created_at)), "failedAt": format_iso_micros(r.failed_at),
@@ -273,4 +274,40 @@ pub async fn update_subscription(
         StatusCode::OK,
         &json!({"success": true, "consumerGroup": group, "newTimestamp": ts, "rowsUpdated": n}),
     ))
+}
+
+/// POST /api/v1/dlq/{id}/requeue: the dead letter's message is pushed again as a new message.
+pub async fn requeue(app: &Arc<App>, id: &str) -> Result<Reply, Failure> {
+    let id: i64 = id
+        .parse()
+        .map_err(|_| Failure::bad("the dead-letter id must be a whole number"))?;
+    match app
+        .delivery
+        .requeue_dead_letter(id, app.mint_uuid())
+        .await?
+    {
+        None => Ok(http::json(
+            StatusCode::NOT_FOUND,
+            &json!({"error": "no such dead letter (or its message was removed by retention)"}),
+        )),
+        Some((queue, partition, outcome)) => {
+            let (message_id, partition_id) = match &outcome {
+                PushOutcome::Queued {
+                    message_id,
+                    partition_id,
+                    ..
+                }
+                | PushOutcome::Duplicate {
+                    message_id,
+                    partition_id,
+                } => (message_id.to_string(), partition_id.clone()),
+            };
+            lock(&app.pop_ctx).note_push(&queue, &partition, 1, app.now());
+            app.wake(&queue);
+            Ok(http::json(
+                StatusCode::OK,
+                &json!({"success": true, "requeued": true, "queue": queue, "partition": partition, "messageId": message_id, "partitionId": partition_id}),
+            ))
+        }
+    }
 }

@@ -127,6 +127,10 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
             let b = body(&app, req).await?;
             delivery_routes::transaction(&app, &b).await
         }
+        (&Method::POST, ["api", "v1", "dlq", id, "requeue"]) => {
+            let id = id.to_string();
+            delivery_routes::requeue(&app, &id).await
+        }
         (&Method::GET, ["api", "v1", "dlq"]) => {
             delivery_routes::dead_letters(&app, &http::query_pairs(query.as_deref())?).await
         }

@@ -606,3 +606,55 @@ async fn a_storage_failure_is_a_5xx_and_loses_nothing() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["messages"].as_array().unwrap().len(), 2);
 }
+
+/// Dead letters over HTTP: a failed message past its budget is listed, then requeued and
+/// delivered again.
+async fn dead_letters_over_http(store: Store) {
+    let b = start(store, ServerConfig::default()).await;
+    let mut c = Client::connect(b.addr).await;
+    c.post(
+        "/api/v1/configure",
+        &json!({"queue": "d", "options": {"retryLimit": 0}}),
+    )
+    .await;
+    c.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "d", "payload": {"bad": true}, "transactionId": "x"}]}),
+    )
+    .await;
+    let p = c.get("/api/v1/pop/queue/d?wait=false").await.json();
+    let m = &p["messages"][0];
+    let r = c.post("/api/v1/ack", &json!({"transactionId": "x", "partitionId": m["partitionId"], "status": "failed", "error": "nope", "leaseId": m["leaseId"]})).await;
+    assert_eq!(r.json()[0]["dlq"], true);
+    assert_eq!(c.get("/api/v1/dlq").await.status, 400, "queue is required");
+    let l = c.get("/api/v1/dlq?queue=d&limit=10").await.json();
+    assert_eq!(l["total"], 1);
+    let row = &l["messages"][0];
+    assert_eq!(row["data"], json!({"bad": true}));
+    assert_eq!(row["errorMessage"], "nope");
+    let id = row["dlqId"].as_i64().expect("dlqId");
+    let r = c
+        .send("POST", &format!("/api/v1/dlq/{id}/requeue"), None)
+        .await;
+    assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        c.send("POST", &format!("/api/v1/dlq/{id}/requeue"), None)
+            .await
+            .status,
+        404
+    );
+    assert_eq!(c.get("/api/v1/dlq?queue=d").await.json()["total"], 0);
+    let p = c.get("/api/v1/pop/queue/d?wait=true&timeout=2000").await;
+    assert_eq!(p.status, 200);
+    assert_eq!(p.json()["messages"][0]["data"], json!({"bad": true}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_over_http_on_the_memory_backend() {
+    dead_letters_over_http(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_over_http_on_postgres() {
+    dead_letters_over_http(Store::Postgres("queen_http_dlq")).await;
+}

@@ -1183,10 +1183,44 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         .map_err(e)?;
     ensure!(total == 0 && rows.is_empty(), "group filter");
     let (_, total) = d
-        .dead_letters(DlqQuery { offset: 10, ..all })
+        .dead_letters(DlqQuery {
+            offset: 10,
+            ..all.clone()
+        })
         .await
         .map_err(e)?;
     ensure_eq!(total, 4, "total past the last page");
+    // Requeue the newest: it is delivered again as a new message, and leaves the DLQ.
+    let newest = d.dead_letters(all.clone()).await.map_err(e)?.0.remove(0);
+    let out = d
+        .requeue_dead_letter(newest.id, ids.uuid())
+        .await
+        .map_err(e)?;
+    ensure!(
+        matches!(&out, Some((q, p, PushOutcome::Queued { offset: 2, .. })) if q == "q" && p == "b"),
+        "requeued at the partition's end: {out:?}"
+    );
+    ensure_eq!(
+        d.dead_letters(all.clone()).await.map_err(e)?.1,
+        3,
+        "one dead letter fewer"
+    );
+    ensure!(
+        d.requeue_dead_letter(newest.id, ids.uuid())
+            .await
+            .map_err(e)?
+            .is_none(),
+        "a dead letter requeues once"
+    );
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "b".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![1],
+        "the requeued message is delivered again"
+    );
     Ok(())
 }
 

@@ -102,3 +102,97 @@ async fn concurrent_pushes_get_gapless_offsets_in_commit_order() {
         "offsets are gapless and unique"
     );
 }
+
+/// Queen 0.15 ordered by transaction start: a push that began earlier but committed later than
+/// another, already consumed, push was skipped forever. Here offsets are allocated under the
+/// partition lock: the later push waits, and both are delivered in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_committing_push_is_never_skipped() {
+    use queen_core::claim::SubscriptionIntent;
+    use queen_core::storage::{AckItem, AckStatus, PopRequest};
+    let name = format!("queen_push_commit_{}", std::process::id());
+    let cfg = testing::fresh_database_config(&name).await;
+    let pg = Arc::new(
+        queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            pg: cfg.clone(),
+            pool_size: 8,
+        })
+        .await
+        .expect("pg"),
+    );
+    pg.push(vec![one("p", "setup", 1)])
+        .await
+        .expect("create the partition");
+    let req = |w: u128| PopRequest {
+        queue: "dedup".into(),
+        group: "g".into(),
+        worker: queen_core::WorkerId(uuid::Uuid::from_u128(w)),
+        batch: 100,
+        max_partitions: 1,
+        auto_ack: false,
+        lease_seconds: Some(60),
+        intent: SubscriptionIntent::default(),
+        skip_window_debounce: true,
+    };
+    let first = pg.pop_partition(req(1), "p".into()).await.expect("pop");
+    let pid = first.claims[0].partition_id.clone();
+    pg.ack(
+        "g",
+        vec![AckItem {
+            transaction_id: "setup".into(),
+            partition_id: pid.clone(),
+            status: AckStatus::Completed,
+            lease_id: None,
+            error: None,
+        }],
+    )
+    .await
+    .expect("ack");
+    // "early" begins first and holds its transaction open.
+    let (early, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    early.batch_execute("BEGIN").await.expect("begin");
+    let blob = queen_core::frames::build_blob(&[Frame {
+        message_id: uuid::Uuid::from_u128(77),
+        transaction_id: "early".into(),
+        trace_id: None,
+        payload: b"{}".to_vec(),
+    }])
+    .expect("blob");
+    early
+        .query(
+            "SELECT * FROM queen.push_v1('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2)",
+            &[&uuid::Uuid::from_u128(77), &blob],
+        )
+        .await
+        .expect("early push");
+    // "late" begins after, and must wait for "early" to commit.
+    let late = {
+        let pg = pg.clone();
+        tokio::spawn(async move {
+            pg.push(vec![one("p", "late", 78)])
+                .await
+                .expect("late push")
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !late.is_finished(),
+        "the later push waits for the partition lock"
+    );
+    let r = pg.pop_partition(req(2), "p".into()).await.expect("pop");
+    assert!(r.claims.is_empty(), "nothing committed yet");
+    early.batch_execute("COMMIT").await.expect("commit");
+    late.await.expect("late");
+    let r = pg.pop_partition(req(3), "p".into()).await.expect("pop");
+    let msgs = queen_core::delivery::claims_to_messages(&r.claims).expect("slice");
+    let order: Vec<&str> = msgs
+        .iter()
+        .map(|m| m.frame.transaction_id.as_str())
+        .collect();
+    assert_eq!(
+        order,
+        vec!["early", "late"],
+        "both delivered, in commit order"
+    );
+}

@@ -734,6 +734,65 @@ impl DeliveryStorage for PgStorage {
         ))
     }
 
+    async fn requeue_dead_letter(
+        &self,
+        id: i64,
+        new_message_id: uuid::Uuid,
+    ) -> StorageResult<Option<(String, String, PushOutcome)>> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg_err("requeue: begin"))?;
+        let row = tx
+            .query_opt(
+                "SELECT q.name, d.partition_name, d.transaction_id, s.base_offset, s.msg_count, s.blob, d.msg_offset
+                   FROM queen.dead_letters d
+                   JOIN queen.queues q ON q.id = d.queue_id
+                   JOIN LATERAL (SELECT s.base_offset, s.end_offset, s.msg_count, s.blob FROM queen.log_segments s
+                                  WHERE s.partition_id = d.partition_id AND s.base_offset <= d.msg_offset
+                                  ORDER BY s.base_offset DESC LIMIT 1) s ON s.end_offset >= d.msg_offset
+                  WHERE d.id = $1
+                    FOR UPDATE OF d",
+                &[&id],
+            )
+            .await
+            .map_err(pg_err("requeue: read"))?;
+        let Some(r) = row else { return Ok(None) };
+        let (queue, partition, txid): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+        let (base, count, blob, offset): (i64, i32, Vec<u8>, i64) =
+            (r.get(3), r.get(4), r.get(5), r.get(6));
+        let mut frames = queen_core::frames::slice_blob(
+            &blob,
+            usize::try_from(offset - base).unwrap_or(0),
+            1,
+            usize::try_from(count).unwrap_or(0),
+        )
+        .map_err(|e| StorageError::Internal(format!("requeue: {e}")))?;
+        let Some(mut frame) = frames.pop() else {
+            return Ok(None);
+        };
+        frame.message_id = new_message_id;
+        frame.transaction_id = queen_core::storage::requeue_transaction_id(id, &txid);
+        let mut out = push_groups(
+            &tx,
+            &[PushGroup {
+                queue: queue.clone(),
+                partition: partition.clone(),
+                frames: vec![frame],
+            }],
+        )
+        .await?;
+        tx.execute("DELETE FROM queen.dead_letters WHERE id = $1", &[&id])
+            .await
+            .map_err(pg_err("requeue: delete"))?;
+        tx.commit().await.map_err(pg_err("requeue: commit"))?;
+        Ok(out
+            .pop()
+            .and_then(|mut g| g.pop())
+            .map(|o| (queue, partition, o)))
+    }
+
     async fn update_subscription(&self, group: &str, timestamp: Timestamp) -> StorageResult<u32> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let row = client

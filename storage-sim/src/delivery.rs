@@ -293,3 +293,63 @@ pub(crate) async fn update_subscription(
     })
     .await
 }
+
+pub(crate) async fn requeue_dead_letter(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    id: i64,
+    message_id: uuid::Uuid,
+) -> Result<Option<(String, String, queen_core::storage::PushOutcome)>, StorageError> {
+    in_tx(&shared, "requeue_dead_letter", cell, |tx| async move {
+        let found = tx
+            .stmt("read dead letter", |st, t| {
+                let Some((key, d)) = st
+                    .dlq
+                    .iter(t.id)
+                    .find(|((_, seq), _)| *seq as i64 == id)
+                    .map(|(k, d)| (k.clone(), d.clone()))
+                else {
+                    return Ok(None);
+                };
+                let Some(seg) = segment_holding(st, &d.partition_id, d.offset, t.id) else {
+                    return Ok(None);
+                };
+                if let Lock::HeldBy(h) = st.dlq.lock(&key, t.id) {
+                    return Err(StmtError::Blocked(h));
+                }
+                Ok(Some((key, d, seg)))
+            })
+            .await?;
+        let Some((key, d, seg)) = found else {
+            return Ok(None);
+        };
+        let mut frames = queen_core::frames::slice_blob(
+            &seg.blob,
+            seg.start_idx as usize,
+            1,
+            seg.msg_count as usize,
+        )
+        .map_err(|e| StorageError::Internal(e.to_string()))?;
+        let Some(mut frame) = frames.pop() else {
+            return Ok(None);
+        };
+        frame.message_id = message_id;
+        frame.transaction_id = queen_core::storage::requeue_transaction_id(id, &d.transaction_id);
+        let group = queen_core::storage::PushGroup {
+            queue: key.0.clone(),
+            partition: d.partition.clone(),
+            frames: vec![frame],
+        };
+        let mut out = crate::ops::push_body(&tx, std::slice::from_ref(&group)).await?;
+        tx.stmt("delete dead letter", |st, t| {
+            st.dlq.delete(&key, t.id);
+            Ok(())
+        })
+        .await?;
+        Ok(out
+            .pop()
+            .and_then(|mut g| g.pop())
+            .map(|o| (key.0.clone(), d.partition.clone(), o)))
+    })
+    .await
+}

@@ -361,6 +361,19 @@ impl DeliveryStorage for SimDb {
         ))
     }
 
+    async fn requeue_dead_letter(
+        &self,
+        id: i64,
+        new_message_id: uuid::Uuid,
+    ) -> StorageResult<Option<(String, String, queen_core::storage::PushOutcome)>> {
+        self.run(delivery::requeue_dead_letter(
+            self.shared.clone(),
+            TaskCell::free_run(),
+            id,
+            new_message_id,
+        ))
+    }
+
     async fn update_subscription(
         &self,
         group: &str,

@@ -139,6 +139,8 @@ async def nack_retry_dlq(queen):
     check(dlq.get("total") == 1 and len(dlq["messages"]) == 1, f"one dead letter, with a total ({dlq.get('total')})")
     m = dlq["messages"][0]
     check(m["data"] == {"message": "poison"} and "Test error" in (m.get("errorMessage") or ""), "the dead letter carries the message and the error")
+    dlq_rows = (await httpx.AsyncClient(base_url=URL).get("/api/v1/dlq", params={"queue": q})).json()["messages"]
+    check(len(dlq_rows) == 1, "the raw DLQ listing agrees")
 
 
 async def transaction_pop_process_push_ack(queen):
