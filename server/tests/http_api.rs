@@ -99,9 +99,20 @@ async fn round_trip(store: Store) {
             .all(|a| a["success"] == true && a["error"].is_null()),
         "{acks}"
     );
-    // Re-acking is idempotent; a wrong lease is refused with 200 + success:false.
+    // Re-acking a committed message is idempotent, whatever lease it names (a retried
+    // transaction arrives after its lease was released); an unknown message is refused with
+    // 200 + success:false.
     let r = c.post("/api/v1/ack", &json!({"transactionId": "t1", "partitionId": pid, "leaseId": "00000000-0000-7000-8000-000000000000"})).await;
+    assert_eq!(r.json()[0]["success"], true);
+    let r = c
+        .post(
+            "/api/v1/ack",
+            &json!({"transactionId": "nope", "partitionId": pid}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
     assert_eq!(r.json()[0]["success"], false);
+    assert_eq!(r.json()[0]["error"], "Message not found");
 
     // Consumer groups and autoAck.
     c.post(
