@@ -89,6 +89,24 @@ pub enum PushOutcome {
     },
 }
 
+impl PushOutcome {
+    /// The stored message's id (the original's, for a duplicate).
+    pub fn message_id(&self) -> uuid::Uuid {
+        match self {
+            PushOutcome::Queued { message_id, .. } | PushOutcome::Duplicate { message_id, .. } => {
+                *message_id
+            }
+        }
+    }
+
+    pub fn partition_id(&self) -> &str {
+        match self {
+            PushOutcome::Queued { partition_id, .. }
+            | PushOutcome::Duplicate { partition_id, .. } => partition_id,
+        }
+    }
+}
+
 /// One push group's outcomes, one per frame in the group's order.
 pub type PushGroupResult = Vec<PushOutcome>;
 

@@ -291,17 +291,10 @@ pub async fn requeue(app: &Arc<App>, id: &str) -> Result<Reply, Failure> {
             &json!({"error": "no such dead letter (or its message was removed by retention)"}),
         )),
         Some((queue, partition, outcome)) => {
-            let (message_id, partition_id) = match &outcome {
-                PushOutcome::Queued {
-                    message_id,
-                    partition_id,
-                    ..
-                }
-                | PushOutcome::Duplicate {
-                    message_id,
-                    partition_id,
-                } => (message_id.to_string(), partition_id.clone()),
-            };
+            let (message_id, partition_id) = (
+                outcome.message_id().to_string(),
+                outcome.partition_id().to_string(),
+            );
             lock(&app.pop_ctx).note_push(&queue, &partition, 1, app.now());
             app.wake(&queue);
             Ok(http::json(

@@ -294,19 +294,9 @@ async fn push_groups(
                 let winner = first_of
                     .get(f.transaction_id.as_str())
                     .and_then(|w| outcome[*w].clone());
-                outcome[k] = winner.map(|w| match w {
-                    PushOutcome::Queued {
-                        message_id,
-                        partition_id,
-                        ..
-                    }
-                    | PushOutcome::Duplicate {
-                        message_id,
-                        partition_id,
-                    } => PushOutcome::Duplicate {
-                        message_id,
-                        partition_id,
-                    },
+                outcome[k] = winner.map(|w| PushOutcome::Duplicate {
+                    message_id: w.message_id(),
+                    partition_id: w.partition_id().to_string(),
                 });
             }
         }

@@ -150,9 +150,7 @@ pub(crate) async fn seek_group(
     in_tx(&shared, "seek_group", cell, |tx| async move {
         tx.stmt("seek", |st, t| {
             let parts: Vec<(String, Offset)> = st
-                .partitions
-                .range((queue.clone(), String::new()).., t.id)
-                .take_while(|((q, _), _)| *q == queue)
+                .partitions_of(&queue, t.id)
                 .map(|(_, p)| (p.id.clone(), p.last_offset))
                 .collect();
             let keys: Vec<((String, String), Offset)> = parts

@@ -131,10 +131,8 @@ impl SimDb {
     /// Partition names of a queue, committed, in name order.
     pub fn partitions(&self, queue: &str) -> Vec<String> {
         let st = lock(&self.shared.state);
-        st.partitions
-            .range((queue.to_string(), String::new()).., 0)
-            .take_while(|((q, _), _)| q == queue)
-            .map(|((_, n), _)| n.clone())
+        st.partitions_of(queue, 0)
+            .map(|(n, _)| n.to_string())
             .collect()
     }
 

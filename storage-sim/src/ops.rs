@@ -506,10 +506,8 @@ pub(crate) async fn delete_queue(
                 return Ok(false);
             }
             let parts: Vec<((String, String), String)> = st
-                .partitions
-                .range((queue.clone(), String::new()).., t.id)
-                .take_while(|((q, _), _)| *q == queue)
-                .map(|(k, p)| (k.clone(), p.id.clone()))
+                .partitions_of(&queue, t.id)
+                .map(|(n, p)| ((queue.clone(), n.to_string()), p.id.clone()))
                 .collect();
             // Take every lock first (waiting where needed), so a wait changes nothing.
             lock_or_wait(st.queues.lock(&queue, t.id))?;

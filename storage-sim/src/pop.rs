@@ -528,10 +528,8 @@ pub(crate) async fn pop_wildcard(
                     return Ok(());
                 }
                 let parts: Vec<(String, String, Offset)> = st
-                    .partitions
-                    .range((req.queue.clone(), String::new()).., t.id)
-                    .take_while(|((q, _), _)| *q == req.queue)
-                    .map(|((_, name), p)| (name.clone(), p.id.clone(), p.last_offset))
+                    .partitions_of(&req.queue, t.id)
+                    .map(|(name, p)| (name.to_string(), p.id.clone(), p.last_offset))
                     .collect();
                 let rule = seed_rule(&req.group, Some(record), req.intent);
                 for (_, pid, last_offset) in parts {
@@ -574,11 +572,7 @@ pub(crate) async fn pop_wildcard(
                         .get(&mkey, t.id)
                         .map_or(Timestamp::EPOCH, |w| w.watermark);
                     let floor = watermark.minus_secs(WATERMARK_SLACK_SECS);
-                    let all: Vec<_> = st
-                        .partitions
-                        .range((req.queue.clone(), String::new()).., t.id)
-                        .take_while(|((q, _), _)| *q == req.queue)
-                        .collect();
+                    let all: Vec<_> = st.partitions_of(&req.queue, t.id).collect();
                     let cap = wildcard_candidate_cap(all.len() as u64) as usize;
                     let mut picked: Vec<(String, Option<String>)> = all
                         .into_iter()
@@ -589,7 +583,7 @@ pub(crate) async fn pop_wildcard(
                                 Some(c) => p.last_offset > c.committed && c.claimable(now),
                             }
                         })
-                        .map(|((_, name), p)| (name.clone(), Some(p.id.clone())))
+                        .map(|(name, p)| (name.to_string(), Some(p.id.clone())))
                         .collect();
                     st.rng.shuffle(&mut picked);
                     picked.truncate(cap);
@@ -612,16 +606,12 @@ pub(crate) async fn pop_wildcard(
                     {
                         return Ok(());
                     }
-                    let pending = st
-                        .partitions
-                        .range((req.queue.clone(), String::new()).., t.id)
-                        .take_while(|((q, _), _)| *q == req.queue)
-                        .any(|(_, p)| {
-                            match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
-                                None => p.last_offset >= 0,
-                                Some(c) => p.last_offset > c.committed,
-                            }
-                        });
+                    let pending = st.partitions_of(&req.queue, t.id).any(|(_, p)| {
+                        match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
+                            None => p.last_offset >= 0,
+                            Some(c) => p.last_offset > c.committed,
+                        }
+                    });
                     let watermark = match (&current, pending) {
                         (_, false) => now,
                         (Some(w), true) => w.watermark,
@@ -663,9 +653,7 @@ pub(crate) fn pending_partitions(
     limit: u32,
     tx: u64,
 ) -> Vec<String> {
-    st.partitions
-        .range((queue.to_string(), String::new()).., tx)
-        .take_while(|((q, _), _)| q == queue)
+    st.partitions_of(queue, tx)
         .filter(
             |(_, p)| match st.consumers.get(&(p.id.clone(), group.to_string()), tx) {
                 None => p.last_offset >= 0,
@@ -673,6 +661,6 @@ pub(crate) fn pending_partitions(
             },
         )
         .take(limit as usize)
-        .map(|((_, name), _)| name.clone())
+        .map(|(name, _)| name.to_string())
         .collect()
 }

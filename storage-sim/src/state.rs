@@ -145,6 +145,18 @@ impl DbState {
         }
     }
 
+    /// A queue's partitions visible to `tx`, in name order: (name, row).
+    pub fn partitions_of<'a>(
+        &'a self,
+        queue: &'a str,
+        tx: TxId,
+    ) -> impl Iterator<Item = (&'a str, &'a PartitionRow)> + 'a {
+        self.partitions
+            .range((queue.to_string(), String::new()).., tx)
+            .take_while(move |((q, _), _)| q == queue)
+            .map(|((_, n), p)| (n.as_str(), p))
+    }
+
     pub fn mint_uuid(&mut self, now: Timestamp) -> uuid::Uuid {
         let mut bytes = [0u8; 10];
         self.rng.fill(&mut bytes);
