@@ -1,6 +1,7 @@
 //! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
 
 pub mod app;
+pub mod client;
 pub mod config;
 mod delivery_routes;
 pub mod http;

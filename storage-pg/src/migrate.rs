@@ -21,6 +21,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "delivery",
         include_str!("../migrations/004_delivery.sql"),
     ),
+    (
+        5,
+        "ack_set_based",
+        include_str!("../migrations/005_ack_set_based.sql"),
+    ),
 ];
 
 /// Any fixed key: "queen" in ASCII.

@@ -62,3 +62,13 @@ pub async fn drop_database(name: &str) {
         let _ = driver.await;
     }
 }
+
+/// The config of an existing database next to DATABASE_URL's.
+pub fn fresh_database_config_existing(name: &str) -> tokio_postgres::Config {
+    let mut base = match tokio_postgres::Config::from_str(&database_url()) {
+        Ok(c) => c,
+        Err(e) => panic!("DATABASE_URL is not a PostgreSQL URL: {e}"),
+    };
+    base.dbname(name);
+    base
+}
