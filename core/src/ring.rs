@@ -359,15 +359,6 @@ impl RingTable {
     pub fn forget_queue(&mut self, queue: &str) {
         self.rings.retain(|(q, _), _| q != queue);
     }
-
-    /// Earliest revisit across all rings of a queue.
-    pub fn next_revisit(&self, queue: &str) -> Option<Timestamp> {
-        self.rings
-            .range((queue.to_string(), String::new())..)
-            .take_while(|((q, _), _)| q == queue)
-            .filter_map(|(_, r)| r.next_revisit())
-            .min()
-    }
 }
 
 impl HotRing {

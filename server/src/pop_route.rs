@@ -73,28 +73,9 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                     next = Some(PopInput::StorageDone { id, result });
                 }
                 PopEffect::Park { until } => {
-                    let revisit = queue
-                        .as_deref()
-                        .and_then(|q| lock(&app.pop_ctx).rings.next_revisit(q));
-                    let until = revisit.map_or(until, |r| r.max(app.now()).min(until));
-                    let sleep =
-                        Duration::from_micros(u64::try_from(until.0 - app.now().0).unwrap_or(0));
-                    app.metrics.parked.fetch_add(1, Ordering::Relaxed);
-                    let woke = tokio::select! {
-                        changed = gate.changed() => if changed.is_ok() { Some(PopInput::Wake) } else { Some(PopInput::Timer) },
-                        _ = tokio::time::sleep(sleep) => Some(PopInput::Timer),
-                        _ = tx.closed() => Some(PopInput::Cancel),
-                        _ = shutdown.wait_for(|s| *s) => None,
-                    };
-                    app.metrics.parked.fetch_sub(1, Ordering::Relaxed);
-                    match woke {
+                    match park(&app, &machine, until, &mut gate, &mut tx, &mut shutdown).await {
                         Some(i) => next = Some(i),
-                        None => {
-                            // Shutting down: parked pops answer empty.
-                            app.metrics.pops_empty.fetch_add(1, Ordering::Relaxed);
-                            let _ = tx.send(http::no_content());
-                            return;
-                        }
+                        None => return shut_down(&app, tx),
                     }
                 }
                 PopEffect::Reply(reply) => {
@@ -111,12 +92,61 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
         }
         input = match next {
             Some(i) => i,
-            None => {
-                let _ = tx.send(http::error(&Failure::server("pop machine stalled")));
-                return;
-            }
+            // An input that changed nothing (a timer before the deadline) leaves the machine
+            // parked: wait again.
+            None => match machine.poll_timeout() {
+                Some(until) => {
+                    match park(&app, &machine, until, &mut gate, &mut tx, &mut shutdown).await {
+                        Some(i) => i,
+                        None => return shut_down(&app, tx),
+                    }
+                }
+                None => {
+                    let _ = tx.send(http::error(&Failure::server("pop machine stalled")));
+                    return;
+                }
+            },
         };
     }
+}
+
+/// Shutting down: parked pops answer empty.
+fn shut_down(app: &App, tx: oneshot::Sender<Reply>) {
+    app.metrics.pops_empty.fetch_add(1, Ordering::Relaxed);
+    let _ = tx.send(http::no_content());
+}
+
+/// Parks until a wake, the machine's timer, the client leaving, or shutdown (`None`). A
+/// queue-wide pop on the hot-list path also wakes when its own ring's revisit wheel comes due
+/// (a lease expiring, a deferral ending): that is a `Wake`, since the ring may have work now.
+async fn park(
+    app: &App,
+    machine: &PopMachine,
+    until: queen_core::Timestamp,
+    gate: &mut tokio::sync::watch::Receiver<u64>,
+    tx: &mut oneshot::Sender<Reply>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<PopInput> {
+    let revisit = match &machine.params().shape {
+        PopShape::Queue { queue } if app.pop_config.hotlist => lock(&app.pop_ctx)
+            .rings
+            .ring(queue, &machine.params().consumer_group)
+            .next_revisit(),
+        _ => None,
+    };
+    let now = app.now();
+    let revisit = revisit.map(|r| r.max(now)).filter(|r| *r < until);
+    let wake_at = revisit.unwrap_or(until);
+    let sleep = Duration::from_micros(u64::try_from(wake_at.0 - now.0).unwrap_or(0));
+    app.metrics.parked.fetch_add(1, Ordering::Relaxed);
+    let woke = tokio::select! {
+        changed = gate.changed() => Some(if changed.is_ok() { PopInput::Wake } else { PopInput::Timer }),
+        _ = tokio::time::sleep(sleep) => Some(if revisit.is_some() { PopInput::Wake } else { PopInput::Timer }),
+        _ = tx.closed() => Some(PopInput::Cancel),
+        _ = shutdown.wait_for(|s| *s) => None,
+    };
+    app.metrics.parked.fetch_sub(1, Ordering::Relaxed);
+    woke
 }
 
 async fn finish(app: &Arc<App>, reply: PopReply, group: &str, tx: oneshot::Sender<Reply>) {

@@ -669,3 +669,61 @@ async fn dead_letters_over_http_on_the_memory_backend() {
 async fn dead_letters_over_http_on_postgres() {
     dead_letters_over_http(Store::Postgres("queen_http_dlq")).await;
 }
+
+/// One group's lease expiring while another group is parked on the same queue must not disturb
+/// the parked pop (the driver once woke on the other group's due revisit and failed with 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_groups_lease_expiry_does_not_disturb_a_parked_pop() {
+    let b = start(Store::Memory, ServerConfig::default()).await;
+    let a = b.addr;
+    request(
+        a,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "two", "partition": "p", "payload": 1}]})),
+    )
+    .await;
+    let r = request(
+        a,
+        "GET",
+        "/api/v1/pop/queue/two?consumerGroup=g1&leaseSeconds=1&wait=false",
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "g1 leases p for 1 s");
+    let r = request(
+        a,
+        "GET",
+        "/api/v1/pop/queue/two?consumerGroup=g2&autoAck=true&wait=false",
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "g2 takes the message");
+    let waiter = tokio::spawn(async move {
+        request(
+            a,
+            "GET",
+            "/api/v1/pop/queue/two?consumerGroup=g2&autoAck=true&wait=true&timeout=6000",
+            None,
+        )
+        .await
+    });
+    // g1's lease expires while g2 is parked; then a push arrives.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!waiter.is_finished(), "g2's parked pop answered early");
+    request(
+        a,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "two", "partition": "p", "payload": 2}]})),
+    )
+    .await;
+    let r = waiter.await.unwrap();
+    assert_eq!(
+        r.status,
+        200,
+        "the parked pop gets the push: {:?}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["messages"][0]["data"], json!(2));
+}
