@@ -265,6 +265,8 @@ pub struct PopMachine {
     /// Single-partition pops: the ring epoch at the last empty answer.
     partition_epoch_seen: Option<u64>,
     last_storage_check: Option<Timestamp>,
+    /// This pop took on the ring's due reseed.
+    owes_reseed: bool,
 }
 
 /// How long a single-partition pop trusts an unchanged ring epoch before asking storage again.
@@ -293,6 +295,7 @@ impl PopMachine {
             hold_started: None,
             partition_epoch_seen: None,
             last_storage_check: None,
+            owes_reseed: false,
         }
     }
 
@@ -443,9 +446,15 @@ impl PopMachine {
                         .is_none_or(|t| now >= t.plus_millis(PARTITION_RECHECK_MS))
             }
             PopShape::Queue { queue } if self.config.hotlist => {
-                let fresh = ctx.config_fresh(&queue, now, self.config.config_ttl_ms);
+                // A stale config alone is no work: it is refreshed when there is work to do, so
+                // parked pops never fetch it in a burst.
                 let ring = ctx.rings.ring(&queue, &group);
-                !ring.first_contact_done() || ring.reseed_due(now) || !fresh || ring.has_ready(now)
+                if ring.first_contact_done() && ring.reseed_due(now) {
+                    // The first pop to see the reseed due takes it on; the others do not.
+                    ring.mark_reseed_started(now);
+                    self.owes_reseed = true;
+                }
+                !ring.first_contact_done() || self.owes_reseed || ring.has_ready(now)
             }
             PopShape::Queue { queue } => {
                 // Legacy path: the cheap has_pending probe runs before any permit.
@@ -588,7 +597,10 @@ impl PopMachine {
                 since,
             );
         }
-        if ring.reseed_due(now) {
+        if self.owes_reseed || ring.reseed_due(now) {
+            // Counted as started now, so pops re-checking meanwhile do not reseed too.
+            ring.mark_reseed_started(now);
+            self.owes_reseed = false;
             let command = StorageCommand::PendingPartitions {
                 queue: queue.to_string(),
                 group,

@@ -140,6 +140,12 @@ impl HotRing {
         }
     }
 
+    /// A reseed was issued: the next one is due an interval from now (if it fails, the ring
+    /// waits an interval; the backoff re-checks and pushes keep it live meanwhile).
+    pub fn mark_reseed_started(&mut self, now: Timestamp) {
+        self.next_reseed_at = Some(now.plus_millis(self.reseed_interval_ms));
+    }
+
     /// Replaces beliefs with a storage snapshot of partitions with pending data.
     pub fn apply_reseed(&mut self, pending: &[String], now: Timestamp) {
         for p in pending {

@@ -565,3 +565,61 @@ fn backoff_config_is_honoured() {
         }]
     );
 }
+
+/// Parked pops make no storage calls when the cached config goes stale, and only one of them
+/// reseeds when the reseed falls due.
+#[test]
+fn parked_pops_do_not_burst_on_config_expiry_or_reseed() {
+    let mut c = ctx();
+    let mut first = machine(
+        &[("wait", "true"), ("timeout", "120000")],
+        PopConfig::default(),
+    );
+    warm_up(&mut first, &mut c, T0, vec![]);
+    let mut others: Vec<PopMachine> = (0..5)
+        .map(|_| {
+            machine(
+                &[("wait", "true"), ("timeout", "120000")],
+                PopConfig::default(),
+            )
+        })
+        .collect();
+    for m in &mut others {
+        m.handle(PopInput::Start, T0, &mut c);
+        assert!(
+            matches!(drain(m).as_slice(), [PopEffect::Park { .. }]),
+            "a warm ring parks for free"
+        );
+    }
+    // 20 s later the cached config (10 s TTL) is stale: still no storage for parked pops.
+    let t = T0.plus_secs(20);
+    for m in others.iter_mut().chain(std::iter::once(&mut first)) {
+        m.handle(PopInput::Timer, t, &mut c);
+        let fx = drain(m);
+        assert!(
+            fx.iter().all(|e| matches!(e, PopEffect::Park { .. })),
+            "stale config alone is no work: {fx:?}"
+        );
+    }
+    // 31 s: the reseed is due; exactly one pop issues it.
+    let t = T0.plus_secs(31);
+    let mut acquiring = 0;
+    for m in others.iter_mut() {
+        m.handle(PopInput::Timer, t, &mut c);
+        let fx = drain(m);
+        if fx.contains(&PopEffect::AcquirePermit) {
+            acquiring += 1;
+            m.handle(PopInput::PermitGranted, t, &mut c);
+            let fx = drain(m);
+            let (_, cmd) = storage_id(&fx);
+            assert!(
+                matches!(
+                    cmd,
+                    StorageCommand::QueueConfig { .. } | StorageCommand::PendingPartitions { .. }
+                ),
+                "{cmd:?}"
+            );
+        }
+    }
+    assert_eq!(acquiring, 1, "one reseed, not one per parked pop");
+}
