@@ -205,3 +205,19 @@ pub async fn serve_listener(app: Arc<App>, listener: tokio::net::TcpListener) {
         }
     }
 }
+
+/// Feeds pushes committed through any broker on the same PostgreSQL (NOTIFY queen_push) into
+/// this broker's rings and wake gates, so parked consumers wake at once, not at the next reseed.
+pub fn spawn_push_listener(
+    app: Arc<App>,
+    pg: tokio_postgres::Config,
+) -> tokio::task::JoinHandle<()> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(queen_storage_pg::PgStorage::listen_pushes(pg, tx));
+    tokio::spawn(async move {
+        while let Some((queue, partition, count)) = rx.recv().await {
+            app::lock(&app.pop_ctx).note_push(&queue, &partition, count, app.now());
+            app.wake(&queue);
+        }
+    })
+}

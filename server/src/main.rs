@@ -46,8 +46,9 @@ async fn run() -> Result<(), String> {
     let config = ServerConfig::from_env()?;
     let seed =
         u64::try_from(wall_now().0).unwrap_or(0) ^ u64::from(std::process::id()).rotate_left(32);
+    let pg_config = PgConfig::from_env()?;
     let (storage, delivery, backend): (Arc<dyn Storage>, Arc<dyn DeliveryStorage>, Backend) =
-        match PgConfig::from_env()? {
+        match pg_config.clone() {
             Some(pg) => {
                 let storage = PgStorage::connect(&pg)
                     .await
@@ -74,6 +75,9 @@ async fn run() -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
     let app = App::new(config, storage, delivery, backend, seed);
+    if let Some(pg) = pg_config {
+        queen_server::spawn_push_listener(app.clone(), pg.pg);
+    }
 
     let janitor = {
         let app = app.clone();

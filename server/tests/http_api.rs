@@ -727,3 +727,88 @@ async fn another_groups_lease_expiry_does_not_disturb_a_parked_pop() {
     );
     assert_eq!(r.json()["messages"][0]["data"], json!(2));
 }
+
+/// Two brokers on one PostgreSQL: a push through one wakes a consumer parked on the other at
+/// once (NOTIFY), not at the next ring reseed. The re-check interval is longer than the wait, so
+/// only the notification can deliver in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_on_one_broker_wakes_a_consumer_parked_on_another() {
+    use std::sync::Arc;
+    let name = format!("queen_http_mesh_{}", std::process::id());
+    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let config = ServerConfig {
+        backoff: queen_core::backoff::WaitBackoff {
+            initial_ms: 60_000,
+            threshold: 3,
+            multiplier: 1.0,
+            max_ms: 60_000,
+        },
+        ..ServerConfig::default()
+    };
+    let mut addrs = vec![];
+    for seed in 0..2 {
+        let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            pg: cfg.clone(),
+            pool_size: 8,
+        })
+        .await
+        .expect("pg");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        addrs.push(listener.local_addr().expect("addr"));
+        let app = queen_server::app::App::new(
+            config.clone(),
+            Arc::new(pg.clone()),
+            Arc::new(pg.clone()),
+            queen_server::app::Backend::Postgres(pg),
+            seed,
+        );
+        queen_server::spawn_push_listener(app.clone(), cfg.clone());
+        tokio::spawn(queen_server::serve_listener(app, listener));
+    }
+    let (a, b) = (addrs[0], addrs[1]);
+    // Warm broker A's ring for the queue, then park a consumer on A.
+    request(
+        b,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "mesh", "payload": 0}]})),
+    )
+    .await;
+    assert_eq!(
+        request(
+            a,
+            "GET",
+            "/api/v1/pop/queue/mesh?autoAck=true&wait=false",
+            None
+        )
+        .await
+        .status,
+        200
+    );
+    let waiter = tokio::spawn(async move {
+        request(
+            a,
+            "GET",
+            "/api/v1/pop/queue/mesh?autoAck=true&wait=true&timeout=10000",
+            None,
+        )
+        .await
+    });
+    while metrics(a).await["parkedPops"].as_u64().unwrap() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t = Instant::now();
+    request(
+        b,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "mesh", "payload": "from b"}]})),
+    )
+    .await;
+    let r = waiter.await.unwrap();
+    assert_eq!(r.status, 200, "the consumer parked on A got B's push");
+    assert_eq!(r.json()["messages"][0]["data"], "from b");
+    eprintln!("cross-broker push-to-delivery: {:?}", t.elapsed());
+}

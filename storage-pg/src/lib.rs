@@ -795,3 +795,75 @@ impl DeliveryStorage for PgStorage {
         Ok(u32::try_from(row.get::<_, i32>(0)).unwrap_or(0))
     }
 }
+
+/// A push another broker (or this one) committed: (queue, partition, messages appended).
+pub type PushNotice = (String, String, u64);
+
+impl PgStorage {
+    /// Listens for committed pushes (`NOTIFY queen_push`) on a dedicated connection and sends each
+    /// to `notices`. Reconnects after a second when the connection drops; returns when the
+    /// receiver is gone. Missed notices only cost latency: the broker's ring reseed is the backstop.
+    pub async fn listen_pushes(
+        config: tokio_postgres::Config,
+        notices: tokio::sync::mpsc::UnboundedSender<PushNotice>,
+    ) {
+        loop {
+            match config.connect(tokio_postgres::NoTls).await {
+                Ok((client, mut connection)) => {
+                    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+                    let forward = notices.clone();
+                    let driver = tokio::spawn(async move {
+                        let mut done_tx = Some(done_tx);
+                        loop {
+                            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                                    let mut parts = n.payload().splitn(3, '\n');
+                                    if let (Some(q), Some(p), Some(c)) =
+                                        (parts.next(), parts.next(), parts.next())
+                                    {
+                                        if forward
+                                            .send((
+                                                q.to_string(),
+                                                p.to_string(),
+                                                c.parse().unwrap_or(1),
+                                            ))
+                                            .is_err()
+                                        {
+                                            break;
+                                        }
+                                    }
+                                }
+                                Some(Ok(_)) => {}
+                                Some(Err(_)) | None => break,
+                            }
+                        }
+                        if let Some(d) = done_tx.take() {
+                            let _ = d.send(());
+                        }
+                    });
+                    if let Err(e) = client.batch_execute("LISTEN queen_push").await {
+                        tracing::warn!(error = %e, "LISTEN queen_push failed; retrying");
+                    } else {
+                        tracing::info!("listening for pushes from other brokers");
+                        tokio::select! {
+                            _ = &mut done_rx => {}
+                            _ = notices.closed() => {
+                                driver.abort();
+                                return;
+                            }
+                        }
+                    }
+                    driver.abort();
+                    tracing::warn!("push notification connection lost; reconnecting");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open the push notification connection; retrying")
+                }
+            }
+            if notices.is_closed() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    }
+}

@@ -26,6 +26,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "ack_set_based",
         include_str!("../migrations/005_ack_set_based.sql"),
     ),
+    (
+        6,
+        "push_notify",
+        include_str!("../migrations/006_push_notify.sql"),
+    ),
 ];
 
 /// Any fixed key: "queen" in ASCII.
