@@ -100,6 +100,9 @@ pub(crate) fn group_items(items: Vec<Item>) -> (Vec<PushGroup>, Vec<(usize, usiz
     (groups, slots)
 }
 
+/// A push group's queue, partition and (transactionId, traceId) per frame.
+type GroupHead = (String, String, Vec<(String, Option<uuid::Uuid>)>);
+
 pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
     let v = http::parse_json(body, None)?;
     let items = v
@@ -115,34 +118,46 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
         .map(|(i, it)| parse_item(i, it, app))
         .collect::<Result<_, _>>()?;
     let (groups, slots) = group_items(parsed);
-    let txids: Vec<Vec<String>> = groups
+    // What the answer and the ring need, kept aside so the payloads move into storage uncopied:
+    // per group (queue, partition, (transactionId, traceId) per frame).
+    let heads: Vec<GroupHead> = groups
         .iter()
-        .map(|g| g.frames.iter().map(|f| f.transaction_id.clone()).collect())
+        .map(|g| {
+            (
+                g.queue.clone(),
+                g.partition.clone(),
+                g.frames
+                    .iter()
+                    .map(|f| (f.transaction_id.clone(), f.trace_id))
+                    .collect(),
+            )
+        })
         .collect();
-    let outcomes = app.storage.push(groups.clone()).await?;
+    let outcomes = app.storage.push(groups).await?;
     app.metrics.pushes.fetch_add(1, Ordering::Relaxed);
     let now = app.now();
     {
         let mut ctx = lock(&app.pop_ctx);
-        for (g, out) in groups.iter().zip(&outcomes) {
+        for ((queue, partition, _), out) in heads.iter().zip(&outcomes) {
             let queued = out
                 .iter()
                 .filter(|o| matches!(o, PushOutcome::Queued { .. }))
                 .count() as u64;
             if queued > 0 {
-                ctx.note_push(&g.queue, &g.partition, queued, now);
+                ctx.note_push(queue, partition, queued, now);
             }
         }
     }
-    let mut woken: Vec<&str> = groups.iter().map(|g| g.queue.as_str()).collect();
+    let mut woken: Vec<&str> = heads.iter().map(|(q, _, _)| q.as_str()).collect();
+    woken.sort_unstable();
     woken.dedup();
     for q in woken {
         app.wake(q);
     }
     let mut answer = Vec::with_capacity(slots.len());
     for (index, (g, k)) in slots.iter().enumerate() {
-        let tx = &txids[*g][*k];
-        let queue = &groups[*g].queue;
+        let (queue, _, frames) = &heads[*g];
+        let (tx, trace_id) = &frames[*k];
         let o = outcomes
             .get(*g)
             .and_then(|o| o.get(*k))
@@ -153,7 +168,7 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
                 json!({"index": index, "transaction_id": tx, "transactionId": tx, "status": "queued",
                        "message_id": message_id.to_string(), "messageId": message_id.to_string(),
                        "partition_id": partition_id, "partitionId": partition_id,
-                       "trace_id": groups[*g].frames[*k].trace_id.map(|t| t.to_string()), "queueName": queue})
+                       "trace_id": trace_id.map(|t| t.to_string()), "queueName": queue})
             }
             PushOutcome::Duplicate { message_id, partition_id } => {
                 app.metrics.duplicates.fetch_add(1, Ordering::Relaxed);
