@@ -215,6 +215,37 @@ pub fn plan_scan(
     rows
 }
 
+/// ttl: the first offset at or after `wanted` that has not expired. Segments older than `ttl`
+/// seconds are skipped whole; created_at is monotone in base_offset, so the expired segments are
+/// a prefix and the walk stops at the first live one. `head` and `forward` are as in
+/// [`plan_scan`].
+pub fn ttl_skip_to(
+    wanted: Offset,
+    head: Option<SegmentMeta>,
+    forward: impl IntoIterator<Item = SegmentMeta>,
+    ttl_secs: u32,
+    now: Timestamp,
+) -> Offset {
+    if ttl_secs == 0 {
+        return wanted;
+    }
+    let cutoff = now.minus_secs(i64::from(ttl_secs));
+    let mut to = wanted;
+    if let Some(h) = head.filter(|h| h.end_offset >= wanted) {
+        if h.created_at >= cutoff {
+            return to;
+        }
+        to = h.end_offset + 1;
+    }
+    for seg in forward {
+        if seg.created_at >= cutoff {
+            break;
+        }
+        to = to.max(seg.end_offset + 1);
+    }
+    to
+}
+
 /// windowBuffer: the partition is held while its newest segment is younger than W seconds.
 /// Returns the instant the hold ends, or `None` when the partition may be served.
 pub fn window_hold_until(
@@ -506,5 +537,41 @@ mod tests {
         assert_eq!(wildcard_candidate_cap(127), 508);
         assert_eq!(wildcard_candidate_cap(128), 512);
         assert_eq!(wildcard_candidate_cap(100_000), 512);
+    }
+}
+
+#[cfg(test)]
+mod ttl_tests {
+    use super::*;
+
+    fn seg(base: Offset, end: Offset, at: i64) -> SegmentMeta {
+        SegmentMeta {
+            base_offset: base,
+            end_offset: end,
+            created_at: Timestamp::from_secs(at),
+        }
+    }
+
+    #[test]
+    fn ttl_skips_the_expired_prefix_only() {
+        let now = Timestamp::from_secs(1_000);
+        // Head [0,4] at t=10, then [5,9] at t=20 (expired at ttl 100), [10,14] at t=950 (live).
+        let fwd = [seg(5, 9, 20), seg(10, 14, 950)];
+        assert_eq!(ttl_skip_to(2, Some(seg(0, 4, 10)), fwd, 100, now), 10);
+        assert_eq!(ttl_skip_to(2, Some(seg(0, 4, 10)), fwd, 0, now), 2);
+        // A live head stops the walk, whatever follows.
+        assert_eq!(ttl_skip_to(2, Some(seg(0, 4, 990)), fwd, 100, now), 2);
+        // Everything expired: past the last segment.
+        assert_eq!(
+            ttl_skip_to(2, Some(seg(0, 4, 10)), [seg(5, 9, 20)], 100, now),
+            10
+        );
+        // A head that does not cover `wanted` is ignored.
+        assert_eq!(
+            ttl_skip_to(5, Some(seg(0, 4, 10)), [seg(5, 9, 950)], 100, now),
+            5
+        );
+        // Exactly at the cutoff is still live.
+        assert_eq!(ttl_skip_to(0, Some(seg(0, 4, 900)), [], 100, now), 0);
     }
 }

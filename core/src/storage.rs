@@ -20,17 +20,26 @@ pub struct QueueConfig {
     pub task: String,
     pub lease_time: u32,
     pub retry_limit: u32,
+    /// Milliseconds a `failed` ack holds the partition (for that group) before the redelivery.
     pub retry_delay: u32,
+    /// Order of queues in a namespace/task pop: higher first.
     pub priority: i32,
     pub delayed_processing: u32,
     pub window_buffer: u32,
+    /// Cap on the queue's backlog (messages some consumer group has not passed; all messages
+    /// while no group has a cursor). A push that would exceed it is refused. 0 = no cap.
     pub max_size: u32,
+    /// Seconds a message stays deliverable; older messages are skipped. 0 = forever (0.15 stored
+    /// 3600 but never enforced it, so enforcing that default would silently drop old backlogs).
     pub ttl: u32,
     pub retention_enabled: bool,
     pub retention_seconds: u32,
     pub completed_retention_seconds: u32,
     pub encryption_enabled: bool,
+    /// Keep dead letters. Off: a message that exhausts its retries or is acked `dlq` is
+    /// discarded. On by default (0.15 always kept them; clients never send the flag).
     pub dead_letter_queue: bool,
+    /// Dead-letter a message after `retry_limit` failed retries. Off: retried until acknowledged.
     pub dlq_after_max_retries: bool,
     pub max_wait_time_seconds: u32,
     /// Milliseconds an under-full claim may be held back (0 = off).
@@ -52,13 +61,13 @@ impl QueueConfig {
             delayed_processing: 0,
             window_buffer: 0,
             max_size: 0,
-            ttl: 3600,
+            ttl: 0,
             retention_enabled: false,
             retention_seconds: 0,
             completed_retention_seconds: 0,
             encryption_enabled: false,
-            dead_letter_queue: false,
-            dlq_after_max_retries: false,
+            dead_letter_queue: true,
+            dlq_after_max_retries: true,
             max_wait_time_seconds: 0,
             min_pop_wait_time: 0,
         }
@@ -87,28 +96,44 @@ pub enum PushOutcome {
         message_id: uuid::Uuid,
         partition_id: String,
     },
+    /// Not stored: the queue is at its `maxSize`. The whole group is refused together.
+    Rejected {
+        message_id: uuid::Uuid,
+        partition_id: String,
+        reason: String,
+    },
 }
 
 impl PushOutcome {
     /// The stored message's id (the original's, for a duplicate).
     pub fn message_id(&self) -> uuid::Uuid {
         match self {
-            PushOutcome::Queued { message_id, .. } | PushOutcome::Duplicate { message_id, .. } => {
-                *message_id
-            }
+            PushOutcome::Queued { message_id, .. }
+            | PushOutcome::Duplicate { message_id, .. }
+            | PushOutcome::Rejected { message_id, .. } => *message_id,
         }
     }
 
     pub fn partition_id(&self) -> &str {
         match self {
             PushOutcome::Queued { partition_id, .. }
-            | PushOutcome::Duplicate { partition_id, .. } => partition_id,
+            | PushOutcome::Duplicate { partition_id, .. }
+            | PushOutcome::Rejected { partition_id, .. } => partition_id,
         }
     }
 }
 
 /// One push group's outcomes, one per frame in the group's order.
 pub type PushGroupResult = Vec<PushOutcome>;
+
+/// Why a push was refused (a queue at its maxSize), if any of its groups was: a transaction
+/// carrying it must roll back.
+pub fn push_rejection(groups: &[PushGroupResult]) -> Option<String> {
+    groups.iter().flatten().find_map(|o| match o {
+        PushOutcome::Rejected { reason, .. } => Some(reason.clone()),
+        _ => None,
+    })
+}
 
 /// Parameters every pop shape shares.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -298,7 +323,8 @@ pub trait Storage: Send + Sync {
     async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult>;
     /// The wildcard scan (legacy path, and every first contact of a (queue, group)).
     async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult>;
-    /// Queues matching a namespace and/or task, for the discovery pop.
+    /// Queues matching a namespace and/or task, for the discovery pop, in the order it tries
+    /// them: higher `priority` first, then by name.
     async fn queues_matching(
         &self,
         namespace: Option<String>,

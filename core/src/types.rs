@@ -54,6 +54,12 @@ pub const MAX_NAME_BYTES: usize = 255;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WorkerId(pub uuid::Uuid);
 
+impl WorkerId {
+    /// The holder of a retry-delay hold: a `failed` ack keeps the partition from every consumer
+    /// of the group until the delay ends. No pop mints it and no renewal extends it.
+    pub const RETRY_HOLD: WorkerId = WorkerId(uuid::Uuid::nil());
+}
+
 impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.hyphenated().fmt(f)

@@ -127,6 +127,9 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
                             message_id,
                             partition_id,
                         }) => ("duplicate", message_id.to_string(), partition_id.clone()),
+                        Some(PushOutcome::Rejected { partition_id, .. }) => {
+                            ("failed", String::new(), partition_id.clone())
+                        }
                         None => ("failed", String::new(), String::new()),
                     };
                     results.push(json!({"index": results.len(), "type": "push", "success": status != "failed", "status": status,

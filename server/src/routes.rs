@@ -176,6 +176,11 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
                        "message_id": message_id.to_string(), "messageId": message_id.to_string(),
                        "partition_id": partition_id, "partitionId": partition_id, "queueName": queue})
             }
+            PushOutcome::Rejected { partition_id, reason, .. } => {
+                json!({"index": index, "transaction_id": tx, "transactionId": tx, "status": "failed",
+                       "error": reason, "message_id": null, "messageId": null,
+                       "partition_id": partition_id, "partitionId": partition_id, "queueName": queue})
+            }
         });
     }
     Ok(http::json(StatusCode::CREATED, &Value::Array(answer)))

@@ -619,7 +619,7 @@ async fn a_storage_failure_is_a_5xx_and_loses_nothing() {
 }
 
 /// Dead letters over HTTP: a failed message past its budget is listed, then requeued and
-/// delivered again.
+/// delivered again. Then the queue options 0.15 never enforced: maxSize, retryDelay, priority.
 async fn dead_letters_over_http(store: Store) {
     let b = start(store, ServerConfig::default()).await;
     let mut c = Client::connect(b.addr).await;
@@ -658,6 +658,74 @@ async fn dead_letters_over_http(store: Store) {
     let p = c.get("/api/v1/pop/queue/d?wait=true&timeout=2000").await;
     assert_eq!(p.status, 200);
     assert_eq!(p.json()["messages"][0]["data"], json!({"bad": true}));
+
+    // maxSize: a push past the cap answers each refused item `failed` with the reason.
+    c.post(
+        "/api/v1/configure",
+        &json!({"queue": "capped", "options": {"maxSize": 1}}),
+    )
+    .await;
+    let r = c
+        .post(
+            "/api/v1/push",
+            &json!({"items": [{"queue": "capped", "payload": 1}, {"queue": "capped", "payload": 2}]}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let items = r.json();
+    for item in items.as_array().expect("items") {
+        assert_eq!(item["status"], "failed", "{items}");
+        assert!(
+            item["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("maxSize 1")),
+            "{items}"
+        );
+    }
+    assert_eq!(
+        c.get("/api/v1/pop/queue/capped?wait=false").await.status,
+        204,
+        "nothing stored"
+    );
+
+    // retryDelay: a failed message comes back to a parked pop once the hold ends.
+    c.post(
+        "/api/v1/push",
+        &json!({"items": [{"queue": "r", "payload": {"n": 1}, "transactionId": "r1"}]}),
+    )
+    .await;
+    let m = c.get("/api/v1/pop/queue/r?wait=false").await.json()["messages"][0].clone();
+    let r = c.post("/api/v1/ack", &json!({"transactionId": "r1", "partitionId": m["partitionId"], "status": "failed", "leaseId": m["leaseId"]})).await;
+    assert_eq!(r.json()[0]["success"], true);
+    assert_eq!(
+        c.get("/api/v1/pop/queue/r?wait=false").await.status,
+        204,
+        "held for retryDelay"
+    );
+    let p = c.get("/api/v1/pop/queue/r?wait=true&timeout=5000").await;
+    assert_eq!(p.status, 200);
+    assert_eq!(p.json()["messages"][0]["data"], json!({"n": 1}));
+
+    // priority: a discovery pop serves the higher-priority queue first.
+    for (q, prio) in [("jobs.low", 1), ("jobs.high", 9)] {
+        c.post(
+            "/api/v1/configure",
+            &json!({"queue": q, "options": {"priority": prio}}),
+        )
+        .await;
+        c.post(
+            "/api/v1/push",
+            &json!({"items": [{"queue": q, "payload": {"from": q}}]}),
+        )
+        .await;
+    }
+    for expected in ["jobs.high", "jobs.low"] {
+        let p = c
+            .get("/api/v1/pop?namespace=jobs&wait=false&autoAck=true")
+            .await;
+        assert_eq!(p.status, 200);
+        assert_eq!(p.json()["messages"][0]["data"], json!({"from": expected}));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -811,4 +879,58 @@ async fn a_push_on_one_broker_wakes_a_consumer_parked_on_another() {
     assert_eq!(r.status, 200, "the consumer parked on A got B's push");
     assert_eq!(r.json()["messages"][0]["data"], "from b");
     eprintln!("cross-broker push-to-delivery: {:?}", t.elapsed());
+}
+
+/// Queen 0.15 fused concurrent requests into one statement, so one poison item failed every
+/// co-batched request (flaw 5). Here each request stands alone: concurrent valid pushes all land
+/// while poison pushes (a name over 255 bytes, a non-UUID traceId) are refused alone.
+async fn a_poison_push_fails_alone(store: Store) {
+    let b = start(store, ServerConfig::default()).await;
+    let mut tasks = vec![];
+    for i in 0..24u32 {
+        let addr = b.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            let item = match i % 8 {
+                0 => json!({"queue": "x".repeat(300), "payload": i}),
+                4 => json!({"queue": "fused", "payload": i, "traceId": "not-a-uuid"}),
+                _ => json!({"queue": "fused", "partition": format!("p{}", i % 3), "payload": i}),
+            };
+            (i, c.post("/api/v1/push", &json!({"items": [item]})).await)
+        }));
+    }
+    let mut stored = 0;
+    for t in tasks {
+        let (i, r) = t.await.unwrap();
+        if i % 4 == 0 {
+            assert_eq!(r.status, 400, "poison request {i} is refused alone");
+        } else {
+            assert_eq!(r.status, 201, "request {i}");
+            assert_eq!(r.json()[0]["status"], "queued", "request {i}");
+            stored += 1;
+        }
+    }
+    let mut c = Client::connect(b.addr).await;
+    let mut total = 0;
+    for part in ["p0", "p1", "p2"] {
+        let p = c
+            .get(&format!(
+                "/api/v1/pop/queue/fused/partition/{part}?batch=100&wait=false"
+            ))
+            .await;
+        if p.status == 200 {
+            total += p.json()["messages"].as_array().map_or(0, Vec::len);
+        }
+    }
+    assert_eq!(total, stored, "every valid push was stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_push_fails_alone_on_the_memory_backend() {
+    a_poison_push_fails_alone(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_push_fails_alone_on_postgres() {
+    a_poison_push_fails_alone(Store::Postgres("queen_http_fused")).await;
 }

@@ -801,6 +801,18 @@ pub async fn failed_acks_retry_then_dead_letter(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure!(o.iter().all(|x| x.success), "all accepted: {o:?}");
+    // retryDelay (1000 ms by default): the partition is held for the group, renewal included.
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure!(r.claims.is_empty(), "held during retryDelay: {r:?}");
+    let renewed = s
+        .renew_lease(&queen_core::WorkerId::RETRY_HOLD.to_string(), 60)
+        .await
+        .map_err(e)?;
+    ensure_eq!(renewed.renewed, 0, "a retry hold is nobody's lease");
+    b.advance_secs(2).await;
     let w = ids.worker();
     let r = s
         .pop_partition(pop_req("q", "g", w, 10), "p".into())
@@ -836,6 +848,7 @@ pub async fn failed_acks_retry_then_dead_letter(b: &dyn Backend) -> CaseResult {
         o[0].success && !o[0].dlq && o[0].lease_released,
         "t-1 has its own budget: {o:?}"
     );
+    b.advance_secs(2).await;
     let r = s
         .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
         .await
@@ -884,6 +897,30 @@ pub async fn discovery(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure_eq!(q, vec!["billing.invoice.v2".to_string()], "by task");
+    // priority (flaw 6: never read by 0.15): the discovery pop tries higher priority first.
+    for (name, priority) in [("prio.low", 1), ("prio.high", 5), ("prio.mid", 3)] {
+        configure(
+            &*s,
+            QueueConfig {
+                priority,
+                ..QueueConfig::with_defaults(name)
+            },
+        )
+        .await?;
+    }
+    let q = s
+        .queues_matching(Some("prio".into()), None)
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        q,
+        vec![
+            "prio.high".to_string(),
+            "prio.mid".to_string(),
+            "prio.low".to_string()
+        ],
+        "by priority"
+    );
     Ok(())
 }
 
@@ -1280,6 +1317,237 @@ type CaseFn =
         &'a dyn Backend,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = CaseResult> + Send + 'a>>;
 
+/// Queen 0.15 stored deadLetterQueue and dlqAfterMaxRetries but never read them (flaw 6). Off,
+/// deadLetterQueue discards what would be filed; off, dlqAfterMaxRetries retries until acknowledged.
+pub async fn dead_letter_flags_are_enforced(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(21);
+    configure(
+        &*s,
+        QueueConfig {
+            retry_limit: 0,
+            retry_delay: 0,
+            dead_letter_queue: false,
+            ..QueueConfig::with_defaults("nodlq")
+        },
+    )
+    .await?;
+    push(&*s, &mut ids, "nodlq", "p", "t", 0..2).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("nodlq", "g", w, 1), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-0", &pid, AckStatus::Failed, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(o[0].success && !o[0].dlq, "exhausted, discarded: {o:?}");
+    let r = s
+        .pop_partition(pop_req("nodlq", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(payload_ns(&r), vec![1], "past the discarded message");
+    ensure_eq!(b.dead_letters("nodlq").await, vec![], "nothing filed");
+
+    configure(
+        &*s,
+        QueueConfig {
+            retry_limit: 0,
+            retry_delay: 0,
+            dlq_after_max_retries: false,
+            ..QueueConfig::with_defaults("forever")
+        },
+    )
+    .await?;
+    push(&*s, &mut ids, "forever", "p", "t", 0..1).await?;
+    let mut pid = String::new();
+    for attempt in 1..=4u32 {
+        let w = ids.worker();
+        let r = s
+            .pop_partition(pop_req("forever", "g", w, 10), "p".into())
+            .await
+            .map_err(e)?;
+        ensure_eq!(payload_ns(&r), vec![0], "redelivered, attempt {attempt}");
+        ensure_eq!(r.claims[0].attempt_count, attempt, "attempt count");
+        pid = r.claims[0].partition_id.clone();
+        let o = s
+            .ack(
+                "g",
+                vec![ack("t-0", &pid, AckStatus::Failed, Some(w.to_string()))],
+            )
+            .await
+            .map_err(e)?;
+        ensure!(o[0].success && !o[0].dlq, "not dead-lettered: {o:?}");
+    }
+    ensure_eq!(b.dead_letters("forever").await, vec![], "no dead letter");
+    // An explicit `dlq` ack still files it.
+    let w = ids.worker();
+    s.pop_partition(pop_req("forever", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    let o = s
+        .ack(
+            "g",
+            vec![ack("t-0", &pid, AckStatus::Dlq, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(o[0].dlq, "filed on request: {o:?}");
+    ensure_eq!(
+        b.dead_letters("forever").await,
+        vec![(0, "t-0".to_string())],
+        "one dead letter"
+    );
+    Ok(())
+}
+
+/// maxSize caps the backlog (flaw 6: stored, never enforced in 0.15): a push past it is refused
+/// whole and stores nothing, the backlog shrinks as the slowest group consumes, and a transaction
+/// carrying a refused push rolls back.
+pub async fn max_size_caps_the_backlog(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let d = b.delivery();
+    let mut ids = Ids::new(22);
+    configure(
+        &*s,
+        QueueConfig {
+            max_size: 3,
+            ..QueueConfig::with_defaults("cap")
+        },
+    )
+    .await?;
+    let first = push(&*s, &mut ids, "cap", "a", "t", 0..2).await?;
+    ensure!(
+        first
+            .iter()
+            .all(|o| matches!(o, PushOutcome::Queued { .. })),
+        "under the cap: {first:?}"
+    );
+    let over = push(&*s, &mut ids, "cap", "b", "t", 0..2).await?;
+    ensure!(
+        over.iter().all(
+            |o| matches!(o, PushOutcome::Rejected { reason, .. } if reason.contains("maxSize 3"))
+        ),
+        "2 + 2 > 3, refused whole: {over:?}"
+    );
+    let r = s
+        .pop_partition(pop_req("cap", "g", ids.worker(), 10), "b".into())
+        .await
+        .map_err(e)?;
+    ensure!(r.claims.is_empty(), "nothing was stored: {r:?}");
+    let fits = push(&*s, &mut ids, "cap", "b", "u", 0..1).await?;
+    ensure!(
+        matches!(fits[0], PushOutcome::Queued { .. }),
+        "exactly at the cap: {fits:?}"
+    );
+    // Group g consumes partition a: the backlog drops to 1.
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("cap", "g", w, 10), "a".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    s.ack(
+        "g",
+        vec![ack("t-1", &pid, AckStatus::Completed, Some(w.to_string()))],
+    )
+    .await
+    .map_err(e)?;
+    let again = push(&*s, &mut ids, "cap", "a", "v", 0..2).await?;
+    ensure!(
+        again
+            .iter()
+            .all(|o| matches!(o, PushOutcome::Queued { .. })),
+        "room after consumption: {again:?}"
+    );
+    // Full again (3): a transaction with a push there and an ack elsewhere commits nothing.
+    push(&*s, &mut ids, "free", "p", "t", 0..1).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("free", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    let free_pid = r.claims[0].partition_id.clone();
+    let out = d
+        .transaction(vec![
+            TxOp::Ack {
+                group: "g".into(),
+                item: ack("t-0", &free_pid, AckStatus::Completed, Some(w.to_string())),
+            },
+            TxOp::Push(vec![group(&mut ids, "cap", "a", "x", 0..1)]),
+        ])
+        .await
+        .map_err(e)?;
+    ensure!(
+        !out.committed && out.error.as_deref().is_some_and(|m| m.contains("full")),
+        "refused: {out:?}"
+    );
+    let o = s
+        .ack(
+            "g",
+            vec![ack(
+                "t-0",
+                &free_pid,
+                AckStatus::Completed,
+                Some(w.to_string()),
+            )],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(
+        o[0].success && o[0].lease_released,
+        "the transaction's ack was rolled back: {o:?}"
+    );
+    Ok(())
+}
+
+/// ttl (flaw 6: stored, never enforced in 0.15): messages older than ttl seconds are skipped by
+/// every group, the cursor moves past them, and younger ones are delivered.
+pub async fn ttl_expires_messages(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(23);
+    configure(
+        &*s,
+        QueueConfig {
+            ttl: 10,
+            ..QueueConfig::with_defaults("ttl")
+        },
+    )
+    .await?;
+    push(&*s, &mut ids, "ttl", "p", "t", 0..2).await?;
+    b.advance_secs(6).await;
+    push(&*s, &mut ids, "ttl", "p", "t", 2..3).await?;
+    let r = s
+        .pop_partition(pop_req("ttl", "early", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(payload_ns(&r), vec![0, 1, 2], "nothing expired yet");
+    b.advance_secs(6).await;
+    push(&*s, &mut ids, "ttl", "p", "t", 3..4).await?;
+    let r = s
+        .pop_partition(pop_req("ttl", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(payload_ns(&r), vec![2, 3], "the first push expired");
+    ensure_eq!(r.claims[0].first_offset, 2, "the cursor moved past it");
+    b.advance_secs(30).await;
+    let r = s
+        .pop_wildcard(pop_req("ttl", "late", ids.worker(), 10))
+        .await
+        .map_err(e)?;
+    ensure!(r.claims.is_empty(), "everything expired: {r:?}");
+    ensure!(
+        !s.has_pending("ttl", "late").await.map_err(e)?,
+        "nothing pending once expired"
+    );
+    Ok(())
+}
+
 macro_rules! cases {
     ($($name:ident),* $(,)?) => {
         /// Every conformance case, by name.
@@ -1310,4 +1578,7 @@ cases!(
     the_cursor_never_rewinds,
     dead_letter_listing,
     seek_and_group_deletion,
+    dead_letter_flags_are_enforced,
+    max_size_caps_the_backlog,
+    ttl_expires_messages,
 );

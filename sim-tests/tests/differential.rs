@@ -153,6 +153,7 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                     PushOutcome::Duplicate { message_id, .. } => {
                         format!("duplicate of {message_id}")
                     }
+                    PushOutcome::Rejected { reason, .. } => format!("rejected: {reason}"),
                 })
                 .collect();
             format!("{v:?}")
@@ -268,7 +269,43 @@ fn cursor_view(c: Option<CursorRow>) -> Option<CursorView> {
     })
 }
 
-async fn run(ops: Vec<Op>, delay: u32, case: usize) -> Result<(), TestCaseError> {
+/// The queue options of one case. ttl 25 s and retryDelay 2.5 s are never reached exactly by sums
+/// of the 4 s and 11 s clock steps (PostgreSQL's clock also moves in real time).
+#[derive(Clone, Debug)]
+struct Options {
+    delay: u32,
+    retry_delay_ms: u32,
+    ttl: u32,
+    max_size: u32,
+    dead_letter_queue: bool,
+    dlq_after_max_retries: bool,
+}
+
+fn options() -> impl Strategy<Value = Options> {
+    (
+        prop_oneof![Just(0u32), Just(2u32)],
+        prop_oneof![Just(0u32), Just(2500u32)],
+        prop_oneof![2 => Just(0u32), 1 => Just(25u32)],
+        prop_oneof![2 => Just(0u32), 1 => Just(6u32)],
+        prop::bool::weighted(0.75),
+        prop::bool::weighted(0.75),
+    )
+        .prop_map(
+            |(delay, retry_delay_ms, ttl, max_size, dead_letter_queue, dlq_after_max_retries)| {
+                Options {
+                    delay,
+                    retry_delay_ms,
+                    ttl,
+                    max_size,
+                    dead_letter_queue,
+                    dlq_after_max_retries,
+                }
+            },
+        )
+}
+
+async fn run(ops: Vec<Op>, opts: Options, case: usize) -> Result<(), TestCaseError> {
+    let delay = opts.delay;
     let clock = ManualClock::new(Timestamp::from_secs(1_700_000_000));
     let model = SimDb::new(3, clock.as_sim_clock(), SimBugs::default());
     let name = format!("queen_diff_{}_{case}", std::process::id());
@@ -282,6 +319,11 @@ async fn run(ops: Vec<Op>, delay: u32, case: usize) -> Result<(), TestCaseError>
     let config = QueueConfig {
         delayed_processing: delay,
         retry_limit: 1,
+        retry_delay: opts.retry_delay_ms,
+        ttl: opts.ttl,
+        max_size: opts.max_size,
+        dead_letter_queue: opts.dead_letter_queue,
+        dlq_after_max_retries: opts.dlq_after_max_retries,
         ..QueueConfig::with_defaults("q")
     };
     model
@@ -335,7 +377,7 @@ async fn run(ops: Vec<Op>, delay: u32, case: usize) -> Result<(), TestCaseError>
         }
         if x != y {
             return Err(TestCaseError::fail(format!(
-                "step {i}: model and PostgreSQL differ (delay {delay}); trace:\n{}",
+                "step {i}: model and PostgreSQL differ ({opts:?}); trace:\n{}",
                 trace.join("\n")
             )));
         }
@@ -377,13 +419,10 @@ fn model_and_postgres_agree() {
         ..ProptestConfig::default()
     });
     let result = runner.run(
-        &(
-            prop::collection::vec(op(), 1..40),
-            prop_oneof![Just(0u32), Just(2u32)],
-        ),
-        |(ops, delay)| {
+        &(prop::collection::vec(op(), 1..40), options()),
+        |(ops, opts)| {
             let case = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            rt.block_on(run(ops, delay, case))
+            rt.block_on(run(ops, opts, case))
         },
     );
     if let Err(e) = result {

@@ -49,6 +49,7 @@ async fn concurrent_pushes_of_one_transaction_id_store_it_once() {
             match t.await.unwrap().remove(0).remove(0) {
                 PushOutcome::Queued { message_id, .. } => queued.push(message_id),
                 PushOutcome::Duplicate { message_id, .. } => dups.push(message_id),
+                PushOutcome::Rejected { reason, .. } => panic!("uncapped queue refused: {reason}"),
             }
         }
         assert_eq!(

@@ -278,6 +278,20 @@ async fn push_groups(
                             partition_id: partition_id.to_string(),
                         })
                     }
+                    full if full.starts_with("full:") => {
+                        // "full:<maxSize>:<backlog>"
+                        let mut parts = full.split(':').skip(1);
+                        let cap = parts.next().unwrap_or("?");
+                        let backlog = parts.next().unwrap_or("?");
+                        outcome[*k] = Some(PushOutcome::Rejected {
+                            message_id,
+                            partition_id: partition_id.to_string(),
+                            reason: format!(
+                                "queue {} is full: maxSize {cap}, backlog {backlog}",
+                                g.queue
+                            ),
+                        });
+                    }
                     _ => retry.push(*k),
                 }
             }
@@ -294,9 +308,13 @@ async fn push_groups(
                 let winner = first_of
                     .get(f.transaction_id.as_str())
                     .and_then(|w| outcome[*w].clone());
-                outcome[k] = winner.map(|w| PushOutcome::Duplicate {
-                    message_id: w.message_id(),
-                    partition_id: w.partition_id().to_string(),
+                outcome[k] = winner.map(|w| match w {
+                    // A repeat of a refused item within the request is refused with it.
+                    PushOutcome::Rejected { .. } => w,
+                    _ => PushOutcome::Duplicate {
+                        message_id: w.message_id(),
+                        partition_id: w.partition_id().to_string(),
+                    },
                 });
             }
         }
@@ -508,7 +526,7 @@ impl Storage for PgStorage {
         let client = self.pool.get().await.map_err(pool_err)?;
         let rows = client
             .query(
-                "SELECT name FROM queen.queues WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2) ORDER BY name",
+                "SELECT name FROM queen.queues WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2) ORDER BY priority DESC, name",
                 &[&namespace, &task],
             )
             .await
@@ -582,7 +600,19 @@ impl DeliveryStorage for PgStorage {
         for op in &ops {
             match op {
                 TxOp::Push(groups) => {
-                    results.push(TxOpResult::Push(push_groups(&tx, groups).await?))
+                    let pushed = push_groups(&tx, groups).await?;
+                    let full = queen_core::storage::push_rejection(&pushed);
+                    results.push(TxOpResult::Push(pushed));
+                    if let Some(reason) = full {
+                        tx.rollback()
+                            .await
+                            .map_err(pg_err("transaction: rollback"))?;
+                        return Ok(TxOutcome {
+                            committed: false,
+                            results,
+                            error: Some(format!("PUSH operation failed: {reason}")),
+                        });
+                    }
                 }
                 TxOp::Ack { group, item } => {
                     let out = ack_items(&tx, group, std::slice::from_ref(item))

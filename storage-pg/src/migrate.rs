@@ -31,6 +31,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "push_notify",
         include_str!("../migrations/006_push_notify.sql"),
     ),
+    (
+        7,
+        "queue_options",
+        include_str!("../migrations/007_queue_options.sql"),
+    ),
 ];
 
 /// Any fixed key: "queen" in ASCII.

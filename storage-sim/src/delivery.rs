@@ -15,7 +15,7 @@ use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell};
 /// The results up to a refused ack, and its reason.
 type Refusal = (Vec<TxOpResult>, String);
 
-/// Runs acks and pushes in one transaction. A refused ack rolls everything back; the answer then
+/// Runs acks and pushes in one transaction. A refused ack or push rolls everything back; the answer then
 /// carries the results up to it and the reason.
 pub(crate) async fn transaction(
     shared: Arc<Shared>,
@@ -28,7 +28,15 @@ pub(crate) async fn transaction(
         let mut results = Vec::with_capacity(ops.len());
         for op in &ops {
             match op {
-                TxOp::Push(groups) => results.push(TxOpResult::Push(push_body(&tx, groups).await?)),
+                TxOp::Push(groups) => {
+                    let pushed = push_body(&tx, groups).await?;
+                    let full = queen_core::storage::push_rejection(&pushed);
+                    results.push(TxOpResult::Push(pushed));
+                    if let Some(reason) = full {
+                        *lock(&stash) = Some((results, format!("PUSH operation failed: {reason}")));
+                        return Err(StorageError::Invalid("transaction refused".into()));
+                    }
+                }
                 TxOp::Ack { group, item } => {
                     let out = ack_body(&tx, group, std::slice::from_ref(item))
                         .await?

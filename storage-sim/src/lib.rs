@@ -262,15 +262,18 @@ impl Storage for SimDb {
         task: Option<String>,
     ) -> StorageResult<Vec<String>> {
         let st = lock(&self.shared.state);
-        Ok(st
+        let mut matching: Vec<(i32, String)> = st
             .queues
             .iter(0)
             .filter(|(_, q)| {
                 namespace.as_ref().is_none_or(|n| &q.config.namespace == n)
                     && task.as_ref().is_none_or(|t| &q.config.task == t)
             })
-            .map(|(name, _)| name.clone())
-            .collect())
+            .map(|(name, q)| (q.config.priority, name.clone()))
+            .collect();
+        // A discovery pop tries them in this order: higher priority first, then by name.
+        matching.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        Ok(matching.into_iter().map(|(_, name)| name).collect())
     }
 
     async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool> {

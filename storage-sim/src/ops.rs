@@ -117,6 +117,20 @@ pub(crate) async fn push_body(
                 ensure_queue(st, &g.queue, now, t.id)
             })
             .await?;
+            // maxSize: capped queues serialize their pushes on the queue row, taken before the
+            // partition row (the order every push uses, so no deadlock).
+            let cap = tx
+                .stmt("lock capped queue", |st, t| {
+                    let cap = st
+                        .queues
+                        .get(&g.queue, t.id)
+                        .map_or(0, |q| q.config.max_size);
+                    if cap > 0 {
+                        lock_or_wait(st.queues.lock(&g.queue, t.id))?;
+                    }
+                    Ok(cap)
+                })
+                .await?;
             let pid = tx
                 .stmt("upsert and lock partition", |st, t| {
                     ensure_partition_locked(st, &g.queue, &g.partition, now, t.id)
@@ -157,6 +171,12 @@ pub(crate) async fn push_body(
                     }
                     if fresh.is_empty() {
                         return Ok(outcomes);
+                    }
+                    if cap > 0 {
+                        let backlog = queue_backlog(st, &g.queue, t.id);
+                        if backlog + fresh.len() as i64 > i64::from(cap) {
+                            return Ok(refuse_full(outcomes, &g.queue, cap, backlog));
+                        }
                     }
                     let blob = build_blob(&fresh)
                         .map_err(|e| StmtError::Abort(StorageError::Invalid(e.to_string())))?;
@@ -206,6 +226,58 @@ pub(crate) async fn push_body(
     }
 }
 
+/// Messages of a queue that some consumer group has not passed: per partition, from the slowest
+/// cursor (or from the start when no group has a cursor there) to the head.
+fn queue_backlog(st: &DbState, queue: &str, tx: u64) -> i64 {
+    st.partitions_of(queue, tx)
+        .map(|(_, p)| {
+            let slowest = st
+                .consumers
+                .range((p.id.clone(), String::new()).., tx)
+                .take_while(|((pid, _), _)| *pid == p.id)
+                .map(|(_, c)| c.committed)
+                .min()
+                .unwrap_or(-1);
+            (p.last_offset - slowest).max(0)
+        })
+        .sum()
+}
+
+/// A push group's new messages refused together because the queue is at its maxSize.
+fn refuse_full(
+    outcomes: Vec<PushOutcome>,
+    queue: &str,
+    cap: u32,
+    backlog: i64,
+) -> Vec<PushOutcome> {
+    let reason = format!("queue {queue} is full: maxSize {cap}, backlog {backlog}");
+    // A repeat of a refused item within the request is refused with it.
+    let refused: Vec<uuid::Uuid> = outcomes
+        .iter()
+        .filter(|o| matches!(o, PushOutcome::Queued { .. }))
+        .map(PushOutcome::message_id)
+        .collect();
+    outcomes
+        .into_iter()
+        .map(|o| match o {
+            PushOutcome::Queued {
+                message_id,
+                partition_id,
+                ..
+            }
+            | PushOutcome::Duplicate {
+                message_id,
+                partition_id,
+            } if refused.contains(&message_id) => PushOutcome::Rejected {
+                message_id,
+                partition_id,
+                reason: reason.clone(),
+            },
+            other => other,
+        })
+        .collect()
+}
+
 #[derive(Default)]
 struct CallState {
     /// The lease as it stood when this call first touched the partition: the fence.
@@ -214,6 +286,17 @@ struct CallState {
     /// The first failed/retried offset in this call: the cursor may not pass it.
     barrier: Option<Offset>,
     release: bool,
+    /// A `failed` ack (not `retry`) ends the lease: the queue's retryDelay holds the partition.
+    hold: bool,
+    hold_ms: u32,
+}
+
+/// The options an ack consults, from the queue row.
+struct AckOptions {
+    retry_limit: u32,
+    retry_delay_ms: u32,
+    keep_dead_letters: bool,
+    dlq_after_max_retries: bool,
 }
 
 /// Positional acks fenced by the lease. Within one call a failed message is a barrier: later
@@ -306,11 +389,26 @@ pub(crate) async fn ack_body(
                             ..res
                         });
                     }
-                    let retry_limit = st
-                        .queues
-                        .get(&queue, t.id)
-                        .map_or(3, |q| q.config.retry_limit);
+                    let opts = st.queues.get(&queue, t.id).map_or(
+                        AckOptions {
+                            retry_limit: 3,
+                            retry_delay_ms: 0,
+                            keep_dead_letters: true,
+                            dlq_after_max_retries: true,
+                        },
+                        |q| AckOptions {
+                            retry_limit: q.config.retry_limit,
+                            retry_delay_ms: q.config.retry_delay,
+                            keep_dead_letters: q.config.dead_letter_queue,
+                            dlq_after_max_retries: q.config.dlq_after_max_retries,
+                        },
+                    );
+                    call.hold_ms = opts.retry_delay_ms;
                     let dead_letter = |st: &mut DbState, row: &queen_core::claim::CursorRow| {
+                        if !opts.keep_dead_letters {
+                            // deadLetterQueue off: the message is discarded, on purpose.
+                            return false;
+                        }
                         st.dlq_seq += 1;
                         let seq = st.dlq_seq;
                         let dl = DlqRow {
@@ -324,6 +422,7 @@ pub(crate) async fn ack_body(
                             failed_at: now,
                         };
                         let _ = st.dlq.insert((queue.clone(), seq), dl, t.id);
+                        true
                     };
                     let advance = |row: &mut queen_core::claim::CursorRow,
                                    to: Offset,
@@ -347,16 +446,17 @@ pub(crate) async fn ack_body(
                                 1
                             };
                             row.retry_offset = Some(offset);
-                            if row.retry_count > retry_limit
+                            if opts.dlq_after_max_retries
+                                && row.retry_count > opts.retry_limit
                                 && offset == row.committed + 1
                                 && call.barrier.is_none()
                             {
-                                dead_letter(st, &row);
+                                res.dlq = dead_letter(st, &row);
                                 advance(&mut row, offset, None);
-                                res.dlq = true;
                             } else {
                                 call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
                                 call.release = true;
+                                call.hold = true;
                             }
                         }
                         AckStatus::Retry => {
@@ -365,9 +465,8 @@ pub(crate) async fn ack_body(
                         }
                         AckStatus::Dlq => {
                             if offset == row.committed + 1 && call.barrier.is_none() {
-                                dead_letter(st, &row);
+                                res.dlq = dead_letter(st, &row);
                                 advance(&mut row, offset, None);
-                                res.dlq = true;
                             } else {
                                 // Earlier messages are still unacknowledged: file it when it reaches the head.
                                 row.retry_offset = Some(offset);
@@ -401,8 +500,14 @@ pub(crate) async fn ack_body(
                     if row.worker_id.is_none() || row.worker_id != call.worker {
                         return Ok(false);
                     }
-                    row.worker_id = None;
-                    row.lease_expires_at = None;
+                    if call.hold && call.hold_ms > 0 {
+                        // retryDelay: nobody in the group may claim the partition until it ends.
+                        row.worker_id = Some(WorkerId::RETRY_HOLD);
+                        row.lease_expires_at = Some(now.plus_millis(i64::from(call.hold_ms)));
+                    } else {
+                        row.worker_id = None;
+                        row.lease_expires_at = None;
+                    }
                     row.lease_acquired_at = None;
                     row.batch_end = None;
                     lock_or_wait(st.consumers.update(&key, row, t.id))
@@ -434,7 +539,9 @@ pub(crate) async fn renew(
                 .consumers
                 .iter(t.id)
                 .filter(|(_, r)| {
-                    r.worker_id.is_some_and(|w| w.to_string() == lease_id) && !r.claimable(now)
+                    r.worker_id
+                        .is_some_and(|w| w != WorkerId::RETRY_HOLD && w.to_string() == lease_id)
+                        && !r.claimable(now)
                 })
                 .map(|(k, _)| k.clone())
                 .collect();

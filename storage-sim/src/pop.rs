@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use queen_core::claim::{
-    apply_auto_ack, apply_lease, plan_scan, seal_target, seed_cursor, seed_rule,
+    apply_auto_ack, apply_lease, plan_scan, seal_target, seed_cursor, seed_rule, ttl_skip_to,
     wildcard_candidate_cap, window_hold_until, CursorRow, SegmentMeta, SubscriptionRecord,
     WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
 };
@@ -25,6 +25,7 @@ struct QueueGates {
     delayed_processing: u32,
     window_buffer: u32,
     lease_time: u32,
+    ttl: u32,
 }
 
 fn load_gates(st: &DbState, queue: &str, tx: u64) -> Option<QueueGates> {
@@ -32,6 +33,7 @@ fn load_gates(st: &DbState, queue: &str, tx: u64) -> Option<QueueGates> {
         delayed_processing: q.config.delayed_processing,
         window_buffer: q.config.window_buffer,
         lease_time: q.config.lease_time,
+        ttl: q.config.ttl,
     })
 }
 
@@ -210,7 +212,47 @@ async fn log_pop_v1(
             return Ok((None, Verdict::Busy));
         }
     }
-    let committed = committed.unwrap_or(-1);
+    let mut committed = committed.unwrap_or(-1);
+    if queue_gates.ttl > 0 {
+        // ttl: move the cursor past the expired prefix before anything is read.
+        committed = tx
+            .stmt("ttl expiry", |st, t| {
+                let wanted = committed + 1;
+                let range = segments_of(st, pid);
+                let head = st
+                    .segments
+                    .range(
+                        (pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted),
+                        t.id,
+                    )
+                    .next_back()
+                    .and_then(|((_, base), _)| meta(st, pid, *base, t.id));
+                let forward = st
+                    .segments
+                    .range(range, t.id)
+                    .filter(|((_, base), _)| *base > wanted)
+                    .map(|((_, base), s)| SegmentMeta {
+                        base_offset: *base,
+                        end_offset: s.end_offset,
+                        created_at: s.created_at,
+                    });
+                let to = ttl_skip_to(wanted, head, forward, queue_gates.ttl, now);
+                if to == wanted {
+                    return Ok(committed);
+                }
+                let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
+                    StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into()))
+                })?;
+                row.committed = to - 1;
+                if row.retry_offset.is_some_and(|r| r < to) {
+                    row.retry_offset = None;
+                    row.retry_count = 0;
+                }
+                st.consumers.update(&key, row, t.id);
+                Ok(to - 1)
+            })
+            .await?;
+    }
     let wanted = committed + 1;
 
     // Step 5: head probe (one backward step), then the forward scan to the budget.

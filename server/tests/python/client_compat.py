@@ -127,14 +127,18 @@ async def nack_retry_dlq(queen):
     await queen.queue(q).config({"retryLimit": 1, "dlqAfterMaxRetries": True}).create()
     await queen.queue(q).push([{"data": {"message": "poison"}}])
     deliveries = 0
-    for _ in range(3):
-        msgs = await queen.queue(q).batch(1).wait(False).pop()
+    for _ in range(2):
+        # The redelivery comes after retryDelay (1000 ms by default): a waiting pop gets it.
+        msgs = await queen.queue(q).batch(1).wait(True).timeout_millis(10000).pop()
         if not msgs:
             break
         deliveries += 1
         res = await queen.ack(msgs[0], False, {"error": "Test error: always fails"})
         check(res.get("success") is True, "a failed ack is accepted")
     check(deliveries == 2, f"retryLimit 1 gives two deliveries ({deliveries})")
+    await asyncio.sleep(1.2)
+    left = await queen.queue(q).batch(1).wait(False).pop()
+    check(left == [], "dead-lettered, not delivered a third time")
     dlq = await queen.queue(q).dlq().limit(10).get()
     check(dlq.get("total") == 1 and len(dlq["messages"]) == 1, f"one dead letter, with a total ({dlq.get('total')})")
     m = dlq["messages"][0]
