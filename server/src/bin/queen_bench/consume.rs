@@ -1,0 +1,218 @@
+//! Scenario 2: consume throughput on a pre-filled backlog (pop batch 100, then a batch ack unless
+//! autoAck) against (c) a raw claim loop over segments holding the same backlog.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use queen_core::frames::{build_blob, slice_blob, Frame};
+use queen_core::storage::PushGroup;
+use queen_server::app::App;
+use queen_server::client::Client;
+use serde_json::{json, Value};
+
+use crate::util::{payload, pg_connect, Row};
+
+fn frames(i: &mut u64, n: usize) -> Vec<Frame> {
+    (0..n)
+        .map(|_| {
+            *i += 1;
+            Frame {
+                message_id: uuid::Uuid::from_u128(u128::from(*i)),
+                transaction_id: format!("c{i}"),
+                trace_id: None,
+                payload: payload(*i).to_string().into_bytes(),
+            }
+        })
+        .collect()
+}
+
+/// Segments per partition of at most 100 messages, as batch-100 pushes store them.
+fn segment_sizes(per_partition: usize) -> Vec<usize> {
+    let mut left = per_partition;
+    let mut out = vec![];
+    while left > 0 {
+        out.push(left.min(100));
+        left -= left.min(100);
+    }
+    out
+}
+
+/// The broker: `consumers` HTTP consumers drain `total` messages spread over `partitions`.
+async fn broker_rate(
+    app: &Arc<App>,
+    addr: std::net::SocketAddr,
+    queue: &str,
+    partitions: usize,
+    consumers: usize,
+    auto_ack: bool,
+    total: usize,
+) -> f64 {
+    let per_partition = total / partitions;
+    let mut i = 0u64;
+    for p in 0..partitions {
+        for n in segment_sizes(per_partition) {
+            app.storage
+                .push(vec![PushGroup {
+                    queue: queue.into(),
+                    partition: format!("p{p}"),
+                    frames: frames(&mut i, n),
+                }])
+                .await
+                .expect("prefill");
+        }
+    }
+    let total = (per_partition * partitions) as u64;
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=false&autoAck={auto_ack}");
+    let handles: Vec<_> = (0..consumers)
+        .map(|_| {
+            let (done, path) = (done.clone(), path.clone());
+            tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                let mut empty = 0;
+                while done.load(Ordering::Relaxed) < total && empty < 200 {
+                    let r = c.get(&path).await;
+                    if r.status == 204 {
+                        empty += 1;
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        continue;
+                    }
+                    let body = r.json();
+                    let msgs = body["messages"].as_array().expect("messages");
+                    if !auto_ack {
+                        let acks: Vec<Value> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]})).collect();
+                        let a = c.post("/api/v1/ack/batch", &json!({ "acknowledgments": acks })).await;
+                        assert_eq!(a.status, 200);
+                    }
+                    done.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        crate::util::joined(h.await);
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// (c): claim a cursor row (SKIP LOCKED), read up to 100 messages of segments, advance, commit.
+async fn claim_loop_rate(
+    cfg: &tokio_postgres::Config,
+    partitions: usize,
+    consumers: usize,
+    total: usize,
+) -> f64 {
+    let per_partition = total / partitions;
+    let c = pg_connect(cfg).await;
+    c.batch_execute("TRUNCATE bench.segments; UPDATE bench.parts SET last_offset = -1; UPDATE bench.cursors SET committed = -1")
+        .await
+        .expect("reset");
+    let mut i = 0u64;
+    for p in 0..partitions as i32 {
+        let mut last = -1i64;
+        for n in segment_sizes(per_partition) {
+            let blob = build_blob(&frames(&mut i, n)).expect("blob");
+            c.execute(
+                "INSERT INTO bench.segments (pid, base_offset, end_offset, blob) VALUES ($1, $2, $3, $4)",
+                &[&p, &(last + 1), &(last + n as i64), &blob],
+            )
+            .await
+            .expect("prefill");
+            last += n as i64;
+        }
+    }
+    let total = (per_partition * partitions) as u64;
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..consumers)
+        .map(|t| {
+            let done = done.clone();
+            let cfg = cfg.clone();
+            tokio::spawn(async move {
+                let mut c = pg_connect(&cfg).await;
+                let mut k = t * 7919;
+                let mut idle = 0;
+                while done.load(Ordering::Relaxed) < total && idle < partitions * 3 {
+                    k += 1;
+                    let p = (k % partitions) as i32;
+                    let tx = c.transaction().await.expect("begin");
+                    let Some(row) = tx.query_opt("SELECT committed FROM bench.cursors WHERE pid = $1 FOR UPDATE SKIP LOCKED", &[&p]).await.expect("claim") else {
+                        tx.commit().await.expect("commit");
+                        idle += 1;
+                        continue;
+                    };
+                    let committed: i64 = row.get(0);
+                    let segs = tx
+                        .query("SELECT base_offset, end_offset, blob FROM bench.segments WHERE pid = $1 AND end_offset > $2 ORDER BY base_offset LIMIT 2", &[&p, &committed])
+                        .await
+                        .expect("read");
+                    let mut taken = 0i64;
+                    for s in &segs {
+                        let (base, end, blob): (i64, i64, Vec<u8>) = (s.get(0), s.get(1), s.get(2));
+                        let start_idx = (committed + 1 + taken - base).max(0);
+                        let take = (end - base + 1 - start_idx).min(100 - taken);
+                        if take <= 0 {
+                            break;
+                        }
+                        let frames = slice_blob(&blob, start_idx as usize, take as usize, (end - base + 1) as usize).expect("slice");
+                        taken += frames.len() as i64;
+                    }
+                    if taken == 0 {
+                        tx.commit().await.expect("commit");
+                        idle += 1;
+                        continue;
+                    }
+                    idle = 0;
+                    tx.execute("UPDATE bench.cursors SET committed = committed + $2 WHERE pid = $1", &[&p, &taken]).await.expect("advance");
+                    tx.commit().await.expect("commit");
+                    done.fetch_add(taken as u64, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        crate::util::joined(h.await);
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Leased and autoAck broker runs against one claim-loop baseline, per (partitions, consumers).
+pub async fn consume_scenario(
+    app: &Arc<App>,
+    addr: std::net::SocketAddr,
+    cfg: &tokio_postgres::Config,
+    partitions: usize,
+    consumers: usize,
+    total: usize,
+) -> Vec<Row> {
+    let leased = broker_rate(
+        app,
+        addr,
+        &format!("consume-{partitions}-{consumers}-leased"),
+        partitions,
+        consumers,
+        false,
+        total,
+    )
+    .await;
+    let auto = broker_rate(
+        app,
+        addr,
+        &format!("consume-{partitions}-{consumers}-auto"),
+        partitions,
+        consumers,
+        true,
+        total,
+    )
+    .await;
+    let claim = claim_loop_rate(cfg, partitions, consumers, total).await;
+    let label = |mode: &str| {
+        format!("consume {mode}, batch 100, {partitions} partitions, {consumers} consumers")
+    };
+    vec![
+        Row::new(label("leased"), "msg/s", leased, "(c) claim loop", claim),
+        Row::new(label("autoAck"), "msg/s", auto, "(c) claim loop", claim),
+    ]
+}

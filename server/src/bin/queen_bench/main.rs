@@ -1,0 +1,342 @@
+//! queen-bench: the broker over real HTTP against raw PostgreSQL baselines, in the same run, on
+//! the same database, with the same payloads and concurrency. One table per run (markdown), and
+//! the same figures as JSON.
+//!
+//! 1. push throughput vs (a) a row per message and (b) a segment per batch;
+//! 2. consume throughput (leased and autoAck) vs (c) a raw claim loop;
+//! 3. steady state: push-to-delivery latency at the maximum and at 10% of it, vs NOTIFY + claim;
+//! 4. parked long-polls: statements/s, CPU, RSS, wake latency, hot-list on and off;
+//! 5. partition scaling of the wildcard pop;
+//! 6. fan-out to 1, 5 and 10 consumer groups.
+//!
+//! Usage: DATABASE_URL=... queen-bench [--quick] [--json PATH]   (or `bash .ci/bench [--quick]`)
+
+#![allow(clippy::expect_used)] // a benchmark that cannot set up has nothing to report
+
+mod consume;
+mod live;
+mod parked;
+mod push;
+mod scaling;
+mod util;
+
+use std::sync::Arc;
+
+use queen_server::app::{App, Backend};
+use queen_server::config::ServerConfig;
+use serde_json::json;
+use util::Row;
+
+struct Plan {
+    quick: bool,
+    secs: u64,
+    consume_total: usize,
+    steady_secs: u64,
+    parked: [usize; 2],
+    parked_secs: u64,
+    sizes: [usize; 3],
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            // Smaller counts and windows, every row still printed: a smoke run under 2 minutes.
+            Plan {
+                quick,
+                secs: 1,
+                consume_total: 10_000,
+                steady_secs: 2,
+                parked: [500, 2_000],
+                parked_secs: 2,
+                sizes: [100, 1_000, 10_000],
+            }
+        } else {
+            Plan {
+                quick,
+                secs: 10,
+                consume_total: 100_000,
+                steady_secs: 30,
+                parked: [1_000, 10_000],
+                parked_secs: 30,
+                sizes: [100, 10_000, 100_000],
+            }
+        }
+    }
+}
+
+async fn start_app(
+    pg: &queen_storage_pg::PgStorage,
+    hotlist: bool,
+) -> (Arc<App>, std::net::SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let config = ServerConfig {
+        hotlist,
+        ..ServerConfig::default()
+    };
+    let app = App::new(
+        config,
+        Arc::new(pg.clone()),
+        Arc::new(pg.clone()),
+        Backend::Postgres(pg.clone()),
+        1,
+    );
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    (app, addr)
+}
+
+fn print_table(plan: &Plan, rows: &[Row]) {
+    println!(
+        "\nqueen-bench ({}; PostgreSQL on this host; {} s per throughput measurement)\n",
+        if plan.quick { "quick" } else { "full" },
+        plan.secs
+    );
+    println!("| scenario | metric | broker | baseline | baseline value | broker / baseline |");
+    println!("|---|---|---:|---|---:|---:|");
+    let num = |x: f64| {
+        if x.is_nan() {
+            "-".to_string()
+        } else if x.abs() >= 100.0 {
+            format!("{x:.0}")
+        } else {
+            format!("{x:.2}")
+        }
+    };
+    for r in rows {
+        let ratio = if r.ratio().is_nan() {
+            "-".into()
+        } else {
+            format!("{:.2}x", r.ratio())
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            r.scenario,
+            r.metric,
+            num(r.broker),
+            r.baseline_name,
+            num(r.baseline),
+            ratio
+        );
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let plan = Plan::new(args.iter().any(|a| a == "--quick"));
+    // --only push|consume|steady|parked|scaling|fanout: one scenario (for development).
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
+    let runs = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    let json_path = args
+        .iter()
+        .position(|a| a == "--json")
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| "target/queen-bench.json".into());
+    let name = "queen_bench";
+    let pg = queen_storage_pg::testing::fresh_database(name, 32).await;
+    let cfg = queen_storage_pg::testing::fresh_database_config_existing(name);
+    let db_url = parked::url_with_db(&queen_storage_pg::testing::database_url(), name);
+    let setup = util::pg_connect(&cfg).await;
+    setup
+        .batch_execute(
+            "CREATE SCHEMA bench;
+             CREATE TABLE bench.rows (id bigserial PRIMARY KEY, partition text NOT NULL, txid text NOT NULL, payload jsonb NOT NULL,
+                                      created_at timestamptz NOT NULL DEFAULT now(), UNIQUE (partition, txid));
+             CREATE TABLE bench.parts (id int PRIMARY KEY, last_offset bigint NOT NULL);
+             CREATE TABLE bench.segments (pid int NOT NULL, base_offset bigint NOT NULL, end_offset bigint NOT NULL, blob bytea NOT NULL,
+                                          created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pid, base_offset));
+             ALTER TABLE bench.segments ALTER COLUMN blob SET STORAGE EXTERNAL;
+             CREATE TABLE bench.cursors (pid int PRIMARY KEY, committed bigint NOT NULL);
+             INSERT INTO bench.parts SELECT g, -1 FROM generate_series(0, 999) g;
+             INSERT INTO bench.cursors SELECT g, -1 FROM generate_series(0, 999) g;",
+        )
+        .await
+        .expect("baseline schema");
+    let (app, addr) = start_app(&pg, true).await;
+    let mut rows = vec![];
+
+    for batch in [1usize, 10, 100, 1000].into_iter().filter(|_| runs("push")) {
+        rows.extend(push::push_scenario(addr, &cfg, batch, plan.secs).await);
+        eprintln!("measured push, batch {batch}");
+    }
+    for partitions in [10usize, 1000].into_iter().filter(|_| runs("consume")) {
+        for consumers in [4usize, 16] {
+            rows.extend(
+                consume::consume_scenario(
+                    &app,
+                    addr,
+                    &cfg,
+                    partitions,
+                    consumers,
+                    plan.consume_total,
+                )
+                .await,
+            );
+            eprintln!("measured consume, {partitions} partitions, {consumers} consumers");
+        }
+    }
+
+    // 3. Steady state: the maximum first, then 10% of it, each against the raw pipeline.
+    let mut offered = 1000.0;
+    let mut calm_p99 = f64::NAN;
+    if runs("steady") || runs("fanout") {
+        let max = live::run(addr, "steady-max", 1, 4, None, plan.steady_secs).await;
+        offered = (max.delivered * 0.1).max(100.0);
+        let calm = live::run(addr, "steady-10pct", 1, 4, Some(offered), plan.steady_secs).await;
+        calm_p99 = calm.groups[0].p99;
+        if runs("steady") {
+            let raw_max = live::raw_run(&cfg, None, plan.steady_secs).await;
+            let raw_calm = live::raw_run(&cfg, Some(offered), plan.steady_secs).await;
+            for (label, b, r) in [
+                ("steady state, maximum".to_string(), &max, &raw_max),
+                (
+                    format!("steady state, {offered:.0} msg/s offered (10% of max)"),
+                    &calm,
+                    &raw_calm,
+                ),
+            ] {
+                let raw = "NOTIFY + claim loop";
+                rows.push(Row::new(
+                    label.clone(),
+                    "delivered msg/s",
+                    b.delivered,
+                    raw,
+                    r.delivered,
+                ));
+                rows.push(Row::new(
+                    label.clone(),
+                    "p50 ms",
+                    b.groups[0].p50,
+                    raw,
+                    r.groups[0].p50,
+                ));
+                rows.push(Row::new(
+                    label.clone(),
+                    "p99 ms",
+                    b.groups[0].p99,
+                    raw,
+                    r.groups[0].p99,
+                ));
+                rows.push(Row::new(
+                    label,
+                    "max ms",
+                    b.groups[0].max,
+                    raw,
+                    r.groups[0].max,
+                ));
+            }
+        }
+        eprintln!("measured steady state");
+    }
+
+    // 4. Parked long-polls, hot-list on and off, against 1 Hz raw pollers.
+    let parked_counts: Vec<usize> = match std::env::var("BENCH_PARKED") {
+        Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Err(_) => plan.parked.to_vec(),
+    };
+    for consumers in parked_counts.into_iter().filter(|_| runs("parked")) {
+        let raw = parked::raw_pollers(&cfg, name, consumers, plan.parked_secs).await;
+        for hotlist in [true, false] {
+            let p =
+                parked::broker_run(&db_url, name, &cfg, hotlist, consumers, plan.parked_secs).await;
+            rows.extend(parked::rows(consumers, hotlist, &p, raw));
+            eprintln!("measured parked, {consumers} long-polls, hotlist {hotlist}");
+        }
+    }
+
+    // 5. Partition scaling: the wildcard scan (QUEEN_HOTLIST=0) and the hot-list path.
+    let (_wild, wild_addr) = start_app(&pg, false).await;
+    let mut smallest: Vec<scaling::Scaling> = vec![];
+    for size in plan.sizes.into_iter().filter(|_| runs("scaling")) {
+        let queue = format!("scale-{size}");
+        scaling::prefill(&pg, &cfg, &queue, size).await;
+        for (k, (path, at, group)) in [
+            ("wildcard pop", wild_addr, "wild"),
+            ("hot-list pop", addr, "hot"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let s = scaling::run(at, &queue, group, plan.secs).await;
+            let base = smallest.get(k).unwrap_or(&s);
+            let label = format!("{path}, batch 10, {size} partitions");
+            let vs = format!("{} partitions", plan.sizes[0]);
+            rows.push(Row::new(
+                label.clone(),
+                "msg/s",
+                s.rate,
+                vs.clone(),
+                base.rate,
+            ));
+            rows.push(Row::new(
+                label.clone(),
+                "pop p99 ms",
+                s.pop.p99,
+                vs.clone(),
+                base.pop.p99,
+            ));
+            rows.push(Row::new(
+                label,
+                "first contact ms",
+                s.first_contact_ms,
+                vs,
+                base.first_contact_ms,
+            ));
+            if smallest.len() <= k {
+                smallest.push(s);
+            }
+        }
+        eprintln!("measured scaling, {size} partitions");
+    }
+
+    // 6. Fan-out at the calm offered rate: every group must receive every message.
+    for groups in [1usize, 5, 10].into_iter().filter(|_| runs("fanout")) {
+        let r = live::run(
+            addr,
+            &format!("fanout-{groups}"),
+            groups,
+            2,
+            Some(offered),
+            plan.secs,
+        )
+        .await;
+        let worst = r.groups.iter().map(|l| l.p99).fold(0.0, f64::max);
+        let label = format!("fan-out, {groups} groups, {offered:.0} msg/s offered");
+        rows.push(Row::new(
+            label.clone(),
+            "deliveries/s",
+            r.delivered,
+            "offered x groups",
+            offered * groups as f64,
+        ));
+        rows.push(Row::new(
+            label,
+            "worst group p99 ms",
+            worst,
+            "steady 10% p99",
+            calm_p99,
+        ));
+        eprintln!("measured fan-out, {groups} groups");
+    }
+
+    print_table(&plan, &rows);
+    let out: Vec<_> = rows
+        .iter()
+        .map(|r| json!({"scenario": r.scenario, "metric": r.metric, "broker": r.broker, "baseline": r.baseline_name, "baselineValue": r.baseline, "ratio": r.ratio()}))
+        .collect();
+    let doc = json!({"mode": if plan.quick { "quick" } else { "full" }, "seconds": plan.secs, "rows": out});
+    if let Err(e) = std::fs::write(
+        &json_path,
+        serde_json::to_vec_pretty(&doc).unwrap_or_default(),
+    ) {
+        eprintln!("cannot write {json_path}: {e}");
+    }
+    drop(setup);
+    app.shutting_down.send_replace(true);
+    queen_storage_pg::testing::drop_database(name).await;
+}

@@ -1,0 +1,120 @@
+//! Scenario 1: push throughput against (a) one row per message (multi-row INSERT) and (b) one
+//! zstd segment row per batch with offsets from the partition row.
+
+use std::sync::atomic::Ordering;
+
+use queen_core::frames::{build_blob, Frame};
+use queen_server::client::Client;
+use serde_json::{json, Value};
+
+use crate::util::{measure, payload, pg_connect, Row};
+
+pub const PRODUCERS: usize = 8;
+pub const PARTITIONS: usize = 10;
+
+pub async fn push_scenario(
+    addr: std::net::SocketAddr,
+    cfg: &tokio_postgres::Config,
+    batch: usize,
+    secs: u64,
+) -> Vec<Row> {
+    let broker = measure(PRODUCERS, secs, move |t, stop, count| async move {
+        let mut c = Client::connect(addr).await;
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            // One partition per request, rotating, as the segment baseline writes.
+            let partition = format!("p{}", (t + i as usize) % PARTITIONS);
+            let items: Vec<Value> = (0..batch)
+                .map(|_| {
+                    i += 1;
+                    json!({"queue": format!("push{batch}"), "partition": partition, "payload": payload(i), "transactionId": format!("{t}-{i}")})
+                })
+                .collect();
+            let r = c.post("/api/v1/push", &json!({ "items": items })).await;
+            assert_eq!(r.status, 201, "push failed: {}", String::from_utf8_lossy(&r.body));
+            count.fetch_add(batch as u64, Ordering::Relaxed);
+        }
+    })
+    .await;
+    // (a) one row per message, multi-row INSERT.
+    let cfg_a = cfg.clone();
+    let rows = measure(PRODUCERS, secs, move |t, stop, count| {
+        let cfg = cfg_a.clone();
+        async move {
+            let c = pg_connect(&cfg).await;
+            let values: Vec<String> = (0..batch)
+                .map(|k| {
+                    format!(
+                        "(${}, ${}, ${}::text::jsonb)",
+                        k * 3 + 1,
+                        k * 3 + 2,
+                        k * 3 + 3
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO bench.rows (partition, txid, payload) VALUES {}",
+                values.join(",")
+            );
+            let stmt = c.prepare(&sql).await.expect("prepare");
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut owned: Vec<(String, String, String)> = vec![];
+                let partition = format!("p{}", (t + i as usize) % PARTITIONS);
+                for _ in 0..batch {
+                    i += 1;
+                    owned.push((
+                        partition.clone(),
+                        format!("{batch}-{t}-{i}"),
+                        payload(i).to_string(),
+                    ));
+                }
+                let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![];
+                for (p, x, d) in &owned {
+                    params.push(p);
+                    params.push(x);
+                    params.push(d);
+                }
+                c.execute(&stmt, &params).await.expect("insert rows");
+                count.fetch_add(batch as u64, Ordering::Relaxed);
+            }
+        }
+    })
+    .await;
+    // (b) one segment row per batch, offsets from the partition row.
+    let cfg_b = cfg.clone();
+    let segs = measure(PRODUCERS, secs, move |t, stop, count| {
+        let cfg = cfg_b.clone();
+        async move {
+            let mut c = pg_connect(&cfg).await;
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let p = ((t + i as usize) % PARTITIONS) as i32;
+                let frames: Vec<Frame> = (0..batch)
+                    .map(|_| {
+                        i += 1;
+                        Frame { message_id: uuid::Uuid::from_u128(u128::from(i)), transaction_id: format!("{t}-{i}"), trace_id: None, payload: payload(i).to_string().into_bytes() }
+                    })
+                    .collect();
+                let blob = build_blob(&frames).expect("blob");
+                let tx = c.transaction().await.expect("begin");
+                let last: i64 = tx.query_one("SELECT last_offset FROM bench.parts WHERE id = $1 FOR NO KEY UPDATE", &[&p]).await.expect("lock").get(0);
+                tx.execute(
+                    "INSERT INTO bench.segments (pid, base_offset, end_offset, blob) VALUES ($1, $2, $3, $4)",
+                    &[&p, &(last + 1), &(last + batch as i64), &blob],
+                )
+                .await
+                .expect("segment");
+                tx.execute("UPDATE bench.parts SET last_offset = $2 WHERE id = $1", &[&p, &(last + batch as i64)]).await.expect("advance");
+                tx.commit().await.expect("commit");
+                count.fetch_add(batch as u64, Ordering::Relaxed);
+            }
+        }
+    })
+    .await;
+    let scenario = format!("push, batch {batch}, {PRODUCERS} producers, {PARTITIONS} partitions");
+    vec![
+        Row::new(scenario.clone(), "msg/s", broker, "(a) rows", rows),
+        Row::new(scenario, "msg/s", broker, "(b) segments", segs),
+    ]
+}
