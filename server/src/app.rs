@@ -76,15 +76,95 @@ impl Limiter {
     }
 }
 
+/// A queue's wake gate: a sequence number bumped by every push, and a FIFO of parked waiters.
+/// (Not `tokio::sync::watch`: its waiters sit in randomly chosen shards, so the order in which
+/// parked pops wake, and the simulation's trace, would depend on tokio's unseeded RNG.)
+#[derive(Default)]
+pub struct Gate {
+    seq: AtomicU64,
+    notify: Notify,
+}
+
+impl Gate {
+    fn open(&self) {
+        self.seq.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+}
+
+/// One parked pop's view of a gate: what it has already seen.
+pub struct GateWatch {
+    gate: Arc<Gate>,
+    seen: u64,
+}
+
+impl GateWatch {
+    /// Marks everything so far as seen.
+    pub fn mark_seen(&mut self) {
+        self.seen = self.gate.seq.load(Ordering::SeqCst);
+    }
+
+    /// Resolves once the gate opened after the last `mark_seen` (or `changed`).
+    pub async fn changed(&mut self) {
+        loop {
+            let notified = self.gate.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = self.gate.seq.load(Ordering::SeqCst);
+            if now != self.seen {
+                self.seen = now;
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// What happens to one wake signal (a simulation's fault; production always delivers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WakeFate {
+    Deliver,
+    Drop,
+    Delay(std::time::Duration),
+}
+
+/// Decides the fate of a queue's wake signal.
+pub type WakeFilter = Arc<dyn Fn(&str) -> WakeFate + Send + Sync>;
+
+/// What a deterministic simulation replaces in a broker: the clock, the wake signal (it may be
+/// dropped), and the historical-bug switches of the hot-list ring and the pop machine.
+#[derive(Clone)]
+pub struct Hooks {
+    pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Drops or delays wake signals (lost and late wakes).
+    pub wake_fate: Option<WakeFilter>,
+    pub ring_bugs: RingBugs,
+    pub pop_bugs: queen_core::pop::PopBugs,
+    pub reseed_interval_ms: i64,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks {
+            clock: Arc::new(wall_now),
+            wake_fate: None,
+            ring_bugs: RingBugs::default(),
+            pop_bugs: queen_core::pop::PopBugs::default(),
+            reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
+        }
+    }
+}
+
 pub struct App {
     pub config: ServerConfig,
+    hooks: Hooks,
     pub storage: Arc<dyn Storage>,
     pub delivery: Arc<dyn queen_core::storage::DeliveryStorage>,
     pub backend: Backend,
     pub pop_config: PopConfig,
     pub pop_ctx: Mutex<PopContext>,
     pub limiter: Limiter,
-    gates: Mutex<BTreeMap<String, watch::Sender<u64>>>,
+    gates: Mutex<BTreeMap<String, Arc<Gate>>>,
     ids: Mutex<IdMinter>,
     pub metrics: Metrics,
     pub shutting_down: watch::Sender<bool>,
@@ -103,9 +183,22 @@ impl App {
         backend: Backend,
         seed: u64,
     ) -> Arc<App> {
+        Self::with_hooks(config, storage, delivery, backend, seed, Hooks::default())
+    }
+
+    /// A broker with a simulation's clock, wake filter and bug switches.
+    pub fn with_hooks(
+        config: ServerConfig,
+        storage: Arc<dyn Storage>,
+        delivery: Arc<dyn queen_core::storage::DeliveryStorage>,
+        backend: Backend,
+        seed: u64,
+        hooks: Hooks,
+    ) -> Arc<App> {
         let pop_config = PopConfig {
             backoff: config.backoff,
             hotlist: config.hotlist,
+            bugs: hooks.pop_bugs,
             ..PopConfig::default()
         };
         let (shutting_down, _) = watch::channel(false);
@@ -118,9 +211,10 @@ impl App {
             backend,
             pop_config,
             pop_ctx: Mutex::new(PopContext::new(RingTable::new(
-                DEFAULT_RESEED_INTERVAL_MS,
-                RingBugs::default(),
+                hooks.reseed_interval_ms,
+                hooks.ring_bugs,
             ))),
+            hooks,
             gates: Mutex::new(BTreeMap::new()),
             ids: Mutex::new(IdMinter::new(rng.child("ids"))),
             metrics: Metrics::default(),
@@ -131,7 +225,7 @@ impl App {
     }
 
     pub fn now(&self) -> Timestamp {
-        wall_now()
+        (self.hooks.clock)()
     }
 
     pub fn mint_uuid(&self) -> uuid::Uuid {
@@ -143,31 +237,55 @@ impl App {
     }
 
     /// A receiver on a queue's wake gate (`None`: the any-queue gate of discovery pops).
-    pub fn gate(&self, queue: Option<&str>) -> watch::Receiver<u64> {
+    pub fn gate(&self, queue: Option<&str>) -> GateWatch {
         let key = queue.unwrap_or(ANY_QUEUE_GATE).to_string();
-        lock(&self.gates)
-            .entry(key)
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe()
+        let gate = lock(&self.gates).entry(key).or_default().clone();
+        let seen = gate.seq.load(Ordering::SeqCst);
+        GateWatch { gate, seen }
     }
 
     /// Opens a queue's wake gate: every pop parked on it re-checks now.
     pub fn wake(&self, queue: &str) {
-        let seq = self.wake_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let gates = lock(&self.gates);
-        for key in [queue, ANY_QUEUE_GATE] {
-            if let Some(tx) = gates.get(key) {
-                if tx.receiver_count() > 0 {
-                    tx.send_replace(seq);
+        let fate = self
+            .hooks
+            .wake_fate
+            .as_ref()
+            .map_or(WakeFate::Deliver, |f| f(queue));
+        self.wake_seq.fetch_add(1, Ordering::Relaxed);
+        let gates: Vec<Arc<Gate>> = {
+            let gates = lock(&self.gates);
+            [queue, ANY_QUEUE_GATE]
+                .iter()
+                .filter_map(|k| gates.get(*k))
+                // Someone besides the map holds it: a pop is parked or about to park.
+                .filter(|g| Arc::strong_count(g) > 1)
+                .cloned()
+                .collect()
+        };
+        match fate {
+            WakeFate::Deliver => {
+                for gate in &gates {
+                    gate.open();
                     self.metrics.wakes.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            WakeFate::Drop => {
+                self.metrics.wakes_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            WakeFate::Delay(d) => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    for gate in &gates {
+                        gate.open();
+                    }
+                });
             }
         }
     }
 
     /// Drops gates nobody listens to (called now and then, so the map stays small).
     pub fn prune_gates(&self) {
-        lock(&self.gates).retain(|_, tx| tx.receiver_count() > 0);
+        lock(&self.gates).retain(|_, gate| Arc::strong_count(gate) > 1);
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -185,6 +185,7 @@ where
         .serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     tokio::select! {
+        biased;
         r = conn.as_mut() => return r,
         _ = shutdown.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
     }

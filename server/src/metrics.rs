@@ -8,6 +8,8 @@ pub struct Metrics {
     pub pops_empty: AtomicU64,
     pub pops_error: AtomicU64,
     pub pops_cancelled: AtomicU64,
+    /// Wake signals a simulation dropped on purpose.
+    pub wakes_dropped: AtomicU64,
     pub parked: AtomicU64,
     pub wakes: AtomicU64,
     pub storage_calls: AtomicU64,

@@ -29,7 +29,7 @@ use queen_core::storage::{
 use queen_core::{Offset, Timestamp};
 
 pub use state::DlqRow as DeadLetter;
-pub use tx::{SimEvents, TaskCell, WaitEvent};
+pub use tx::{Pause, PauseFn, PauseKind, SimEvents, TaskCell, WaitEvent};
 
 use tx::{lock, Shared};
 
@@ -80,11 +80,27 @@ pub struct SimBugs {
 /// A model database. Clone the `Arc` to share it between brokers.
 pub struct SimDb {
     shared: Arc<Shared>,
+    /// Interleaved mode: the async runtime runs transactions concurrently, pausing at every
+    /// statement. `None`: the embedded backend, one transaction at a time.
+    pause: Option<Pause>,
 }
 
 impl SimDb {
     pub fn new(seed: u64, clock: SimClock, bugs: SimBugs) -> Arc<SimDb> {
+        Self::build(seed, clock, bugs, None)
+    }
+
+    /// A model whose transactions run concurrently under the caller's async runtime (a
+    /// simulation): every statement first awaits `pause(Pause::Statement)`, and a statement that
+    /// must wait awaits `pause(Pause::Blocked)` before retrying. A wait that closes a cycle aborts
+    /// the waiter, as PostgreSQL's deadlock detector would.
+    pub fn interleaved(seed: u64, clock: SimClock, bugs: SimBugs, pause: PauseFn) -> Arc<SimDb> {
+        Self::build(seed, clock, bugs, Some(Pause(pause)))
+    }
+
+    fn build(seed: u64, clock: SimClock, bugs: SimBugs, pause: Option<Pause>) -> Arc<SimDb> {
         Arc::new(SimDb {
+            pause,
             shared: Arc::new(Shared {
                 state: Mutex::new(state::DbState::new(seed)),
                 events: Mutex::new(SimEvents::default()),
@@ -162,6 +178,12 @@ impl SimDb {
             .map(|m| (m.subscription_timestamp, m.created_at))
     }
 
+    /// Whether (queue, group) has claimable pending data, read directly (committed state).
+    pub fn has_pending_now(&self, queue: &str, group: &str) -> bool {
+        let now = self.now();
+        pop::has_pending(&lock(&self.shared.state), queue, group, now, 0)
+    }
+
     /// Whether any transaction is open (every scheduled task finished cleanly).
     pub fn open_transactions(&self) -> usize {
         lock(&self.shared.active).len()
@@ -196,6 +218,30 @@ impl SimDb {
         }
     }
 
+    /// The task cell of one storage call in the current mode.
+    fn cell(&self) -> Arc<TaskCell> {
+        match &self.pause {
+            Some(p) => TaskCell::paused(p.clone()),
+            None => TaskCell::free_run(),
+        }
+    }
+
+    /// A scheduling point in interleaved mode (nothing otherwise).
+    async fn pause_point(&self) {
+        if let Some(p) = &self.pause {
+            (p.0)(PauseKind::Statement).await;
+        }
+    }
+
+    /// Runs one storage call: concurrently in interleaved mode, else serially.
+    async fn exec<T>(&self, fut: impl Future<Output = StorageResult<T>>) -> StorageResult<T> {
+        if self.pause.is_some() {
+            fut.await
+        } else {
+            self.run(fut)
+        }
+    }
+
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -204,11 +250,8 @@ impl SimDb {
 #[async_trait]
 impl Storage for SimDb {
     async fn configure_queue(&self, config: QueueConfig) -> StorageResult<(String, String)> {
-        self.run(ops::configure(
-            self.shared.clone(),
-            TaskCell::free_run(),
-            config,
-        ))
+        self.exec(ops::configure(self.shared.clone(), self.cell(), config))
+            .await
     }
 
     async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
@@ -219,41 +262,42 @@ impl Storage for SimDb {
     }
 
     async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
-        self.run(ops::delete_queue(
+        self.exec(ops::delete_queue(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             queue.to_string(),
         ))
+        .await
     }
 
     async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
-        self.run(ops::push(self.shared.clone(), TaskCell::free_run(), groups))
+        self.exec(ops::push(self.shared.clone(), self.cell(), groups))
+            .await
     }
 
     async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {
-        self.run(pop::pop_partition(
+        self.exec(pop::pop_partition(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             req,
             partition,
         ))
+        .await
     }
 
     async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult> {
-        self.run(pop::pop_list(
+        self.exec(pop::pop_list(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             req,
             candidates,
         ))
+        .await
     }
 
     async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {
-        self.run(pop::pop_wildcard(
-            self.shared.clone(),
-            TaskCell::free_run(),
-            req,
-        ))
+        self.exec(pop::pop_wildcard(self.shared.clone(), self.cell(), req))
+            .await
     }
 
     async fn queues_matching(
@@ -277,14 +321,11 @@ impl Storage for SimDb {
     }
 
     async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool> {
+        self.pause_point().await;
         let now = self.now();
-        Ok(pop::has_pending(
-            &lock(&self.shared.state),
-            queue,
-            group,
-            now,
-            0,
-        ))
+        let pending = pop::has_pending(&lock(&self.shared.state), queue, group, now, 0);
+        self.pause_point().await;
+        Ok(pending)
     }
 
     async fn pending_partitions(
@@ -293,44 +334,41 @@ impl Storage for SimDb {
         group: &str,
         limit: u32,
     ) -> StorageResult<Vec<String>> {
+        // A snapshot read: in interleaved mode other transactions may commit between the read
+        // and the answer's arrival (the hot-list reseed race).
+        self.pause_point().await;
         let now = self.now();
-        Ok(pop::pending_partitions(
-            &lock(&self.shared.state),
-            queue,
-            group,
-            now,
-            limit,
-            0,
-        ))
+        let names = pop::pending_partitions(&lock(&self.shared.state), queue, group, now, limit, 0);
+        self.pause_point().await;
+        Ok(names)
     }
 
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
-        self.run(ops::ack(
+        self.exec(ops::ack(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             group.to_string(),
             items,
         ))
+        .await
     }
 
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
-        self.run(ops::renew(
+        self.exec(ops::renew(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             lease_id.to_string(),
             seconds,
         ))
+        .await
     }
 }
 
 #[async_trait]
 impl DeliveryStorage for SimDb {
     async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
-        self.run(delivery::transaction(
-            self.shared.clone(),
-            TaskCell::free_run(),
-            ops,
-        ))
+        self.exec(delivery::transaction(self.shared.clone(), self.cell(), ops))
+            .await
     }
 
     async fn dead_letters(&self, query: DlqQuery) -> StorageResult<(Vec<DeadLetterEntry>, u64)> {
@@ -338,13 +376,14 @@ impl DeliveryStorage for SimDb {
     }
 
     async fn seek_group(&self, group: &str, queue: &str, target: SeekTarget) -> StorageResult<u32> {
-        self.run(delivery::seek_group(
+        self.exec(delivery::seek_group(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             group.into(),
             queue.into(),
             target,
         ))
+        .await
     }
 
     async fn delete_group(
@@ -353,13 +392,14 @@ impl DeliveryStorage for SimDb {
         queue: Option<&str>,
         delete_metadata: bool,
     ) -> StorageResult<(u32, u32)> {
-        self.run(delivery::delete_group(
+        self.exec(delivery::delete_group(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             group.into(),
             queue.map(str::to_string),
             delete_metadata,
         ))
+        .await
     }
 
     async fn requeue_dead_letter(
@@ -367,12 +407,13 @@ impl DeliveryStorage for SimDb {
         id: i64,
         new_message_id: uuid::Uuid,
     ) -> StorageResult<Option<(String, String, queen_core::storage::PushOutcome)>> {
-        self.run(delivery::requeue_dead_letter(
+        self.exec(delivery::requeue_dead_letter(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             id,
             new_message_id,
         ))
+        .await
     }
 
     async fn update_subscription(
@@ -380,11 +421,12 @@ impl DeliveryStorage for SimDb {
         group: &str,
         timestamp: queen_core::Timestamp,
     ) -> StorageResult<u32> {
-        self.run(delivery::update_subscription(
+        self.exec(delivery::update_subscription(
             self.shared.clone(),
-            TaskCell::free_run(),
+            self.cell(),
             group.into(),
             timestamp,
         ))
+        .await
     }
 }

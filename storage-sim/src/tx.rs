@@ -65,10 +65,32 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Why a statement pauses in interleaved mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseKind {
+    /// Before every statement: the runtime may run other transactions here.
+    Statement,
+    /// The statement must wait on another transaction: retry after this.
+    Blocked,
+}
+
+/// The interleaved mode's scheduling point, supplied by the runtime that drives the model.
+pub type PauseFn = Arc<dyn Fn(PauseKind) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct Pause(pub PauseFn);
+
+impl std::fmt::Debug for Pause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pause")
+    }
+}
+
 /// Per task: set by the scheduler to abort a deadlock victim.
 #[derive(Debug, Default)]
 pub struct TaskCell {
     pub stepped: bool,
+    pub pause: Option<Pause>,
     pub deadlock_victim: Mutex<bool>,
     pub tx: Mutex<Option<TxId>>,
 }
@@ -77,6 +99,12 @@ impl TaskCell {
     pub fn free_run() -> Arc<TaskCell> {
         Arc::new(TaskCell {
             stepped: false,
+            ..Default::default()
+        })
+    }
+    pub fn paused(pause: Pause) -> Arc<TaskCell> {
+        Arc::new(TaskCell {
+            pause: Some(pause),
             ..Default::default()
         })
     }
@@ -153,6 +181,8 @@ impl Tx {
     ) -> Result<T, StorageError> {
         if self.cell.stepped {
             YieldOnce(false).await;
+        } else if let Some(p) = &self.cell.pause {
+            (p.0)(PauseKind::Statement).await;
         }
         *lock(&self.shared.events)
             .statements
@@ -182,7 +212,7 @@ impl Tx {
                 }
                 Err(StmtError::Abort(e)) => return Err(e),
                 Err(StmtError::Blocked(holder)) => {
-                    if !self.cell.stepped {
+                    if !self.cell.stepped && self.cell.pause.is_none() {
                         return Err(StorageError::Internal(format!(
                             "{}: {name} would wait on transaction {holder} in serial mode",
                             self.procedure
@@ -205,8 +235,26 @@ impl Tx {
                             holder,
                         });
                         ev.longest_wait_chain = ev.longest_wait_chain.max(chain);
+                        drop(ev);
+                        if self.cell.pause.is_some() {
+                            // No scheduler picks victims here: the waiter that closes a cycle
+                            // is aborted.
+                            if in_cycle(&lock(&self.shared.active), self.id) {
+                                lock(&self.shared.events).deadlocks += 1;
+                                if let Some(w) = lock(&self.shared.active).get_mut(&self.id) {
+                                    *w = None;
+                                }
+                                return Err(StorageError::Internal(format!(
+                                    "deadlock detected in {}: {name}",
+                                    self.procedure
+                                )));
+                            }
+                        }
                     }
-                    YieldOnce(false).await;
+                    match &self.cell.pause {
+                        Some(p) => (p.0)(PauseKind::Blocked).await,
+                        None => YieldOnce(false).await,
+                    }
                 }
             }
         }
@@ -232,6 +280,19 @@ impl Drop for Tx {
         // A dropped (cancelled) transaction rolls back, like a broken connection.
         self.finish(false);
     }
+}
+
+/// Whether the waits-for chain from `tx` leads back to `tx`.
+pub(crate) fn in_cycle(active: &BTreeMap<TxId, Option<TxId>>, tx: TxId) -> bool {
+    let mut cur = tx;
+    for _ in 0..active.len() {
+        match active.get(&cur) {
+            Some(Some(next)) if *next == tx => return true,
+            Some(Some(next)) => cur = *next,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// Length of the waits-for chain starting at `tx` (stops at a cycle).

@@ -1,0 +1,403 @@
+//! The recorded history of a simulated run (invoke/complete events in simulated time) and the
+//! checkers that judge it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+/// Simulated microseconds since the start of the run.
+pub type Micros = i64;
+
+/// One delivered message: (partitionId as reported, offset, transactionId).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Msg {
+    pub partition_id: String,
+    pub offset: i64,
+    pub txid: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A push the broker acknowledged (every item queued or duplicate).
+    Pushed {
+        at: Micros,
+        queue: String,
+        partition: String,
+        txids: Vec<String>,
+    },
+    /// A pop invoked (its outcome comes as `Delivered` or `Empty`, or never).
+    PopInvoked {
+        at: Micros,
+        consumer: String,
+        group: String,
+        id: u64,
+    },
+    Delivered {
+        invoked: Micros,
+        at: Micros,
+        id: u64,
+        consumer: String,
+        group: String,
+        partition: String,
+        lease: String,
+        auto_ack: bool,
+        attempt: u64,
+        msgs: Vec<Msg>,
+    },
+    Empty {
+        invoked: Micros,
+        at: Micros,
+        id: u64,
+        consumer: String,
+        group: String,
+    },
+    /// An ack request sent for every message of a delivery (completed, or failed).
+    AckSent {
+        at: Micros,
+        group: String,
+        partition: String,
+        lease: String,
+        last_offset: i64,
+        failed: bool,
+    },
+}
+
+#[derive(Clone, Default)]
+pub struct History(pub Arc<Mutex<Vec<Event>>>);
+
+impl History {
+    pub fn record(&self, e: Event) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+    }
+    pub fn events(&self) -> Vec<Event> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A checker's finding.
+pub type Violation = String;
+
+/// autoAck is at-most-once: a pop whose answer was lost may have taken messages nobody saw. Such
+/// groups are exempt from `nothing_lost` (and still held to `auto_ack_once`).
+pub fn at_most_once_groups(events: &[Event]) -> BTreeSet<String> {
+    let answered: BTreeSet<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Delivered { id, .. } | Event::Empty { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let auto: BTreeSet<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Delivered {
+                group,
+                auto_ack: true,
+                ..
+            } => Some(group.as_str()),
+            _ => None,
+        })
+        .collect();
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::PopInvoked { id, group, .. }
+                if auto.contains(group.as_str()) && !answered.contains(id) =>
+            {
+                Some(group.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every acknowledged push is delivered to every group (after the final heal-and-drain).
+pub fn nothing_lost(events: &[Event], groups: &[&str]) -> Vec<Violation> {
+    let exempt = at_most_once_groups(events);
+    let groups: Vec<&str> = groups
+        .iter()
+        .copied()
+        .filter(|g| !exempt.contains(*g))
+        .collect();
+    let mut delivered: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for e in events {
+        if let Event::Delivered { group, msgs, .. } = e {
+            let set = delivered.entry(group.as_str()).or_default();
+            for m in msgs {
+                set.insert(m.txid.as_str());
+            }
+        }
+    }
+    let mut out = vec![];
+    for e in events {
+        if let Event::Pushed { txids, at, .. } = e {
+            for g in &groups {
+                for t in txids {
+                    if !delivered.get(g).is_some_and(|s| s.contains(t.as_str())) {
+                        out.push(format!(
+                            "lost: {t} (pushed at {at} us) never delivered to group {g}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// No message is delivered to two consumers of one group under overlapping live leases. A lease
+/// is certainly live from its delivery's arrival until the earlier of (pop invocation + lease
+/// time) and the first ack sent under it; another lease on a shared offset claimed (its pop
+/// answered) inside that window is a double lease.
+pub fn leases_exclusive(events: &[Event], lease_secs: i64) -> Vec<Violation> {
+    struct Span<'a> {
+        invoked: Micros,
+        at: Micros,
+        live_until: Micros,
+        lease: &'a str,
+        offsets: BTreeSet<i64>,
+    }
+    let mut spans: BTreeMap<(&str, &str), Vec<Span>> = BTreeMap::new();
+    for e in events {
+        if let Event::Delivered {
+            invoked,
+            at,
+            group,
+            partition,
+            lease,
+            auto_ack: false,
+            msgs,
+            ..
+        } = e
+        {
+            let acked = events
+                .iter()
+                .filter_map(|x| match x {
+                    Event::AckSent { at, lease: l, .. } if l == lease => Some(*at),
+                    _ => None,
+                })
+                .min();
+            let expiry = invoked + lease_secs * 1_000_000;
+            spans
+                .entry((group.as_str(), partition.as_str()))
+                .or_default()
+                .push(Span {
+                    invoked: *invoked,
+                    at: *at,
+                    live_until: acked.map_or(expiry, |a| a.min(expiry)),
+                    lease: lease.as_str(),
+                    offsets: msgs.iter().map(|m| m.offset).collect(),
+                });
+        }
+    }
+    let mut out = vec![];
+    for ((g, p), list) in &spans {
+        for a in list {
+            for b in list {
+                if a.lease != b.lease
+                    && b.invoked >= a.at
+                    && b.at < a.live_until
+                    && a.offsets.intersection(&b.offsets).next().is_some()
+                {
+                    out.push(format!(
+                        "double lease: group {g} partition {p}: lease {} live until {} us, lease {} granted by {} us, on offsets {:?}",
+                        a.lease,
+                        a.live_until,
+                        b.lease,
+                        b.at,
+                        a.offsets.intersection(&b.offsets).collect::<Vec<_>>()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per-partition FIFO inside a batch: consecutive ascending offsets; leased batches carry their
+/// partitionId (the partition-creation race delivers "").
+pub fn batches_well_formed(events: &[Event]) -> Vec<Violation> {
+    let mut out = vec![];
+    for e in events {
+        if let Event::Delivered {
+            group,
+            partition,
+            msgs,
+            auto_ack,
+            ..
+        } = e
+        {
+            for w in msgs.windows(2) {
+                if w[1].offset != w[0].offset + 1 {
+                    out.push(format!(
+                        "gap or disorder in a batch of {partition} for {group}: {} then {}",
+                        w[0].offset, w[1].offset
+                    ));
+                }
+            }
+            if !auto_ack && msgs.iter().any(|m| m.partition_id.is_empty()) {
+                out.push(format!(
+                    "leased batch of {partition} for {group} carries an empty partitionId"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// No delivery past the committed cursor + 1: a batch never starts beyond one past everything
+/// the group had acknowledged (or taken with autoAck) on that partition before it.
+pub fn no_skips(events: &[Event]) -> Vec<Violation> {
+    let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    let mut out = vec![];
+    for e in events {
+        match e {
+            Event::AckSent {
+                group,
+                partition,
+                last_offset,
+                failed: false,
+                ..
+            } => {
+                let c = consumed
+                    .entry((group.as_str(), partition.as_str()))
+                    .or_insert(-1);
+                *c = (*c).max(*last_offset);
+            }
+            Event::Delivered {
+                group,
+                partition,
+                msgs,
+                auto_ack,
+                ..
+            } => {
+                let c = consumed
+                    .entry((group.as_str(), partition.as_str()))
+                    .or_insert(-1);
+                if let Some(first) = msgs.first() {
+                    // Failed acks dead-letter past a message: allow the retry budget's worth.
+                    if first.offset > *c + 1 + RETRY_SLACK {
+                        out.push(format!(
+                            "skip: {group} got {partition} from offset {} with only {} consumed",
+                            first.offset, *c
+                        ));
+                    }
+                }
+                if *auto_ack {
+                    if let Some(last) = msgs.last() {
+                        *c = (*c).max(last.offset);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Dead letters move the cursor without a completed ack: how far a batch may start past the
+/// completed acks.
+const RETRY_SLACK: i64 = 4;
+
+/// Attempt counts: deliveries starting at the same offset count up (1, 2, ...).
+pub fn attempts_count_up(events: &[Event]) -> Vec<Violation> {
+    let mut last: BTreeMap<(&str, &str, i64), u64> = BTreeMap::new();
+    let mut out = vec![];
+    for e in events {
+        if let Event::Delivered {
+            group,
+            partition,
+            msgs,
+            attempt,
+            auto_ack: false,
+            ..
+        } = e
+        {
+            if let Some(first) = msgs.first() {
+                let k = (group.as_str(), partition.as_str(), first.offset);
+                if let Some(prev) = last.get(&k) {
+                    if attempt <= prev {
+                        out.push(format!(
+                            "attempt count of {partition}@{} for {group} went {prev} -> {attempt}",
+                            first.offset
+                        ));
+                    }
+                } else if *attempt == 0 {
+                    out.push(format!("attempt 0 for {partition}@{}", first.offset));
+                }
+                last.insert(k, *attempt);
+            }
+        }
+    }
+    out
+}
+
+/// autoAck deliveries never repeat: a message taken with autoAck is never delivered again to
+/// that group.
+pub fn auto_ack_once(events: &[Event]) -> Vec<Violation> {
+    let mut seen: BTreeMap<(&str, &str, i64), bool> = BTreeMap::new();
+    let mut out = vec![];
+    for e in events {
+        if let Event::Delivered {
+            group,
+            partition,
+            msgs,
+            auto_ack,
+            ..
+        } = e
+        {
+            for m in msgs {
+                let k = (group.as_str(), partition.as_str(), m.offset);
+                if seen.get(&k) == Some(&true) {
+                    out.push(format!(
+                        "{partition}@{} delivered to {group} again after an autoAck delivery",
+                        m.offset
+                    ));
+                }
+                let was = seen.get(&k).copied().unwrap_or(false);
+                seen.insert(k, was || *auto_ack);
+            }
+        }
+    }
+    out
+}
+
+/// Lost wakes: a message pushed while a consumer of the group was parked reaches a consumer
+/// within `bound_us` of the push's acknowledgment.
+pub fn parked_consumers_served(events: &[Event], bound_us: i64) -> (Vec<Violation>, u32) {
+    let mut first_delivery: BTreeMap<&str, Micros> = BTreeMap::new();
+    for e in events {
+        if let Event::Delivered { at, msgs, .. } = e {
+            for m in msgs {
+                first_delivery.entry(m.txid.as_str()).or_insert(*at);
+            }
+        }
+    }
+    // Pops pending at a time: invoked before it, completed after it.
+    let pending: Vec<(Micros, Micros)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Delivered { invoked, at, .. } | Event::Empty { invoked, at, .. } => {
+                Some((*invoked, *at))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut out = vec![];
+    let mut covered = 0;
+    for e in events {
+        if let Event::Pushed { at, txids, .. } = e {
+            if !pending.iter().any(|(i, c)| *i < *at && *c > *at) {
+                continue;
+            }
+            for t in txids {
+                covered += 1;
+                match first_delivery.get(t.as_str()) {
+                    Some(d) if d - at <= bound_us => {}
+                    Some(d) => out.push(format!("stranded: {t} pushed at {at} us while a consumer was parked, delivered {} ms later", (d - at) / 1000)),
+                    None => out.push(format!("stranded: {t} pushed at {at} us while a consumer was parked, never delivered")),
+                }
+            }
+        }
+    }
+    (out, covered)
+}

@@ -1,0 +1,563 @@
+//! The deterministic simulation: brokers (the real server code, hyper over `turmoil::net`) on one
+//! shared model database, clients speaking the real HTTP API, and the network, all in one process
+//! and driven by one seed: turmoil's RNG and epoch, the model's statement interleaving, the
+//! workload and the fault schedule. The run is recorded as a history the checkers judge.
+
+pub mod history;
+pub mod http;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use queen_core::pop::PopBugs;
+use queen_core::ring::RingBugs;
+use queen_core::rng::SeededRng;
+use queen_core::Timestamp;
+use queen_server::app::{App, Backend, Hooks, WakeFate, WakeFilter};
+use queen_server::config::ServerConfig;
+use queen_storage_sim::{PauseKind, SimBugs, SimDb};
+
+use history::{Event, History};
+
+/// Simulated time starts here (2023-11-14), for every seed.
+const EPOCH_SECS: u64 = 1_700_000_000;
+/// Simulated time per step.
+const TICK: Duration = Duration::from_millis(1);
+/// The queue's lease: short, so expiries happen inside a run.
+pub const LEASE_SECS: i64 = 2;
+
+/// Which race or mix a run exercises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scenario {
+    /// Pops of named partitions racing the pushes that create them.
+    CreationRace,
+    /// Many consumers of one group on few partitions (SKIP LOCKED), and a group's first contact.
+    Contention,
+    /// Every wake signal dropped: parked consumers rely on the backoff re-check.
+    LostWakes,
+    /// Two brokers, a mixed workload and the fault schedule.
+    Faults,
+}
+
+/// The historical bugs a run may re-introduce.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bugs {
+    pub sim: SimBugs,
+    pub ring: RingBugs,
+    pub pop: PopBugs,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    pub seed: u64,
+    pub scenario: Scenario,
+    pub bugs: Bugs,
+}
+
+/// What a run produced: the checkers' findings, coverage counters and a hash of the full trace.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub violations: Vec<String>,
+    pub coverage: BTreeMap<&'static str, u64>,
+    pub trace_hash: u64,
+    /// The last events, for a failure report.
+    pub trace_tail: Vec<String>,
+    pub simulated_secs: f64,
+}
+
+/// The fault plan drawn from the seed: some runs calm, some brutal.
+#[derive(Clone, Copy, Debug)]
+pub struct Faults {
+    pub max_latency_ms: u64,
+    /// Per-second chances of each fault.
+    pub hold: f64,
+    pub partition: f64,
+    pub crash: f64,
+    pub drop_wake: f64,
+    pub delay_wake: f64,
+    pub dying_consumer: bool,
+    pub lease_boundary: bool,
+}
+
+impl Faults {
+    fn draw(rng: &mut SeededRng, scenario: Scenario) -> Faults {
+        let level = rng.below(3); // 0 calm, 1 rough, 2 brutal
+        let f = |x: f64| x * level as f64;
+        let mut faults = Faults {
+            max_latency_ms: [2, 20, 80][level as usize],
+            hold: f(0.15),
+            partition: f(0.1),
+            crash: f(0.06),
+            drop_wake: f(0.25),
+            delay_wake: f(0.2),
+            dying_consumer: level > 0 || rng.below(2) == 0,
+            lease_boundary: level > 0,
+        };
+        match scenario {
+            Scenario::Faults => {}
+            // The race scenarios run on a quiet network so the race, not the faults, decides.
+            Scenario::LostWakes => {
+                // Every wake dropped, or most: the wakes that get through make consumers pop
+                // while the next push of a burst lands (the ring's epoch race).
+                let drop_wake = if level == 0 { 1.0 } else { 0.6 };
+                faults = Faults {
+                    max_latency_ms: 2,
+                    hold: 0.0,
+                    partition: 0.0,
+                    crash: 0.0,
+                    drop_wake,
+                    delay_wake: 0.0,
+                    dying_consumer: false,
+                    lease_boundary: false,
+                };
+            }
+            Scenario::CreationRace | Scenario::Contention => {
+                faults = Faults {
+                    max_latency_ms: 2,
+                    hold: 0.0,
+                    partition: 0.0,
+                    crash: 0.0,
+                    drop_wake: faults.drop_wake,
+                    delay_wake: faults.delay_wake,
+                    dying_consumer: false,
+                    lease_boundary: false,
+                };
+            }
+        }
+        faults
+    }
+}
+
+/// Shared by the driver and the simulated clients.
+pub(crate) struct Shared {
+    pub history: History,
+    /// Set when the work phase ends: producers stop, consumers drain.
+    pub draining: AtomicBool,
+    /// Set by the driver once nothing is pending: consumers leave.
+    pub done: AtomicBool,
+    pub faults: Faults,
+    pub brokers: Vec<String>,
+    /// Pop ids, unique across consumers (the history matches answers to invocations by id).
+    pub next_pop_id: AtomicU64,
+    /// Coverage counters the clients bump.
+    pub counters: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// A seeded coin with probability `p`.
+pub(crate) fn hit(rng: &mut SeededRng, p: f64) -> bool {
+    (rng.below(1_000_000) as f64) < p * 1_000_000.0
+}
+
+impl Shared {
+    pub fn bump(&self, what: &'static str) {
+        if let Ok(mut c) = self.counters.lock() {
+            *c.entry(what).or_default() += 1;
+        }
+    }
+    /// Simulated microseconds since the run began.
+    pub fn now(&self) -> i64 {
+        turmoil::sim_elapsed().map_or(0, |d| d.as_micros() as i64)
+    }
+    pub fn record(&self, e: Event) {
+        self.history.record(e);
+    }
+}
+
+/// The broker's and the model's clock: the simulation's time, from its epoch.
+fn sim_clock(last: Arc<AtomicI64>) -> Arc<dyn Fn() -> Timestamp + Send + Sync> {
+    Arc::new(move || match turmoil::sim_elapsed() {
+        Some(d) => {
+            let t = Timestamp::from_secs(EPOCH_SECS as i64).0 + d.as_micros() as i64;
+            last.store(t, Ordering::SeqCst);
+            Timestamp(t)
+        }
+        None => Timestamp(last.load(Ordering::SeqCst)),
+    })
+}
+
+/// A seeded turmoil RNG (turmoil 0.6 takes any `RngCore`).
+struct TurmoilRng(SeededRng);
+
+impl rand::RngCore for TurmoilRng {
+    fn next_u32(&mut self) -> u32 {
+        self.0.next_u64() as u32
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        self.0.fill(dest);
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        self.0.fill(dest);
+        Ok(())
+    }
+}
+
+/// Every queue of the workload, with a 2 s lease (expiries happen inside a run) and a 200 ms
+/// retryDelay, before the simulation starts.
+fn configure_queues(db: &Arc<SimDb>) {
+    use queen_core::storage::{QueueConfig, Storage};
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("a runtime for the set-up: {e}"),
+    };
+    for q in workload::QUEUES {
+        let config = QueueConfig {
+            lease_time: LEASE_SECS as u32,
+            retry_delay: 200,
+            ..QueueConfig::with_defaults(q)
+        };
+        if let Err(e) = rt.block_on(db.configure_queue(config)) {
+            panic!("configure {q}: {e}");
+        }
+    }
+}
+
+pub fn run(spec: Spec) -> Outcome {
+    let root = SeededRng::new(spec.seed);
+    let mut driver_rng = root.child("driver");
+    let faults = Faults::draw(&mut root.child("faults"), spec.scenario);
+    let last = Arc::new(AtomicI64::new(Timestamp::from_secs(EPOCH_SECS as i64).0));
+    let clock = sim_clock(last.clone());
+    // The model's interleaving, drawn from the seed: before every statement the transaction
+    // yields 0..3 times, and one statement in four takes 1..4 ms of simulated time (a round
+    // trip), so transactions of different requests overlap.
+    let step_rng = Arc::new(Mutex::new(root.child("statements")));
+    let pause: queen_storage_sim::PauseFn = Arc::new(move |kind| {
+        let (yields, latency_ms) = match kind {
+            PauseKind::Statement => step_rng
+                .lock()
+                .map(|mut r| {
+                    let slow = r.below(4) == 0;
+                    (r.below(4), if slow { 1 + r.below(4) } else { 0 })
+                })
+                .unwrap_or((0, 0)),
+            PauseKind::Blocked => (0, 1),
+        };
+        Box::pin(async move {
+            if latency_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(latency_ms)).await;
+            }
+            for _ in 0..yields {
+                tokio::task::yield_now().await;
+            }
+        })
+    });
+    let db = SimDb::interleaved(spec.seed, clock.clone(), spec.bugs.sim, pause);
+    let brokers: Vec<String> = match spec.scenario {
+        Scenario::Faults | Scenario::Contention => vec!["broker0".into(), "broker1".into()],
+        _ => vec!["broker0".into()],
+    };
+    let shared = Arc::new(Shared {
+        history: History::default(),
+        draining: AtomicBool::new(false),
+        done: AtomicBool::new(false),
+        faults,
+        brokers: brokers.clone(),
+        counters: Mutex::new(BTreeMap::new()),
+        next_pop_id: AtomicU64::new(1),
+    });
+    configure_queues(&db);
+
+    let mut sim = turmoil::Builder::new()
+        .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
+        .simulation_duration(Duration::from_secs(120))
+        .tick_duration(TICK)
+        .min_message_latency(Duration::from_micros(200))
+        .max_message_latency(Duration::from_millis(faults.max_latency_ms))
+        .build_with_rng(Box::new(TurmoilRng(root.child("turmoil"))));
+
+    let wake_rng = Arc::new(Mutex::new(root.child("wakes")));
+    let dropped_wakes = Arc::new(AtomicU64::new(0));
+    let delayed_wakes = Arc::new(AtomicU64::new(0));
+    let restarts = Arc::new(AtomicU64::new(0));
+    for (i, name) in brokers.iter().enumerate() {
+        let (db, clock, wake_rng, dropped, delayed, restarts) = (
+            db.clone(),
+            clock.clone(),
+            wake_rng.clone(),
+            dropped_wakes.clone(),
+            delayed_wakes.clone(),
+            restarts.clone(),
+        );
+        let (bugs, drop_p, delay_p, seed) =
+            (spec.bugs, faults.drop_wake, faults.delay_wake, spec.seed);
+        sim.host(name.as_str(), move || {
+            let (db, clock, wake_rng, dropped, delayed) = (
+                db.clone(),
+                clock.clone(),
+                wake_rng.clone(),
+                dropped.clone(),
+                delayed.clone(),
+            );
+            // A restart is a new process: a fresh ring, fresh parked pops; the database stays.
+            let incarnation = restarts.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let wake_fate: WakeFilter = Arc::new(move |_q| {
+                    let Ok(mut r) = wake_rng.lock() else {
+                        return WakeFate::Deliver;
+                    };
+                    if hit(&mut r, drop_p) {
+                        dropped.fetch_add(1, Ordering::Relaxed);
+                        WakeFate::Drop
+                    } else if hit(&mut r, delay_p) {
+                        delayed.fetch_add(1, Ordering::Relaxed);
+                        WakeFate::Delay(Duration::from_millis(5 + r.below(400)))
+                    } else {
+                        WakeFate::Deliver
+                    }
+                });
+                let hooks = Hooks {
+                    clock,
+                    wake_fate: Some(wake_fate),
+                    ring_bugs: bugs.ring,
+                    pop_bugs: bugs.pop,
+                    reseed_interval_ms: 5_000,
+                };
+                let app = App::with_hooks(
+                    ServerConfig::default(),
+                    db.clone(),
+                    db,
+                    Backend::Memory,
+                    seed ^ (i as u64) << 32 ^ incarnation,
+                    hooks,
+                );
+                let listener = turmoil::net::TcpListener::bind("0.0.0.0:6632").await?;
+                loop {
+                    let (stream, _) = listener.accept().await?;
+                    tokio::spawn(queen_server::serve_connection(app.clone(), stream));
+                }
+            }
+        });
+    }
+    workload::spawn_clients(
+        &mut sim,
+        &shared,
+        spec.scenario,
+        &mut root.child("workload"),
+    );
+
+    // The driver: faults during the work phase, then heal and drain.
+    let work = Duration::from_secs(12);
+    let mut crashed: Vec<(String, Duration)> = vec![];
+    let mut held: Vec<(String, String, Duration, bool)> = vec![];
+    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut quiet_since: Option<Duration> = None;
+    let mut violations = vec![];
+    let clients: Vec<String> = workload::client_names(spec.scenario);
+    let per_step = TICK.as_secs_f64();
+    loop {
+        let elapsed = sim.elapsed();
+        if elapsed < work {
+            for b in &brokers {
+                if !crashed.iter().any(|(c, _)| c == b)
+                    && hit(&mut driver_rng, faults.crash * per_step)
+                {
+                    sim.crash(b.as_str());
+                    let back = elapsed + Duration::from_millis(200 + driver_rng.below(1500));
+                    crashed.push((b.clone(), back));
+                    *counts.entry("fault: broker crash").or_default() += 1;
+                }
+                for c in &clients {
+                    if hit(
+                        &mut driver_rng,
+                        faults.hold * per_step / clients.len() as f64,
+                    ) {
+                        sim.hold(c.as_str(), b.as_str());
+                        held.push((
+                            c.clone(),
+                            b.clone(),
+                            elapsed + Duration::from_millis(50 + driver_rng.below(800)),
+                            false,
+                        ));
+                        *counts.entry("fault: hold").or_default() += 1;
+                    }
+                    if hit(
+                        &mut driver_rng,
+                        faults.partition * per_step / clients.len() as f64,
+                    ) {
+                        sim.partition(c.as_str(), b.as_str());
+                        held.push((
+                            c.clone(),
+                            b.clone(),
+                            elapsed + Duration::from_millis(100 + driver_rng.below(1500)),
+                            true,
+                        ));
+                        *counts.entry("fault: partition").or_default() += 1;
+                    }
+                }
+            }
+        } else if !shared.draining.swap(true, Ordering::SeqCst) {
+            // Heal everything.
+            for (c, b, _, _) in held.drain(..) {
+                sim.release(c.as_str(), b.as_str());
+                sim.repair(c.as_str(), b.as_str());
+            }
+        }
+        crashed.retain(|(b, back)| {
+            if sim.elapsed() >= *back || shared.draining.load(Ordering::SeqCst) {
+                sim.bounce(b.as_str());
+                false
+            } else {
+                true
+            }
+        });
+        held.retain(|(c, b, until, is_partition)| {
+            if sim.elapsed() >= *until {
+                if *is_partition {
+                    sim.repair(c.as_str(), b.as_str());
+                } else {
+                    sim.release(c.as_str(), b.as_str());
+                }
+                false
+            } else {
+                true
+            }
+        });
+        if shared.draining.load(Ordering::SeqCst) && !shared.done.load(Ordering::SeqCst) {
+            let queue = workload::queue_of(spec.scenario);
+            // Drained: every group's cursor is at every partition's head (a held lease or a
+            // retry hold is not drained, whatever has_pending says).
+            let drained = workload::groups_of(spec.scenario).iter().all(|g| {
+                db.partitions(queue).iter().all(|p| {
+                    let head = db.partition_head(queue, p).map_or(-1, |(h, _)| h);
+                    head < 0 || db.cursor(queue, p, g).is_some_and(|c| c.committed >= head)
+                })
+            });
+            if !drained {
+                quiet_since = None;
+            } else if quiet_since.is_none() {
+                quiet_since = Some(sim.elapsed());
+            }
+            if quiet_since.is_some_and(|q| sim.elapsed() >= q + Duration::from_secs(1)) {
+                shared.done.store(true, Ordering::SeqCst);
+            }
+            if sim.elapsed() > work + Duration::from_secs(60) {
+                violations.push("liveness: messages still pending 60 s after healing".to_string());
+                shared.done.store(true, Ordering::SeqCst);
+            }
+        }
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => {
+                violations.push(format!("simulation error: {e}"));
+                break;
+            }
+        }
+    }
+    let simulated_secs = sim.elapsed().as_secs_f64();
+    drop(sim);
+
+    let events = shared.history.events();
+    let ev = db.events();
+    let groups = workload::groups_of(spec.scenario);
+    violations.extend(history::nothing_lost(&events, &groups));
+    violations.extend(history::leases_exclusive(&events, LEASE_SECS));
+    violations.extend(history::batches_well_formed(&events));
+    violations.extend(history::no_skips(&events));
+    violations.extend(history::attempts_count_up(&events));
+    violations.extend(history::auto_ack_once(&events));
+    // Pushes serialize on their partition row and acks on the cursor row, by design; a pop never
+    // waits.
+    let pop_waits: Vec<_> = ev
+        .waits
+        .iter()
+        .filter(|w| w.procedure.contains("pop"))
+        .collect();
+    if let Some(first) = pop_waits.first() {
+        violations.push(format!(
+            "{} pop waits (first: {first:?}); pops must never wait",
+            pop_waits.len()
+        ));
+    }
+    if ev.deadlocks > 0 {
+        violations.push(format!("{} deadlocks", ev.deadlocks));
+    }
+    if spec.scenario == Scenario::LostWakes {
+        // One backoff interval (1,000 ms) plus the network and a storage round trip.
+        let (stranded, covered) = history::parked_consumers_served(&events, 1_250_000);
+        violations.extend(stranded);
+        counts.insert(
+            "race: message pushed to a parked consumer, wakes dropped",
+            u64::from(covered),
+        );
+    }
+    let queue = workload::queue_of(spec.scenario);
+    for g in &groups {
+        if db.has_pending_now(queue, g) {
+            violations.push(format!(
+                "liveness: {queue} still has pending messages for {g} after the drain"
+            ));
+        }
+    }
+    counts.insert(
+        "race: partition created under a racing pop",
+        u64::from(ev.creation_races),
+    );
+    counts.insert("race: SKIP LOCKED skip", u64::from(ev.skip_locked));
+    counts.insert("race: advisory try-lock skip", u64::from(ev.advisory_skips));
+    counts.insert("fault: wake dropped", dropped_wakes.load(Ordering::Relaxed));
+    counts.insert("fault: wake delayed", delayed_wakes.load(Ordering::Relaxed));
+    counts.insert(
+        "fault: broker restart",
+        restarts
+            .load(Ordering::Relaxed)
+            .saturating_sub(brokers.len() as u64),
+    );
+    counts.insert("interleaving: statements", ev.statements.values().sum());
+    if let Ok(c) = shared.counters.lock() {
+        counts.extend(c.iter().map(|(k, v)| (*k, *v)));
+    }
+    for e in &events {
+        if let Event::Delivered {
+            attempt, auto_ack, ..
+        } = e
+        {
+            *counts
+                .entry(if *auto_ack {
+                    "delivery: autoAck"
+                } else if *attempt > 1 {
+                    "delivery: redelivery (attempt > 1)"
+                } else {
+                    "delivery: first attempt"
+                })
+                .or_default() += 1;
+        }
+    }
+
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for e in &events {
+        format!("{e:?}").hash(&mut hasher);
+    }
+    format!("{:?}", ev.statements).hash(&mut hasher);
+    // SIM_TRACE=1 prints the whole history of the run (a replay aid).
+    let keep = if std::env::var("SIM_TRACE").is_ok() {
+        events.len()
+    } else {
+        12
+    };
+    let trace_tail = events
+        .iter()
+        .rev()
+        .take(keep)
+        .rev()
+        .map(|e| format!("{e:?}"))
+        .collect();
+    Outcome {
+        violations,
+        coverage: counts,
+        trace_hash: hasher.finish(),
+        trace_tail,
+        simulated_secs,
+    }
+}

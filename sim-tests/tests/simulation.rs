@@ -1,0 +1,249 @@
+//! The deterministic simulation suite: brokers, clients and the network under turmoil, on the
+//! model database, every run reproducible from one seed.
+//!
+//! `SIM_SEEDS=N` runs N seeds per scenario (default below); `SIM_SEED=n` replays one seed (with
+//! `SIM_SCENARIO=creation|contention|wakes|faults` to pick one scenario). A failure prints its
+//! seed, the findings and the end of the trace.
+
+use std::collections::BTreeMap;
+
+use queen_core::pop::PopBugs;
+use queen_core::ring::RingBugs;
+use queen_sim_tests::sim::{run, Bugs, Outcome, Scenario, Spec};
+use queen_storage_sim::SimBugs;
+
+const SCENARIOS: [Scenario; 4] = [
+    Scenario::CreationRace,
+    Scenario::Contention,
+    Scenario::LostWakes,
+    Scenario::Faults,
+];
+
+/// Seeds that once failed during development, replayed on every run.
+const REGRESSION_SEEDS: [(Scenario, u64); 0] = [];
+
+fn default_seeds(s: Scenario) -> u64 {
+    match s {
+        Scenario::Faults => 24,
+        _ => 8,
+    }
+}
+
+fn scenario_named(name: &str) -> Option<Scenario> {
+    match name {
+        "creation" => Some(Scenario::CreationRace),
+        "contention" => Some(Scenario::Contention),
+        "wakes" => Some(Scenario::LostWakes),
+        "faults" => Some(Scenario::Faults),
+        _ => None,
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn report(spec: &Spec, o: &Outcome) -> String {
+    format!(
+        "seed {} ({:?}, bugs {:?}) failed; replay with SIM_SEED={} SIM_SCENARIO={}:\n  {}\ntrace tail:\n  {}",
+        spec.seed,
+        spec.scenario,
+        spec.bugs,
+        spec.seed,
+        match spec.scenario {
+            Scenario::CreationRace => "creation",
+            Scenario::Contention => "contention",
+            Scenario::LostWakes => "wakes",
+            Scenario::Faults => "faults",
+        },
+        o.violations.iter().take(8).cloned().collect::<Vec<_>>().join("\n  "),
+        o.trace_tail.join("\n  ")
+    )
+}
+
+/// The seed set of the default test command: every scenario, its checkers and its coverage.
+#[test]
+fn seed_set_passes() {
+    let only = std::env::var("SIM_SCENARIO")
+        .ok()
+        .and_then(|n| scenario_named(&n));
+    let mut specs: Vec<Spec> = vec![];
+    for scenario in SCENARIOS
+        .into_iter()
+        .filter(|s| only.is_none_or(|o| o == *s))
+    {
+        match env_u64("SIM_SEED") {
+            Some(seed) => specs.push(Spec {
+                seed,
+                scenario,
+                bugs: Bugs::default(),
+            }),
+            None => {
+                let n = env_u64("SIM_SEEDS").unwrap_or_else(|| default_seeds(scenario));
+                specs.extend((0..n).map(|i| Spec {
+                    seed: 1_000 + i,
+                    scenario,
+                    bugs: Bugs::default(),
+                }));
+            }
+        }
+    }
+    specs.extend(REGRESSION_SEEDS.iter().map(|(scenario, seed)| Spec {
+        seed: *seed,
+        scenario: *scenario,
+        bugs: Bugs::default(),
+    }));
+    let mut coverage: BTreeMap<(Scenario, &'static str), u64> = BTreeMap::new();
+    let mut failures = vec![];
+    let mut simulated = 0.0;
+    for spec in &specs {
+        let o = run(*spec);
+        simulated += o.simulated_secs;
+        for (k, v) in &o.coverage {
+            *coverage.entry((spec.scenario, k)).or_default() += v;
+        }
+        if !o.violations.is_empty() {
+            failures.push(report(spec, &o));
+        }
+    }
+    eprintln!(
+        "{} seeds, {simulated:.0} simulated seconds; coverage:",
+        specs.len()
+    );
+    for ((s, k), v) in &coverage {
+        eprintln!("  {s:?} / {k}: {v}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    if env_u64("SIM_SEED").is_none() && only.is_none() {
+        // Each race actually happened, and each fault, not only "nothing broke".
+        let at_least = |s: Scenario, k: &str, n: u64| {
+            let got = coverage.get(&(s, k)).copied().unwrap_or(0);
+            assert!(
+                got >= n,
+                "coverage: {s:?} / {k} happened {got} times, expected at least {n}"
+            );
+        };
+        at_least(
+            Scenario::CreationRace,
+            "race: partition created under a racing pop",
+            1,
+        );
+        at_least(Scenario::Contention, "race: SKIP LOCKED skip", 20);
+        at_least(
+            Scenario::LostWakes,
+            "race: message pushed to a parked consumer, wakes dropped",
+            20,
+        );
+        at_least(Scenario::LostWakes, "fault: wake dropped", 20);
+        for fault in [
+            "fault: broker crash",
+            "fault: hold",
+            "fault: partition",
+            "fault: wake dropped",
+            "fault: wake delayed",
+            "fault: consumer died holding a lease",
+            "fault: ack at the lease boundary",
+            "fault: request without an answer (pop)",
+            "delivery: redelivery (attempt > 1)",
+        ] {
+            at_least(Scenario::Faults, fault, 20);
+        }
+    }
+}
+
+/// The same seed twice gives the same trace, event for event.
+#[test]
+fn a_seed_replays_exactly() {
+    for scenario in SCENARIOS {
+        let spec = Spec {
+            seed: 77,
+            scenario,
+            bugs: Bugs::default(),
+        };
+        let a = run(spec);
+        let b = run(spec);
+        assert_eq!(
+            a.trace_hash, b.trace_hash,
+            "seed 77 ({scenario:?}) is not deterministic: the two runs' traces differ"
+        );
+    }
+}
+
+/// Each historical bug, switched back on, is caught by the suite.
+#[test]
+fn every_mutation_switch_is_caught() {
+    let switches: Vec<(&str, Scenario, Bugs)> = vec![
+        (
+            "partitionId resolved outside the function",
+            Scenario::CreationRace,
+            Bugs {
+                sim: SimBugs {
+                    partition_id_outside_function: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "per-pop INSERT ... ON CONFLICT",
+            Scenario::Contention,
+            Bugs {
+                sim: SimBugs {
+                    per_pop_insert_on_conflict: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "advisory lock taken instead of tried",
+            Scenario::Contention,
+            Bugs {
+                sim: SimBugs {
+                    advisory_lock_blocking: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "no backoff floor",
+            Scenario::LostWakes,
+            Bugs {
+                pop: PopBugs {
+                    no_backoff_floor: true,
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "ring cleared without the epoch check",
+            Scenario::LostWakes,
+            Bugs {
+                ring: RingBugs {
+                    clear_without_epoch_check: true,
+                },
+                ..Bugs::default()
+            },
+        ),
+    ];
+    let mut missed = vec![];
+    for (name, scenario, bugs) in switches {
+        let caught = (0..40u64).find_map(|i| {
+            let o = run(Spec {
+                seed: 5_000 + i,
+                scenario,
+                bugs,
+            });
+            (!o.violations.is_empty()).then(|| (5_000 + i, o.violations[0].clone()))
+        });
+        match caught {
+            Some((seed, finding)) => eprintln!("caught '{name}' at seed {seed}: {finding}"),
+            None => missed.push(name),
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "switches the suite did not catch: {missed:?}"
+    );
+}
