@@ -1548,6 +1548,41 @@ pub async fn ttl_expires_messages(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
+/// Retention removed a prefix a new group's cursor had not reached: its first batch starts at the
+/// first remaining segment, with offsets that match its messages, and acks work.
+pub async fn retention_gap_starts_at_the_first_segment(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(24);
+    push(&*s, &mut ids, "gap", "p", "t", 0..3).await?;
+    push(&*s, &mut ids, "gap", "p", "t", 3..5).await?;
+    b.drop_segments("gap", "p", 3).await;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("gap", "late", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(payload_ns(&r), vec![3, 4], "the remaining messages");
+    ensure_eq!(
+        (r.claims[0].first_offset, r.claims[0].last_offset),
+        (3, 4),
+        "offsets start at the first segment"
+    );
+    let pid = r.claims[0].partition_id.clone();
+    let o = s
+        .ack(
+            "late",
+            vec![ack("t-4", &pid, AckStatus::Completed, Some(w.to_string()))],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(o[0].success && o[0].lease_released, "the batch acks: {o:?}");
+    ensure!(
+        !s.has_pending("gap", "late").await.map_err(e)?,
+        "nothing left"
+    );
+    Ok(())
+}
+
 macro_rules! cases {
     ($($name:ident),* $(,)?) => {
         /// Every conformance case, by name.
@@ -1581,4 +1616,5 @@ cases!(
     dead_letter_flags_are_enforced,
     max_size_caps_the_backlog,
     ttl_expires_messages,
+    retention_gap_starts_at_the_first_segment,
 );

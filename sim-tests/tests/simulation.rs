@@ -145,6 +145,7 @@ fn seed_set_passes() {
             "fault: ack at the lease boundary",
             "fault: request without an answer (pop)",
             "delivery: redelivery (attempt > 1)",
+            "fault: retention removed a consumed partition",
         ] {
             at_least(Scenario::Faults, fault, 20);
         }
@@ -201,6 +202,17 @@ fn every_mutation_switch_is_caught() {
             Bugs {
                 sim: SimBugs {
                     advisory_lock_blocking: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "no cursor seal",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    no_cursor_seal: true,
                     ..SimBugs::default()
                 },
                 ..Bugs::default()

@@ -36,6 +36,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "queue_options",
         include_str!("../migrations/007_queue_options.sql"),
     ),
+    (
+        8,
+        "pop_retention_gap",
+        include_str!("../migrations/008_pop_retention_gap.sql"),
+    ),
 ];
 
 /// Any fixed key: "queen" in ASCII.

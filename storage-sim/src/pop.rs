@@ -360,6 +360,12 @@ async fn log_pop_v1(
         return Ok((None, Verdict::Empty));
     }
 
+    // A gap below the first segment (retention removed a prefix the cursor had not reached):
+    // the batch starts where its first row does.
+    let wanted = rows
+        .first()
+        .map_or(wanted, |r| r.base_offset + i64::from(r.start_idx));
+
     // Step 6: autoAck or lease.
     let last = wanted + i64::from(taken) - 1;
     let lease_seconds = effective_lease_seconds(req.lease_seconds, Some(queue_gates.lease_time));

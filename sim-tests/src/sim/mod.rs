@@ -141,6 +141,8 @@ pub(crate) struct Shared {
     pub done: AtomicBool,
     pub faults: Faults,
     pub brokers: Vec<String>,
+    /// Set once retention removed what g1 and g2 consumed: the late group starts.
+    pub late_group_go: AtomicBool,
     /// Pop ids, unique across consumers (the history matches answers to invocations by id).
     pub next_pop_id: AtomicU64,
     /// Coverage counters the clients bump.
@@ -265,6 +267,7 @@ pub fn run(spec: Spec) -> Outcome {
         brokers: brokers.clone(),
         counters: Mutex::new(BTreeMap::new()),
         next_pop_id: AtomicU64::new(1),
+        late_group_go: AtomicBool::new(false),
     });
     configure_queues(&db);
 
@@ -427,12 +430,34 @@ pub fn run(spec: Spec) -> Outcome {
             let queue = workload::queue_of(spec.scenario);
             // Drained: every group's cursor is at every partition's head (a held lease or a
             // retry hold is not drained, whatever has_pending says).
-            let drained = workload::groups_of(spec.scenario).iter().all(|g| {
-                db.partitions(queue).iter().all(|p| {
-                    let head = db.partition_head(queue, p).map_or(-1, |(h, _)| h);
-                    head < 0 || db.cursor(queue, p, g).is_some_and(|c| c.committed >= head)
+            let drained_for = |groups: &[&str]| {
+                groups.iter().all(|g| {
+                    db.partitions(queue).iter().all(|p| {
+                        let head = db.partition_head(queue, p).map_or(-1, |(h, _)| h);
+                        head < 0 || db.cursor(queue, p, g).is_some_and(|c| c.committed >= head)
+                    })
                 })
-            });
+            };
+            let mut groups = workload::groups_of(spec.scenario);
+            let late = spec.scenario == Scenario::Faults;
+            if late && !shared.late_group_go.load(Ordering::SeqCst) && drained_for(&groups) {
+                // Retention of everything every group has consumed, then a group's first
+                // contact: its cursors start below segments that are gone (the seal's case).
+                for p in db.partitions(queue) {
+                    let head = db.partition_head(queue, &p).map_or(-1, |(h, _)| h);
+                    if head >= 0 && db.drop_segments(queue, &p, head + 1).is_ok() {
+                        *counts
+                            .entry("fault: retention removed a consumed partition")
+                            .or_default() += 1;
+                    }
+                }
+                shared.late_group_go.store(true, Ordering::SeqCst);
+            }
+            if late {
+                groups.push(workload::LATE_GROUP);
+            }
+            let drained =
+                (!late || shared.late_group_go.load(Ordering::SeqCst)) && drained_for(&groups);
             if !drained {
                 quiet_since = None;
             } else if quiet_since.is_none() {
@@ -493,7 +518,11 @@ pub fn run(spec: Spec) -> Outcome {
         );
     }
     let queue = workload::queue_of(spec.scenario);
-    for g in &groups {
+    let mut live_groups = groups.clone();
+    if spec.scenario == Scenario::Faults {
+        live_groups.push(workload::LATE_GROUP);
+    }
+    for g in &live_groups {
         if db.has_pending_now(queue, g) {
             violations.push(format!(
                 "liveness: {queue} still has pending messages for {g} after the drain"

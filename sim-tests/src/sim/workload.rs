@@ -14,13 +14,17 @@ use super::{hit, Scenario, Shared};
 
 pub const QUEUES: [&str; 4] = ["c", "k", "w", "f"];
 
-/// The groups a scenario consumes with (every one of them must receive every message).
+/// The groups that must receive every acknowledged message.
 pub fn groups_of(scenario: Scenario) -> Vec<&'static str> {
     match scenario {
         Scenario::Contention | Scenario::Faults => vec!["g1", "g2"],
         _ => vec!["g1"],
     }
 }
+
+/// A group that first contacts the queue after retention removed what g1 and g2 consumed: it
+/// must drain (the cursor seal), but never sees the removed messages.
+pub const LATE_GROUP: &str = "g3";
 
 /// The queue a scenario works on.
 pub fn queue_of(scenario: Scenario) -> &'static str {
@@ -54,6 +58,8 @@ struct Consumer {
     start_ms: u64,
     /// May die holding a lease.
     mortal: bool,
+    /// Starts when the driver says retention ran (the late group).
+    late: bool,
 }
 
 struct Producer {
@@ -81,6 +87,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
         auto_ack,
         start_ms: 0,
         mortal: false,
+        late: false,
     };
     match scenario {
         Scenario::CreationRace => (
@@ -144,6 +151,10 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 })
                 .collect();
             cs.push(consumer(3, "f", "g2", PopPath::Queue, true));
+            cs.push(Consumer {
+                late: true,
+                ..consumer(4, "f", LATE_GROUP, PopPath::Queue, false)
+            });
             (
                 (0..2)
                     .map(|i| Producer {
@@ -261,6 +272,12 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
 
 async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng: SeededRng) {
     tokio::time::sleep(Duration::from_millis(c.start_ms)).await;
+    while c.late && !shared.late_group_go.load(Ordering::SeqCst) {
+        if shared.done.load(Ordering::SeqCst) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut pops = 0u64;
     while !shared.done.load(Ordering::SeqCst) {
         pops += 1;
