@@ -598,21 +598,13 @@ impl DeliveryStorage for PgStorage {
             .map_err(pg_err("transaction: begin"))?;
         let mut results = Vec::with_capacity(ops.len());
         for op in &ops {
-            match op {
+            // Why the transaction must roll back, if this operation was refused.
+            let refusal = match op {
                 TxOp::Push(groups) => {
                     let pushed = push_groups(&tx, groups).await?;
                     let full = queen_core::storage::push_rejection(&pushed);
                     results.push(TxOpResult::Push(pushed));
-                    if let Some(reason) = full {
-                        tx.rollback()
-                            .await
-                            .map_err(pg_err("transaction: rollback"))?;
-                        return Ok(TxOutcome {
-                            committed: false,
-                            results,
-                            error: Some(format!("PUSH operation failed: {reason}")),
-                        });
-                    }
+                    full.map(|r| format!("PUSH operation failed: {r}"))
                 }
                 TxOp::Ack { group, item } => {
                     let out = ack_items(&tx, group, std::slice::from_ref(item))
@@ -623,17 +615,18 @@ impl DeliveryStorage for PgStorage {
                     let failed = (!out.success)
                         .then(|| out.error.clone().unwrap_or_else(|| "refused".into()));
                     results.push(TxOpResult::Ack(out));
-                    if let Some(reason) = failed {
-                        tx.rollback()
-                            .await
-                            .map_err(pg_err("transaction: rollback"))?;
-                        return Ok(TxOutcome {
-                            committed: false,
-                            results,
-                            error: Some(format!("ACK operation failed: {reason}")),
-                        });
-                    }
+                    failed.map(|r| format!("ACK operation failed: {r}"))
                 }
+            };
+            if let Some(error) = refusal {
+                tx.rollback()
+                    .await
+                    .map_err(pg_err("transaction: rollback"))?;
+                return Ok(TxOutcome {
+                    committed: false,
+                    results,
+                    error: Some(error),
+                });
             }
         }
         tx.commit().await.map_err(pg_err("transaction: commit"))?;

@@ -30,6 +30,42 @@ fn pace(rate: Option<f64>) -> Option<Duration> {
     rate.map(|r| Duration::from_secs_f64(PUSH_BATCH as f64 * PRODUCERS as f64 / r.max(1.0)))
 }
 
+/// The counters a run's producers and consumers share.
+struct Counters<'a> {
+    stop: &'a AtomicBool,
+    pushed: &'a AtomicU64,
+    delivered: &'a AtomicU64,
+    drained: &'a AtomicBool,
+}
+
+/// The shared end of a run: after `secs`, stop the producers, let the consumers catch up with what
+/// was pushed (bounded by 10 s), stop them; returns deliveries per second of the whole window.
+async fn finish_run(
+    secs: u64,
+    c: Counters<'_>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+    consumers: Vec<tokio::task::JoinHandle<()>>,
+    deliveries_per_push: u64,
+) -> f64 {
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    c.stop.store(true, Ordering::Relaxed);
+    for p in producers {
+        crate::util::joined(p.await);
+    }
+    let want = c.pushed.load(Ordering::Relaxed) * deliveries_per_push;
+    let grace = Instant::now() + Duration::from_secs(10);
+    while c.delivered.load(Ordering::Relaxed) < want && Instant::now() < grace {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    c.drained.store(true, Ordering::Relaxed);
+    for h in consumers {
+        crate::util::joined(h.await);
+    }
+    c.delivered.load(Ordering::Relaxed) as f64 / elapsed
+}
+
 /// Producers push batches of 10 for `secs`; `groups` x `per_group` consumers long-poll, ack, and
 /// record the latency of every message.
 pub async fn run(
@@ -101,25 +137,15 @@ pub async fn run(
             }));
         }
     }
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for p in producers {
-        crate::util::joined(p.await);
-    }
-    // Let the consumers catch up with what was pushed (bounded), then stop them.
-    let want = pushed.load(Ordering::Relaxed) * groups as u64;
-    let grace = Instant::now() + Duration::from_secs(10);
-    while delivered.load(Ordering::Relaxed) < want && Instant::now() < grace {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    drained.store(true, Ordering::Relaxed);
-    for c in consumers {
-        crate::util::joined(c.await);
-    }
+    let counters = Counters {
+        stop: &stop,
+        pushed: &pushed,
+        delivered: &delivered,
+        drained: &drained,
+    };
+    let rate = finish_run(secs, counters, producers, consumers, groups as u64).await;
     LiveResult {
-        delivered: delivered.load(Ordering::Relaxed) as f64 / elapsed,
+        delivered: rate,
         groups: samples
             .iter()
             .map(|s| latency(s.lock().map(|v| v.clone()).unwrap_or_default()))
@@ -233,24 +259,15 @@ pub async fn raw_run(cfg: &tokio_postgres::Config, rate: Option<f64>, secs: u64)
             })
         })
         .collect();
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for p in producers {
-        crate::util::joined(p.await);
-    }
-    let want = pushed.load(Ordering::Relaxed);
-    let grace = Instant::now() + Duration::from_secs(10);
-    while delivered.load(Ordering::Relaxed) < want && Instant::now() < grace {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    drained.store(true, Ordering::Relaxed);
-    for c in consumers {
-        crate::util::joined(c.await);
-    }
+    let counters = Counters {
+        stop: &stop,
+        pushed: &pushed,
+        delivered: &delivered,
+        drained: &drained,
+    };
+    let rate = finish_run(secs, counters, producers, consumers, 1).await;
     LiveResult {
-        delivered: delivered.load(Ordering::Relaxed) as f64 / elapsed,
+        delivered: rate,
         groups: vec![latency(sink.lock().map(|v| v.clone()).unwrap_or_default())],
     }
 }
