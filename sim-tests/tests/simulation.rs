@@ -19,8 +19,15 @@ const SCENARIOS: [Scenario; 4] = [
     Scenario::Faults,
 ];
 
-/// Seeds that once failed during development, replayed on every run.
-const REGRESSION_SEEDS: [(Scenario, u64); 0] = [];
+/// Seeds that once failed during development, replayed on every run: contention 1 hung the
+/// simulation (a parked pop retried a revisit due at a lease's exact end in a hot loop; the
+/// broker now waits at least 1 ms); faults 1002 and 1016 exposed checker gaps (autoAck answers
+/// lost in the network; a drain that ended while a lease was still held).
+const REGRESSION_SEEDS: [(Scenario, u64); 3] = [
+    (Scenario::Contention, 1),
+    (Scenario::Faults, 1_002),
+    (Scenario::Faults, 1_016),
+];
 
 fn default_seeds(s: Scenario) -> u64 {
     match s {
