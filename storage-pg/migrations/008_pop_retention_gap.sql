@@ -2,7 +2,9 @@
 -- that had not reached them, the forward scan starts at the first remaining segment, and the
 -- batch's offsets (first, last, the lease's range) now start there too. Before, they were counted
 -- from the cursor, so a group whose cursor sat below the first segment (a new group reading from
--- the start, after retention) got a batch whose offsets did not match its messages.
+-- the start, after retention) got a batch whose offsets did not match its messages. A segment
+-- that merely committed between the head probe and the scan is not a gap: it is left for the
+-- next pop (the model's concurrent property test found that race).
 
 CREATE OR REPLACE FUNCTION queen.log_pop_v1(
     p_pid uuid, p_queue_name text, p_group text, p_worker uuid,
@@ -178,9 +180,21 @@ BEGIN
                 END IF;
                 EXIT;
             END IF;
-            IF v_taken = 0 THEN
-                -- A gap below the first segment (retention removed a prefix the cursor had not
-                -- reached): the batch starts at the segment, and so do its offsets.
+            IF v_taken = 0 AND v_seg.base_offset > v_wanted THEN
+                -- Either retention removed a prefix the cursor had not reached (a real gap: the
+                -- batch starts at this segment, and so do its offsets), or the segment covering
+                -- v_wanted committed after the head probe's snapshot. Pushes commit in offset
+                -- order, so under this later snapshot it is visible: then take nothing now
+                -- rather than skip it.
+                PERFORM 1
+                   FROM (SELECT s.end_offset FROM queen.log_segments s
+                          WHERE s.partition_id = p_pid AND s.base_offset <= v_wanted
+                          ORDER BY s.base_offset DESC
+                          LIMIT 1) h
+                  WHERE h.end_offset >= v_wanted;
+                IF FOUND THEN
+                    EXIT;
+                END IF;
                 v_wanted := v_seg.base_offset;
             END IF;
             v_take := LEAST(v_seg.msg_count, v_left);

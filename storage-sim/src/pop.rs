@@ -289,6 +289,23 @@ async fn log_pop_v1(
                 queue_gates.delayed_processing,
                 now,
             );
+            // A batch starting above `wanted` is a retention gap only if nothing covers `wanted`
+            // now: a segment that committed after the head probe (pushes commit in offset order)
+            // is left for the next pop, never skipped.
+            let head_covered = head.is_some_and(|h| h.end_offset >= wanted);
+            let raced = !head_covered
+                && rows.first().is_some_and(|r| r.base_offset > wanted)
+                && st
+                    .segments
+                    .range(
+                        (pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted),
+                        t.id,
+                    )
+                    .next_back()
+                    .is_some_and(|(_, s)| s.end_offset >= wanted);
+            if raced {
+                return Ok((Vec::new(), None));
+            }
             let deferred = if rows.is_empty() && queue_gates.delayed_processing > 0 {
                 let next = head.filter(|h| h.end_offset >= wanted).or_else(|| {
                     st.segments
