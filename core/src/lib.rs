@@ -7,6 +7,7 @@
 pub mod backoff;
 pub mod claim;
 pub mod delivery;
+pub mod events;
 pub mod frames;
 pub mod ids;
 pub mod limiter;

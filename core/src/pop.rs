@@ -35,8 +35,10 @@ pub enum StorageCommand {
         namespace: Option<String>,
         task: Option<String>,
     },
-    HasPending {
-        queue: String,
+    /// When something next becomes deliverable to the group in these queues (see
+    /// `Storage::next_pending`).
+    NextPending {
+        queues: Vec<String>,
         group: String,
     },
     PendingPartitions {
@@ -52,7 +54,7 @@ pub enum StorageCommand {
 #[derive(Clone, Debug, PartialEq)]
 pub enum StorageReply {
     Pop(PopResult),
-    HasPending(bool),
+    NextPending(Option<Timestamp>),
     Names(Vec<String>),
     Config(Option<QueueConfig>),
 }
@@ -73,8 +75,8 @@ pub async fn execute(
         StorageCommand::QueuesMatching { namespace, task } => {
             StorageReply::Names(storage.queues_matching(namespace, task).await?)
         }
-        StorageCommand::HasPending { queue, group } => {
-            StorageReply::HasPending(storage.has_pending(&queue, &group).await?)
+        StorageCommand::NextPending { queues, group } => {
+            StorageReply::NextPending(storage.next_pending(&queues, &group).await?)
         }
         StorageCommand::PendingPartitions {
             queue,
@@ -96,7 +98,7 @@ pub enum PopInput {
         id: u64,
         result: StorageResult<StorageReply>,
     },
-    /// The queue's wake gate opened (local push, ack that freed a partition, wheel tick).
+    /// The queue's wake gate opened (a deliverability event, or the ring wheel's ticker).
     Wake,
     /// The timer of the last `Park` fired. A spurious timer is a harmless no-op.
     Timer,
@@ -140,6 +142,9 @@ pub enum PopEffect {
 pub struct PopBugs {
     /// Park until the deadline with no backoff re-check: a lost wake strands the consumer.
     pub no_backoff_floor: bool,
+    /// A single-partition pop ignores the time storage said its partition becomes deliverable
+    /// (lease expiry, delay, window, retryDelay): it waits for an event or the 30 s re-check.
+    pub no_partition_revisit: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -175,31 +180,30 @@ pub struct PopContext {
     pub rings: RingTable,
     pub configs: std::collections::BTreeMap<String, CachedConfig>,
     pub pop_maintenance: bool,
+    pub event_bugs: crate::events::EventBugs,
 }
 
 impl PopContext {
-    pub fn new(rings: RingTable) -> Self {
+    pub fn new(rings: RingTable, event_bugs: crate::events::EventBugs) -> Self {
         PopContext {
             rings,
             configs: Default::default(),
             pop_maintenance: false,
+            event_bugs,
         }
     }
 
-    /// A local push landed: every ring of the queue learns it. A windowBuffer queue's
-    /// partition waits on the wheel until it has been quiet for the window.
-    pub fn note_push(&mut self, queue: &str, partition: &str, count: u64, now: Timestamp) {
-        let window = match self.configs.get(queue) {
-            Some(CachedConfig {
-                config: Some(c), ..
-            }) => c.window_buffer,
-            Some(CachedConfig { config: None, .. }) => {
-                // The queue was unknown when cached; the push may have created it.
-                self.configs.remove(queue);
-                0
-            }
-            None => 0,
-        };
+    /// A push landed: every ring of the queue learns it. A windowBuffer queue's partition waits
+    /// on the wheel until it has been quiet for the window.
+    pub(crate) fn note_push(&mut self, queue: &str, partition: &str, count: u64, now: Timestamp) {
+        if matches!(
+            self.configs.get(queue),
+            Some(CachedConfig { config: None, .. })
+        ) {
+            // The queue was unknown when cached; the push may have created it.
+            self.configs.remove(queue);
+        }
+        let window = self.window_buffer(queue);
         self.rings.note_push(queue, partition, count);
         if window > 0 {
             self.rings
@@ -219,9 +223,16 @@ enum Work {
     Config,
     Reseed,
     List(Vec<Candidate>),
-    Wildcard { first_contact: bool },
+    Wildcard {
+        first_contact: bool,
+    },
     Partition,
-    Discovery { queues: Vec<String>, next: usize },
+    Discovery {
+        queues: Vec<String>,
+        next: usize,
+    },
+    /// A discovery round found nothing: asking when something becomes deliverable.
+    DiscoveryNext,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -262,11 +273,16 @@ pub struct PopMachine {
     list_rounds: u32,
     /// When the min_pop_wait hold began (first under-full sighting).
     hold_started: Option<Timestamp>,
-    /// Single-partition pops: the ring epoch at the last empty answer.
-    partition_epoch_seen: Option<u64>,
+    /// Single-partition pops: the ring epoch and the table's reset count at the last empty
+    /// answer.
+    partition_epoch_seen: Option<(u64, u64)>,
     last_storage_check: Option<Timestamp>,
     /// This pop took on the ring's due reseed.
     owes_reseed: bool,
+    /// When storage said something this pop could take becomes deliverable (a lease expiring,
+    /// delayedProcessing, windowBuffer, a retryDelay hold): the parked pop looks again then.
+    /// Queue-wide pops on the hot-list keep these times on the ring's wheel instead.
+    revisit_at: Option<Timestamp>,
 }
 
 /// How long a single-partition pop trusts an unchanged ring epoch before asking storage again.
@@ -296,6 +312,7 @@ impl PopMachine {
             partition_epoch_seen: None,
             last_storage_check: None,
             owes_reseed: false,
+            revisit_at: None,
         }
     }
 
@@ -414,7 +431,11 @@ impl PopMachine {
             }
             PopInput::StorageDone { id, result } => match self.phase.clone() {
                 Phase::Probing { id: want } if want == id => match result {
-                    Ok(StorageReply::HasPending(true)) => self.acquire(),
+                    Ok(StorageReply::NextPending(Some(t))) if t <= now => self.acquire(),
+                    Ok(StorageReply::NextPending(next)) => {
+                        self.revisit_at = next;
+                        self.empty_or_park(now)
+                    }
                     Ok(_) => self.empty_or_park(now),
                     Err(e) => self.finish(PopReply::Failed(e)),
                 },
@@ -439,8 +460,12 @@ impl PopMachine {
         let group = self.params.consumer_group.clone();
         let has_work = match self.params.shape.clone() {
             PopShape::Partition { queue, partition } => {
-                let epoch = ctx.rings.ring(&queue, &group).epoch(&partition);
-                self.partition_epoch_seen != Some(epoch)
+                let seen = (
+                    ctx.rings.ring(&queue, &group).epoch(&partition),
+                    ctx.rings.resets(),
+                );
+                self.partition_epoch_seen != Some(seen)
+                    || self.revisit_due(now)
                     || self
                         .last_storage_check
                         .is_none_or(|t| now >= t.plus_millis(PARTITION_RECHECK_MS))
@@ -457,10 +482,15 @@ impl PopMachine {
                 !ring.first_contact_done() || self.owes_reseed || ring.has_ready(now)
             }
             PopShape::Queue { queue } => {
-                // Legacy path: the cheap has_pending probe runs before any permit.
-                let id = self.storage(StorageCommand::HasPending { queue, group });
-                self.phase = Phase::Probing { id };
-                return;
+                // Legacy path: the cheap probe runs before any permit, unless storage already
+                // said when something becomes deliverable and that time has come.
+                if !self.revisit_due(now) {
+                    let queues = vec![queue];
+                    let id = self.storage(StorageCommand::NextPending { queues, group });
+                    self.phase = Phase::Probing { id };
+                    return;
+                }
+                true
             }
             PopShape::Discovery { .. } => true,
         };
@@ -521,14 +551,38 @@ impl PopMachine {
         self.phase = Phase::Working { id, work, since };
     }
 
+    /// Whether storage's promised revisit time has come.
+    fn revisit_due(&self, now: Timestamp) -> bool {
+        let ignored = self.config.bugs.no_partition_revisit
+            && matches!(self.params.shape, PopShape::Partition { .. });
+        !ignored && self.revisit_at.is_some_and(|t| now >= t)
+    }
+
+    /// Keeps the earliest time a verdict says something becomes deliverable.
+    fn note_revisits(&mut self, verdicts: &[(String, Verdict)], now: Timestamp) {
+        for (_, verdict) in verdicts {
+            let at = match verdict {
+                Verdict::LeasedUntil(t) | Verdict::DeferredUntil(t) => *t,
+                Verdict::Busy => now.plus_millis(crate::ring::BUSY_REVISIT_MS),
+                _ => continue,
+            };
+            self.revisit_at = Some(self.revisit_at.map_or(at, |r| r.min(at)));
+        }
+    }
+
     /// Under a permit: issue the next storage command for this shape.
     fn start_work(&mut self, now: Timestamp, ctx: &mut PopContext) {
         let group = self.params.consumer_group.clone();
+        // This round's verdicts say anew when to look again.
+        self.revisit_at = None;
         match self.params.shape.clone() {
             PopShape::Partition { queue, partition } => {
                 let req = self.request(&queue, false);
                 self.last_storage_check = Some(now);
-                self.partition_epoch_seen = Some(ctx.rings.ring(&queue, &group).epoch(&partition));
+                self.partition_epoch_seen = Some((
+                    ctx.rings.ring(&queue, &group).epoch(&partition),
+                    ctx.rings.resets(),
+                ));
                 self.work(
                     StorageCommand::PopPartition { req, partition },
                     Work::Partition,
@@ -704,6 +758,7 @@ impl PopMachine {
                 self.deliver_or_wait(result, since, now);
             }
             (Work::Wildcard { first_contact }, StorageReply::Pop(result)) => {
+                self.note_revisits(&result.verdicts, now);
                 if let PopShape::Queue { queue } = &self.params.shape {
                     let ring = ctx.rings.ring(queue, &group);
                     if first_contact {
@@ -720,6 +775,7 @@ impl PopMachine {
                 self.deliver_or_wait(result, since, now);
             }
             (Work::Partition, StorageReply::Pop(result)) => {
+                self.note_revisits(&result.verdicts, now);
                 if let PopShape::Partition { queue, .. } = &self.params.shape {
                     let ring = ctx.rings.ring(queue, &group);
                     for (name, verdict) in &result.verdicts {
@@ -728,14 +784,31 @@ impl PopMachine {
                 }
                 self.deliver_or_wait(result, since, now);
             }
+            (Work::DiscoveryNext, StorageReply::NextPending(next)) => {
+                // Storage's time is a floor for the revisit: a lease held elsewhere ends then.
+                if let Some(t) = next {
+                    self.revisit_at = Some(self.revisit_at.map_or(t, |r| r.min(t)));
+                }
+                self.deliver_or_wait(PopResult::default(), since, now);
+            }
             (Work::Discovery { queues, next }, reply) => {
                 let (queues, result) = match reply {
                     StorageReply::Names(names) => (names, PopResult::default()),
                     StorageReply::Pop(r) => (queues, r),
                     _ => (queues, PopResult::default()),
                 };
-                if !result.claims.is_empty() || next >= queues.len() {
+                self.note_revisits(&result.verdicts, now);
+                if !result.claims.is_empty() || queues.is_empty() {
                     return self.deliver_or_wait(result, since, now);
+                }
+                if next >= queues.len() {
+                    // Every matching queue answered empty: when does one of them have
+                    // something (a lease held by another consumer ends, a hold expires)?
+                    let command = StorageCommand::NextPending {
+                        queues,
+                        group: self.params.consumer_group.clone(),
+                    };
+                    return self.work(command, Work::DiscoveryNext, since);
                 }
                 let req = self.request(&queues[next], false);
                 self.work(
@@ -791,13 +864,21 @@ impl PopMachine {
             return self.finish(PopReply::Empty);
         }
         self.attempt = self.attempt.saturating_add(1);
-        let until = if self.config.bugs.no_backoff_floor {
+        let mut until = if self.config.bugs.no_backoff_floor {
             self.deadline
         } else {
             let interval =
                 i64::try_from(self.config.backoff.interval_ms(self.attempt)).unwrap_or(i64::MAX);
             now.plus_millis(interval).min(self.deadline)
         };
+        if let Some(t) = self.revisit_at.filter(|_| {
+            !(self.config.bugs.no_partition_revisit
+                && matches!(self.params.shape, PopShape::Partition { .. }))
+        }) {
+            // A revisit due now (a lease ending this very microsecond, still held by storage's
+            // strict `<`) would otherwise be retried in a hot loop until the clock moves on.
+            until = until.min(t.max(now.plus_millis(1)));
+        }
         self.phase = Phase::Parked { until };
         self.effects.push_back(PopEffect::Park { until });
     }

@@ -1,11 +1,13 @@
-//! The hot-list ring: per (tenant, queue, group), the partitions this broker believes have
-//! pending data, so a pop asks storage only about those.
+//! The hot-list ring: per (queue, group), the partitions this broker believes have pending data,
+//! so a pop asks storage only about those.
 //!
 //! The ring may only ever err towards a false positive. A push bumps the partition's epoch; a
 //! pop records the epoch when it takes a candidate, and an `Empty` verdict clears the entry only
 //! if the epoch is unchanged. A push that raced the empty verdict therefore keeps the entry hot.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 use crate::storage::Verdict;
 use crate::types::Timestamp;
@@ -47,6 +49,9 @@ struct Entry {
 pub struct RingBugs {
     /// Clear an entry on an `Empty` verdict without comparing epochs.
     pub clear_without_epoch_check: bool,
+    /// A reseed leaves partitions the ring believes leased or deferred on the wheel, even when
+    /// storage says they are claimable now (a release this broker never heard of).
+    pub reseed_keeps_waiting: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -59,6 +64,9 @@ pub struct HotRing {
     next_reseed_at: Option<Timestamp>,
     reseed_interval_ms: i64,
     bugs: RingBugs,
+    /// The earliest wheel time scheduled since the broker's ticker last armed (shared by every
+    /// ring of a table; `i64::MAX` when none).
+    new_due: Arc<AtomicI64>,
 }
 
 /// A candidate handed to a pop, with the epoch to present at check-in.
@@ -76,6 +84,10 @@ impl Default for HotRing {
 
 impl HotRing {
     pub fn new(reseed_interval_ms: i64, bugs: RingBugs) -> Self {
+        Self::with_due_sink(reseed_interval_ms, bugs, Arc::new(AtomicI64::new(i64::MAX)))
+    }
+
+    fn with_due_sink(reseed_interval_ms: i64, bugs: RingBugs, new_due: Arc<AtomicI64>) -> Self {
         HotRing {
             entries: BTreeMap::new(),
             ready: VecDeque::new(),
@@ -84,6 +96,7 @@ impl HotRing {
             next_reseed_at: None,
             reseed_interval_ms,
             bugs,
+            new_due,
         }
     }
 
@@ -146,17 +159,32 @@ impl HotRing {
         self.next_reseed_at = Some(now.plus_millis(self.reseed_interval_ms));
     }
 
-    /// Replaces beliefs with a storage snapshot of partitions with pending data.
+    /// Replaces beliefs with a storage snapshot of partitions with pending data (claimable now,
+    /// or leased: a lease this broker did not grant is learnt by trying the partition). A
+    /// partition believed leased or deferred is tried again too: its release may have happened
+    /// on another broker whose notification was lost, and storage's verdict puts it back on the
+    /// wheel if it really is held.
     pub fn apply_reseed(&mut self, pending: &[String], now: Timestamp) {
+        let keep_waiting = self.bugs.reseed_keeps_waiting;
         for p in pending {
             let e = self.entry(p);
             e.epoch += 1;
             e.pending_hint = e.pending_hint.max(1);
-            if e.state == EntryState::Idle {
+            let stale = match e.state {
+                EntryState::Idle => true,
+                EntryState::Waiting { .. } => !keep_waiting,
+                EntryState::Ready | EntryState::InFlight { .. } => false,
+            };
+            if stale {
                 self.make_ready(p);
             }
         }
         self.next_reseed_at = Some(now.plus_millis(self.reseed_interval_ms));
+    }
+
+    /// Events may have been missed: the next pop reseeds.
+    pub fn resync(&mut self) {
+        self.next_reseed_at = None;
     }
 
     /// Moves wheel entries that are due into the ready queue.
@@ -228,6 +256,7 @@ impl HotRing {
         if let Some(e) = self.entries.get_mut(partition) {
             e.state = EntryState::Waiting { until };
             self.wheel.insert((until, partition.to_string()));
+            self.new_due.fetch_min(until.0, Ordering::Relaxed);
         }
     }
 
@@ -308,34 +337,89 @@ impl HotRing {
 }
 
 /// Rings keyed by (queue, group), plus the broker-wide min_pop_wait gate.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RingTable {
     rings: BTreeMap<(String, String), HotRing>,
-    reseed_interval_ms: Option<i64>,
+    reseed_interval_ms: i64,
     bugs: RingBugs,
     /// False on every broker where no queue ever configured min_pop_wait_time: the default path
     /// pays one flag check instead of a per-queue lookup.
     pub min_pop_wait_in_use: bool,
+    /// Bumped whenever rings are dropped or made stale (group reset, queue change, resync): a
+    /// single-partition pop re-asks storage when it changes, since a dropped ring's epochs
+    /// start again from zero.
+    resets: u64,
+    /// Shared with every ring: the earliest wheel time scheduled since the ticker armed.
+    new_due: Arc<AtomicI64>,
+    /// The wheel time the broker's ticker sleeps until.
+    armed_at: Option<Timestamp>,
+}
+
+impl Default for RingTable {
+    fn default() -> Self {
+        Self::new(DEFAULT_RESEED_INTERVAL_MS, RingBugs::default())
+    }
 }
 
 impl RingTable {
     pub fn new(reseed_interval_ms: i64, bugs: RingBugs) -> Self {
         RingTable {
             rings: BTreeMap::new(),
-            reseed_interval_ms: Some(reseed_interval_ms),
+            reseed_interval_ms,
             bugs,
             min_pop_wait_in_use: false,
+            resets: 0,
+            new_due: Arc::new(AtomicI64::new(i64::MAX)),
+            armed_at: None,
         }
     }
 
     pub fn ring(&mut self, queue: &str, group: &str) -> &mut HotRing {
-        let interval = self
-            .reseed_interval_ms
-            .unwrap_or(DEFAULT_RESEED_INTERVAL_MS);
-        let bugs = self.bugs;
+        let (interval, bugs, sink) = (self.reseed_interval_ms, self.bugs, &self.new_due);
         self.rings
             .entry((queue.to_string(), group.to_string()))
-            .or_insert_with(|| HotRing::new(interval, bugs))
+            .or_insert_with(|| HotRing::with_due_sink(interval, bugs, sink.clone()))
+    }
+
+    /// How many times rings were dropped or made stale.
+    pub fn resets(&self) -> u64 {
+        self.resets
+    }
+
+    /// Every ring reseeds at its next pop (events may have been missed).
+    pub fn resync(&mut self) {
+        self.resets += 1;
+        for ring in self.rings.values_mut() {
+            ring.resync();
+        }
+    }
+
+    /// The broker's wheel ticker arms itself: the earliest revisit of any ring.
+    pub fn arm_ticker(&mut self) -> Option<Timestamp> {
+        self.new_due.store(i64::MAX, Ordering::Relaxed);
+        self.armed_at = self.rings.values().filter_map(HotRing::next_revisit).min();
+        self.armed_at
+    }
+
+    /// Whether a revisit earlier than the armed tick was scheduled since it armed.
+    pub fn ticker_needs_rearm(&self) -> bool {
+        let new_due = self.new_due.load(Ordering::Relaxed);
+        new_due != i64::MAX && self.armed_at.is_none_or(|a| new_due < a.0)
+    }
+
+    /// The ticker fired: moves every due wheel entry to its ready queue and answers the queues
+    /// that gained ready partitions (their gates open).
+    pub fn advance_due(&mut self, now: Timestamp) -> Vec<String> {
+        let mut queues: Vec<String> = vec![];
+        for ((queue, _), ring) in &mut self.rings {
+            if ring.next_revisit().is_some_and(|t| t <= now) {
+                ring.advance(now);
+                if queues.last() != Some(queue) {
+                    queues.push(queue.clone());
+                }
+            }
+        }
+        queues
     }
 
     /// A push to (queue, partition): every group's ring of that queue learns it.
@@ -357,12 +441,14 @@ impl RingTable {
     /// Drops a group's rings (on one queue, or on all): after a seek or a group deletion its
     /// beliefs are stale, and its next pop starts with first contact and a reseed.
     pub fn forget_group(&mut self, queue: Option<&str>, group: &str) {
+        self.resets += 1;
         self.rings
             .retain(|(q, g), _| !(g == group && queue.is_none_or(|qq| qq == q)));
     }
 
-    /// Drops every ring of a queue (queue deleted).
+    /// Drops every ring of a queue (queue deleted or reconfigured).
     pub fn forget_queue(&mut self, queue: &str) {
+        self.resets += 1;
         self.rings.retain(|(q, _), _| q != queue);
     }
 }
@@ -454,6 +540,7 @@ mod tests {
             DEFAULT_RESEED_INTERVAL_MS,
             RingBugs {
                 clear_without_epoch_check: true,
+                ..RingBugs::default()
             },
         );
         r.note_push("p1", 1);
@@ -538,6 +625,47 @@ mod tests {
         assert!(!r.reseed_due(T0.plus_millis(999)));
         assert!(r.reseed_due(T0.plus_millis(1000)));
         assert!(r.has_ready(T0));
+    }
+
+    #[test]
+    fn a_reseed_overrides_a_stale_lease() {
+        for keep_waiting in [false, true] {
+            let bugs = RingBugs {
+                reseed_keeps_waiting: keep_waiting,
+                ..RingBugs::default()
+            };
+            let mut r = HotRing::new(1000, bugs);
+            r.note_push("a", 1);
+            let _ = r.take_candidates(16, T0);
+            r.check_in("a", Verdict::LeasedUntil(T0.plus_secs(300)), Some(1), T0);
+            assert!(!r.has_ready(T0));
+            // Storage says "a" is claimable: its lease was released on another broker.
+            r.apply_reseed(&["a".into()], T0);
+            assert_eq!(r.has_ready(T0), !keep_waiting);
+        }
+    }
+
+    #[test]
+    fn the_ticker_arms_on_the_earliest_revisit_and_hears_of_earlier_ones() {
+        let mut t = RingTable::new(1000, RingBugs::default());
+        let ring = t.ring("q", "g");
+        ring.note_push("a", 1);
+        let _ = ring.take_candidates(16, T0);
+        ring.check_in("a", Verdict::LeasedUntil(T0.plus_secs(5)), Some(1), T0);
+        assert_eq!(t.arm_ticker(), Some(T0.plus_secs(5)));
+        assert!(!t.ticker_needs_rearm());
+        let ring = t.ring("q2", "g");
+        ring.note_push("b", 1);
+        let _ = ring.take_candidates(16, T0);
+        ring.check_in("b", Verdict::DeferredUntil(T0.plus_secs(1)), Some(1), T0);
+        assert!(
+            t.ticker_needs_rearm(),
+            "an earlier revisit re-arms the ticker"
+        );
+        assert_eq!(t.arm_ticker(), Some(T0.plus_secs(1)));
+        assert_eq!(t.advance_due(T0.plus_secs(1)), vec!["q2".to_string()]);
+        assert!(t.ring("q2", "g").has_ready(T0.plus_secs(1)));
+        assert_eq!(t.arm_ticker(), Some(T0.plus_secs(5)));
     }
 
     #[test]

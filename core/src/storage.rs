@@ -331,9 +331,18 @@ pub trait Storage: Send + Sync {
         task: Option<String>,
     ) -> StorageResult<Vec<String>>;
 
-    /// `log_has_pending_v1`: false means definitively nothing to deliver to this group.
-    async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool>;
-    /// Partitions with pending data for the group, for seeding the ring (coarse, may be stale).
+    /// `log_next_pending_v1`: when something next becomes deliverable to the group in any of
+    /// `queues`, as far as cursors and leases tell. `None`: nothing is pending at all; a time at
+    /// or before storage's now: something is claimable now; a later time: every partition with
+    /// a backlog is leased (or held after a failed ack) and the earliest lease ends then.
+    /// Visibility options (delay, window, ttl) are the pop's to report, as `DeferredUntil`.
+    async fn next_pending(
+        &self,
+        queues: &[String],
+        group: &str,
+    ) -> StorageResult<Option<Timestamp>>;
+    /// Partitions with a backlog for the group, claimable or leased, for seeding the ring
+    /// (coarse, may be stale; a pop's verdict puts a leased one on the wheel until its expiry).
     async fn pending_partitions(
         &self,
         queue: &str,

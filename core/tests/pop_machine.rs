@@ -3,6 +3,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use queen_core::backoff::WaitBackoff;
+use queen_core::events::{DeliveryEvent, EventBugs};
 use queen_core::params::{PopParams, PopShape};
 use queen_core::pop::{
     PopBugs, PopConfig, PopContext, PopEffect, PopInput, PopMachine, PopReply, StorageCommand,
@@ -24,12 +25,27 @@ fn machine(query: &[(&str, &str)], config: PopConfig) -> PopMachine {
     PopMachine::new(params, WorkerId(uuid::Uuid::nil()), config, T0)
 }
 
+/// A push of `count` messages into q/p, as the broker learns it.
+fn push_event(c: &mut PopContext, count: u64, now: Timestamp) {
+    let _ = c.apply(
+        &DeliveryEvent::Pushed {
+            queue: "q".into(),
+            partition: "p".into(),
+            count,
+        },
+        now,
+    );
+}
+
 fn drain(m: &mut PopMachine) -> Vec<PopEffect> {
     std::iter::from_fn(|| m.poll()).collect()
 }
 
 fn ctx() -> PopContext {
-    PopContext::new(RingTable::new(30_000, RingBugs::default()))
+    PopContext::new(
+        RingTable::new(30_000, RingBugs::default()),
+        EventBugs::default(),
+    )
 }
 
 fn storage_id(effects: &[PopEffect]) -> (u64, StorageCommand) {
@@ -235,7 +251,14 @@ fn a_spurious_timer_is_a_no_op_and_a_wake_resets_the_backoff() {
     m.handle(PopInput::Timer, now.plus_millis(1), &mut c);
     assert!(drain(&mut m).is_empty(), "spurious timer");
     // A push and its wake: the re-check goes to storage at once.
-    c.note_push("q", "p", 1, now);
+    let _ = c.apply(
+        &DeliveryEvent::Pushed {
+            queue: "q".into(),
+            partition: "p".into(),
+            count: 1,
+        },
+        now,
+    );
     m.handle(PopInput::Wake, now, &mut c);
     assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
     m.handle(PopInput::PermitGranted, now, &mut c);
@@ -266,6 +289,7 @@ fn without_the_backoff_floor_a_lost_wake_strands_until_the_deadline() {
     let config = PopConfig {
         bugs: PopBugs {
             no_backoff_floor: true,
+            ..PopBugs::default()
         },
         ..PopConfig::default()
     };
@@ -366,7 +390,7 @@ fn cancel_releases_a_held_permit() {
 }
 
 #[test]
-fn legacy_path_probes_has_pending_before_the_permit() {
+fn legacy_path_probes_next_pending_before_the_permit() {
     let config = PopConfig {
         hotlist: false,
         ..PopConfig::default()
@@ -377,11 +401,11 @@ fn legacy_path_probes_has_pending_before_the_permit() {
     let fx = drain(&mut m);
     let (id, cmd) = storage_id(&fx);
     assert_eq!(fx.len(), 1, "no permit before the probe");
-    assert!(matches!(cmd, StorageCommand::HasPending { .. }));
+    assert!(matches!(cmd, StorageCommand::NextPending { .. }));
     m.handle(
         PopInput::StorageDone {
             id,
-            result: Ok(StorageReply::HasPending(false)),
+            result: Ok(StorageReply::NextPending(None)),
         },
         T0,
         &mut c,
@@ -397,7 +421,7 @@ fn legacy_path_probes_has_pending_before_the_permit() {
     m.handle(
         PopInput::StorageDone {
             id,
-            result: Ok(StorageReply::HasPending(true)),
+            result: Ok(StorageReply::NextPending(Some(T0))),
         },
         T0.plus_millis(100),
         &mut c,
@@ -455,7 +479,7 @@ fn min_pop_wait_holds_before_the_permit_until_the_window_ends() {
     assert!(c.rings.min_pop_wait_in_use);
     // 3 messages arrive: under-full (batch 10), so the machine holds, without a permit.
     let t1 = T0.plus_millis(50);
-    c.note_push("q", "p", 3, t1);
+    push_event(&mut c, 3, t1);
     m.handle(PopInput::Wake, t1, &mut c);
     assert_eq!(
         drain(&mut m),
@@ -466,7 +490,7 @@ fn min_pop_wait_holds_before_the_permit_until_the_window_ends() {
     assert!(!m.holds_permit());
     // More arrive but still under-full: keep holding.
     let t2 = t1.plus_millis(100);
-    c.note_push("q", "p", 3, t2);
+    push_event(&mut c, 3, t2);
     m.handle(PopInput::Wake, t2, &mut c);
     assert_eq!(
         drain(&mut m),
@@ -498,7 +522,7 @@ fn min_pop_wait_ends_early_when_the_batch_is_full() {
         .ring("q", "__QUEUE_MODE__")
         .mark_first_contact_done();
     c.rings.ring("q", "__QUEUE_MODE__").apply_reseed(&[], T0);
-    c.note_push("q", "p", 4, T0);
+    push_event(&mut c, 4, T0);
     let mut m = machine(&[("batch", "5"), ("wait", "true")], PopConfig::default());
     m.handle(PopInput::Start, T0, &mut c);
     assert_eq!(
@@ -507,7 +531,7 @@ fn min_pop_wait_ends_early_when_the_batch_is_full() {
             until: T0.plus_millis(5000)
         }]
     );
-    c.note_push("q", "p", 1, T0.plus_millis(10));
+    push_event(&mut c, 1, T0.plus_millis(10));
     m.handle(PopInput::Wake, T0.plus_millis(10), &mut c);
     assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
 }
@@ -527,9 +551,9 @@ fn window_buffer_queues_wait_on_the_wheel_after_a_push() {
         },
     );
     c.rings.ring("q", "g").mark_first_contact_done();
-    c.note_push("q", "p", 1, T0);
+    push_event(&mut c, 1, T0);
     assert!(!c.rings.ring("q", "g").has_ready(T0.plus_millis(1999)));
-    c.note_push("q", "p", 1, T0.plus_millis(1500));
+    push_event(&mut c, 1, T0.plus_millis(1500));
     assert!(
         !c.rings.ring("q", "g").has_ready(T0.plus_millis(2000)),
         "each push restarts the quiet period"
@@ -622,4 +646,192 @@ fn parked_pops_do_not_burst_on_config_expiry_or_reseed() {
         }
     }
     assert_eq!(acquiring, 1, "one reseed, not one per parked pop");
+}
+
+/// The re-check timing of a production deployment: 1 s, then 10 s.
+fn production_timing(hotlist: bool, bugs: PopBugs) -> PopConfig {
+    PopConfig {
+        backoff: WaitBackoff {
+            initial_ms: 1000,
+            threshold: 1,
+            multiplier: 5.0,
+            max_ms: 10_000,
+        },
+        hotlist,
+        bugs,
+        ..PopConfig::default()
+    }
+}
+
+fn answer(
+    m: &mut PopMachine,
+    c: &mut PopContext,
+    now: Timestamp,
+    reply: StorageReply,
+) -> Vec<PopEffect> {
+    let (id, _) = storage_id(&drain(m));
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(reply),
+        },
+        now,
+        c,
+    );
+    drain(m)
+}
+
+/// A partition pop told "leased until T" looks again at T, not at its next backoff re-check.
+fn partition_pop_after_a_lease(bugs: PopBugs) -> (Vec<PopEffect>, Timestamp) {
+    let mut c = ctx();
+    let params = PopParams::from_query(
+        PopShape::Partition {
+            queue: "q".into(),
+            partition: "p".into(),
+        },
+        [("wait", "true"), ("timeout", "30000")].iter().copied(),
+        30_000,
+    )
+    .expect("params");
+    let mut m = PopMachine::new(
+        params,
+        WorkerId(uuid::Uuid::nil()),
+        production_timing(true, bugs),
+        T0,
+    );
+    m.handle(PopInput::Start, T0, &mut c);
+    assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
+    m.handle(PopInput::PermitGranted, T0, &mut c);
+    let lease_end = T0.plus_millis(1500);
+    let fx = answer(
+        &mut m,
+        &mut c,
+        T0,
+        StorageReply::Pop(PopResult {
+            claims: vec![],
+            verdicts: vec![("p".into(), Verdict::LeasedUntil(lease_end))],
+        }),
+    );
+    assert_eq!(
+        fx.last(),
+        Some(&PopEffect::Park {
+            until: T0.plus_millis(1000)
+        }),
+        "the first backoff re-check comes before the lease end"
+    );
+    // The re-check: nothing changed, so no storage call; the next timer is the lease end (the
+    // backoff alone would say 10 s).
+    m.handle(PopInput::Timer, T0.plus_millis(1000), &mut c);
+    let fx = drain(&mut m);
+    let until = match fx.last() {
+        Some(PopEffect::Park { until }) => *until,
+        other => panic!("parked again, got {other:?}"),
+    };
+    m.handle(PopInput::Timer, until, &mut c);
+    (drain(&mut m), until)
+}
+
+#[test]
+fn a_partition_pop_looks_again_when_its_lease_ends() {
+    let (fx, at) = partition_pop_after_a_lease(PopBugs::default());
+    assert_eq!(at, T0.plus_millis(1500));
+    assert_eq!(fx, vec![PopEffect::AcquirePermit]);
+}
+
+#[test]
+fn without_the_revisit_a_partition_pop_waits_out_its_backoff() {
+    let bugs = PopBugs {
+        no_partition_revisit: true,
+        ..PopBugs::default()
+    };
+    let (fx, at) = partition_pop_after_a_lease(bugs);
+    assert_eq!(at, T0.plus_millis(11_000));
+    assert!(
+        !fx.contains(&PopEffect::AcquirePermit),
+        "no storage call at the backoff re-check either: {fx:?}"
+    );
+}
+
+#[test]
+fn the_legacy_probe_parks_until_the_earliest_lease_end() {
+    let mut c = ctx();
+    let mut m = machine(
+        &[("wait", "true")],
+        production_timing(false, PopBugs::default()),
+    );
+    m.handle(PopInput::Start, T0, &mut c);
+    let lease_end = T0.plus_millis(400);
+    let (id, _) = storage_id(&drain(&mut m));
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(Some(lease_end))),
+        },
+        T0,
+        &mut c,
+    );
+    assert_eq!(drain(&mut m), vec![PopEffect::Park { until: lease_end }]);
+    m.handle(PopInput::Timer, lease_end, &mut c);
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::AcquirePermit],
+        "the time storage gave has come: straight to the wildcard, no probe"
+    );
+}
+
+#[test]
+fn an_empty_discovery_round_asks_when_something_becomes_deliverable() {
+    let mut c = ctx();
+    let params = PopParams::from_query(
+        PopShape::Discovery {
+            namespace: None,
+            task: None,
+        },
+        [("wait", "true"), ("namespace", "ns")].iter().copied(),
+        30_000,
+    )
+    .expect("params");
+    let mut m = PopMachine::new(
+        params,
+        WorkerId(uuid::Uuid::nil()),
+        production_timing(true, PopBugs::default()),
+        T0,
+    );
+    m.handle(PopInput::Start, T0, &mut c);
+    assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
+    m.handle(PopInput::PermitGranted, T0, &mut c);
+    let fx = answer(&mut m, &mut c, T0, StorageReply::Names(vec!["ns.a".into()]));
+    let fx = {
+        let (id, _) = storage_id(&fx);
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Ok(StorageReply::Pop(PopResult::default())),
+            },
+            T0,
+            &mut c,
+        );
+        drain(&mut m)
+    };
+    let (id, cmd) = storage_id(&fx);
+    assert_eq!(
+        cmd,
+        StorageCommand::NextPending {
+            queues: vec!["ns.a".into()],
+            group: "__QUEUE_MODE__".into()
+        }
+    );
+    let held_until = T0.plus_millis(300);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(Some(held_until))),
+        },
+        T0,
+        &mut c,
+    );
+    assert_eq!(
+        drain(&mut m).last(),
+        Some(&PopEffect::Park { until: held_until })
+    );
 }

@@ -4,14 +4,15 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use queen_core::events::{DeliveryEvent, EventBugs, Wake};
 use queen_core::ids::IdMinter;
 use queen_core::limiter::VegasLimiter;
 use queen_core::pop::{PopConfig, PopContext};
 use queen_core::ring::{RingBugs, RingTable, DEFAULT_RESEED_INTERVAL_MS};
 use queen_core::rng::SeededRng;
-use queen_core::storage::Storage;
+use queen_core::storage::{AckOutcome, PushGroupResult, PushOutcome, Storage};
 use queen_core::{Timestamp, WorkerId};
 use tokio::sync::{watch, Notify};
 
@@ -140,6 +141,7 @@ pub struct Hooks {
     pub wake_fate: Option<WakeFilter>,
     pub ring_bugs: RingBugs,
     pub pop_bugs: queen_core::pop::PopBugs,
+    pub event_bugs: EventBugs,
     pub reseed_interval_ms: i64,
 }
 
@@ -150,6 +152,7 @@ impl Default for Hooks {
             wake_fate: None,
             ring_bugs: RingBugs::default(),
             pop_bugs: queen_core::pop::PopBugs::default(),
+            event_bugs: EventBugs::default(),
             reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
         }
     }
@@ -170,6 +173,8 @@ pub struct App {
     pub shutting_down: watch::Sender<bool>,
     pub push_maintenance: AtomicBool,
     wake_seq: AtomicU64,
+    /// Told when a ring scheduled a revisit earlier than the wheel ticker sleeps until.
+    ticker_rearm: Arc<Notify>,
 }
 
 /// The gate of discovery pops (they span queues): every push opens it too.
@@ -203,17 +208,17 @@ impl App {
         };
         let (shutting_down, _) = watch::channel(false);
         let rng = SeededRng::new(seed);
-        Arc::new(App {
+        let app = Arc::new(App {
             limiter: Limiter::new(config.vegas),
             config,
             storage,
             delivery,
             backend,
             pop_config,
-            pop_ctx: Mutex::new(PopContext::new(RingTable::new(
-                hooks.reseed_interval_ms,
-                hooks.ring_bugs,
-            ))),
+            pop_ctx: Mutex::new(PopContext::new(
+                RingTable::new(hooks.reseed_interval_ms, hooks.ring_bugs),
+                hooks.event_bugs,
+            )),
             hooks,
             gates: Mutex::new(BTreeMap::new()),
             ids: Mutex::new(IdMinter::new(rng.child("ids"))),
@@ -221,7 +226,16 @@ impl App {
             shutting_down,
             push_maintenance: AtomicBool::new(false),
             wake_seq: AtomicU64::new(0),
-        })
+            ticker_rearm: Arc::new(Notify::new()),
+        });
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(wheel_ticker(Arc::downgrade(&app), app.ticker_rearm.clone()));
+            }
+            // Without a runtime nothing can be served either; only a misuse gets here.
+            Err(e) => debug_assert!(false, "App built outside a tokio runtime: {e}"),
+        }
+        app
     }
 
     pub fn now(&self) -> Timestamp {
@@ -283,6 +297,80 @@ impl App {
         }
     }
 
+    /// The one path of every deliverability event, made here or reported by storage from another
+    /// broker: the rings learn it, the gates it concerns open, and the wheel ticker re-arms if
+    /// the rings now hold an earlier revisit.
+    pub fn publish(&self, event: &DeliveryEvent) {
+        let wake = {
+            let mut ctx = lock(&self.pop_ctx);
+            let wake = ctx.apply(event, self.now());
+            self.rearm_ticker_if_needed(&ctx);
+            wake
+        };
+        self.metrics.count_event(event.kind());
+        match wake {
+            Wake::Nothing => {}
+            Wake::Queue(q) => self.wake(&q),
+            Wake::All => self.wake_all(),
+        }
+    }
+
+    /// Publishes what a committed push appended: `Pushed` per (queue, partition) group that
+    /// queued anything (duplicates and refusals append nothing).
+    pub fn publish_pushes<'a>(
+        &self,
+        targets: impl Iterator<Item = (&'a str, &'a str)>,
+        results: &[PushGroupResult],
+    ) {
+        for ((queue, partition), res) in targets.zip(results) {
+            let count = res
+                .iter()
+                .filter(|o| matches!(o, PushOutcome::Queued { .. }))
+                .count() as u64;
+            if count > 0 {
+                self.publish(&DeliveryEvent::Pushed {
+                    queue: queue.to_string(),
+                    partition: partition.to_string(),
+                    count,
+                });
+            }
+        }
+    }
+
+    /// Publishes the leases a committed ack ended (`Released`).
+    pub fn publish_ack(&self, group: &str, outcome: &AckOutcome) {
+        if let (true, Some(queue), Some(partition)) =
+            (outcome.lease_released, &outcome.queue, &outcome.partition)
+        {
+            self.publish(&DeliveryEvent::Released {
+                queue: queue.clone(),
+                partition: partition.clone(),
+                group: group.to_string(),
+            });
+        }
+    }
+
+    /// Called with the pop context held after anything that may have put a revisit on a ring's
+    /// wheel (a pop's verdicts, an event).
+    pub fn rearm_ticker_if_needed(&self, ctx: &PopContext) {
+        if ctx.rings.ticker_needs_rearm() {
+            self.ticker_rearm.notify_one();
+        }
+    }
+
+    /// Opens every gate (an event about every queue).
+    fn wake_all(&self) {
+        let queues: Vec<String> = lock(&self.gates).keys().cloned().collect();
+        for q in queues.iter().filter(|q| q.as_str() != ANY_QUEUE_GATE) {
+            self.wake(q);
+        }
+        if queues.iter().all(|q| q.as_str() != ANY_QUEUE_GATE) {
+            return;
+        }
+        // Discovery pops only (no queue gate was open): wake them too.
+        self.wake(ANY_QUEUE_GATE);
+    }
+
     /// Drops gates nobody listens to (called now and then, so the map stays small).
     pub fn prune_gates(&self) {
         lock(&self.gates).retain(|_, gate| Arc::strong_count(gate) > 1);
@@ -290,5 +378,50 @@ impl App {
 
     pub fn is_shutting_down(&self) -> bool {
         *self.shutting_down.borrow()
+    }
+}
+
+/// The ring wheel's ticker: sleeps until the earliest revisit any ring holds (a lease expiring,
+/// a delay maturing, a windowBuffer or retryDelay hold ending, a busy partition's retry), then
+/// moves what came due to the ready queues and opens those queues' gates. Parked queue-wide
+/// pops therefore wake at the revisit itself, whatever their backoff timer says.
+async fn wheel_ticker(app: std::sync::Weak<App>, rearm: Arc<Notify>) {
+    // At most one tick per millisecond: a revisit due this very microsecond (a lease ending now,
+    // still held under storage's strict `<`) would otherwise be retried in a hot loop until the
+    // clock moved on (in a simulation the clock only moves when every task is idle).
+    const FLOOR: Duration = Duration::from_millis(1);
+    loop {
+        let Some(a) = app.upgrade() else { return };
+        if a.is_shutting_down() {
+            return;
+        }
+        let next = lock(&a.pop_ctx).rings.arm_ticker();
+        let now = a.now();
+        let sleep =
+            next.map(|t| Duration::from_micros(u64::try_from(t.0 - now.0).unwrap_or(0)).max(FLOOR));
+        let mut shutdown = a.shutting_down.subscribe();
+        // Not holding the app while asleep: a dropped app ends its ticker.
+        drop(a);
+        let due = async {
+            match sleep {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let fired = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|s| *s) => return,
+            () = rearm.notified() => false,
+            () = due => true,
+        };
+        if !fired {
+            continue;
+        }
+        let Some(a) = app.upgrade() else { return };
+        let queues = lock(&a.pop_ctx).rings.advance_due(a.now());
+        for q in &queues {
+            a.metrics.count_event("revisit");
+            a.wake(q);
+        }
     }
 }

@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use hyper::StatusCode;
+use queen_core::events::DeliveryEvent;
 use queen_core::frames::slice_blob;
 use queen_core::storage::{AckItem, DlqQuery, PushOutcome, SeekTarget, TxOp, TxOpResult};
 use queen_core::time::{format_iso_micros, parse_iso};
 use queen_core::types::QUEUE_MODE_GROUP;
 use serde_json::{json, Value};
 
-use crate::app::{lock, App};
+use crate::app::App;
 use crate::http::{self, str_field, Failure, Reply};
 use crate::routes::{group_items, parse_ack_fields, parse_item};
 
@@ -83,27 +84,17 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
     for (k, r) in out.results.iter().enumerate() {
         match (r, &tx_ops[k]) {
             (TxOpResult::Ack(a), TxOp::Ack { group, item }) => {
-                if out.committed && a.lease_released {
-                    if let (Some(q), Some(p)) = (&a.queue, &a.partition) {
-                        lock(&app.pop_ctx).rings.note_freed(q, group, p);
-                        app.wake(q);
-                    }
+                if out.committed {
+                    app.publish_ack(group, a);
                 }
                 results.push(json!({"index": results.len(), "type": "ack", "success": a.success, "transactionId": item.transaction_id, "error": a.error, "dlq": a.dlq}));
             }
             (TxOpResult::Push(groups), TxOp::Push(req)) => {
                 if out.committed {
-                    let now = app.now();
-                    for (g, res) in req.iter().zip(groups) {
-                        let queued = res
-                            .iter()
-                            .filter(|o| matches!(o, PushOutcome::Queued { .. }))
-                            .count() as u64;
-                        if queued > 0 {
-                            lock(&app.pop_ctx).note_push(&g.queue, &g.partition, queued, now);
-                            app.wake(&g.queue);
-                        }
-                    }
+                    app.publish_pushes(
+                        req.iter().map(|g| (g.queue.as_str(), g.partition.as_str())),
+                        groups,
+                    );
                 }
                 // Items in request order: match each (transactionId, queue) to its group outcome.
                 for (txid, queue) in &shapes[k] {
@@ -226,7 +217,10 @@ pub async fn delete_group(
 ) -> Result<Reply, Failure> {
     let with_meta = delete_metadata(pairs);
     let (cursors, meta) = app.delivery.delete_group(group, queue, with_meta).await?;
-    lock(&app.pop_ctx).rings.forget_group(queue, group);
+    app.publish(&DeliveryEvent::GroupReset {
+        queue: queue.map(str::to_string),
+        group: group.to_string(),
+    });
     let mut answer = json!({"success": true, "consumerGroup": group, "deletedPartitions": cursors, "metadataDeleted": meta > 0});
     if let Some(q) = queue {
         answer["queueName"] = json!(q);
@@ -247,11 +241,10 @@ pub async fn seek(app: &Arc<App>, group: &str, queue: &str, body: &[u8]) -> Resu
         }
     };
     let moved = app.delivery.seek_group(group, queue, target).await?;
-    {
-        let mut ctx = lock(&app.pop_ctx);
-        ctx.rings.forget_group(Some(queue), group);
-    }
-    app.wake(queue);
+    app.publish(&DeliveryEvent::GroupReset {
+        queue: Some(queue.to_string()),
+        group: group.to_string(),
+    });
     let ts = match target {
         SeekTarget::Timestamp(t) => json!(format_iso_micros(t)),
         SeekTarget::End => Value::Null,
@@ -273,6 +266,10 @@ pub async fn update_subscription(
         .ok_or_else(|| Failure::bad("subscriptionTimestamp is required"))?;
     let t = timestamp_param(ts, "subscriptionTimestamp")?;
     let n = app.delivery.update_subscription(group, t).await?;
+    app.publish(&DeliveryEvent::GroupReset {
+        queue: None,
+        group: group.to_string(),
+    });
     Ok(http::json(
         StatusCode::OK,
         &json!({"success": true, "consumerGroup": group, "newTimestamp": ts, "rowsUpdated": n}),
@@ -298,8 +295,10 @@ pub async fn requeue(app: &Arc<App>, id: &str) -> Result<Reply, Failure> {
                 outcome.message_id().to_string(),
                 outcome.partition_id().to_string(),
             );
-            lock(&app.pop_ctx).note_push(&queue, &partition, 1, app.now());
-            app.wake(&queue);
+            app.publish_pushes(
+                std::iter::once((queue.as_str(), partition.as_str())),
+                &[vec![outcome]],
+            );
             Ok(http::json(
                 StatusCode::OK,
                 &json!({"success": true, "requeued": true, "queue": queue, "partition": partition, "messageId": message_id, "partitionId": partition_id}),

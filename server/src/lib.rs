@@ -207,18 +207,25 @@ pub async fn serve_listener(app: Arc<App>, listener: tokio::net::TcpListener) {
     }
 }
 
-/// Feeds pushes committed through any broker on the same PostgreSQL (NOTIFY queen_push) into
-/// this broker's rings and wake gates, so parked consumers wake at once, not at the next reseed.
-pub fn spawn_push_listener(
+/// Feeds the deliverability events committed through any broker on the same PostgreSQL (LISTEN
+/// queen_push and queen_event) into this broker's one event path, so parked consumers wake at
+/// once, not at the next reseed. A (re)connected listener publishes a `Resync` first.
+pub fn spawn_event_listener(
     app: Arc<App>,
     pg: tokio_postgres::Config,
 ) -> tokio::task::JoinHandle<()> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(queen_storage_pg::PgStorage::listen_pushes(pg, tx));
-    tokio::spawn(async move {
-        while let Some((queue, partition, count)) = rx.recv().await {
-            app::lock(&app.pop_ctx).note_push(&queue, &partition, count, app.now());
-            app.wake(&queue);
-        }
-    })
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(queen_storage_pg::PgStorage::listen_events(pg, tx));
+    tokio::spawn(forward_events(app, rx))
+}
+
+/// Publishes every event from another broker (or storage's echo of this one's: applying an
+/// event twice costs one extra look, never a wrong answer).
+pub async fn forward_events(
+    app: Arc<App>,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<queen_core::events::DeliveryEvent>,
+) {
+    while let Some(event) = events.recv().await {
+        app.publish(&event);
+    }
 }

@@ -76,7 +76,7 @@ async fn run() -> Result<(), String> {
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
     let app = App::new(config, storage, delivery, backend, seed);
     if let Some(pg) = pg_config {
-        queen_server::spawn_push_listener(app.clone(), pg.pg);
+        queen_server::spawn_event_listener(app.clone(), pg.pg);
     }
 
     let janitor = {

@@ -24,9 +24,37 @@ pub struct Metrics {
     /// Delivery lag (now - createdAt) of delivered messages, microseconds.
     pub lag_sum_us: AtomicU64,
     pub lag_max_us: AtomicU64,
+    /// Deliverability events applied, by `EVENT_KINDS` index.
+    events: [AtomicU64; EVENT_KINDS.len()],
 }
 
+/// The kinds of `DeliveryEvent::kind`, plus the wheel ticker's revisits.
+pub const EVENT_KINDS: [&str; 6] = [
+    "push",
+    "release",
+    "group_reset",
+    "queue_changed",
+    "resync",
+    "revisit",
+];
+
 impl Metrics {
+    pub fn count_event(&self, kind: &str) {
+        match EVENT_KINDS.iter().position(|k| *k == kind) {
+            Some(i) => {
+                self.events[i].fetch_add(1, Ordering::Relaxed);
+            }
+            None => debug_assert!(false, "unknown event kind {kind}"),
+        }
+    }
+
+    fn events_by_kind(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        EVENT_KINDS
+            .iter()
+            .zip(&self.events)
+            .map(|(k, c)| (*k, c.load(Ordering::Relaxed)))
+    }
+
     pub fn record_lag(&self, lag_us: u64) {
         self.lag_sum_us.fetch_add(lag_us, Ordering::Relaxed);
         self.lag_max_us.fetch_max(lag_us, Ordering::Relaxed);
@@ -62,6 +90,10 @@ impl Snapshot<'_> {
             },
             "parkedPops": g(&m.parked),
             "wakes": g(&m.wakes),
+            "deliveryEvents": m
+                .events_by_kind()
+                .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+                .collect::<serde_json::Map<String, serde_json::Value>>(),
             "storageCalls": g(&m.storage_calls),
             "messagesDelivered": delivered,
             "pushes": g(&m.pushes),
@@ -112,6 +144,19 @@ impl Snapshot<'_> {
             "counter",
             "Wake gate openings that reached a parked pop.",
             &[("", g(&m.wakes) as f64)],
+        );
+        let events: Vec<(String, f64)> = m
+            .events_by_kind()
+            .map(|(k, v)| (format!("{{kind=\"{k}\"}}"), v as f64))
+            .collect();
+        metric(
+            "queen_delivery_events_total",
+            "counter",
+            "Deliverability events applied (local, from other brokers, and wheel revisits).",
+            &events
+                .iter()
+                .map(|(l, v)| (l.as_str(), *v))
+                .collect::<Vec<_>>(),
         );
         metric(
             "queen_storage_calls_total",

@@ -56,6 +56,8 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
         {
             let mut ctx = lock(&app.pop_ctx);
             machine.handle(input, app.now(), &mut ctx);
+            // Its verdicts may have put an earlier revisit on a ring's wheel.
+            app.rearm_ticker_if_needed(&ctx);
         }
         let mut next = None;
         while let Some(effect) = machine.poll() {
@@ -75,7 +77,7 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                     next = Some(PopInput::StorageDone { id, result });
                 }
                 PopEffect::Park { until } => {
-                    match park(&app, &machine, until, &mut gate, &mut tx, &mut shutdown).await {
+                    match park(&app, until, &mut gate, &mut tx, &mut shutdown).await {
                         Some(i) => next = Some(i),
                         None => return shut_down(&app, tx),
                     }
@@ -97,12 +99,10 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
             // An input that changed nothing (a timer before the deadline) leaves the machine
             // parked: wait again.
             None => match machine.poll_timeout() {
-                Some(until) => {
-                    match park(&app, &machine, until, &mut gate, &mut tx, &mut shutdown).await {
-                        Some(i) => i,
-                        None => return shut_down(&app, tx),
-                    }
-                }
+                Some(until) => match park(&app, until, &mut gate, &mut tx, &mut shutdown).await {
+                    Some(i) => i,
+                    None => return shut_down(&app, tx),
+                },
                 None => {
                     let _ = tx.send(http::error(&Failure::server("pop machine stalled")));
                     return;
@@ -118,39 +118,23 @@ fn shut_down(app: &App, tx: oneshot::Sender<Reply>) {
     let _ = tx.send(http::no_content());
 }
 
-/// Parks until a wake, the machine's timer, the client leaving, or shutdown (`None`). A
-/// queue-wide pop on the hot-list path also wakes when its own ring's revisit wheel comes due
-/// (a lease expiring, a deferral ending): that is a `Wake`, since the ring may have work now.
+/// Parks until a wake, the machine's timer (its backoff re-check, or the time storage said its
+/// partition becomes deliverable), the client leaving, or shutdown (`None`). A queue-wide pop on
+/// the hot-list path hears of its ring's revisits as wakes, from the broker's wheel ticker.
 async fn park(
     app: &App,
-    machine: &PopMachine,
     until: queen_core::Timestamp,
     gate: &mut crate::app::GateWatch,
     tx: &mut oneshot::Sender<Reply>,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Option<PopInput> {
-    let revisit = match &machine.params().shape {
-        PopShape::Queue { queue } if app.pop_config.hotlist => lock(&app.pop_ctx)
-            .rings
-            .ring(queue, &machine.params().consumer_group)
-            .next_revisit(),
-        _ => None,
-    };
     let now = app.now();
-    let revisit = revisit.map(|r| r.max(now)).filter(|r| *r < until);
-    let wake_at = revisit.unwrap_or(until);
-    let mut sleep = Duration::from_micros(u64::try_from(wake_at.0 - now.0).unwrap_or(0));
-    if revisit.is_some() {
-        // A revisit due now (a lease ending this very microsecond, still held by storage's
-        // strict `<`) would otherwise be retried in a hot loop until the clock moves on; the
-        // simulation found it, where the clock only moves when every task is idle.
-        sleep = sleep.max(Duration::from_millis(1));
-    }
+    let sleep = Duration::from_micros(u64::try_from(until.0 - now.0).unwrap_or(0));
     app.metrics.parked.fetch_add(1, Ordering::Relaxed);
     let woke = tokio::select! {
         biased;
         () = gate.changed() => Some(PopInput::Wake),
-        _ = tokio::time::sleep(sleep) => Some(if revisit.is_some() { PopInput::Wake } else { PopInput::Timer }),
+        _ = tokio::time::sleep(sleep) => Some(PopInput::Timer),
         _ = tx.closed() => Some(PopInput::Cancel),
         _ = shutdown.wait_for(|s| *s) => None,
     };
@@ -207,11 +191,10 @@ async fn release(app: &Arc<App>, claims: &[Claim], worker: WorkerId, group: &str
             error: None,
         };
         match app.storage.ack(group, vec![item]).await {
-            Ok(_) => {
-                lock(&app.pop_ctx)
-                    .rings
-                    .note_freed(&c.queue, group, &c.partition);
-                app.wake(&c.queue);
+            Ok(outcomes) => {
+                for o in &outcomes {
+                    app.publish_ack(group, o);
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "releasing the lease of an undelivered batch failed; it frees at expiry")

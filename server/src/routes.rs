@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use hyper::StatusCode;
+use queen_core::events::DeliveryEvent;
 use queen_core::frames::Frame;
 use queen_core::storage::{AckItem, AckStatus, PushGroup, PushOutcome, QueueConfig};
 use queen_core::time::format_iso_micros;
@@ -135,25 +136,10 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
         .collect();
     let outcomes = app.storage.push(groups).await?;
     app.metrics.pushes.fetch_add(1, Ordering::Relaxed);
-    let now = app.now();
-    {
-        let mut ctx = lock(&app.pop_ctx);
-        for ((queue, partition, _), out) in heads.iter().zip(&outcomes) {
-            let queued = out
-                .iter()
-                .filter(|o| matches!(o, PushOutcome::Queued { .. }))
-                .count() as u64;
-            if queued > 0 {
-                ctx.note_push(queue, partition, queued, now);
-            }
-        }
-    }
-    let mut woken: Vec<&str> = heads.iter().map(|(q, _, _)| q.as_str()).collect();
-    woken.sort_unstable();
-    woken.dedup();
-    for q in woken {
-        app.wake(q);
-    }
+    app.publish_pushes(
+        heads.iter().map(|(q, p, _)| (q.as_str(), p.as_str())),
+        &outcomes,
+    );
     let mut answer = Vec::with_capacity(slots.len());
     for (index, (g, k)) in slots.iter().enumerate() {
         let (queue, _, frames) = &heads[*g];
@@ -242,12 +228,7 @@ async fn run_acks(app: &Arc<App>, group: &str, items: Vec<AckItem>) -> Result<Re
         if !o.success {
             app.metrics.acks_refused.fetch_add(1, Ordering::Relaxed);
         }
-        if o.lease_released {
-            if let (Some(q), Some(p)) = (&o.queue, &o.partition) {
-                lock(&app.pop_ctx).rings.note_freed(q, group, p);
-                app.wake(q);
-            }
-        }
+        app.publish_ack(group, o);
         answer.push(
             json!({"index": index, "transactionId": tx, "success": o.success, "error": o.error,
                            "queueName": o.queue, "partitionName": o.partition,
@@ -387,14 +368,13 @@ pub async fn configure(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
         min_pop_wait_time: opt_u32(o, "minPopWaitTime", d.min_pop_wait_time)?,
     };
     let (queue_id, partition_id) = app.storage.configure_queue(config.clone()).await?;
-    {
-        // The scheduler's cached options are stale now.
-        let mut ctx = lock(&app.pop_ctx);
-        ctx.configs.remove(&queue);
-        if config.min_pop_wait_time > 0 {
-            ctx.rings.min_pop_wait_in_use = true;
-        }
+    if config.min_pop_wait_time > 0 {
+        lock(&app.pop_ctx).rings.min_pop_wait_in_use = true;
     }
+    // The scheduler's cached options and beliefs about the queue are stale now.
+    app.publish(&DeliveryEvent::QueueChanged {
+        queue: queue.clone(),
+    });
     Ok(http::json(
         StatusCode::OK,
         &json!({"configured": true, "queueId": queue_id, "partitionId": partition_id, "queue": queue,
@@ -405,12 +385,9 @@ pub async fn configure(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
 pub async fn delete_queue(app: &Arc<App>, queue: &str) -> Result<Reply, Failure> {
     name_check("queue", queue)?;
     let existed = app.storage.delete_queue(queue).await?;
-    {
-        let mut ctx = lock(&app.pop_ctx);
-        ctx.rings.forget_queue(queue);
-        ctx.configs.remove(queue);
-    }
-    app.wake(queue);
+    app.publish(&DeliveryEvent::QueueChanged {
+        queue: queue.to_string(),
+    });
     Ok(http::json(
         StatusCode::OK,
         &json!({"deleted": true, "queue": queue, "existed": existed}),

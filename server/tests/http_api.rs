@@ -832,7 +832,7 @@ async fn a_push_on_one_broker_wakes_a_consumer_parked_on_another() {
             queen_server::app::Backend::Postgres(pg),
             seed,
         );
-        queen_server::spawn_push_listener(app.clone(), cfg.clone());
+        queen_server::spawn_event_listener(app.clone(), cfg.clone());
         tokio::spawn(queen_server::serve_listener(app, listener));
     }
     let (a, b) = (addrs[0], addrs[1]);

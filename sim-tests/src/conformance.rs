@@ -49,6 +49,14 @@ macro_rules! ensure_eq {
     }};
 }
 
+/// Whether the group has any backlog in the queue, claimable or leased.
+async fn backlog(s: &dyn Storage, queue: &str, group: &str) -> Result<bool, String> {
+    Ok(s.next_pending(&[queue.to_string()], group)
+        .await
+        .map_err(e)?
+        .is_some())
+}
+
 fn e(err: impl std::fmt::Display) -> String {
     err.to_string()
 }
@@ -630,7 +638,7 @@ pub async fn seal_guards(b: &dyn Backend) -> CaseResult {
     push(&*s, &mut ids, "q", "p", "t", 0..3).await?;
     b.drop_segments("q", "p", i64::MAX).await;
     ensure!(
-        s.has_pending("q", "g").await.map_err(e)?,
+        backlog(&*s, "q", "g").await?,
         "phantom pending before the seal"
     );
     let r = s
@@ -642,10 +650,7 @@ pub async fn seal_guards(b: &dyn Backend) -> CaseResult {
         "empty: {:?}",
         r.verdicts
     );
-    ensure!(
-        !s.has_pending("q", "g").await.map_err(e)?,
-        "sealed: no longer pending"
-    );
+    ensure!(!backlog(&*s, "q", "g").await?, "sealed: no longer pending");
     // New pushes land above the seal and are delivered.
     push(&*s, &mut ids, "q", "p", "u", 0..2).await?;
     let r = s
@@ -929,7 +934,7 @@ pub async fn pending_and_delete(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let mut ids = Ids::new(15);
     ensure!(
-        !s.has_pending("q", "g").await.map_err(e)?,
+        !backlog(&*s, "q", "g").await?,
         "unknown queue has nothing pending"
     );
     push(&*s, &mut ids, "q", "a", "t", 0..2).await?;
@@ -947,12 +952,12 @@ pub async fn pending_and_delete(b: &dyn Backend) -> CaseResult {
     ensure_eq!(r.message_count(), 2, "took a");
     ensure_eq!(
         s.pending_partitions("q", "g", 10).await.map_err(e)?,
-        vec!["b".to_string()],
-        "a is leased"
+        vec!["a".to_string(), "b".to_string()],
+        "a leased backlog is still listed: the ring learns its lease from the verdict"
     );
     ensure!(s.delete_queue("q").await.map_err(e)?, "deleted");
     ensure!(!s.delete_queue("q").await.map_err(e)?, "already gone");
-    ensure!(!s.has_pending("q", "g").await.map_err(e)?, "nothing left");
+    ensure!(!backlog(&*s, "q", "g").await?, "nothing left");
     ensure!(
         s.queue_config("q").await.map_err(e)?.is_none(),
         "config gone"
@@ -1067,7 +1072,7 @@ pub async fn transactions_are_atomic_and_idempotent(b: &dyn Backend) -> CaseResu
         "refused: {out:?}"
     );
     ensure!(
-        !s.has_pending("c", "g").await.map_err(e)?,
+        !backlog(&*s, "c", "g").await?,
         "the rolled-back push left nothing"
     );
     Ok(())
@@ -1542,7 +1547,7 @@ pub async fn ttl_expires_messages(b: &dyn Backend) -> CaseResult {
         .map_err(e)?;
     ensure!(r.claims.is_empty(), "everything expired: {r:?}");
     ensure!(
-        !s.has_pending("ttl", "late").await.map_err(e)?,
+        !backlog(&*s, "ttl", "late").await?,
         "nothing pending once expired"
     );
     Ok(())
@@ -1576,10 +1581,90 @@ pub async fn retention_gap_starts_at_the_first_segment(b: &dyn Backend) -> CaseR
         .await
         .map_err(e)?;
     ensure!(o[0].success && o[0].lease_released, "the batch acks: {o:?}");
-    ensure!(
-        !s.has_pending("gap", "late").await.map_err(e)?,
-        "nothing left"
+    ensure!(!backlog(&*s, "gap", "late").await?, "nothing left");
+    Ok(())
+}
+
+/// `next_pending`: now while something is claimable; the earliest lease end (a retryDelay hold
+/// counts as one) while every backlog is leased; nothing once no backlog is left.
+pub async fn next_pending_reports_when_leases_end(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(24);
+    let queues = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    ensure_eq!(
+        s.next_pending(&queues(&["q"]), "g").await.map_err(e)?,
+        None,
+        "unknown queue"
     );
+    push(&*s, &mut ids, "q", "a", "a", 0..2).await?;
+    push(&*s, &mut ids, "q", "b", "b", 0..2).await?;
+    let claimable_now = s
+        .next_pending(&queues(&["q"]), "g")
+        .await
+        .map_err(e)?
+        .ok_or("a backlog is pending")?;
+    let (wa, wb) = (ids.worker(), ids.worker());
+    let lease = |worker, secs| PopRequest {
+        lease_seconds: Some(secs),
+        ..pop_req("q", "g", worker, 10)
+    };
+    let ra = s
+        .pop_list(lease(wa, 10), vec!["a".into()])
+        .await
+        .map_err(e)?;
+    let rb = s
+        .pop_list(lease(wb, 20), vec!["b".into()])
+        .await
+        .map_err(e)?;
+    let (ca, cb) = match (ra.claims.first(), rb.claims.first()) {
+        (Some(a), Some(b)) => (a.clone(), b.clone()),
+        _ => return Err(format!("both leased: {ra:?} {rb:?}")),
+    };
+    let a_ends = ca.lease_expires_at.ok_or("a is leased")?;
+    let b_ends = cb.lease_expires_at.ok_or("b is leased")?;
+    ensure!(a_ends < b_ends && claimable_now < a_ends, "lease order");
+    ensure_eq!(
+        s.next_pending(&queues(&["q", "other"]), "g")
+            .await
+            .map_err(e)?,
+        Some(a_ends),
+        "every backlog leased: the earliest lease end"
+    );
+    ensure_eq!(
+        s.next_pending(&queues(&["q"]), "g2")
+            .await
+            .map_err(e)?
+            .map(|t| t < a_ends),
+        Some(true),
+        "another group's view is its own"
+    );
+    let msgs = crate::fixtures::messages(&ra);
+    let last = msgs.last().ok_or("a delivered")?;
+    let o = s
+        .ack(
+            "g",
+            vec![ack(
+                &last.frame.transaction_id,
+                &ca.partition_id,
+                AckStatus::Completed,
+                Some(wa.to_string()),
+            )],
+        )
+        .await
+        .map_err(e)?;
+    ensure!(o[0].success && o[0].lease_released, "a acked: {o:?}");
+    ensure_eq!(
+        s.next_pending(&queues(&["q"]), "g").await.map_err(e)?,
+        Some(b_ends),
+        "a has no backlog left: b's lease end"
+    );
+    b.advance_secs(21).await;
+    let now = s
+        .next_pending(&queues(&["q"]), "g")
+        .await
+        .map_err(e)?
+        .ok_or("b's lease ended: pending")?;
+    ensure!(now > b_ends, "claimable now, not at the old lease end");
     Ok(())
 }
 
@@ -1617,4 +1702,5 @@ cases!(
     max_size_caps_the_backlog,
     ttl_expires_messages,
     retention_gap_starts_at_the_first_segment,
+    next_pending_reports_when_leases_end,
 );

@@ -231,6 +231,7 @@ fn every_mutation_switch_is_caught() {
             Bugs {
                 pop: PopBugs {
                     no_backoff_floor: true,
+                    ..PopBugs::default()
                 },
                 ..Bugs::default()
             },
@@ -241,6 +242,7 @@ fn every_mutation_switch_is_caught() {
             Bugs {
                 ring: RingBugs {
                     clear_without_epoch_check: true,
+                    ..RingBugs::default()
                 },
                 ..Bugs::default()
             },

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use queen_core::events::DeliveryEvent;
 use queen_core::frames::build_blob;
 use queen_core::params::{SubscriptionFrom, SubscriptionMode};
 use queen_core::storage::{
@@ -534,17 +535,21 @@ impl Storage for PgStorage {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
-    async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool> {
+    async fn next_pending(
+        &self,
+        queues: &[String],
+        group: &str,
+    ) -> StorageResult<Option<Timestamp>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let stmt = client
-            .prepare_cached("SELECT queen.log_has_pending_v1($1, $2)")
+            .prepare_cached("SELECT queen.log_next_pending_v1($1, $2)")
             .await
-            .map_err(pg_err("has pending"))?;
+            .map_err(pg_err("next pending"))?;
         let row = client
-            .query_one(&stmt, &[&queue, &group])
+            .query_one(&stmt, &[&queues, &group])
             .await
-            .map_err(pg_err("has pending"))?;
-        Ok(row.get(0))
+            .map_err(pg_err("next pending"))?;
+        Ok(row.get::<_, Option<SystemTime>>(0).map(from_system_time))
     }
 
     async fn pending_partitions(
@@ -819,41 +824,37 @@ impl DeliveryStorage for PgStorage {
     }
 }
 
-/// A push another broker (or this one) committed: (queue, partition, messages appended).
-pub type PushNotice = (String, String, u64);
-
 impl PgStorage {
-    /// Listens for committed pushes (`NOTIFY queen_push`) on a dedicated connection and sends each
-    /// to `notices`. Reconnects after a second when the connection drops; returns when the
-    /// receiver is gone. Missed notices only cost latency: the broker's ring reseed is the backstop.
-    pub async fn listen_pushes(
+    /// Listens for deliverability events committed by any broker on this database (`NOTIFY
+    /// queen_push` from push_v1, `NOTIFY queen_event` from the triggers of migration 009) on a
+    /// dedicated connection, and sends each to `events`. Every (re)connection is followed by a
+    /// `Resync`: notifications sent while nobody listened are lost, so the broker re-reads what
+    /// it may have missed. Reconnects after a second; returns when the receiver is gone.
+    pub async fn listen_events(
         config: tokio_postgres::Config,
-        notices: tokio::sync::mpsc::UnboundedSender<PushNotice>,
+        events: tokio::sync::mpsc::UnboundedSender<DeliveryEvent>,
     ) {
         loop {
             match config.connect(tokio_postgres::NoTls).await {
                 Ok((client, mut connection)) => {
                     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
-                    let forward = notices.clone();
+                    let forward = events.clone();
                     let driver = tokio::spawn(async move {
                         let mut done_tx = Some(done_tx);
                         loop {
                             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                                 Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
-                                    let mut parts = n.payload().splitn(3, '\n');
-                                    if let (Some(q), Some(p), Some(c)) =
-                                        (parts.next(), parts.next(), parts.next())
-                                    {
-                                        if forward
-                                            .send((
-                                                q.to_string(),
-                                                p.to_string(),
-                                                c.parse().unwrap_or(1),
-                                            ))
-                                            .is_err()
-                                        {
-                                            break;
-                                        }
+                                    let Some(event) = notification_event(n.channel(), n.payload())
+                                    else {
+                                        tracing::warn!(
+                                            channel = n.channel(),
+                                            payload = n.payload(),
+                                            "unreadable notification"
+                                        );
+                                        continue;
+                                    };
+                                    if forward.send(event).is_err() {
+                                        break;
                                     }
                                 }
                                 Some(Ok(_)) => {}
@@ -864,29 +865,71 @@ impl PgStorage {
                             let _ = d.send(());
                         }
                     });
-                    if let Err(e) = client.batch_execute("LISTEN queen_push").await {
-                        tracing::warn!(error = %e, "LISTEN queen_push failed; retrying");
+                    if let Err(e) = client
+                        .batch_execute("LISTEN queen_push; LISTEN queen_event")
+                        .await
+                    {
+                        tracing::warn!(error = %e, "LISTEN failed; retrying");
                     } else {
-                        tracing::info!("listening for pushes from other brokers");
+                        tracing::info!("listening for deliverability events from every broker");
+                        if events.send(DeliveryEvent::Resync).is_err() {
+                            driver.abort();
+                            return;
+                        }
                         tokio::select! {
                             _ = &mut done_rx => {}
-                            _ = notices.closed() => {
+                            _ = events.closed() => {
                                 driver.abort();
                                 return;
                             }
                         }
                     }
                     driver.abort();
-                    tracing::warn!("push notification connection lost; reconnecting");
+                    tracing::warn!("event notification connection lost; reconnecting");
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot open the push notification connection; retrying")
+                    tracing::warn!(error = %e, "cannot open the event notification connection; retrying")
                 }
             }
-            if notices.is_closed() {
+            if events.is_closed() {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
+    }
+}
+
+/// A notification as an event: push_v1's `queue\npartition\ncount` on `queen_push`, the
+/// triggers' payloads on `queen_event`.
+fn notification_event(channel: &str, payload: &str) -> Option<DeliveryEvent> {
+    match channel {
+        "queen_push" => DeliveryEvent::parse(&format!("push\n{payload}")),
+        "queen_event" => DeliveryEvent::parse(payload),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod notification_tests {
+    use super::*;
+
+    #[test]
+    fn push_and_trigger_payloads_parse() {
+        assert_eq!(
+            notification_event("queen_push", "q\np\n3"),
+            Some(DeliveryEvent::Pushed {
+                queue: "q".into(),
+                partition: "p".into(),
+                count: 3
+            })
+        );
+        assert_eq!(
+            notification_event("queen_event", "group\nq\ng"),
+            Some(DeliveryEvent::GroupReset {
+                queue: Some("q".into()),
+                group: "g".into()
+            })
+        );
+        assert_eq!(notification_event("other", "x"), None);
     }
 }

@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "pop_retention_gap",
         include_str!("../migrations/008_pop_retention_gap.sql"),
     ),
+    (
+        9,
+        "delivery_events",
+        include_str!("../migrations/009_delivery_events.sql"),
+    ),
 ];
 
 /// Any fixed key: "queen" in ASCII.

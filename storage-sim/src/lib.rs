@@ -29,7 +29,7 @@ use queen_core::storage::{
 use queen_core::{Offset, Timestamp};
 
 pub use state::DlqRow as DeadLetter;
-pub use tx::{Pause, PauseFn, PauseKind, SimEvents, TaskCell, WaitEvent};
+pub use tx::{Listener, Pause, PauseFn, PauseKind, SimEvents, TaskCell, WaitEvent};
 
 use tx::{lock, Shared};
 
@@ -75,6 +75,9 @@ pub struct SimBugs {
     /// Cursor creation inserts without re-checking for the row after the advisory lock (a window
     /// the model found in the literal design: the insert can wait on a third pop's update).
     pub insert_without_recheck: bool,
+    /// The cursor trigger sends nothing: an ack, nack or failed ack on one broker frees a
+    /// partition that consumers parked on another broker never hear of.
+    pub no_release_notify: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.
@@ -99,10 +102,14 @@ impl SimDb {
     }
 
     fn build(seed: u64, clock: SimClock, bugs: SimBugs, pause: Option<Pause>) -> Arc<SimDb> {
+        let mut state = state::DbState::new(seed);
+        state.no_release_notify = bugs.no_release_notify;
         Arc::new(SimDb {
             pause,
             shared: Arc::new(Shared {
-                state: Mutex::new(state::DbState::new(seed)),
+                listeners: Mutex::new(Default::default()),
+                next_listener: Mutex::new(0),
+                state: Mutex::new(state),
                 events: Mutex::new(SimEvents::default()),
                 clock,
                 bugs,
@@ -115,6 +122,21 @@ impl SimDb {
 
     pub fn now(&self) -> Timestamp {
         (self.shared.clock)()
+    }
+
+    /// LISTEN: `listener` hears every notification of a transaction that commits from now on,
+    /// until the subscription is dropped (a broker that crashed stops listening).
+    pub fn subscribe(&self, listener: Listener) -> Subscription {
+        let id = {
+            let mut n = lock(&self.shared.next_listener);
+            *n += 1;
+            *n
+        };
+        lock(&self.shared.listeners).insert(id, listener);
+        Subscription {
+            shared: Arc::downgrade(&self.shared),
+            id,
+        }
     }
 
     pub fn events(&self) -> SimEvents {
@@ -181,7 +203,14 @@ impl SimDb {
     /// Whether (queue, group) has claimable pending data, read directly (committed state).
     pub fn has_pending_now(&self, queue: &str, group: &str) -> bool {
         let now = self.now();
-        pop::has_pending(&lock(&self.shared.state), queue, group, now, 0)
+        pop::next_pending(
+            &lock(&self.shared.state),
+            &[queue.to_string()],
+            group,
+            now,
+            0,
+        )
+        .is_some_and(|t| t <= now)
     }
 
     /// Whether any transaction is open (every scheduled task finished cleanly).
@@ -320,12 +349,16 @@ impl Storage for SimDb {
         Ok(matching.into_iter().map(|(_, name)| name).collect())
     }
 
-    async fn has_pending(&self, queue: &str, group: &str) -> StorageResult<bool> {
+    async fn next_pending(
+        &self,
+        queues: &[String],
+        group: &str,
+    ) -> StorageResult<Option<Timestamp>> {
         self.pause_point().await;
         let now = self.now();
-        let pending = pop::has_pending(&lock(&self.shared.state), queue, group, now, 0);
+        let next = pop::next_pending(&lock(&self.shared.state), queues, group, now, 0);
         self.pause_point().await;
-        Ok(pending)
+        Ok(next)
     }
 
     async fn pending_partitions(
@@ -337,8 +370,7 @@ impl Storage for SimDb {
         // A snapshot read: in interleaved mode other transactions may commit between the read
         // and the answer's arrival (the hot-list reseed race).
         self.pause_point().await;
-        let now = self.now();
-        let names = pop::pending_partitions(&lock(&self.shared.state), queue, group, now, limit, 0);
+        let names = pop::pending_partitions(&lock(&self.shared.state), queue, group, limit, 0);
         self.pause_point().await;
         Ok(names)
     }
@@ -428,5 +460,19 @@ impl DeliveryStorage for SimDb {
             timestamp,
         ))
         .await
+    }
+}
+
+/// A LISTEN registration; dropping it unlistens.
+pub struct Subscription {
+    shared: std::sync::Weak<Shared>,
+    id: u64,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            lock(&shared.listeners).remove(&self.id);
+        }
     }
 }

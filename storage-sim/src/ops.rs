@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use queen_core::events::DeliveryEvent;
 use queen_core::frames::build_blob;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
@@ -218,6 +219,14 @@ pub(crate) async fn push_body(
                     part.last_offset = end;
                     part.last_write_at = created_at.quantize_to_second();
                     st.partitions.update(&key, part, t.id);
+                    st.notify(
+                        t.id,
+                        DeliveryEvent::Pushed {
+                            queue: g.queue.clone(),
+                            partition: g.partition.clone(),
+                            count: fresh.len() as u64,
+                        },
+                    );
                     Ok(outcomes)
                 })
                 .await?;

@@ -11,7 +11,7 @@ use queen_core::params::effective_lease_seconds;
 use queen_core::storage::{Claim, PopRequest, PopResult, SegmentRow, StorageError, Verdict};
 use queen_core::{Offset, Timestamp};
 
-use crate::state::{advisory_key, DbState, MetaRow, WatermarkRow};
+use crate::state::{advisory_key, DbState, MetaRow, PartitionRow, WatermarkRow};
 use crate::table::{Insert, Lock};
 use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell, TxHandle};
 
@@ -704,27 +704,58 @@ pub(crate) async fn pop_wildcard(
     .await
 }
 
-/// `log_has_pending_v1`: false means definitively nothing to deliver to this group now.
-pub(crate) fn has_pending(st: &DbState, queue: &str, group: &str, now: Timestamp, tx: u64) -> bool {
-    !pending_partitions(st, queue, group, now, 1, tx).is_empty()
+/// A partition's backlog for a group: `None` when it has none; otherwise the cursor row, if any
+/// (no row: everything retained is pending).
+fn backlog<'a>(
+    st: &'a DbState,
+    p: &PartitionRow,
+    group: &str,
+    tx: u64,
+) -> Option<Option<&'a CursorRow>> {
+    match st.consumers.get(&(p.id.clone(), group.to_string()), tx) {
+        None => (p.last_offset >= 0).then_some(None),
+        Some(c) => (p.last_offset > c.committed).then_some(Some(c)),
+    }
 }
 
-/// Partitions with pending, claimable data for the group (coarse: re-verified by the pop).
+/// `log_next_pending_v1`: now if some partition of `queues` with a backlog for the group is
+/// claimable; else the earliest end of the leases (or retry holds) over those backlogs; `None`
+/// when no partition has a backlog.
+pub(crate) fn next_pending(
+    st: &DbState,
+    queues: &[String],
+    group: &str,
+    now: Timestamp,
+    tx: u64,
+) -> Option<Timestamp> {
+    let mut earliest: Option<Timestamp> = None;
+    for queue in queues {
+        for (_, p) in st.partitions_of(queue, tx) {
+            let at = match backlog(st, p, group, tx) {
+                None => continue,
+                Some(None) => now,
+                Some(Some(c)) => c.live_lease_until(now).unwrap_or(now),
+            };
+            if at <= now {
+                return Some(now);
+            }
+            earliest = Some(earliest.map_or(at, |e| e.min(at)));
+        }
+    }
+    earliest
+}
+
+/// Partitions with a backlog for the group, claimable or leased (coarse: re-verified by the pop,
+/// whose verdict puts a leased one on the ring's wheel until its lease ends).
 pub(crate) fn pending_partitions(
     st: &DbState,
     queue: &str,
     group: &str,
-    now: Timestamp,
     limit: u32,
     tx: u64,
 ) -> Vec<String> {
     st.partitions_of(queue, tx)
-        .filter(
-            |(_, p)| match st.consumers.get(&(p.id.clone(), group.to_string()), tx) {
-                None => p.last_offset >= 0,
-                Some(c) => p.last_offset > c.committed && c.claimable(now),
-            },
-        )
+        .filter(|(_, p)| backlog(st, p, group, tx).is_some())
         .take(limit as usize)
         .map(|(name, _)| name.to_string())
         .collect()

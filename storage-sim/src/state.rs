@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use queen_core::claim::CursorRow;
+use queen_core::events::DeliveryEvent;
 use queen_core::rng::SeededRng;
 use queen_core::storage::QueueConfig;
 use queen_core::{Offset, Timestamp};
@@ -81,6 +82,10 @@ pub struct DbState {
     pub advisory_held: BTreeMap<TxId, Vec<i64>>,
     /// For ORDER BY random() and id minting.
     pub rng: SeededRng,
+    /// `pg_notify` calls of open transactions, delivered at commit.
+    outbox: BTreeMap<TxId, Vec<DeliveryEvent>>,
+    /// `SimBugs::no_release_notify`: the cursor trigger stays silent.
+    pub no_release_notify: bool,
 }
 
 impl DbState {
@@ -99,7 +104,77 @@ impl DbState {
             advisory: BTreeMap::new(),
             advisory_held: BTreeMap::new(),
             rng: SeededRng::new(seed).child("db"),
+            outbox: BTreeMap::new(),
+            no_release_notify: false,
         }
+    }
+
+    /// `pg_notify`: queued with the transaction, sent if it commits.
+    pub fn notify(&mut self, tx: TxId, event: DeliveryEvent) {
+        self.outbox.entry(tx).or_default().push(event);
+    }
+
+    /// The notifying triggers of migration 009, over the transaction's writes (the model's
+    /// row triggers; PostgreSQL runs the same conditions per row):
+    /// - a cursor whose lease ends or changes hands other than by a new claim (an ack, a nack, a
+    ///   failed ack's retryDelay hold, a seek): `Released`. A claim sets `lease_acquired_at`
+    ///   and is not announced;
+    /// - a cursor moved backwards (a seek) or deleted (a group delete): `GroupReset`;
+    /// - a subscription record changed or deleted: `GroupReset`;
+    /// - a queue row inserted, updated (configure) or deleted: `QueueChanged`.
+    fn triggers(&self, tx: TxId) -> Vec<DeliveryEvent> {
+        let mut sent = vec![];
+        for ((pid, group), old, new) in self.consumers.changes(tx) {
+            let Some(old) = old else { continue };
+            // A deleted partition (its queue deleted) is no longer visible: nothing to name.
+            let Some((queue, partition)) = self.partition_ids.get(pid, tx).cloned() else {
+                continue;
+            };
+            let group = group.clone();
+            match new {
+                Some(new) => {
+                    let released = old.worker_id.is_some()
+                        && old.worker_id != new.worker_id
+                        && new.lease_acquired_at.is_none();
+                    if released && !self.no_release_notify {
+                        sent.push(DeliveryEvent::Released {
+                            queue: queue.clone(),
+                            partition,
+                            group: group.clone(),
+                        });
+                    }
+                    if new.committed < old.committed {
+                        sent.push(DeliveryEvent::GroupReset {
+                            queue: Some(queue),
+                            group,
+                        });
+                    }
+                }
+                None => sent.push(DeliveryEvent::GroupReset {
+                    queue: Some(queue),
+                    group,
+                }),
+            }
+        }
+        for ((queue, group), old, new) in self.metadata.changes(tx) {
+            let changed = match (old, new) {
+                (Some(o), Some(n)) => o.subscription_timestamp != n.subscription_timestamp,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            if changed {
+                sent.push(DeliveryEvent::GroupReset {
+                    queue: Some(queue.clone()),
+                    group: group.clone(),
+                });
+            }
+        }
+        for (queue, _, _) in self.queues.changes(tx) {
+            sent.push(DeliveryEvent::QueueChanged {
+                queue: queue.clone(),
+            });
+        }
+        sent
     }
 
     /// `pg_try_advisory_xact_lock`: never waits.
@@ -125,7 +200,20 @@ impl DbState {
         }
     }
 
-    pub fn end(&mut self, tx: TxId, commit: bool) {
+    /// Ends a transaction; a commit answers the notifications it sends (each distinct one once,
+    /// in order, as PostgreSQL folds identical notifications of one transaction).
+    pub fn end(&mut self, tx: TxId, commit: bool) -> Vec<DeliveryEvent> {
+        let mut sent = vec![];
+        if commit {
+            let explicit = self.outbox.remove(&tx).unwrap_or_default();
+            for e in explicit.into_iter().chain(self.triggers(tx)) {
+                if !sent.contains(&e) {
+                    sent.push(e);
+                }
+            }
+        } else {
+            self.outbox.remove(&tx);
+        }
         macro_rules! each_table {
             ($($t:ident),*) => { $( if commit { self.$t.commit(tx) } else { self.$t.rollback(tx) } )* };
         }
@@ -143,6 +231,7 @@ impl DbState {
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);
         }
+        sent
     }
 
     /// A queue's partitions visible to `tx`, in name order: (name, row).

@@ -163,6 +163,24 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
         }
     }
 
+    /// The writes `tx` is about to commit: (key, committed version, new version), in key order
+    /// of first touch. A lock without a write is not a change.
+    pub fn changes(&self, tx: TxId) -> Vec<(&K, Option<&V>, Option<&V>)> {
+        self.touched.get(&tx).map_or_else(Vec::new, |keys| {
+            keys.iter()
+                .filter_map(|k| {
+                    let (key, row) = self.rows.get_key_value(k)?;
+                    match (&row.pending, row.owner) {
+                        (Some(new), Some(o)) if o == tx => {
+                            Some((key, row.committed.as_ref(), new.as_ref()))
+                        }
+                        _ => None,
+                    }
+                })
+                .collect()
+        })
+    }
+
     pub fn commit(&mut self, tx: TxId) {
         for key in self.touched.remove(&tx).unwrap_or_default() {
             let remove = match self.rows.get_mut(&key) {

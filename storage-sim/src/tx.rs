@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
+use queen_core::events::DeliveryEvent;
 use queen_core::storage::StorageError;
 use queen_core::Timestamp;
 
@@ -57,6 +58,28 @@ pub struct Shared {
     pub next_tx: Mutex<TxId>,
     /// Free-run mode: one transaction at a time.
     pub serial: Mutex<()>,
+    /// LISTEN: who hears the notifications of committed transactions, by subscription id.
+    pub listeners: Mutex<BTreeMap<u64, Listener>>,
+    pub next_listener: Mutex<u64>,
+}
+
+/// Hears one committed notification. Called after the model's locks are released; it must not
+/// block (a broker forwards it to its own task).
+pub type Listener = Arc<dyn Fn(&DeliveryEvent) + Send + Sync>;
+
+impl Shared {
+    /// Delivers a committed transaction's notifications to every listener, in subscription order.
+    fn publish(&self, sent: Vec<DeliveryEvent>) {
+        if sent.is_empty() {
+            return;
+        }
+        let listeners: Vec<Listener> = lock(&self.listeners).values().cloned().collect();
+        for event in &sent {
+            for l in &listeners {
+                l(event);
+            }
+        }
+    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -270,8 +293,9 @@ impl Tx {
             return;
         }
         self.ended = true;
-        lock(&self.shared.state).end(self.id, commit);
+        let sent = lock(&self.shared.state).end(self.id, commit);
         lock(&self.shared.active).remove(&self.id);
+        self.shared.publish(sent);
     }
 }
 

@@ -277,7 +277,7 @@ fn phantom_pops_after_retention(bugs: SimBugs) -> (bool, usize) {
             candidate_pops += 1;
         }
     }
-    let pending = block_on(db.has_pending("q", "g")).unwrap_or_else(|e| panic!("{e}"));
+    let pending = db.has_pending_now("q", "g");
     (pending, candidate_pops)
 }
 

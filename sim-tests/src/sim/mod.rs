@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
+use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
 use queen_core::rng::SeededRng;
@@ -49,6 +50,7 @@ pub struct Bugs {
     pub sim: SimBugs,
     pub ring: RingBugs,
     pub pop: PopBugs,
+    pub events: EventBugs,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -324,6 +326,7 @@ pub fn run(spec: Spec) -> Outcome {
                     wake_fate: Some(wake_fate),
                     ring_bugs: bugs.ring,
                     pop_bugs: bugs.pop,
+                    event_bugs: bugs.events,
                     reseed_interval_ms: 5_000,
                 };
                 let app = App::with_hooks(
