@@ -352,7 +352,10 @@ impl PopMachine {
         }
     }
 
-    fn request(&self, queue: &str, skip_window_debounce: bool) -> PopRequest {
+    /// Every shape asks storage to apply the windowBuffer debounce: its verdict carries the
+    /// exact end of the hold (newest segment + window), which a broker cannot know for pushes it
+    /// learnt of late (a reseed, another broker's notification after a lost one).
+    fn request(&self, queue: &str) -> PopRequest {
         PopRequest {
             queue: queue.to_string(),
             group: self.params.consumer_group.clone(),
@@ -365,7 +368,7 @@ impl PopMachine {
                 mode: self.params.subscription_mode,
                 from: self.params.subscription_from,
             },
-            skip_window_debounce,
+            skip_window_debounce: false,
         }
     }
 
@@ -558,14 +561,14 @@ impl PopMachine {
         !ignored && self.revisit_at.is_some_and(|t| now >= t)
     }
 
-    /// Keeps the earliest time a verdict says something becomes deliverable.
+    /// Keeps the earliest time a verdict says something becomes deliverable, for the shapes the
+    /// ring does not serve (on the hot-list path a queue pop's verdicts go to the ring's wheel,
+    /// and the wheel's ticker wakes it).
     fn note_revisits(&mut self, verdicts: &[(String, Verdict)], now: Timestamp) {
-        for (_, verdict) in verdicts {
-            let at = match verdict {
-                Verdict::LeasedUntil(t) | Verdict::DeferredUntil(t) => *t,
-                Verdict::Busy => now.plus_millis(crate::ring::BUSY_REVISIT_MS),
-                _ => continue,
-            };
+        if self.config.hotlist && matches!(self.params.shape, PopShape::Queue { .. }) {
+            return;
+        }
+        for at in verdicts.iter().filter_map(|(_, v)| v.revisit_at(now)) {
             self.revisit_at = Some(self.revisit_at.map_or(at, |r| r.min(at)));
         }
     }
@@ -577,7 +580,7 @@ impl PopMachine {
         self.revisit_at = None;
         match self.params.shape.clone() {
             PopShape::Partition { queue, partition } => {
-                let req = self.request(&queue, false);
+                let req = self.request(&queue);
                 self.last_storage_check = Some(now);
                 self.partition_epoch_seen = Some((
                     ctx.rings.ring(&queue, &group).epoch(&partition),
@@ -593,7 +596,7 @@ impl PopMachine {
                 self.next_ring_step(&queue, now, now, ctx)
             }
             PopShape::Queue { queue } => {
-                let req = self.request(&queue, false);
+                let req = self.request(&queue);
                 self.work(
                     StorageCommand::PopWildcard { req },
                     Work::Wildcard {
@@ -642,7 +645,7 @@ impl PopMachine {
         }
         let ring = ctx.rings.ring(queue, &group);
         if !ring.first_contact_done() {
-            let req = self.request(queue, false);
+            let req = self.request(queue);
             return self.work(
                 StorageCommand::PopWildcard { req },
                 Work::Wildcard {
@@ -667,7 +670,7 @@ impl PopMachine {
             return self.release_then_empty(since, now);
         }
         self.list_rounds += 1;
-        let req = self.request(queue, true);
+        let req = self.request(queue);
         let names = candidates.iter().map(|c| c.partition.clone()).collect();
         self.work(
             StorageCommand::PopList {
@@ -722,21 +725,9 @@ impl PopMachine {
             }
             (Work::Reseed, StorageReply::Names(names)) => {
                 let queue = self.params.queue_name().unwrap_or_default().to_string();
-                let window = match ctx.configs.get(&queue) {
-                    Some(CachedConfig {
-                        config: Some(c), ..
-                    }) => c.window_buffer,
-                    _ => 0,
-                };
-                let ring = ctx.rings.ring(&queue, &group);
-                ring.apply_reseed(&names, now);
-                if window > 0 {
-                    // Pushes seen only through the reseed: hold a full window from now.
-                    for n in &names {
-                        ctx.rings
-                            .defer_all_groups(&queue, n, now.plus_secs(i64::from(window)));
-                    }
-                }
+                // A windowBuffer partition learnt of here is tried at once: storage's debounce
+                // answers when its hold ends.
+                ctx.rings.ring(&queue, &group).apply_reseed(&names, now);
                 self.next_ring_step(&queue, since, now, ctx);
             }
             (Work::List(cands), StorageReply::Pop(result)) => {
@@ -810,7 +801,7 @@ impl PopMachine {
                     };
                     return self.work(command, Work::DiscoveryNext, since);
                 }
-                let req = self.request(&queues[next], false);
+                let req = self.request(&queues[next]);
                 self.work(
                     StorageCommand::PopWildcard { req },
                     Work::Discovery {

@@ -49,8 +49,11 @@ struct Entry {
 pub struct RingBugs {
     /// Clear an entry on an `Empty` verdict without comparing epochs.
     pub clear_without_epoch_check: bool,
-    /// A reseed leaves partitions the ring believes leased or deferred on the wheel, even when
-    /// storage says they are claimable now (a release this broker never heard of).
+    /// A leased, deferred or busy verdict is put on the wheel even when the partition was
+    /// pushed to or released while the verdict was in flight (its snapshot predates the event).
+    pub held_verdict_without_epoch_check: bool,
+    /// A reseed or a resync leaves partitions the ring believes leased or deferred on the wheel,
+    /// even when storage says they are claimable now (a release this broker never heard of).
     pub reseed_keeps_waiting: bool,
 }
 
@@ -182,9 +185,19 @@ impl HotRing {
         self.next_reseed_at = Some(now.plus_millis(self.reseed_interval_ms));
     }
 
-    /// Events may have been missed: the next pop reseeds.
+    /// Events may have been missed: the next pop reseeds, and every partition believed leased
+    /// or deferred is tried again. A lease whose release was missed would otherwise hold the
+    /// partition until its old expiry even after the reseed, when the partition had no backlog
+    /// at the reseed (it is not listed) and pushes came later (a push never un-leases).
     pub fn resync(&mut self) {
         self.next_reseed_at = None;
+        if self.bugs.reseed_keeps_waiting {
+            return;
+        }
+        let waiting: Vec<String> = self.wheel.iter().map(|(_, p)| p.clone()).collect();
+        for p in waiting {
+            self.make_ready(&p);
+        }
     }
 
     /// Moves wheel entries that are due into the ready queue.
@@ -306,7 +319,7 @@ impl HotRing {
                     e.pending_hint = e.pending_hint.saturating_sub(u64::from(count));
                 }
                 match leased_until {
-                    Some(t) => self.wait_until(partition, t),
+                    Some(t) => self.wait_until(partition, t.just_after()),
                     None => self.make_ready(partition),
                 }
             }
@@ -318,8 +331,15 @@ impl HotRing {
                     e.state = EntryState::Idle;
                 }
             }
-            Verdict::LeasedUntil(t) | Verdict::DeferredUntil(t) => self.wait_until(partition, t),
-            Verdict::Busy => self.wait_until(partition, now.plus_millis(BUSY_REVISIT_MS)),
+            Verdict::LeasedUntil(_) | Verdict::DeferredUntil(_) | Verdict::Busy => {
+                if pushed_since && !self.bugs.held_verdict_without_epoch_check {
+                    // A push or a release landed after storage's snapshot: the hold may be over
+                    // already. Ask again rather than wait out a lease that may be gone.
+                    self.make_ready(partition);
+                } else if let Some(at) = verdict.revisit_at(now) {
+                    self.wait_until(partition, at);
+                }
+            }
             Verdict::NotEvaluated => self.make_ready(partition),
             Verdict::Missing => {}
         }
@@ -570,7 +590,11 @@ mod tests {
         assert!(r.has_ready(T0.plus_millis(200)));
         let c = r.take_candidates(16, T0.plus_millis(200));
         assert_eq!(c[0].partition, "b");
-        assert!(r.has_ready(T0.plus_millis(500)));
+        assert!(
+            !r.has_ready(T0.plus_millis(500)),
+            "a lease still holds at its expiry instant"
+        );
+        assert!(r.has_ready(T0.plus_millis(500).just_after()));
     }
 
     #[test]
@@ -646,13 +670,63 @@ mod tests {
     }
 
     #[test]
+    fn a_release_racing_a_leased_verdict_is_kept() {
+        for bug in [false, true] {
+            let bugs = RingBugs {
+                held_verdict_without_epoch_check: bug,
+                ..RingBugs::default()
+            };
+            let mut r = HotRing::new(1000, bugs);
+            r.note_push("a", 3);
+            let c = r.take_candidates(16, T0);
+            // The lease holder acks while this pop's claim (under an older snapshot) is running.
+            r.note_freed("a");
+            r.check_in(
+                "a",
+                Verdict::LeasedUntil(T0.plus_secs(30)),
+                Some(c[0].epoch),
+                T0,
+            );
+            assert_eq!(r.has_ready(T0), !bug);
+        }
+    }
+
+    #[test]
+    fn a_resync_retries_every_partition_believed_held() {
+        for keep_waiting in [false, true] {
+            let bugs = RingBugs {
+                reseed_keeps_waiting: keep_waiting,
+                ..RingBugs::default()
+            };
+            let mut r = HotRing::new(1000, bugs);
+            r.note_push("a", 1);
+            let _ = r.take_candidates(16, T0);
+            r.check_in(
+                "a",
+                Verdict::Took {
+                    count: 1,
+                    leased_until: Some(T0.plus_secs(30)),
+                },
+                Some(1),
+                T0,
+            );
+            // Its release was missed; after the reconnect storage lists nothing (no backlog),
+            // then a push lands.
+            r.resync();
+            r.apply_reseed(&[], T0);
+            r.note_push("a", 1);
+            assert_eq!(r.has_ready(T0), !keep_waiting);
+        }
+    }
+
+    #[test]
     fn the_ticker_arms_on_the_earliest_revisit_and_hears_of_earlier_ones() {
         let mut t = RingTable::new(1000, RingBugs::default());
         let ring = t.ring("q", "g");
         ring.note_push("a", 1);
         let _ = ring.take_candidates(16, T0);
         ring.check_in("a", Verdict::LeasedUntil(T0.plus_secs(5)), Some(1), T0);
-        assert_eq!(t.arm_ticker(), Some(T0.plus_secs(5)));
+        assert_eq!(t.arm_ticker(), Some(T0.plus_secs(5).just_after()));
         assert!(!t.ticker_needs_rearm());
         let ring = t.ring("q2", "g");
         ring.note_push("b", 1);
@@ -665,7 +739,7 @@ mod tests {
         assert_eq!(t.arm_ticker(), Some(T0.plus_secs(1)));
         assert_eq!(t.advance_due(T0.plus_secs(1)), vec!["q2".to_string()]);
         assert!(t.ring("q2", "g").has_ready(T0.plus_secs(1)));
-        assert_eq!(t.arm_ticker(), Some(T0.plus_secs(5)));
+        assert_eq!(t.arm_ticker(), Some(T0.plus_secs(5).just_after()));
     }
 
     #[test]

@@ -148,7 +148,8 @@ pub struct PopRequest {
     pub auto_ack: bool,
     pub lease_seconds: Option<u32>,
     pub intent: SubscriptionIntent,
-    /// The ring path lets the broker's revisit wheel own the windowBuffer hold.
+    /// Storage skips the windowBuffer debounce (for a caller that owns the hold itself). The
+    /// broker passes false: the debounce's verdict carries the exact end of the hold.
     pub skip_window_debounce: bool,
 }
 
@@ -204,6 +205,23 @@ pub enum Verdict {
     Missing,
     /// The budget (batch or partitions) was spent before this candidate was tried.
     NotEvaluated,
+}
+
+impl Verdict {
+    /// The first instant the partition may be deliverable again, for a revisit: a lease holds
+    /// while `lease_expires_at >= now` (storage's claim tests `<`), so it ends just after its
+    /// expiry; a deferral ends at its instant; a busy row is tried again shortly. `None`: no
+    /// revisit (taken, empty, missing, or not evaluated).
+    pub fn revisit_at(&self, now: Timestamp) -> Option<Timestamp> {
+        match self {
+            Verdict::LeasedUntil(t) => Some(t.just_after()),
+            Verdict::DeferredUntil(t) => Some(*t),
+            Verdict::Busy => Some(now.plus_millis(crate::ring::BUSY_REVISIT_MS)),
+            Verdict::Took { .. } | Verdict::Empty | Verdict::Missing | Verdict::NotEvaluated => {
+                None
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -331,10 +349,11 @@ pub trait Storage: Send + Sync {
         task: Option<String>,
     ) -> StorageResult<Vec<String>>;
 
-    /// `log_next_pending_v1`: when something next becomes deliverable to the group in any of
-    /// `queues`, as far as cursors and leases tell. `None`: nothing is pending at all; a time at
-    /// or before storage's now: something is claimable now; a later time: every partition with
-    /// a backlog is leased (or held after a failed ack) and the earliest lease ends then.
+    /// `log_next_pending_v1`: the first instant something becomes deliverable to the group in
+    /// any of `queues`, as far as cursors and leases tell. `None`: nothing is pending at all; a
+    /// time at or before storage's now: something is claimable now; a later time: every
+    /// partition with a backlog is leased (or held after a failed ack), and the earliest lease
+    /// ends just before then (see `Verdict::revisit_at`).
     /// Visibility options (delay, window, ttl) are the pop's to report, as `DeferredUntil`.
     async fn next_pending(
         &self,

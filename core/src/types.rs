@@ -21,6 +21,11 @@ impl Timestamp {
     pub fn as_millis(self) -> i64 {
         self.0.div_euclid(1000)
     }
+    /// The next representable instant (a lease held until `t` is free from `t.just_after()`).
+    pub fn just_after(self) -> Self {
+        Timestamp(self.0.saturating_add(1))
+    }
+
     pub fn plus_millis(self, ms: i64) -> Self {
         Timestamp(self.0.saturating_add(ms.saturating_mul(1000)))
     }

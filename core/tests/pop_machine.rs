@@ -160,8 +160,8 @@ fn ring_candidates_and_verdicts_flow_back() {
     };
     assert_eq!(candidates, vec!["a".to_string(), "b".to_string()]);
     assert!(
-        req.skip_window_debounce,
-        "the ring path owns the window hold"
+        !req.skip_window_debounce,
+        "storage's debounce answers the exact end of a window hold"
     );
     assert_eq!(req.max_partitions, 3);
     let result = PopResult {
@@ -734,7 +734,11 @@ fn partition_pop_after_a_lease(bugs: PopBugs) -> (Vec<PopEffect>, Timestamp) {
 #[test]
 fn a_partition_pop_looks_again_when_its_lease_ends() {
     let (fx, at) = partition_pop_after_a_lease(PopBugs::default());
-    assert_eq!(at, T0.plus_millis(1500));
+    assert_eq!(
+        at,
+        T0.plus_millis(1500).just_after(),
+        "just after the lease ends"
+    );
     assert_eq!(fx, vec![PopEffect::AcquirePermit]);
 }
 
@@ -833,5 +837,48 @@ fn an_empty_discovery_round_asks_when_something_becomes_deliverable() {
     assert_eq!(
         drain(&mut m).last(),
         Some(&PopEffect::Park { until: held_until })
+    );
+}
+
+#[test]
+fn a_hot_list_pop_leaves_busy_revisits_to_the_ring() {
+    let mut c = ctx();
+    let mut m = machine(
+        &[("wait", "true")],
+        production_timing(true, PopBugs::default()),
+    );
+    m.handle(PopInput::Start, T0, &mut c);
+    let _ = drain(&mut m);
+    m.handle(PopInput::PermitGranted, T0, &mut c);
+    let fx = answer(
+        &mut m,
+        &mut c,
+        T0,
+        StorageReply::Config(Some(QueueConfig::with_defaults("q"))),
+    );
+    // First contact: the wildcard finds the partition busy (another pop holds its row).
+    let (id, _) = storage_id(&fx);
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Pop(PopResult {
+                claims: vec![],
+                verdicts: vec![("p".into(), Verdict::Busy)],
+            })),
+        },
+        T0,
+        &mut c,
+    );
+    let fx = answer(&mut m, &mut c, T0, StorageReply::Names(vec![]));
+    assert_eq!(
+        fx.last(),
+        Some(&PopEffect::Park {
+            until: T0.plus_secs(1)
+        }),
+        "the backoff re-check; the busy partition's retry is the ring's (its ticker wakes us)"
+    );
+    assert_eq!(
+        c.rings.ring("q", "__QUEUE_MODE__").next_revisit(),
+        Some(T0.plus_millis(queen_core::ring::BUSY_REVISIT_MS))
     );
 }

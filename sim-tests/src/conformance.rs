@@ -1627,8 +1627,8 @@ pub async fn next_pending_reports_when_leases_end(b: &dyn Backend) -> CaseResult
         s.next_pending(&queues(&["q", "other"]), "g")
             .await
             .map_err(e)?,
-        Some(a_ends),
-        "every backlog leased: the earliest lease end"
+        Some(a_ends.just_after()),
+        "every backlog leased: just after the earliest lease ends"
     );
     ensure_eq!(
         s.next_pending(&queues(&["q"]), "g2")
@@ -1655,8 +1655,8 @@ pub async fn next_pending_reports_when_leases_end(b: &dyn Backend) -> CaseResult
     ensure!(o[0].success && o[0].lease_released, "a acked: {o:?}");
     ensure_eq!(
         s.next_pending(&queues(&["q"]), "g").await.map_err(e)?,
-        Some(b_ends),
-        "a has no backlog left: b's lease end"
+        Some(b_ends.just_after()),
+        "a has no backlog left: just after b's lease ends"
     );
     b.advance_secs(21).await;
     let now = s

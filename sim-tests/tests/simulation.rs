@@ -2,21 +2,23 @@
 //! model database, every run reproducible from one seed.
 //!
 //! `SIM_SEEDS=N` runs N seeds per scenario (default below); `SIM_SEED=n` replays one seed (with
-//! `SIM_SCENARIO=creation|contention|wakes|faults` to pick one scenario). A failure prints its
+//! `SIM_SCENARIO=creation|contention|wakes|faults|prompt` to pick one scenario). A failure prints its
 //! seed, the findings and the end of the trace.
 
 use std::collections::BTreeMap;
 
+use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
 use queen_sim_tests::sim::{run, Bugs, Outcome, Scenario, Spec};
 use queen_storage_sim::SimBugs;
 
-const SCENARIOS: [Scenario; 4] = [
+const SCENARIOS: [Scenario; 5] = [
     Scenario::CreationRace,
     Scenario::Contention,
     Scenario::LostWakes,
     Scenario::Faults,
+    Scenario::Prompt,
 ];
 
 /// Seeds that once failed during development, replayed on every run: contention 1 hung the
@@ -42,6 +44,7 @@ fn scenario_named(name: &str) -> Option<Scenario> {
         "contention" => Some(Scenario::Contention),
         "wakes" => Some(Scenario::LostWakes),
         "faults" => Some(Scenario::Faults),
+        "prompt" => Some(Scenario::Prompt),
         _ => None,
     }
 }
@@ -62,6 +65,7 @@ fn report(spec: &Spec, o: &Outcome) -> String {
             Scenario::Contention => "contention",
             Scenario::LostWakes => "wakes",
             Scenario::Faults => "faults",
+            Scenario::Prompt => "prompt",
         },
         o.violations.iter().take(8).cloned().collect::<Vec<_>>().join("\n  "),
         o.trace_tail.join("\n  ")
@@ -74,6 +78,15 @@ fn seed_set_passes() {
     let only = std::env::var("SIM_SCENARIO")
         .ok()
         .and_then(|n| scenario_named(&n));
+    // SIM_BUG=<switch name>: replays with one mutation switch on (a replay aid for the mutation
+    // proof's findings).
+    let bugs = match std::env::var("SIM_BUG") {
+        Ok(name) => match switches().into_iter().find(|(n, _, _)| *n == name) {
+            Some((_, _, bugs)) => bugs,
+            None => panic!("SIM_BUG: no switch named {name:?}"),
+        },
+        Err(_) => Bugs::default(),
+    };
     let mut specs: Vec<Spec> = vec![];
     for scenario in SCENARIOS
         .into_iter()
@@ -83,14 +96,14 @@ fn seed_set_passes() {
             Some(seed) => specs.push(Spec {
                 seed,
                 scenario,
-                bugs: Bugs::default(),
+                bugs,
             }),
             None => {
                 let n = env_u64("SIM_SEEDS").unwrap_or_else(|| default_seeds(scenario));
                 specs.extend((0..n).map(|i| Spec {
                     seed: 1_000 + i,
                     scenario,
-                    bugs: Bugs::default(),
+                    bugs,
                 }));
             }
         }
@@ -98,7 +111,7 @@ fn seed_set_passes() {
     specs.extend(REGRESSION_SEEDS.iter().map(|(scenario, seed)| Spec {
         seed: *seed,
         scenario: *scenario,
-        bugs: Bugs::default(),
+        bugs,
     }));
     let mut coverage: BTreeMap<(Scenario, &'static str), u64> = BTreeMap::new();
     let mut failures = vec![];
@@ -177,10 +190,9 @@ fn a_seed_replays_exactly() {
     }
 }
 
-/// Each historical bug, switched back on, is caught by the suite.
-#[test]
-fn every_mutation_switch_is_caught() {
-    let switches: Vec<(&str, Scenario, Bugs)> = vec![
+/// The historical and prompt-delivery bugs, as (name, the scenario that must catch it, switches).
+fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
+    vec![
         (
             "partitionId resolved outside the function",
             Scenario::CreationRace,
@@ -247,19 +259,77 @@ fn every_mutation_switch_is_caught() {
                 ..Bugs::default()
             },
         ),
-    ];
+        // The prompt-delivery paths: each must be caught by the delivery-bound checker.
+        (
+            "no revisit for single-partition pops",
+            Scenario::Prompt,
+            Bugs {
+                pop: PopBugs {
+                    no_partition_revisit: true,
+                    ..PopBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "no cross-broker release event",
+            Scenario::Prompt,
+            Bugs {
+                sim: SimBugs {
+                    no_release_notify: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a reseed keeps stale leased state",
+            Scenario::Prompt,
+            Bugs {
+                ring: RingBugs {
+                    reseed_keeps_waiting: true,
+                    ..RingBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "group delete (or seek) without a wake",
+            Scenario::Prompt,
+            Bugs {
+                events: EventBugs {
+                    group_reset_without_wake: true,
+                },
+                ..Bugs::default()
+            },
+        ),
+    ]
+}
+
+/// Each historical bug, switched back on, is caught by the suite.
+#[test]
+fn every_mutation_switch_is_caught() {
+    let switches = switches();
     let mut missed = vec![];
     for (name, scenario, bugs) in switches {
+        // The prompt scenario's switches break a bound, not a safety property: only the
+        // delivery-bound checker may count as catching them.
+        let counts = |v: &String| scenario != Scenario::Prompt || v.starts_with("liveness: ");
         let caught = (0..40u64).find_map(|i| {
             let o = run(Spec {
                 seed: 5_000 + i,
                 scenario,
                 bugs,
             });
-            (!o.violations.is_empty()).then(|| (5_000 + i, o.violations[0].clone()))
+            o.violations
+                .iter()
+                .find(|v| counts(v))
+                .map(|v| (5_000 + i, v.clone()))
         });
         match caught {
-            Some((seed, finding)) => eprintln!("caught '{name}' at seed {seed}: {finding}"),
+            Some((seed, finding)) => eprintln!(
+                "caught '{name}' at seed {seed} (replay: SIM_BUG='{name}' SIM_SEED={seed}): {finding}"
+            ),
             None => missed.push(name),
         }
     }

@@ -135,8 +135,9 @@ BEGIN
     THEN
         RETURN v_now;
     END IF;
+    -- A lease holds while lease_expires_at >= now (the claim tests <): free one microsecond on.
     RETURN (
-        SELECT min(c.lease_expires_at)
+        SELECT min(c.lease_expires_at) + interval '1 microsecond'
           FROM queen.queues q
           JOIN queen.log_partitions p ON p.queue_id = q.id
           JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = p_group

@@ -213,6 +213,13 @@ impl SimDb {
         .is_some_and(|t| t <= now)
     }
 
+    /// Whether a pop of `group` could take a message of the partition now (a simulation's
+    /// liveness oracle; see `pop::deliverable_now`).
+    pub fn deliverable_now(&self, queue: &str, partition: &str, group: &str) -> bool {
+        let now = self.now();
+        pop::deliverable_now(&lock(&self.shared.state), queue, partition, group, now)
+    }
+
     /// Whether any transaction is open (every scheduled task finished cleanly).
     pub fn open_transactions(&self) -> usize {
         lock(&self.shared.active).len()

@@ -734,7 +734,7 @@ pub(crate) fn next_pending(
             let at = match backlog(st, p, group, tx) {
                 None => continue,
                 Some(None) => now,
-                Some(Some(c)) => c.live_lease_until(now).unwrap_or(now),
+                Some(Some(c)) => c.live_lease_until(now).map_or(now, Timestamp::just_after),
             };
             if at <= now {
                 return Some(now);
@@ -759,4 +759,77 @@ pub(crate) fn pending_partitions(
         .take(limit as usize)
         .map(|(name, _)| name.to_string())
         .collect()
+}
+
+/// A liveness oracle for simulations: whether a pop of `group` could take at least one message
+/// of the partition now, by the claim rules over committed state (no side effects). A partition
+/// without a cursor row counts from its start, unless the group has a subscription timestamp
+/// (that seeding is the pop's to judge, and the oracle stays silent).
+pub(crate) fn deliverable_now(
+    st: &DbState,
+    queue: &str,
+    partition: &str,
+    group: &str,
+    now: Timestamp,
+) -> bool {
+    let Some(q) = st.queues.get(&queue.to_string(), 0) else {
+        return false;
+    };
+    let Some(p) = st
+        .partitions
+        .get(&(queue.to_string(), partition.to_string()), 0)
+    else {
+        return false;
+    };
+    let committed = match st.consumers.get(&(p.id.clone(), group.to_string()), 0) {
+        Some(c) if !c.claimable(now) => return false,
+        Some(c) => c.committed,
+        None => {
+            let key = (queue.to_string(), group.to_string());
+            if st
+                .metadata
+                .get(&key, 0)
+                .is_some_and(|m| m.subscription_timestamp.is_some())
+            {
+                return false;
+            }
+            -1
+        }
+    };
+    if p.last_offset <= committed {
+        return false;
+    }
+    let segments = |from: Offset, to: Offset| {
+        st.segments
+            .range((p.id.clone(), from)..=(p.id.clone(), to), 0)
+            .map(|((_, base), s)| SegmentMeta {
+                base_offset: *base,
+                end_offset: s.end_offset,
+                created_at: s.created_at,
+            })
+    };
+    let newest = segments(Offset::MIN, Offset::MAX)
+        .next_back()
+        .map(|s| s.created_at);
+    if window_hold_until(newest, q.config.window_buffer, now).is_some() {
+        return false;
+    }
+    let head = |wanted: Offset| segments(Offset::MIN, wanted).next_back();
+    let wanted = committed + 1;
+    let wanted = ttl_skip_to(
+        wanted,
+        head(wanted),
+        segments(wanted + 1, Offset::MAX),
+        q.config.ttl,
+        now,
+    );
+    !plan_scan(
+        wanted,
+        head(wanted),
+        segments(wanted + 1, Offset::MAX),
+        1,
+        q.config.delayed_processing,
+        now,
+    )
+    .is_empty()
 }

@@ -61,6 +61,29 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// The partition an event concerns, if one.
+    pub fn partition(&self) -> Option<&str> {
+        match self {
+            Event::Pushed { partition, .. }
+            | Event::Delivered { partition, .. }
+            | Event::AckSent { partition, .. } => Some(partition),
+            Event::PopInvoked { .. } | Event::Empty { .. } => None,
+        }
+    }
+
+    /// The consumer group an event concerns (pushes concern none).
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            Event::Pushed { .. } => None,
+            Event::PopInvoked { group, .. }
+            | Event::Delivered { group, .. }
+            | Event::Empty { group, .. }
+            | Event::AckSent { group, .. } => Some(group),
+        }
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct History(pub Arc<Mutex<Vec<Event>>>);
 

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
+use queen_core::backoff::WaitBackoff;
 use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
@@ -25,11 +26,32 @@ use queen_storage_sim::{PauseKind, SimBugs, SimDb};
 use history::{Event, History};
 
 /// Simulated time starts here (2023-11-14), for every seed.
-const EPOCH_SECS: u64 = 1_700_000_000;
+pub(crate) const EPOCH_SECS: u64 = 1_700_000_000;
 /// Simulated time per step.
 const TICK: Duration = Duration::from_millis(1);
 /// The queue's lease: short, so expiries happen inside a run.
 pub const LEASE_SECS: i64 = 2;
+/// The re-check timing of a production deployment (POP_WAIT_INITIAL_INTERVAL_MS=1000,
+/// POP_WAIT_BACKOFF_THRESHOLD=1, POP_WAIT_BACKOFF_MULTIPLIER=5, POP_WAIT_MAX_INTERVAL_MS=10000):
+/// a parked pop re-checks after 1 s, then every 10 s, so only events and revisits can keep the
+/// one-second bound.
+pub const PRODUCTION_BACKOFF: WaitBackoff = WaitBackoff {
+    initial_ms: 1000,
+    threshold: 1,
+    multiplier: 5.0,
+    max_ms: 10_000,
+};
+/// The delivery bound: a message that becomes deliverable reaches a parked consumer of any
+/// broker, on any pop route, within this long (network healed, wakes delivered).
+pub const DELIVERY_BOUND_US: i64 = 1_000_000;
+/// The bound while a broker's notification line is cut (events from the other broker are lost):
+/// the sim's ring reseed interval, plus the longest re-check interval, plus slack.
+const LOOSE_BOUND_US: i64 = (SIM_RESEED_INTERVAL_MS + 10_000 + 1_000) * 1_000;
+/// The brokers' ring reseed interval in the simulation.
+const SIM_RESEED_INTERVAL_MS: i64 = 5_000;
+/// A pop counts as parked this long after it was sent (the network's latency is at most 2 ms in
+/// the calm scenarios).
+const PARK_SLACK_US: i64 = 20_000;
 
 /// Which race or mix a run exercises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -42,6 +64,10 @@ pub enum Scenario {
     LostWakes,
     /// Two brokers, a mixed workload and the fault schedule.
     Faults,
+    /// Two brokers on a calm network with a production re-check timing (1 s, then 10 s):
+    /// consumers parked on every pop route wait on events and time-based revisits, and are
+    /// held to the one-second delivery bound.
+    Prompt,
 }
 
 /// The historical bugs a run may re-introduce.
@@ -51,6 +77,16 @@ pub struct Bugs {
     pub ring: RingBugs,
     pub pop: PopBugs,
     pub events: EventBugs,
+}
+
+/// One broker's notification line (its LISTEN connection): the driver can cut it, losing every
+/// notification meanwhile, and restore it, which resyncs the broker as a reconnect does.
+#[derive(Default)]
+struct ListenLine {
+    down: AtomicBool,
+    /// The current incarnation's event channel.
+    events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<queen_core::events::DeliveryEvent>>>,
+    dropped: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -117,6 +153,19 @@ impl Faults {
                     lease_boundary: false,
                 };
             }
+            Scenario::Prompt => {
+                // Calm: the bound under test is the broker's, not the network's.
+                faults = Faults {
+                    max_latency_ms: 2,
+                    hold: 0.0,
+                    partition: 0.0,
+                    crash: 0.0,
+                    drop_wake: 0.0,
+                    delay_wake: 0.0,
+                    dying_consumer: true,
+                    lease_boundary: false,
+                };
+            }
             Scenario::CreationRace | Scenario::Contention => {
                 faults = Faults {
                     max_latency_ms: 2,
@@ -147,6 +196,10 @@ pub(crate) struct Shared {
     pub late_group_go: AtomicBool,
     /// Pop ids, unique across consumers (the history matches answers to invocations by id).
     pub next_pop_id: AtomicU64,
+    /// Pops in flight by consumer, for the liveness checker.
+    pub waits: Mutex<BTreeMap<String, workload::Wait>>,
+    /// Deliveries by (group, partition), for the liveness checker.
+    pub delivered: Mutex<BTreeMap<(String, String), u64>>,
     /// Coverage counters the clients bump.
     pub counters: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -169,6 +222,25 @@ impl Shared {
     pub fn record(&self, e: Event) {
         self.history.record(e);
     }
+    pub fn set_wait(&self, consumer: &str, wait: Option<workload::Wait>) {
+        if let Ok(mut w) = self.waits.lock() {
+            match wait {
+                Some(wait) => w.insert(consumer.to_string(), wait),
+                None => w.remove(consumer),
+            };
+        }
+    }
+    pub fn note_delivered(&self, group: &str, partition: &str) {
+        if let Ok(mut d) = self.delivered.lock() {
+            *d.entry((group.to_string(), partition.to_string()))
+                .or_default() += 1;
+        }
+    }
+}
+
+/// The brokers' (and the model's) clock reading at `micros` of simulated time.
+pub(crate) fn sim_timestamp(micros: i64) -> Timestamp {
+    Timestamp(Timestamp::from_secs(EPOCH_SECS as i64).0 + micros)
 }
 
 /// The broker's and the model's clock: the simulation's time, from its epoch.
@@ -202,10 +274,9 @@ impl rand::RngCore for TurmoilRng {
     }
 }
 
-/// Every queue of the workload, with a 2 s lease (expiries happen inside a run) and a 200 ms
-/// retryDelay, before the simulation starts.
+/// Every queue of the workload (`workload::queue_options`), before the simulation starts.
 fn configure_queues(db: &Arc<SimDb>) {
-    use queen_core::storage::{QueueConfig, Storage};
+    use queen_core::storage::Storage;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -215,12 +286,7 @@ fn configure_queues(db: &Arc<SimDb>) {
         Err(e) => panic!("a runtime for the set-up: {e}"),
     };
     for q in workload::QUEUES {
-        let config = QueueConfig {
-            lease_time: LEASE_SECS as u32,
-            retry_delay: 200,
-            ..QueueConfig::with_defaults(q)
-        };
-        if let Err(e) = rt.block_on(db.configure_queue(config)) {
+        if let Err(e) = rt.block_on(db.configure_queue(workload::queue_options(q))) {
             panic!("configure {q}: {e}");
         }
     }
@@ -258,7 +324,9 @@ pub fn run(spec: Spec) -> Outcome {
     });
     let db = SimDb::interleaved(spec.seed, clock.clone(), spec.bugs.sim, pause);
     let brokers: Vec<String> = match spec.scenario {
-        Scenario::Faults | Scenario::Contention => vec!["broker0".into(), "broker1".into()],
+        Scenario::Faults | Scenario::Contention | Scenario::Prompt => {
+            vec!["broker0".into(), "broker1".into()]
+        }
         _ => vec!["broker0".into()],
     };
     let shared = Arc::new(Shared {
@@ -269,6 +337,8 @@ pub fn run(spec: Spec) -> Outcome {
         brokers: brokers.clone(),
         counters: Mutex::new(BTreeMap::new()),
         next_pop_id: AtomicU64::new(1),
+        waits: Mutex::new(BTreeMap::new()),
+        delivered: Mutex::new(BTreeMap::new()),
         late_group_go: AtomicBool::new(false),
     });
     configure_queues(&db);
@@ -285,14 +355,36 @@ pub fn run(spec: Spec) -> Outcome {
     let dropped_wakes = Arc::new(AtomicU64::new(0));
     let delayed_wakes = Arc::new(AtomicU64::new(0));
     let restarts = Arc::new(AtomicU64::new(0));
+    let lines: Vec<Arc<ListenLine>> = brokers.iter().map(|_| Arc::default()).collect();
+    // The prompt scenario runs one broker with the hot-list and one without, or both alike,
+    // as the seed draws.
+    let hotlist: Vec<bool> = {
+        let mut r = root.child("hotlist");
+        (0..brokers.len())
+            .map(|_| spec.scenario != Scenario::Prompt || r.below(3) != 0)
+            .collect()
+    };
+    if std::env::var("SIM_EVENTS").is_ok() {
+        eprintln!("hot-list per broker: {hotlist:?}");
+    }
     for (i, name) in brokers.iter().enumerate() {
-        let (db, clock, wake_rng, dropped, delayed, restarts) = (
+        let config = ServerConfig {
+            hotlist: hotlist[i],
+            backoff: if spec.scenario == Scenario::Prompt {
+                PRODUCTION_BACKOFF
+            } else {
+                WaitBackoff::default()
+            },
+            ..ServerConfig::default()
+        };
+        let (db, clock, wake_rng, dropped, delayed, restarts, line) = (
             db.clone(),
             clock.clone(),
             wake_rng.clone(),
             dropped_wakes.clone(),
             delayed_wakes.clone(),
             restarts.clone(),
+            lines[i].clone(),
         );
         let (bugs, drop_p, delay_p, seed) =
             (spec.bugs, faults.drop_wake, faults.delay_wake, spec.seed);
@@ -304,6 +396,8 @@ pub fn run(spec: Spec) -> Outcome {
                 dropped.clone(),
                 delayed.clone(),
             );
+            let config = config.clone();
+            let line = line.clone();
             // A restart is a new process: a fresh ring, fresh parked pops; the database stays.
             let incarnation = restarts.fetch_add(1, Ordering::SeqCst);
             async move {
@@ -327,16 +421,43 @@ pub fn run(spec: Spec) -> Outcome {
                     ring_bugs: bugs.ring,
                     pop_bugs: bugs.pop,
                     event_bugs: bugs.events,
-                    reseed_interval_ms: 5_000,
+                    reseed_interval_ms: SIM_RESEED_INTERVAL_MS,
                 };
                 let app = App::with_hooks(
-                    ServerConfig::default(),
+                    config.clone(),
                     db.clone(),
-                    db,
+                    db.clone(),
                     Backend::Memory,
                     seed ^ (i as u64) << 32 ^ incarnation,
                     hooks,
                 );
+                // LISTEN: the model's committed notifications feed the broker's event path, as
+                // PostgreSQL's do; a (re)started broker listens anew and resyncs first.
+                let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+                let forward = events_tx.clone();
+                if let Ok(mut l) = line.events.lock() {
+                    *l = Some(events_tx.clone());
+                }
+                let trace_events = std::env::var("SIM_EVENTS").is_ok();
+                let broker = format!("broker{i}");
+                let _listening = db.subscribe(Arc::new(move |e| {
+                    let down = line.down.load(Ordering::SeqCst);
+                    if trace_events {
+                        // SIM_EVENTS=1: every notification a broker hears (a replay aid).
+                        let at = turmoil::sim_elapsed().map_or(0, |d| d.as_millis());
+                        eprintln!(
+                            "{at} ms {broker}{} {e:?}",
+                            if down { " (line cut)" } else { "" }
+                        );
+                    }
+                    if down {
+                        line.dropped.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        let _ = forward.send(e.clone());
+                    }
+                }));
+                let _ = events_tx.send(queen_core::events::DeliveryEvent::Resync);
+                tokio::spawn(queen_server::forward_events(app.clone(), events_rx));
                 let listener = turmoil::net::TcpListener::bind("0.0.0.0:6632").await?;
                 loop {
                     let (stream, _) = listener.accept().await?;
@@ -357,6 +478,9 @@ pub fn run(spec: Spec) -> Outcome {
     let mut crashed: Vec<(String, Duration)> = vec![];
     let mut held: Vec<(String, String, Duration, bool)> = vec![];
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut liveness = Liveness::new(DELIVERY_BOUND_US);
+    // A cut notification line: (broker index, restored at).
+    let mut outage: Option<(usize, Duration)> = None;
     let mut quiet_since: Option<Duration> = None;
     let mut violations = vec![];
     let clients: Vec<String> = workload::client_names(spec.scenario);
@@ -429,21 +553,52 @@ pub fn run(spec: Spec) -> Outcome {
                 true
             }
         });
+        if spec.scenario == Scenario::Prompt {
+            let elapsed = sim.elapsed();
+            match outage {
+                None if elapsed < work && hit(&mut driver_rng, 0.15 * per_step) => {
+                    let b = driver_rng.below(lines.len() as u64) as usize;
+                    lines[b].down.store(true, Ordering::SeqCst);
+                    let back = elapsed + Duration::from_millis(1_000 + driver_rng.below(3_000));
+                    outage = Some((b, back));
+                    *counts
+                        .entry("fault: notification line cut (LISTEN lost)")
+                        .or_default() += 1;
+                }
+                Some((b, back)) if elapsed >= back || shared.draining.load(Ordering::SeqCst) => {
+                    // Reconnected: the listener resyncs before anything else, as
+                    // `PgStorage::listen_events` does.
+                    lines[b].down.store(false, Ordering::SeqCst);
+                    if std::env::var("SIM_EVENTS").is_ok() {
+                        eprintln!("{} ms broker{b} line restored: Resync", elapsed.as_millis());
+                    }
+                    if let Ok(l) = lines[b].events.lock() {
+                        if let Some(tx) = l.as_ref() {
+                            let _ = tx.send(queen_core::events::DeliveryEvent::Resync);
+                        }
+                    }
+                    outage = None;
+                }
+                _ => {}
+            }
+            let now = i64::try_from(elapsed.as_micros()).unwrap_or(i64::MAX);
+            violations.extend(liveness.check(now, outage.is_some(), &shared, &db));
+        }
         if shared.draining.load(Ordering::SeqCst) && !shared.done.load(Ordering::SeqCst) {
             let queue = workload::queue_of(spec.scenario);
             // Drained: every group's cursor is at every partition's head (a held lease or a
             // retry hold is not drained, whatever has_pending says).
-            let drained_for = |groups: &[&str]| {
-                groups.iter().all(|g| {
+            let drained_for = |targets: &[(&str, &str)]| {
+                targets.iter().all(|(queue, g)| {
                     db.partitions(queue).iter().all(|p| {
                         let head = db.partition_head(queue, p).map_or(-1, |(h, _)| h);
                         head < 0 || db.cursor(queue, p, g).is_some_and(|c| c.committed >= head)
                     })
                 })
             };
-            let mut groups = workload::groups_of(spec.scenario);
+            let mut targets = workload::drain_targets(spec.scenario);
             let late = spec.scenario == Scenario::Faults;
-            if late && !shared.late_group_go.load(Ordering::SeqCst) && drained_for(&groups) {
+            if late && !shared.late_group_go.load(Ordering::SeqCst) && drained_for(&targets) {
                 // Retention of everything every group has consumed, then a group's first
                 // contact: its cursors start below segments that are gone (the seal's case).
                 for p in db.partitions(queue) {
@@ -457,10 +612,10 @@ pub fn run(spec: Spec) -> Outcome {
                 shared.late_group_go.store(true, Ordering::SeqCst);
             }
             if late {
-                groups.push(workload::LATE_GROUP);
+                targets.push((queue, workload::LATE_GROUP));
             }
             let drained =
-                (!late || shared.late_group_go.load(Ordering::SeqCst)) && drained_for(&groups);
+                (!late || shared.late_group_go.load(Ordering::SeqCst)) && drained_for(&targets);
             if !drained {
                 quiet_since = None;
             } else if quiet_since.is_none() {
@@ -486,13 +641,31 @@ pub fn run(spec: Spec) -> Outcome {
     let simulated_secs = sim.elapsed().as_secs_f64();
     drop(sim);
 
-    let events = shared.history.events();
+    // The groups the prompt scenario seeks back and deletes are rewound on purpose: the
+    // history checkers below judge every other group (the liveness checker judged them all).
+    let events: Vec<Event> = shared
+        .history
+        .events()
+        .into_iter()
+        .filter(|e| !e.group().is_some_and(workload::is_rewound_group))
+        .collect();
     let ev = db.events();
     let groups = workload::groups_of(spec.scenario);
     violations.extend(history::nothing_lost(&events, &groups));
     violations.extend(history::leases_exclusive(&events, LEASE_SECS));
     violations.extend(history::batches_well_formed(&events));
-    violations.extend(history::no_skips(&events));
+    // The prompt scenario's retry queue dead-letters often by design (retryLimit 1), which moves
+    // cursors past messages; the skip checker has no model of that, so it judges the other
+    // queues there (every message of the retry queue is still held to `nothing_lost`).
+    let skip_judged: Vec<Event> = events
+        .iter()
+        .filter(|e| {
+            spec.scenario != Scenario::Prompt
+                || !e.partition().is_some_and(workload::is_retry_partition)
+        })
+        .cloned()
+        .collect();
+    violations.extend(history::no_skips(&skip_judged));
     violations.extend(history::attempts_count_up(&events));
     violations.extend(history::auto_ack_once(&events));
     // Pushes serialize on their partition row and acks on the cursor row, by design; a pop never
@@ -520,12 +693,23 @@ pub fn run(spec: Spec) -> Outcome {
             u64::from(covered),
         );
     }
-    let queue = workload::queue_of(spec.scenario);
-    let mut live_groups = groups.clone();
+    let mut live = workload::drain_targets(spec.scenario);
     if spec.scenario == Scenario::Faults {
-        live_groups.push(workload::LATE_GROUP);
+        live.push((workload::queue_of(spec.scenario), workload::LATE_GROUP));
     }
-    for g in &live_groups {
+    if std::env::var("SIM_DUMP").is_ok() {
+        for (queue, g) in &live {
+            for p in db.partitions(queue) {
+                eprintln!(
+                    "dump {queue}/{p} {g}: head {:?} cursor {:?} deliverable {}",
+                    db.partition_head(queue, &p),
+                    db.cursor(queue, &p, g),
+                    db.deliverable_now(queue, &p, g)
+                );
+            }
+        }
+    }
+    for (queue, g) in &live {
         if db.has_pending_now(queue, g) {
             violations.push(format!(
                 "liveness: {queue} still has pending messages for {g} after the drain"
@@ -539,6 +723,13 @@ pub fn run(spec: Spec) -> Outcome {
     counts.insert("race: SKIP LOCKED skip", u64::from(ev.skip_locked));
     counts.insert("race: advisory try-lock skip", u64::from(ev.advisory_skips));
     counts.insert("fault: wake dropped", dropped_wakes.load(Ordering::Relaxed));
+    counts.insert(
+        "fault: notification lost",
+        lines
+            .iter()
+            .map(|l| l.dropped.load(Ordering::Relaxed))
+            .sum(),
+    );
     counts.insert("fault: wake delayed", delayed_wakes.load(Ordering::Relaxed));
     counts.insert(
         "fault: broker restart",
@@ -547,6 +738,9 @@ pub fn run(spec: Spec) -> Outcome {
             .saturating_sub(brokers.len() as u64),
     );
     counts.insert("interleaving: statements", ev.statements.values().sum());
+    for (k, v) in liveness.coverage() {
+        counts.insert(k, v);
+    }
     if let Ok(c) = shared.counters.lock() {
         counts.extend(c.iter().map(|(k, v)| (*k, *v)));
     }
@@ -591,5 +785,156 @@ pub fn run(spec: Spec) -> Outcome {
         trace_hash: hasher.finish(),
         trace_tail,
         simulated_secs,
+    }
+}
+
+/// The delivery-bound checker, run at every step of the driver: while something is deliverable
+/// to a group (by the model's own claim rules, `SimDb::deliverable_now`) and a consumer of that
+/// group is parked where it could take it (its queue, its partition, its namespace), some
+/// consumer of the group must receive a message of it within the bound. A delivery to the
+/// group from that partition (or queue) restarts the clock.
+struct Liveness {
+    bound_us: i64,
+    /// While a notification line is cut.
+    loose_bound_us: i64,
+    /// When the last cut line was restored: a stall is timed from then at the latest.
+    restored_at: i64,
+    outage: bool,
+    /// (queue, group, partition or None for queue-wide) -> (stalled since, deliveries then).
+    stalls: BTreeMap<(String, String, Option<String>), (i64, u64)>,
+    /// The longest stall that ended in a delivery, and how many stalls were judged.
+    longest_us: i64,
+    judged: u64,
+}
+
+impl Liveness {
+    fn new(bound_us: i64) -> Self {
+        Liveness {
+            bound_us,
+            loose_bound_us: LOOSE_BOUND_US,
+            restored_at: 0,
+            outage: false,
+            stalls: BTreeMap::new(),
+            longest_us: 0,
+            judged: 0,
+        }
+    }
+
+    /// `now`: simulated microseconds since the start (the driver's clock: it runs outside the
+    /// simulated hosts, where `Shared::now` reads nothing).
+    /// `outage`: a broker's notification line is cut now (the looser bound applies).
+    fn check(&mut self, now: i64, outage: bool, shared: &Shared, db: &SimDb) -> Vec<String> {
+        if self.outage && !outage {
+            self.restored_at = now;
+        }
+        self.outage = outage;
+        let waits: Vec<workload::Wait> = shared
+            .waits
+            .lock()
+            .map(|w| w.values().cloned().collect())
+            .unwrap_or_default();
+        let delivered = shared
+            .delivered
+            .lock()
+            .map(|d| d.clone())
+            .unwrap_or_default();
+        // What is deliverable now to a parked consumer: (queue, group, partition scope) -> the
+        // deliveries so far to that group from the partitions in scope.
+        let mut stalled: BTreeMap<(String, String, Option<String>), u64> = BTreeMap::new();
+        // For the report: the open partitions and the consumers parked, per stalled scope.
+        let mut context: BTreeMap<(String, String, Option<String>), String> = BTreeMap::new();
+        for w in waits.iter().filter(|w| now - w.since >= PARK_SLACK_US) {
+            for queue in &w.queues {
+                let partitions: Vec<String> = match w.partition {
+                    Some(p) => vec![p.to_string()],
+                    None => db.partitions(queue),
+                };
+                let open: Vec<&String> = partitions
+                    .iter()
+                    .filter(|p| db.deliverable_now(queue, p, w.group))
+                    .collect();
+                if open.is_empty() {
+                    continue;
+                }
+                let seen: u64 = partitions
+                    .iter()
+                    .map(|p| {
+                        delivered
+                            .get(&(w.group.to_string(), p.clone()))
+                            .copied()
+                            .unwrap_or(0)
+                    })
+                    .sum();
+                let key = (
+                    queue.to_string(),
+                    w.group.to_string(),
+                    w.partition.map(str::to_string),
+                );
+                let note = context.entry(key.clone()).or_default();
+                note.push_str(&format!(
+                    " [{} parked since {} ms; open: {}]",
+                    w.consumer,
+                    w.since / 1000,
+                    open.iter()
+                        .map(|p| format!("{p} {:?}", db.cursor(queue, p, w.group)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                stalled.insert(key, seen);
+            }
+        }
+        let mut out = vec![];
+        let mut ended = vec![];
+        for (key, (since, _)) in &self.stalls {
+            if !stalled.contains_key(key) {
+                ended.push((key.clone(), now - since));
+            }
+        }
+        for (key, lasted) in ended {
+            self.stalls.remove(&key);
+            self.judged += 1;
+            self.longest_us = self.longest_us.max(lasted);
+        }
+        for (key, seen) in stalled {
+            let entry = self.stalls.entry(key.clone()).or_insert((now, seen));
+            if entry.1 != seen {
+                // A delivery from this scope: the group made progress.
+                self.judged += 1;
+                self.longest_us = self.longest_us.max(now - entry.0);
+                *entry = (now, seen);
+            }
+            // A lost notification is made good by the reconnect's resync: from then on, the
+            // tight bound holds again.
+            let (started, bound) = if outage {
+                (entry.0, self.loose_bound_us)
+            } else {
+                (entry.0.max(self.restored_at), self.bound_us)
+            };
+            if now - started > bound {
+                let (queue, group, partition) = &key;
+                out.push(format!(
+                    "liveness: {queue}/{} had a message deliverable to {group} and a parked \
+                     consumer for {} ms with no delivery (bound {} ms), at {} ms:{}",
+                    partition.as_deref().unwrap_or("*"),
+                    (now - started) / 1000,
+                    bound / 1000,
+                    now / 1000,
+                    context.get(&key).map_or("", String::as_str)
+                ));
+                // One finding per stall.
+                *entry = (now, seen);
+            }
+        }
+        out
+    }
+
+    fn coverage(&self) -> [(&'static str, u64); 2] {
+        [
+            ("liveness: stalls judged against the bound", self.judged),
+            (
+                "liveness: longest stall before a delivery (ms)",
+                u64::try_from(self.longest_us / 1000).unwrap_or(0),
+            ),
+        ]
     }
 }

@@ -1,6 +1,7 @@
 //! The simulated producers and consumers: real HTTP requests to the brokers, every answer (or its
 //! absence) recorded in the history.
 
+use std::ops::Not;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +13,95 @@ use super::history::{Event, Msg};
 use super::http::request;
 use super::{hit, Scenario, Shared};
 
-pub const QUEUES: [&str; 4] = ["c", "k", "w", "f"];
+pub const QUEUES: [&str; 9] = [
+    "c",
+    "k",
+    "w",
+    "f",
+    PROMPT_LEASE,
+    PROMPT_DELAY,
+    PROMPT_WINDOW,
+    PROMPT_RETRY,
+    PROMPT_LONG,
+];
+
+/// The prompt-delivery scenario's queues, one per way a message becomes deliverable by time
+/// or by another broker's action, all in one namespace for the discovery consumer.
+pub const PROMPT_NAMESPACE: &str = "ns";
+pub const PROMPT_LEASE: &str = "ns.lease";
+pub const PROMPT_DELAY: &str = "ns.delay";
+pub const PROMPT_WINDOW: &str = "ns.window";
+pub const PROMPT_RETRY: &str = "ns.retry";
+/// A 30 s lease, far longer than a ring reseed: a release this broker missed must not wait for
+/// the lease to end.
+pub const PROMPT_LONG: &str = "ns.long";
+pub const PROMPT_QUEUES: [&str; 5] = [
+    PROMPT_LEASE,
+    PROMPT_DELAY,
+    PROMPT_WINDOW,
+    PROMPT_RETRY,
+    PROMPT_LONG,
+];
+/// Groups the prompt scenario seeks back and deletes (through the broker its consumers are not
+/// parked on); their rewinds are judged by the liveness checker only.
+pub const SEEK_GROUP: &str = "gs";
+/// The group whose only consumers pop named partitions: a parked single-partition pop is then
+/// the only one that can serve its partition, so its own revisits are what the bound tests.
+pub const PARTITION_GROUP: &str = "gp";
+pub const DELETED_GROUP: &str = "gd";
+
+/// A queue's options in every scenario: a 2 s lease (expiries happen inside a run) and a 200 ms
+/// retryDelay, plus what each prompt queue exercises.
+pub fn queue_options(q: &str) -> queen_core::storage::QueueConfig {
+    let base = queen_core::storage::QueueConfig {
+        lease_time: super::LEASE_SECS as u32,
+        retry_delay: 200,
+        ..queen_core::storage::QueueConfig::with_defaults(q)
+    };
+    match q {
+        PROMPT_DELAY => queen_core::storage::QueueConfig {
+            delayed_processing: 1,
+            ..base
+        },
+        PROMPT_WINDOW => queen_core::storage::QueueConfig {
+            window_buffer: 1,
+            ..base
+        },
+        PROMPT_RETRY => queen_core::storage::QueueConfig {
+            retry_delay: 400,
+            retry_limit: 1,
+            ..base
+        },
+        PROMPT_LONG => queen_core::storage::QueueConfig {
+            lease_time: 30,
+            ..base
+        },
+        _ => base,
+    }
+}
 
 /// The groups that must receive every acknowledged message.
 pub fn groups_of(scenario: Scenario) -> Vec<&'static str> {
     match scenario {
         Scenario::Contention | Scenario::Faults => vec!["g1", "g2"],
+        Scenario::Prompt => vec!["g1", "g2", PARTITION_GROUP],
         _ => vec!["g1"],
+    }
+}
+
+/// Every (queue, group) that must be drained at the end of a run.
+pub fn drain_targets(scenario: Scenario) -> Vec<(&'static str, &'static str)> {
+    match scenario {
+        Scenario::Prompt => {
+            let mut t: Vec<(&str, &str)> = PROMPT_QUEUES
+                .iter()
+                .flat_map(|q| [(*q, "g1"), (*q, "g2"), (*q, PARTITION_GROUP)])
+                .collect();
+            t.push((PROMPT_LEASE, SEEK_GROUP));
+            t.push((PROMPT_LEASE, DELETED_GROUP));
+            t
+        }
+        s => groups_of(s).into_iter().map(|g| (queue_of(s), g)).collect(),
     }
 }
 
@@ -33,6 +116,7 @@ pub fn queue_of(scenario: Scenario) -> &'static str {
         Scenario::Contention => "k",
         Scenario::LostWakes => "w",
         Scenario::Faults => "f",
+        Scenario::Prompt => PROMPT_LEASE,
     }
 }
 
@@ -42,6 +126,33 @@ enum PopPath {
     Queue,
     /// Named partitions just ahead of the producer (the creation race).
     AheadOfProducer,
+    /// Named partitions, one pop each, in turn (the single-partition route).
+    Partitions([&'static str; 2]),
+    /// A namespace pop (`GET /api/v1/pop?namespace=`).
+    Discovery(&'static str),
+}
+
+/// The prompt retry queue's partitions (their names start with its prefix).
+pub fn is_retry_partition(partition: &str) -> bool {
+    partition.starts_with(RETRY_PREFIX)
+}
+const RETRY_PREFIX: &str = "r";
+
+/// The groups the prompt scenario rewinds on purpose (seeks back, deletes).
+pub fn is_rewound_group(group: &str) -> bool {
+    group == SEEK_GROUP || group == DELETED_GROUP
+}
+
+/// A consumer's pop in flight, for the liveness checker: what it waits on and since when.
+#[derive(Clone, Debug)]
+pub struct Wait {
+    pub consumer: String,
+    pub group: &'static str,
+    /// The queues it may be served from (one, or a namespace's).
+    pub queues: Vec<&'static str>,
+    /// `Some`: only this partition (the single-partition route).
+    pub partition: Option<&'static str>,
+    pub since: i64,
 }
 
 #[derive(Clone)]
@@ -58,8 +169,14 @@ struct Consumer {
     start_ms: u64,
     /// May die holding a lease.
     mortal: bool,
+    /// After dying, comes back as a new process (a restarted service) after a moment.
+    revives: bool,
     /// Starts when the driver says retention ran (the late group).
     late: bool,
+    /// Acks through the other broker (the one it does not pop from).
+    ack_elsewhere: bool,
+    /// Chance that an ack reports the batch's first message failed.
+    fail_p: f64,
 }
 
 struct Producer {
@@ -72,6 +189,8 @@ struct Producer {
     /// Chance that the next push follows within 30 ms (it lands while pops of the first are in
     /// flight: the ring's epoch race).
     burst: f64,
+    /// Partition names are this prefix and a number (unique across the prompt queues).
+    prefix: &'static str,
 }
 
 fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
@@ -87,9 +206,13 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
         auto_ack,
         start_ms: 0,
         mortal: false,
+        revives: false,
         late: false,
+        ack_elsewhere: false,
+        fail_p: 0.08,
     };
     match scenario {
+        Scenario::Prompt => prompt_plan(brokers),
         Scenario::CreationRace => (
             vec![Producer {
                 name: "producer0".into(),
@@ -98,6 +221,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 fresh_partitions: true,
                 gap_ms: (5, 60),
                 burst: 0.0,
+                prefix: "p",
             }],
             (0..3)
                 .map(|i| Consumer {
@@ -122,6 +246,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                     fresh_partitions: false,
                     gap_ms: (2, 30),
                     burst: 0.0,
+                    prefix: "p",
                 }],
                 cs,
             )
@@ -134,6 +259,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 fresh_partitions: false,
                 gap_ms: (1_500, 3_000),
                 burst: 0.6,
+                prefix: "p",
             }],
             (0..4)
                 .map(|i| Consumer {
@@ -164,12 +290,99 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                         fresh_partitions: false,
                         gap_ms: (20, 200),
                         burst: 0.0,
+                        prefix: "p",
                     })
                     .collect(),
                 cs,
             )
         }
     }
+}
+
+/// The prompt scenario: consumers park on both brokers, on the partition route, the queue route
+/// and a namespace pop, while messages become deliverable by time (a lease expiring,
+/// delayedProcessing, windowBuffer, retryDelay) or by what happens on the other broker (acks,
+/// failed acks, seeks, group deletes, dead-letter requeues). Long-polls last 30 s, as Queen's
+/// Python client's do, so only an event or a revisit at the right time serves them within the
+/// bound.
+fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    let b = |i: usize| brokers[i % brokers.len()].clone();
+    let mut n = 0;
+    let mut consumer = |queue, group, path, broker: usize| {
+        n += 1;
+        Consumer {
+            name: format!("consumer{n}"),
+            broker: b(broker),
+            queue,
+            group,
+            path,
+            batch: 2,
+            timeout_ms: 30_000,
+            auto_ack: false,
+            start_ms: 0,
+            mortal: false,
+            revives: true,
+            late: false,
+            ack_elsewhere: true,
+            fail_p: 0.0,
+        }
+    };
+    let prefixes = ["l", "d", "w", RETRY_PREFIX, "n"];
+    let partitions: [[&'static str; 2]; 5] = [
+        ["l0", "l1"],
+        ["d0", "d1"],
+        ["w0", "w1"],
+        ["r0", "r1"],
+        ["n0", "n1"],
+    ];
+    let mut cs = vec![];
+    for (i, q) in PROMPT_QUEUES.iter().enumerate() {
+        let fail_p = if *q == PROMPT_RETRY { 0.4 } else { 0.0 };
+        if *q != PROMPT_LONG {
+            cs.push(Consumer {
+                mortal: *q == PROMPT_LEASE,
+                fail_p,
+                ..consumer(q, "g1", PopPath::Queue, i)
+            });
+        }
+        cs.push(Consumer {
+            mortal: *q == PROMPT_LEASE,
+            fail_p,
+            ..consumer(
+                q,
+                PARTITION_GROUP,
+                PopPath::Partitions(partitions[i]),
+                i + 1,
+            )
+        });
+    }
+    cs.push(consumer(
+        PROMPT_LEASE,
+        "g2",
+        PopPath::Discovery(PROMPT_NAMESPACE),
+        1,
+    ));
+    // Both consumers of the long-lease queue park on broker0 and ack through broker1: only a
+    // release event (or, when it is lost, the reconnect's reseed) frees the partition early.
+    cs.push(consumer(PROMPT_LONG, "g1", PopPath::Queue, 0));
+    cs.push(consumer(PROMPT_LONG, "g1", PopPath::Queue, 0));
+    cs.push(consumer(PROMPT_LEASE, SEEK_GROUP, PopPath::Queue, 0));
+    cs.push(consumer(PROMPT_LEASE, DELETED_GROUP, PopPath::Queue, 0));
+    let producers = PROMPT_QUEUES
+        .iter()
+        .zip(prefixes)
+        .enumerate()
+        .map(|(i, (q, prefix))| Producer {
+            name: format!("producer{i}"),
+            queue: q,
+            partitions: 2,
+            fresh_partitions: false,
+            gap_ms: (200, 1_500),
+            burst: 0.2,
+            prefix,
+        })
+        .collect();
+    (producers, cs)
 }
 
 pub fn client_names(scenario: Scenario) -> Vec<String> {
@@ -202,6 +415,61 @@ pub(crate) fn spawn_clients(
             Ok(())
         });
     }
+    if scenario == Scenario::Prompt {
+        let (shared, rng) = (shared.clone(), rng.child(ADMIN));
+        sim.client(ADMIN, async move {
+            administer(shared, rng).await;
+            Ok(())
+        });
+    }
+}
+
+/// The prompt scenario's operator: seeks, group deletes and dead-letter requeues.
+pub const ADMIN: &str = "admin";
+
+/// Every 1.5-3 s, through the broker the affected consumers are not parked on: seeks the seek
+/// group 3 s back, deletes the deleted group's cursors, or requeues a dead letter.
+async fn administer(shared: Arc<Shared>, mut rng: SeededRng) {
+    let Some(broker) = shared.brokers.last().cloned() else {
+        return;
+    };
+    let timeout = Duration::from_secs(2);
+    loop {
+        tokio::time::sleep(Duration::from_millis(1_500 + rng.below(1_500))).await;
+        if shared.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        match rng.below(3) {
+            0 => {
+                let at = super::sim_timestamp(shared.now()).minus_secs(3);
+                let body = json!({ "timestamp": queen_core::time::format_iso_micros(at) });
+                let path =
+                    format!("/api/v1/consumer-groups/{SEEK_GROUP}/queues/{PROMPT_LEASE}/seek");
+                if let Ok((200, _)) = request(&broker, "POST", &path, Some(&body), timeout).await {
+                    shared.bump("event: seek through the other broker");
+                }
+            }
+            1 => {
+                let path = format!("/api/v1/consumer-groups/{DELETED_GROUP}/queues/{PROMPT_LEASE}");
+                if let Ok((200, _)) = request(&broker, "DELETE", &path, None, timeout).await {
+                    shared.bump("event: group delete through the other broker");
+                }
+            }
+            _ => {
+                let path = format!("/api/v1/dlq?queue={PROMPT_RETRY}&limit=1");
+                let Ok((200, body)) = request(&broker, "GET", &path, None, timeout).await else {
+                    continue;
+                };
+                let Some(id) = body["messages"][0]["dlqId"].as_i64() else {
+                    continue;
+                };
+                let path = format!("/api/v1/dlq/{id}/requeue");
+                if let Ok((200, _)) = request(&broker, "POST", &path, None, timeout).await {
+                    shared.bump("event: dead letter requeued through the other broker");
+                }
+            }
+        }
+    }
 }
 
 async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng: SeededRng) {
@@ -210,7 +478,7 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
         let partition = if p.fresh_partitions {
             format!("n{}", made.load(Ordering::SeqCst))
         } else {
-            format!("p{}", rng.below(u64::from(p.partitions)))
+            format!("{}{}", p.prefix, rng.below(u64::from(p.partitions)))
         };
         let n = 1 + rng.below(3);
         let txids: Vec<String> = (0..n).map(|j| format!("{}-{k}-{j}", p.name)).collect();
@@ -282,31 +550,74 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
     while !shared.done.load(Ordering::SeqCst) {
         pops += 1;
         let id = shared.next_pop_id.fetch_add(1, Ordering::SeqCst);
+        // A consumer taking named partitions in turn must not sit out a 30 s long-poll on an
+        // empty one while the other holds the last backlog of the drain.
+        let timeout_ms = match c.path {
+            PopPath::Partitions(_) if shared.draining.load(Ordering::SeqCst) => 2_000,
+            _ => c.timeout_ms,
+        };
         let query = format!(
-            "batch={}&wait=true&timeout={}&consumerGroup={}{}",
+            "batch={}&wait=true&timeout={timeout_ms}&consumerGroup={}{}",
             c.batch,
-            c.timeout_ms,
             c.group,
             if c.auto_ack { "&autoAck=true" } else { "" }
         );
         // Named pops only reach partitions near the producer: the rest, and the drain, go
         // queue-wide.
         let queue_wide = shared.draining.load(Ordering::SeqCst) || hit(&mut rng, 0.3);
-        let path = match c.path {
+        let (path, wait) = match c.path {
             PopPath::AheadOfProducer if !queue_wide => {
                 let ahead = made.load(Ordering::SeqCst) + rng.below(2);
-                format!("/api/v1/pop/queue/{}/partition/n{ahead}?{query}", c.queue)
+                let path = format!("/api/v1/pop/queue/{}/partition/n{ahead}?{query}", c.queue);
+                (path, None)
             }
-            _ => format!("/api/v1/pop/queue/{}?{query}", c.queue),
+            PopPath::Partitions(names) => {
+                let p = names[(pops % 2) as usize];
+                (
+                    format!("/api/v1/pop/queue/{}/partition/{p}?{query}", c.queue),
+                    Some((vec![c.queue], Some(p))),
+                )
+            }
+            PopPath::Discovery(ns) => (
+                format!("/api/v1/pop?namespace={ns}&{query}"),
+                Some((PROMPT_QUEUES.to_vec(), None)),
+            ),
+            _ => (
+                format!("/api/v1/pop/queue/{}?{query}", c.queue),
+                Some((vec![c.queue], None)),
+            ),
         };
-        // During the drain, a consumer on a broker whose ring has not seen another broker's
-        // pushes may wait until the next reseed: pick brokers in turn.
-        let broker = if shared.draining.load(Ordering::SeqCst) {
+        // During the drain, a consumer on a broker that missed another broker's pushes (a
+        // crash, a fault) may wait until the next reseed: pick brokers in turn. The prompt
+        // scenario keeps its brokers: events must reach them.
+        let broker = if shared.draining.load(Ordering::SeqCst) && c.ack_elsewhere.not() {
             shared.brokers[(pops as usize) % shared.brokers.len()].clone()
         } else {
             c.broker.clone()
         };
+        let ack_broker = if c.ack_elsewhere {
+            let i = shared
+                .brokers
+                .iter()
+                .position(|b| *b == broker)
+                .unwrap_or(0);
+            shared.brokers[(i + 1) % shared.brokers.len()].clone()
+        } else {
+            broker.clone()
+        };
         let invoked = shared.now();
+        if let Some((queues, partition)) = wait {
+            shared.set_wait(
+                &c.name,
+                Some(Wait {
+                    consumer: format!("{}@{broker}", c.name),
+                    group: c.group,
+                    queues,
+                    partition,
+                    since: invoked,
+                }),
+            );
+        }
         shared.record(Event::PopInvoked {
             at: invoked,
             consumer: c.name.clone(),
@@ -318,13 +629,17 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
             "GET",
             &path,
             None,
-            Duration::from_millis(c.timeout_ms + 3_000),
+            Duration::from_millis(timeout_ms + 3_000),
         )
         .await;
+        shared.set_wait(&c.name, None);
         match answer {
             Ok((200, body)) => {
                 let deliveries = parse_delivery(&body, invoked, shared.now(), id, &c);
                 for d in &deliveries {
+                    if let Event::Delivered { partition, .. } = d {
+                        shared.note_delivered(c.group, partition);
+                    }
                     shared.record(d.clone());
                 }
                 if c.auto_ack {
@@ -333,7 +648,11 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
                 if c.mortal && !shared.draining.load(Ordering::SeqCst) && hit(&mut rng, 0.15) {
                     // Dies holding the lease: its messages come back after the lease expires.
                     shared.bump("fault: consumer died holding a lease");
-                    return;
+                    if !c.revives {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(300 + rng.below(500))).await;
+                    continue;
                 }
                 if shared.faults.lease_boundary && hit(&mut rng, 0.1) {
                     // Works until about the lease's end, so the ack races the expiry.
@@ -341,7 +660,7 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
                     tokio::time::sleep(Duration::from_millis(1_900 + rng.below(200))).await;
                 }
                 for d in deliveries {
-                    ack(&shared, &broker, &d, hit(&mut rng, 0.08)).await;
+                    ack(&shared, &ack_broker, &d, hit(&mut rng, c.fail_p)).await;
                 }
             }
             Ok((204, _)) => shared.record(Event::Empty {
