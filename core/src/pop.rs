@@ -145,6 +145,9 @@ pub struct PopBugs {
     /// A single-partition pop ignores the time storage said its partition becomes deliverable
     /// (lease expiry, delay, window, retryDelay): it waits for an event or the 30 s re-check.
     pub no_partition_revisit: bool,
+    /// The driver drops a wake that came while the pop waited for a permit or for storage,
+    /// so an answer read before the event puts the pop to sleep through it.
+    pub drop_wakes_during_work: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -839,13 +842,6 @@ impl PopMachine {
             };
             return self.finish(reply);
         }
-        if self.woken_during_work && self.params.wait && now < self.deadline {
-            // A push landed while storage was answering: look again instead of sleeping.
-            self.woken_during_work = false;
-            self.phase = Phase::Parked { until: now };
-            self.effects.push_back(PopEffect::Park { until: now });
-            return;
-        }
         self.empty_or_park(now);
     }
 
@@ -853,6 +849,14 @@ impl PopMachine {
     fn empty_or_park(&mut self, now: Timestamp) {
         if !self.params.wait || now >= self.deadline {
             return self.finish(PopReply::Empty);
+        }
+        if self.woken_during_work {
+            // An event landed while storage was answering (under an older snapshot): look
+            // again at once instead of sleeping through it.
+            self.woken_during_work = false;
+            self.phase = Phase::Parked { until: now };
+            self.effects.push_back(PopEffect::Park { until: now });
+            return;
         }
         self.attempt = self.attempt.saturating_add(1);
         let mut until = if self.config.bugs.no_backoff_floor {

@@ -882,3 +882,30 @@ fn a_hot_list_pop_leaves_busy_revisits_to_the_ring() {
         Some(T0.plus_millis(queen_core::ring::BUSY_REVISIT_MS))
     );
 }
+
+#[test]
+fn a_wake_during_the_legacy_probe_is_not_slept_through() {
+    let mut c = ctx();
+    let mut m = machine(
+        &[("wait", "true")],
+        production_timing(false, PopBugs::default()),
+    );
+    m.handle(PopInput::Start, T0, &mut c);
+    let (id, _) = storage_id(&drain(&mut m));
+    // The lease holder acks while the probe reads under its older snapshot.
+    m.handle(PopInput::Wake, T0, &mut c);
+    assert!(drain(&mut m).is_empty());
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(Some(T0.plus_secs(300)))),
+        },
+        T0,
+        &mut c,
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::Park { until: T0 }],
+        "looks again at once, not at the old lease end"
+    );
+}

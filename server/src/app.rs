@@ -100,9 +100,13 @@ pub struct GateWatch {
 }
 
 impl GateWatch {
-    /// Marks everything so far as seen.
-    pub fn mark_seen(&mut self) {
-        self.seen = self.gate.seq.load(Ordering::SeqCst);
+    /// Marks everything so far as seen; answers whether the gate opened since it was last
+    /// seen (a wake that came while the pop was busy with a permit or a storage call).
+    pub fn mark_seen(&mut self) -> bool {
+        let now = self.gate.seq.load(Ordering::SeqCst);
+        let missed = now != self.seen;
+        self.seen = now;
+        missed
     }
 
     /// Resolves once the gate opened after the last `mark_seen` (or `changed`).

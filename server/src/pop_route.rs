@@ -51,10 +51,20 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
     let mut machine = PopMachine::new(params, app.mint_worker(), app.pop_config, app.now());
     let mut input = PopInput::Start;
     loop {
-        // Mark the gate seen before the check: a push after this point opens it for us.
-        gate.mark_seen();
+        // Mark the gate seen before the check: a push after this point opens it for us. One that
+        // came while the pop waited for a permit or for storage is told to the machine first:
+        // the answer it is about to get was read before that event.
+        let missed_wake = gate.mark_seen();
         {
             let mut ctx = lock(&app.pop_ctx);
+            let busy = matches!(
+                input,
+                PopInput::PermitGranted | PopInput::StorageDone { .. }
+            );
+            if missed_wake && busy && !app.pop_config.bugs.drop_wakes_during_work {
+                machine.handle(PopInput::Wake, app.now(), &mut ctx);
+                debug_assert!(machine.poll().is_none(), "a busy machine only notes a wake");
+            }
             machine.handle(input, app.now(), &mut ctx);
             // Its verdicts may have put an earlier revisit on a ring's wheel.
             app.rearm_ticker_if_needed(&ctx);

@@ -801,9 +801,6 @@ async fn another_groups_lease_expiry_does_not_disturb_a_parked_pop() {
 /// only the notification can deliver in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_on_one_broker_wakes_a_consumer_parked_on_another() {
-    use std::sync::Arc;
-    let name = format!("queen_http_mesh_{}", std::process::id());
-    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
     let config = ServerConfig {
         backoff: queen_core::backoff::WaitBackoff {
             initial_ms: 60_000,
@@ -813,29 +810,8 @@ async fn a_push_on_one_broker_wakes_a_consumer_parked_on_another() {
         },
         ..ServerConfig::default()
     };
-    let mut addrs = vec![];
-    for seed in 0..2 {
-        let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-            pg: cfg.clone(),
-            pool_size: 8,
-        })
-        .await
-        .expect("pg");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        addrs.push(listener.local_addr().expect("addr"));
-        let app = queen_server::app::App::new(
-            config.clone(),
-            Arc::new(pg.clone()),
-            Arc::new(pg.clone()),
-            queen_server::app::Backend::Postgres(pg),
-            seed,
-        );
-        queen_server::spawn_event_listener(app.clone(), cfg.clone());
-        tokio::spawn(queen_server::serve_listener(app, listener));
-    }
-    let (a, b) = (addrs[0], addrs[1]);
+    let (a, b) = common::start_pair("queen_http_mesh", config).await;
+    let (a, b) = (a.addr, b.addr);
     // Warm broker A's ring for the queue, then park a consumer on A.
     request(
         b,

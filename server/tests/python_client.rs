@@ -9,11 +9,23 @@ use common::{start, Store};
 use queen_server::config::ServerConfig;
 
 async fn run_client(store: Store) {
+    run_script(
+        store,
+        ServerConfig::default(),
+        "client_compat.py",
+        "client compatibility",
+    )
+    .await;
+}
+
+/// Runs one script of tests/python against a fresh broker; it must print "<marker>: all checks
+/// passed".
+async fn run_script(store: Store, config: ServerConfig, script: &str, marker: &str) {
     let python = std::env::var("QUEEN_PYTHON").expect(
         "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
     );
-    let b = start(store, ServerConfig::default()).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/client_compat.py");
+    let b = start(store, config).await;
+    let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = tokio::process::Command::new(&python)
         .arg(script)
         .arg(format!("http://{}", b.addr))
@@ -27,9 +39,44 @@ async fn run_client(store: Store) {
         "the Python client failed:\n{stdout}\n{stderr}"
     );
     assert!(
-        stdout.contains("client compatibility: all checks passed"),
+        stdout.contains(&format!("{marker}: all checks passed")),
         "{stdout}"
     );
+}
+
+/// Re-checks 60 s apart: the client's 30 s long-polls are served by revisits alone.
+fn event_driven() -> ServerConfig {
+    ServerConfig {
+        backoff: queen_core::backoff::WaitBackoff {
+            initial_ms: 60_000,
+            threshold: 1,
+            multiplier: 1.0,
+            max_ms: 60_000,
+        },
+        ..ServerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_is_served_by_revisits_memory() {
+    run_script(
+        Store::Memory,
+        event_driven(),
+        "prompt_delivery.py",
+        "prompt delivery",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_is_served_by_revisits_postgres() {
+    run_script(
+        Store::Postgres("queen_pyprompt"),
+        event_driven(),
+        "prompt_delivery.py",
+        "prompt delivery",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

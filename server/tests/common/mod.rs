@@ -49,6 +49,39 @@ pub async fn start(store: Store, config: ServerConfig) -> Broker {
     Broker { app, addr }
 }
 
+/// Two brokers on one fresh PostgreSQL database, each listening for the other's events.
+pub async fn start_pair(name: &str, config: ServerConfig) -> (Broker, Broker) {
+    let cfg =
+        queen_storage_pg::testing::fresh_database_config(&format!("{name}_{}", std::process::id()))
+            .await;
+    let mut brokers = vec![];
+    for seed in 0..2 {
+        let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            pg: cfg.clone(),
+            pool_size: 8,
+        })
+        .await
+        .expect("pg");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = App::new(
+            config.clone(),
+            Arc::new(pg.clone()),
+            Arc::new(pg.clone()),
+            Backend::Postgres(pg),
+            seed,
+        );
+        queen_server::spawn_event_listener(app.clone(), cfg.clone());
+        tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+        brokers.push(Broker { app, addr });
+    }
+    let b = brokers.pop().expect("two brokers");
+    let a = brokers.pop().expect("two brokers");
+    (a, b)
+}
+
 pub use queen_server::client::{Client, Response};
 
 /// One request on a fresh connection.

@@ -13,7 +13,8 @@ use super::history::{Event, Msg};
 use super::http::request;
 use super::{hit, Scenario, Shared};
 
-pub const QUEUES: [&str; 9] = [
+pub const QUEUES: [&str; 10] = [
+    PROMPT_RESET,
     "c",
     "k",
     "w",
@@ -42,6 +43,10 @@ pub const PROMPT_QUEUES: [&str; 5] = [
     PROMPT_RETRY,
     PROMPT_LONG,
 ];
+/// The queue the prompt scenario seeks back and whose group it deletes: filled at the start and
+/// then quiet, so no push wakes its parked consumers; only the reset's own event can. Outside the
+/// namespace, so only the reset groups read it.
+pub const PROMPT_RESET: &str = "quiet.reset";
 /// Groups the prompt scenario seeks back and deletes (through the broker its consumers are not
 /// parked on); their rewinds are judged by the liveness checker only.
 pub const SEEK_GROUP: &str = "gs";
@@ -97,8 +102,8 @@ pub fn drain_targets(scenario: Scenario) -> Vec<(&'static str, &'static str)> {
                 .iter()
                 .flat_map(|q| [(*q, "g1"), (*q, "g2"), (*q, PARTITION_GROUP)])
                 .collect();
-            t.push((PROMPT_LEASE, SEEK_GROUP));
-            t.push((PROMPT_LEASE, DELETED_GROUP));
+            t.push((PROMPT_RESET, SEEK_GROUP));
+            t.push((PROMPT_RESET, DELETED_GROUP));
             t
         }
         s => groups_of(s).into_iter().map(|g| (queue_of(s), g)).collect(),
@@ -138,9 +143,15 @@ pub fn is_retry_partition(partition: &str) -> bool {
 }
 const RETRY_PREFIX: &str = "r";
 
-/// The groups the prompt scenario rewinds on purpose (seeks back, deletes).
-pub fn is_rewound_group(group: &str) -> bool {
-    group == SEEK_GROUP || group == DELETED_GROUP
+/// What only the liveness checker judges: the groups the prompt scenario rewinds on purpose
+/// (seeks back, deletes) and the pushes to their queue, which no other group reads.
+pub fn is_rewound(e: &Event) -> bool {
+    match e {
+        Event::Pushed { queue, .. } => queue == PROMPT_RESET,
+        e => e
+            .group()
+            .is_some_and(|g| g == SEEK_GROUP || g == DELETED_GROUP),
+    }
 }
 
 /// A consumer's pop in flight, for the liveness checker: what it waits on and since when.
@@ -191,6 +202,8 @@ struct Producer {
     burst: f64,
     /// Partition names are this prefix and a number (unique across the prompt queues).
     prefix: &'static str,
+    /// Stops after this many pushes (a queue that goes quiet).
+    max_pushes: Option<u64>,
 }
 
 fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
@@ -222,6 +235,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 gap_ms: (5, 60),
                 burst: 0.0,
                 prefix: "p",
+                max_pushes: None,
             }],
             (0..3)
                 .map(|i| Consumer {
@@ -247,6 +261,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                     gap_ms: (2, 30),
                     burst: 0.0,
                     prefix: "p",
+                    max_pushes: None,
                 }],
                 cs,
             )
@@ -260,6 +275,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 gap_ms: (1_500, 3_000),
                 burst: 0.6,
                 prefix: "p",
+                max_pushes: None,
             }],
             (0..4)
                 .map(|i| Consumer {
@@ -291,6 +307,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                         gap_ms: (20, 200),
                         burst: 0.0,
                         prefix: "p",
+                        max_pushes: None,
                     })
                     .collect(),
                 cs,
@@ -366,9 +383,9 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
     // release event (or, when it is lost, the reconnect's reseed) frees the partition early.
     cs.push(consumer(PROMPT_LONG, "g1", PopPath::Queue, 0));
     cs.push(consumer(PROMPT_LONG, "g1", PopPath::Queue, 0));
-    cs.push(consumer(PROMPT_LEASE, SEEK_GROUP, PopPath::Queue, 0));
-    cs.push(consumer(PROMPT_LEASE, DELETED_GROUP, PopPath::Queue, 0));
-    let producers = PROMPT_QUEUES
+    cs.push(consumer(PROMPT_RESET, SEEK_GROUP, PopPath::Queue, 0));
+    cs.push(consumer(PROMPT_RESET, DELETED_GROUP, PopPath::Queue, 0));
+    let mut producers: Vec<Producer> = PROMPT_QUEUES
         .iter()
         .zip(prefixes)
         .enumerate()
@@ -380,8 +397,19 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
             gap_ms: (200, 1_500),
             burst: 0.2,
             prefix,
+            max_pushes: None,
         })
         .collect();
+    producers.push(Producer {
+        name: "producer-quiet".into(),
+        queue: PROMPT_RESET,
+        partitions: 2,
+        fresh_partitions: false,
+        gap_ms: (50, 300),
+        burst: 0.0,
+        prefix: "q",
+        max_pushes: Some(5),
+    });
     (producers, cs)
 }
 
@@ -444,13 +472,13 @@ async fn administer(shared: Arc<Shared>, mut rng: SeededRng) {
                 let at = super::sim_timestamp(shared.now()).minus_secs(3);
                 let body = json!({ "timestamp": queen_core::time::format_iso_micros(at) });
                 let path =
-                    format!("/api/v1/consumer-groups/{SEEK_GROUP}/queues/{PROMPT_LEASE}/seek");
+                    format!("/api/v1/consumer-groups/{SEEK_GROUP}/queues/{PROMPT_RESET}/seek");
                 if let Ok((200, _)) = request(&broker, "POST", &path, Some(&body), timeout).await {
                     shared.bump("event: seek through the other broker");
                 }
             }
             1 => {
-                let path = format!("/api/v1/consumer-groups/{DELETED_GROUP}/queues/{PROMPT_LEASE}");
+                let path = format!("/api/v1/consumer-groups/{DELETED_GROUP}/queues/{PROMPT_RESET}");
                 if let Ok((200, _)) = request(&broker, "DELETE", &path, None, timeout).await {
                     shared.bump("event: group delete through the other broker");
                 }
@@ -474,7 +502,7 @@ async fn administer(shared: Arc<Shared>, mut rng: SeededRng) {
 
 async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng: SeededRng) {
     let mut k = 0u64;
-    while !shared.draining.load(Ordering::SeqCst) {
+    while !shared.draining.load(Ordering::SeqCst) && p.max_pushes.is_none_or(|m| k < m) {
         let partition = if p.fresh_partitions {
             format!("n{}", made.load(Ordering::SeqCst))
         } else {

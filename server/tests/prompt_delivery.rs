@@ -1,0 +1,478 @@
+//! Prompt delivery over real HTTP, on both backends and across two brokers on one PostgreSQL:
+//! every event that makes a message deliverable reaches a parked long-poll on every pop route,
+//! with the hot-list on and off.
+//!
+//! No timing asserts: the brokers re-check parked pops only every 60 s and reseed their rings
+//! every 30 s, while each parked pop's long-poll lasts a few seconds. A 200 therefore proves the
+//! event (or the revisit storage asked for) delivered it; without it the pop answers 204.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{metrics, request, start, start_pair, Store};
+use queen_core::backoff::WaitBackoff;
+use queen_server::config::ServerConfig;
+use serde_json::{json, Value};
+
+/// Re-checks far apart: only events and revisits can serve a parked pop within its long-poll.
+fn event_driven(hotlist: bool) -> ServerConfig {
+    ServerConfig {
+        backoff: WaitBackoff {
+            initial_ms: 60_000,
+            threshold: 1,
+            multiplier: 1.0,
+            max_ms: 60_000,
+        },
+        hotlist,
+        ..ServerConfig::default()
+    }
+}
+
+/// The long-poll of a parked pop: longer than any case's event, far shorter than a re-check.
+const LONG_POLL_MS: u64 = 8_000;
+
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    Partition,
+    Queue,
+    Discovery,
+}
+
+const ROUTES: [Route; 3] = [Route::Partition, Route::Queue, Route::Discovery];
+
+/// A pop path on `route` for (namespace.task queue, partition p), parking for the long-poll.
+fn pop_path(route: Route, queue: &str, group: &str, extra: &str) -> String {
+    let q = format!("wait=true&timeout={LONG_POLL_MS}&batch=10&consumerGroup={group}{extra}");
+    match route {
+        Route::Partition => format!("/api/v1/pop/queue/{queue}/partition/p?{q}"),
+        Route::Queue => format!("/api/v1/pop/queue/{queue}?{q}"),
+        Route::Discovery => {
+            let namespace = queue.split('.').next().unwrap();
+            format!("/api/v1/pop?namespace={namespace}&{q}")
+        }
+    }
+}
+
+async fn configure(addr: SocketAddr, queue: &str, options: Value) {
+    let r = request(
+        addr,
+        "POST",
+        "/api/v1/configure",
+        Some(&json!({"queue": queue, "options": options})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "configure {queue}: {}", r.json());
+}
+
+async fn push(addr: SocketAddr, queue: &str, txids: &[&str]) {
+    let items: Vec<Value> = txids
+        .iter()
+        .map(|t| json!({"queue": queue, "partition": "p", "payload": {"t": t}, "transactionId": t}))
+        .collect();
+    let r = request(addr, "POST", "/api/v1/push", Some(&json!({"items": items}))).await;
+    assert_eq!(r.status, 201, "push: {}", r.json());
+}
+
+/// A non-waiting leased pop of the partition: (leaseId, partitionId, transactionIds).
+async fn take(
+    addr: SocketAddr,
+    queue: &str,
+    group: &str,
+    batch: u32,
+) -> (String, String, Vec<String>) {
+    let r = request(
+        addr,
+        "GET",
+        &format!("/api/v1/pop/queue/{queue}/partition/p?batch={batch}&consumerGroup={group}"),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "take from {queue}");
+    let v = r.json();
+    let txids = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap().to_string())
+        .collect();
+    (
+        v["leaseId"].as_str().unwrap().to_string(),
+        v["messages"][0]["partitionId"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        txids,
+    )
+}
+
+async fn ack(
+    addr: SocketAddr,
+    group: &str,
+    lease: &str,
+    pid: &str,
+    txids: &[String],
+    status: &str,
+) {
+    let acks: Vec<Value> = txids
+        .iter()
+        .map(
+            |t| json!({"transactionId": t, "partitionId": pid, "leaseId": lease, "status": status}),
+        )
+        .collect();
+    let r = request(
+        addr,
+        "POST",
+        "/api/v1/ack/batch",
+        Some(&json!({"acknowledgments": acks, "consumerGroup": group})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "ack: {}", r.json());
+    for o in r.json().as_array().unwrap() {
+        assert_eq!(o["success"], true, "ack refused: {o}");
+    }
+}
+
+/// Starts a pop on `addr` and waits until it has parked (its broker counts one more parked pop,
+/// or, when other cases park too, a moment has passed) or was answered without parking.
+async fn park(addr: SocketAddr, path: String) -> tokio::task::JoinHandle<common::Response> {
+    let before = metrics(addr).await["parkedPops"].as_u64().unwrap();
+    let waiter = tokio::spawn(async move { request(addr, "GET", &path, None).await });
+    for _ in 0..400 {
+        if waiter.is_finished() || metrics(addr).await["parkedPops"].as_u64().unwrap() > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiter
+}
+
+/// The transactionIds a parked pop was answered with (empty for a 204).
+async fn answered(waiter: tokio::task::JoinHandle<common::Response>) -> Vec<String> {
+    let r = waiter.await.unwrap();
+    if r.status == 204 {
+        return vec![];
+    }
+    assert_eq!(r.status, 200);
+    r.json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// What makes the message deliverable by time alone.
+#[derive(Clone, Copy, Debug)]
+enum Timed {
+    LeaseExpiry,
+    Delay,
+    Window,
+    RetryDelay,
+}
+
+const TIMED: [Timed; 4] = [
+    Timed::LeaseExpiry,
+    Timed::Delay,
+    Timed::Window,
+    Timed::RetryDelay,
+];
+
+/// One time-based case on one route: the parked pop must be served when the time comes.
+async fn timed_case(addr: SocketAddr, route: Route, what: Timed, tag: &str) {
+    // One namespace per case, so a discovery pop sees only this queue.
+    let queue = format!("{tag}{}{route:?}.q", format!("{what:?}").to_lowercase()).to_lowercase();
+    let group = "g";
+    match what {
+        Timed::LeaseExpiry => {
+            configure(addr, &queue, json!({"leaseTime": 2})).await;
+            push(addr, &queue, &["m1"]).await;
+            // A consumer takes it and dies: the lease ends in 2 s.
+            take(addr, &queue, group, 1).await;
+        }
+        Timed::Delay => {
+            configure(addr, &queue, json!({"delayedProcessing": 2})).await;
+            push(addr, &queue, &["m1"]).await;
+        }
+        Timed::Window => {
+            configure(addr, &queue, json!({"windowBuffer": 2})).await;
+            push(addr, &queue, &["m1"]).await;
+        }
+        Timed::RetryDelay => {
+            configure(addr, &queue, json!({"retryDelay": 2000, "retryLimit": 3})).await;
+            push(addr, &queue, &["m1"]).await;
+            let (lease, pid, txids) = take(addr, &queue, group, 1).await;
+            ack(addr, group, &lease, &pid, &txids, "failed").await;
+        }
+    }
+    let waiter = park(addr, pop_path(route, &queue, group, "")).await;
+    assert_eq!(
+        answered(waiter).await,
+        vec!["m1".to_string()],
+        "{what:?} on the {route:?} route ({queue}): the parked pop was not served in time"
+    );
+}
+
+async fn every_timed_case(store: fn() -> Store, tag: &str) {
+    for hotlist in [true, false] {
+        let b = start(store(), event_driven(hotlist)).await;
+        let mut cases = vec![];
+        for route in ROUTES {
+            for what in TIMED {
+                let tag = format!("{tag}{}", if hotlist { "h" } else { "s" });
+                cases.push(tokio::spawn(async move {
+                    timed_case(b.addr, route, what, &tag).await
+                }));
+            }
+        }
+        for c in cases {
+            c.await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_based_events_serve_parked_pops_on_every_route_memory() {
+    every_timed_case(|| Store::Memory, "m").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_based_events_serve_parked_pops_on_every_route_postgres() {
+    every_timed_case(|| Store::Postgres("queen_prompt_timed"), "p").await;
+}
+
+/// A consumer-group delete on one broker wakes a consumer parked on the queue (single broker:
+/// without the event, the group's pop waits for its re-check).
+async fn group_delete_wakes(store: Store) {
+    let b = start(store, event_driven(true)).await;
+    let queue = "gdel.q";
+    push(b.addr, queue, &["m1"]).await;
+    let (lease, pid, txids) = take(b.addr, queue, "g", 1).await;
+    ack(b.addr, "g", &lease, &pid, &txids, "completed").await;
+    for route in ROUTES {
+        // autoAck: the delivery moves the cursor, so each round starts from a drained group.
+        let waiter = park(b.addr, pop_path(route, queue, "g", "&autoAck=true")).await;
+        let r = request(
+            b.addr,
+            "DELETE",
+            &format!("/api/v1/consumer-groups/g/queues/{queue}"),
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            answered(waiter).await,
+            vec!["m1".to_string()],
+            "a deleted group starts over; its parked {route:?} pop gets the message"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_delete_wakes_its_parked_consumers_memory() {
+    group_delete_wakes(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_delete_wakes_its_parked_consumers_postgres() {
+    group_delete_wakes(Store::Postgres("queen_prompt_gdel")).await;
+}
+
+/// What another broker does that must wake a consumer parked here.
+#[derive(Clone, Copy, Debug)]
+enum Elsewhere {
+    /// An ack ends a lease over a backlog.
+    AckRelease,
+    /// A push lands during the lease; then the ack.
+    PushDuringLease,
+    /// A failed ack: the retryDelay hold ends.
+    FailedAck,
+    Seek,
+    GroupDelete,
+    DeadLetterRequeue,
+}
+
+const ELSEWHERE: [Elsewhere; 6] = [
+    Elsewhere::AckRelease,
+    Elsewhere::PushDuringLease,
+    Elsewhere::FailedAck,
+    Elsewhere::Seek,
+    Elsewhere::GroupDelete,
+    Elsewhere::DeadLetterRequeue,
+];
+
+/// One cross-broker case: `b` parks a consumer, `a` acts; the parked pop gets `expect`.
+async fn cross_broker_case(a: SocketAddr, b: SocketAddr, route: Route, what: Elsewhere, tag: &str) {
+    let queue = format!("{tag}{}{route:?}.q", format!("{what:?}").to_lowercase()).to_lowercase();
+    let g = "g";
+    // A 300 s lease, as Queen's default: a consumer parked on `b` must not wait it out.
+    configure(
+        a,
+        &queue,
+        json!({"leaseTime": 300, "retryDelay": 1500, "retryLimit": 0}),
+    )
+    .await;
+    let expect: Vec<String>;
+    let action: Box<
+        dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send,
+    >;
+    match what {
+        Elsewhere::AckRelease => {
+            push(a, &queue, &["m1", "m2"]).await;
+            let (lease, pid, txids) = take(a, &queue, g, 1).await;
+            expect = vec!["m2".into()];
+            action = Box::new(move || {
+                Box::pin(async move { ack(a, g, &lease, &pid, &txids, "completed").await })
+            });
+        }
+        Elsewhere::PushDuringLease => {
+            push(a, &queue, &["m1"]).await;
+            let (lease, pid, txids) = take(a, &queue, g, 1).await;
+            expect = vec!["m2".into()];
+            let q = queue.clone();
+            action = Box::new(move || {
+                Box::pin(async move {
+                    push(a, &q, &["m2"]).await;
+                    ack(a, g, &lease, &pid, &txids, "completed").await
+                })
+            });
+        }
+        Elsewhere::FailedAck => {
+            configure(
+                a,
+                &queue,
+                json!({"leaseTime": 300, "retryDelay": 1500, "retryLimit": 3}),
+            )
+            .await;
+            push(a, &queue, &["m1"]).await;
+            let (lease, pid, txids) = take(a, &queue, g, 1).await;
+            expect = vec!["m1".into()];
+            action = Box::new(move || {
+                Box::pin(async move { ack(a, g, &lease, &pid, &txids, "failed").await })
+            });
+        }
+        Elsewhere::Seek => {
+            push(a, &queue, &["m1"]).await;
+            let (lease, pid, txids) = take(a, &queue, g, 1).await;
+            ack(a, g, &lease, &pid, &txids, "completed").await;
+            expect = vec!["m1".into()];
+            let q = queue.clone();
+            action = Box::new(move || {
+                Box::pin(async move {
+                    let r = request(
+                        a,
+                        "POST",
+                        &format!("/api/v1/consumer-groups/{g}/queues/{q}/seek"),
+                        Some(&json!({"timestamp": "2000-01-01T00:00:00Z"})),
+                    )
+                    .await;
+                    assert_eq!(r.status, 200, "seek: {}", r.json());
+                })
+            });
+        }
+        Elsewhere::GroupDelete => {
+            push(a, &queue, &["m1"]).await;
+            let (lease, pid, txids) = take(a, &queue, g, 1).await;
+            ack(a, g, &lease, &pid, &txids, "completed").await;
+            expect = vec!["m1".into()];
+            let q = queue.clone();
+            action = Box::new(move || {
+                Box::pin(async move {
+                    let r = request(
+                        a,
+                        "DELETE",
+                        &format!("/api/v1/consumer-groups/{g}/queues/{q}"),
+                        None,
+                    )
+                    .await;
+                    assert_eq!(r.status, 200);
+                })
+            });
+        }
+        Elsewhere::DeadLetterRequeue => {
+            push(a, &queue, &["m1"]).await;
+            let (lease, pid, txids) = take(a, &queue, g, 1).await;
+            ack(a, g, &lease, &pid, &txids, "dlq").await;
+            let r = request(a, "GET", &format!("/api/v1/dlq?queue={queue}"), None).await;
+            let id = r.json()["messages"][0]["dlqId"]
+                .as_i64()
+                .expect("a dead letter");
+            expect = vec![format!("requeue-{id}-m1")];
+            action = Box::new(move || {
+                Box::pin(async move {
+                    let r = request(a, "POST", &format!("/api/v1/dlq/{id}/requeue"), None).await;
+                    assert_eq!(r.status, 200, "requeue: {}", r.json());
+                })
+            });
+        }
+    }
+    let waiter = park(b, pop_path(route, &queue, g, "")).await;
+    action().await;
+    let got = answered(waiter).await;
+    assert_eq!(
+        got,
+        expect,
+        "{what:?} through the other broker, consumer parked on the {route:?} route ({queue}); \
+         the parked broker's metrics: {}",
+        metrics(b).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_one_broker_does_wakes_consumers_parked_on_another() {
+    for hotlist in [true, false] {
+        let (a, b) = start_pair("queen_prompt_pair", event_driven(hotlist)).await;
+        let mut cases = vec![];
+        for route in ROUTES {
+            for what in ELSEWHERE {
+                let tag = if hotlist { "h" } else { "s" };
+                let (a, b) = (a.addr, b.addr);
+                cases.push(tokio::spawn(async move {
+                    cross_broker_case(a, b, route, what, tag).await
+                }));
+            }
+        }
+        for c in cases {
+            c.await.unwrap();
+        }
+    }
+}
+
+/// A broker whose notification connection drops misses what happens meanwhile; its reconnect
+/// resyncs, so a consumer parked there is served without waiting for a re-check or a reseed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnected_listener_catches_up() {
+    let (a, b) = start_pair("queen_prompt_relisten", event_driven(true)).await;
+    let (a, b) = (a.addr, b.addr);
+    let queue = "relisten.q";
+    configure(a, queue, json!({"leaseTime": 300})).await;
+    push(a, queue, &["m1", "m2"]).await;
+    // Broker b learns the partition is leased (its own consumer is refused it).
+    let (lease, pid, txids) = take(a, queue, "g", 1).await;
+    let waiter = park(b, pop_path(Route::Queue, queue, "g", "")).await;
+    // Cut every LISTEN connection; the ack lands while nobody listens.
+    let cfg = queen_storage_pg::testing::fresh_database_config_existing(&format!(
+        "queen_prompt_relisten_{}",
+        std::process::id()
+    ));
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let cut = client
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+            &[],
+        )
+        .await
+        .expect("terminate the listeners");
+    assert_eq!(cut.len(), 2, "both brokers' listeners were cut");
+    ack(a, "g", &lease, &pid, &txids, "completed").await;
+    assert_eq!(
+        answered(waiter).await,
+        vec!["m2".to_string()],
+        "the reconnect's resync served the parked consumer"
+    );
+}
