@@ -7,7 +7,8 @@
 //! 3. steady state: push-to-delivery latency at the maximum and at 10% of it, vs NOTIFY + claim;
 //! 4. parked long-polls: statements/s, CPU, RSS, wake latency, hot-list on and off;
 //! 5. partition scaling of the wildcard pop;
-//! 6. fan-out to 1, 5 and 10 consumer groups.
+//! 6. fan-out to 1, 5 and 10 consumer groups;
+//! 7. wake latency per deliverability event, on one broker and across two.
 //!
 //! Usage: DATABASE_URL=... queen-bench [--quick] [--json PATH]   (or `bash .ci/bench [--quick]`)
 
@@ -19,6 +20,7 @@ mod parked;
 mod push;
 mod scaling;
 mod util;
+mod wake;
 
 use std::sync::Arc;
 
@@ -126,7 +128,7 @@ fn print_table(plan: &Plan, rows: &[Row]) {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::new(args.iter().any(|a| a == "--quick"));
-    // --only push|consume|steady|parked|scaling|fanout: one scenario (for development).
+    // --only push|consume|steady|parked|scaling|fanout|wake: one scenario (for development).
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -322,6 +324,23 @@ async fn main() {
             calm_p99,
         ));
         eprintln!("measured fan-out, {groups} groups");
+    }
+
+    // 7. Wake latency per event: the consumer parks on broker B; the event happens on B (one
+    // broker) or on A (across two). Re-checks are 60 s apart there: only events deliver.
+    if runs("wake") {
+        let (_a, a_addr) = wake::start_broker(&pg, &cfg, 11).await;
+        let (_b, b_addr) = wake::start_broker(&pg, &cfg, 12).await;
+        let samples = if plan.quick { 10 } else { 100 };
+        for kind in wake::KINDS {
+            for across in [false, true] {
+                let actor = if across { a_addr } else { b_addr };
+                let tag = if across { "x" } else { "o" };
+                let (l, n) = wake::run(kind, actor, b_addr, tag, samples).await;
+                rows.extend(wake::rows(kind, across, &l, n));
+            }
+        }
+        eprintln!("measured wake latency");
     }
 
     print_table(&plan, &rows);
