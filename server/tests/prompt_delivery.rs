@@ -136,6 +136,13 @@ async fn ack(
     }
 }
 
+/// Pushes one message and has `group` consume and acknowledge it.
+async fn consumed(addr: SocketAddr, queue: &str, group: &str, txid: &str) {
+    push(addr, queue, &[txid]).await;
+    let (lease, pid, txids) = take(addr, queue, group, 1).await;
+    ack(addr, group, &lease, &pid, &txids, "completed").await;
+}
+
 /// Starts a pop on `addr` and waits until it has parked (its broker counts one more parked pop,
 /// or, when other cases park too, a moment has passed) or was answered without parking.
 async fn park(addr: SocketAddr, path: String) -> tokio::task::JoinHandle<common::Response> {
@@ -249,9 +256,7 @@ async fn time_based_events_serve_parked_pops_on_every_route_postgres() {
 async fn group_delete_wakes(store: Store) {
     let b = start(store, event_driven(true)).await;
     let queue = "gdel.q";
-    push(b.addr, queue, &["m1"]).await;
-    let (lease, pid, txids) = take(b.addr, queue, "g", 1).await;
-    ack(b.addr, "g", &lease, &pid, &txids, "completed").await;
+    consumed(b.addr, queue, "g", "m1").await;
     for route in ROUTES {
         // autoAck: the delivery moves the cursor, so each round starts from a drained group.
         let waiter = park(b.addr, pop_path(route, queue, "g", "&autoAck=true")).await;
@@ -355,9 +360,7 @@ async fn cross_broker_case(a: SocketAddr, b: SocketAddr, route: Route, what: Els
             });
         }
         Elsewhere::Seek => {
-            push(a, &queue, &["m1"]).await;
-            let (lease, pid, txids) = take(a, &queue, g, 1).await;
-            ack(a, g, &lease, &pid, &txids, "completed").await;
+            consumed(a, &queue, g, "m1").await;
             expect = vec!["m1".into()];
             let q = queue.clone();
             action = Box::new(move || {
@@ -374,9 +377,7 @@ async fn cross_broker_case(a: SocketAddr, b: SocketAddr, route: Route, what: Els
             });
         }
         Elsewhere::GroupDelete => {
-            push(a, &queue, &["m1"]).await;
-            let (lease, pid, txids) = take(a, &queue, g, 1).await;
-            ack(a, g, &lease, &pid, &txids, "completed").await;
+            consumed(a, &queue, g, "m1").await;
             expect = vec!["m1".into()];
             let q = queue.clone();
             action = Box::new(move || {

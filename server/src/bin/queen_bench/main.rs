@@ -70,20 +70,29 @@ async fn start_app(
     pg: &queen_storage_pg::PgStorage,
     hotlist: bool,
 ) -> (Arc<App>, std::net::SocketAddr) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let config = ServerConfig {
         hotlist,
         ..ServerConfig::default()
     };
+    start_with(pg, config, 1).await
+}
+
+/// An in-process broker on the bench's database, serving on an ephemeral port.
+async fn start_with(
+    pg: &queen_storage_pg::PgStorage,
+    config: ServerConfig,
+    seed: u64,
+) -> (Arc<App>, std::net::SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
     let app = App::new(
         config,
         Arc::new(pg.clone()),
         Arc::new(pg.clone()),
         Backend::Postgres(pg.clone()),
-        1,
+        seed,
     );
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
     (app, addr)

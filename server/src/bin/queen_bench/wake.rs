@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queen_core::backoff::WaitBackoff;
-use queen_server::app::{App, Backend};
+use queen_server::app::App;
 use queen_server::client::Client;
 use queen_server::config::ServerConfig;
 use serde_json::{json, Value};
@@ -59,10 +59,6 @@ pub async fn start_broker(
     cfg: &tokio_postgres::Config,
     seed: u64,
 ) -> (Arc<App>, SocketAddr) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let config = ServerConfig {
         backoff: WaitBackoff {
             initial_ms: 60_000,
@@ -72,15 +68,8 @@ pub async fn start_broker(
         },
         ..ServerConfig::default()
     };
-    let app = App::new(
-        config,
-        Arc::new(pg.clone()),
-        Arc::new(pg.clone()),
-        Backend::Postgres(pg.clone()),
-        seed,
-    );
+    let (app, addr) = crate::start_with(pg, config, seed).await;
     queen_server::spawn_event_listener(app.clone(), cfg.clone());
-    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
     (app, addr)
 }
 
