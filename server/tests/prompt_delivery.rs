@@ -477,3 +477,160 @@ async fn a_reconnected_listener_catches_up() {
         "the reconnect's resync served the parked consumer"
     );
 }
+
+/// A model storage whose next partition pop is held after it has read its answer: an event can
+/// then land while the pop waits for a stale reply, deterministically.
+struct HeldPartitionPop {
+    inner: std::sync::Arc<queen_storage_sim::SimDb>,
+    armed: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl queen_core::storage::Storage for HeldPartitionPop {
+    async fn configure_queue(
+        &self,
+        config: queen_core::storage::QueueConfig,
+    ) -> queen_core::storage::StorageResult<(String, String)> {
+        self.inner.configure_queue(config).await
+    }
+    async fn queue_config(
+        &self,
+        queue: &str,
+    ) -> queen_core::storage::StorageResult<Option<queen_core::storage::QueueConfig>> {
+        self.inner.queue_config(queue).await
+    }
+    async fn delete_queue(&self, queue: &str) -> queen_core::storage::StorageResult<bool> {
+        self.inner.delete_queue(queue).await
+    }
+    async fn push(
+        &self,
+        groups: Vec<queen_core::storage::PushGroup>,
+    ) -> queen_core::storage::StorageResult<Vec<queen_core::storage::PushGroupResult>> {
+        self.inner.push(groups).await
+    }
+    async fn pop_partition(
+        &self,
+        req: queen_core::storage::PopRequest,
+        partition: String,
+    ) -> queen_core::storage::StorageResult<queen_core::storage::PopResult> {
+        let answer = self.inner.pop_partition(req, partition).await;
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
+        answer
+    }
+    async fn pop_list(
+        &self,
+        req: queen_core::storage::PopRequest,
+        candidates: Vec<String>,
+    ) -> queen_core::storage::StorageResult<queen_core::storage::PopResult> {
+        self.inner.pop_list(req, candidates).await
+    }
+    async fn pop_wildcard(
+        &self,
+        req: queen_core::storage::PopRequest,
+    ) -> queen_core::storage::StorageResult<queen_core::storage::PopResult> {
+        self.inner.pop_wildcard(req).await
+    }
+    async fn queues_matching(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+    ) -> queen_core::storage::StorageResult<Vec<String>> {
+        self.inner.queues_matching(namespace, task).await
+    }
+    async fn next_pending(
+        &self,
+        queues: &[String],
+        group: &str,
+    ) -> queen_core::storage::StorageResult<Option<queen_core::Timestamp>> {
+        self.inner.next_pending(queues, group).await
+    }
+    async fn pending_partitions(
+        &self,
+        queue: &str,
+        group: &str,
+        limit: u32,
+    ) -> queen_core::storage::StorageResult<Vec<String>> {
+        self.inner.pending_partitions(queue, group, limit).await
+    }
+    async fn ack(
+        &self,
+        group: &str,
+        items: Vec<queen_core::storage::AckItem>,
+    ) -> queen_core::storage::StorageResult<Vec<queen_core::storage::AckOutcome>> {
+        self.inner.ack(group, items).await
+    }
+    async fn renew_lease(
+        &self,
+        lease_id: &str,
+        seconds: u32,
+    ) -> queen_core::storage::StorageResult<queen_core::storage::RenewOutcome> {
+        self.inner.renew_lease(lease_id, seconds).await
+    }
+}
+
+/// A push lands while a parked partition pop waits for storage's answer, read before the push:
+/// the pop must look again instead of sleeping through it. With the driver's historical bug
+/// switched back on (the wake marked seen and dropped), the same schedule strands it.
+async fn a_wake_during_a_storage_call(drop_wakes_during_work: bool) -> u16 {
+    use std::sync::Arc;
+    let db = queen_storage_sim::SimDb::new(
+        3,
+        Arc::new(queen_server::app::wall_now),
+        queen_storage_sim::SimBugs::default(),
+    );
+    let storage = Arc::new(HeldPartitionPop {
+        inner: db.clone(),
+        armed: std::sync::atomic::AtomicBool::new(false),
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let hooks = queen_server::app::Hooks {
+        pop_bugs: queen_core::pop::PopBugs {
+            drop_wakes_during_work,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let app = queen_server::app::App::with_hooks(
+        event_driven(true),
+        storage.clone(),
+        db,
+        queen_server::app::Backend::Memory,
+        5,
+        hooks,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    // The partition exists and is drained.
+    consumed(addr, "held.q", "g", "m1").await;
+    storage
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let path = "/api/v1/pop/queue/held.q/partition/p?wait=true&timeout=3000&consumerGroup=g";
+    let waiter = tokio::spawn(async move { request(addr, "GET", path, None).await });
+    // The pop's storage call has read "nothing" and is held; now the push lands.
+    storage.entered.notified().await;
+    push(addr, "held.q", &["m2"]).await;
+    storage.release.notify_one();
+    waiter.await.unwrap().status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_during_a_storage_call_is_not_slept_through() {
+    assert_eq!(
+        a_wake_during_a_storage_call(false).await,
+        200,
+        "the pop looked again after its stale answer"
+    );
+    assert_eq!(
+        a_wake_during_a_storage_call(true).await,
+        204,
+        "the bug switch (the wake dropped) is caught: the pop slept through the push"
+    );
+}

@@ -263,7 +263,8 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
         // The prompt-delivery paths: each must be caught by the delivery-bound checker. Two
         // narrower races have their proofs elsewhere: a held verdict overriding a release that
         // raced it (`RingBugs::held_verdict_without_epoch_check`, the ring's unit test) and a
-        // wake dropped during a storage call (the pop machine's and the two-broker HTTP tests).
+        // wake dropped during a storage call (`PopBugs::drop_wakes_during_work`, caught by
+        // server/tests/prompt_delivery.rs, which holds a storage answer while a push lands).
         (
             "no revisit for single-partition pops",
             Scenario::Prompt,
