@@ -305,17 +305,39 @@ impl App {
     /// broker: the rings learn it, the gates it concerns open, and the wheel ticker re-arms if
     /// the rings now hold an earlier revisit.
     pub fn publish(&self, event: &DeliveryEvent) {
-        let wake = {
+        self.publish_all(std::slice::from_ref(event));
+    }
+
+    /// Publishes the events of one request together: one lock for the rings, and each gate
+    /// opened once however many of its partitions the request touched.
+    pub fn publish_all(&self, events: &[DeliveryEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        let mut queues: Vec<String> = vec![];
+        let mut all = false;
+        {
             let mut ctx = lock(&self.pop_ctx);
-            let wake = ctx.apply(event, self.now());
+            let now = self.now();
+            for event in events {
+                match ctx.apply(event, now) {
+                    Wake::Nothing => {}
+                    Wake::Queue(q) => queues.push(q),
+                    Wake::All => all = true,
+                }
+            }
             self.rearm_ticker_if_needed(&ctx);
-            wake
-        };
-        self.metrics.count_event(event.kind());
-        match wake {
-            Wake::Nothing => {}
-            Wake::Queue(q) => self.wake(&q),
-            Wake::All => self.wake_all(),
+        }
+        for event in events {
+            self.metrics.count_event(event.kind());
+        }
+        if all {
+            return self.wake_all();
+        }
+        queues.sort_unstable();
+        queues.dedup();
+        for q in &queues {
+            self.wake(q);
         }
     }
 
@@ -326,32 +348,38 @@ impl App {
         targets: impl Iterator<Item = (&'a str, &'a str)>,
         results: &[PushGroupResult],
     ) {
-        for ((queue, partition), res) in targets.zip(results) {
-            let count = res
-                .iter()
-                .filter(|o| matches!(o, PushOutcome::Queued { .. }))
-                .count() as u64;
-            if count > 0 {
-                self.publish(&DeliveryEvent::Pushed {
+        let events: Vec<DeliveryEvent> = targets
+            .zip(results)
+            .filter_map(|((queue, partition), res)| {
+                let count = res
+                    .iter()
+                    .filter(|o| matches!(o, PushOutcome::Queued { .. }))
+                    .count() as u64;
+                (count > 0).then(|| DeliveryEvent::Pushed {
                     queue: queue.to_string(),
                     partition: partition.to_string(),
                     count,
-                });
-            }
-        }
+                })
+            })
+            .collect();
+        self.publish_all(&events);
     }
 
-    /// Publishes the leases a committed ack ended (`Released`).
-    pub fn publish_ack(&self, group: &str, outcome: &AckOutcome) {
-        if let (true, Some(queue), Some(partition)) =
-            (outcome.lease_released, &outcome.queue, &outcome.partition)
-        {
-            self.publish(&DeliveryEvent::Released {
-                queue: queue.clone(),
-                partition: partition.clone(),
-                group: group.to_string(),
-            });
-        }
+    /// Publishes the leases committed acks ended (`Released`).
+    pub fn publish_acks<'a>(&self, acks: impl Iterator<Item = (&'a str, &'a AckOutcome)>) {
+        let events: Vec<DeliveryEvent> = acks
+            .filter_map(
+                |(group, o)| match (o.lease_released, &o.queue, &o.partition) {
+                    (true, Some(queue), Some(partition)) => Some(DeliveryEvent::Released {
+                        queue: queue.clone(),
+                        partition: partition.clone(),
+                        group: group.to_string(),
+                    }),
+                    _ => None,
+                },
+            )
+            .collect();
+        self.publish_all(&events);
     }
 
     /// Called with the pop context held after anything that may have put a revisit on a ring's
@@ -362,17 +390,20 @@ impl App {
         }
     }
 
-    /// Opens every gate (an event about every queue).
+    /// Opens every gate (an event about every queue). Waking a queue also opens the
+    /// discovery pops' gate, so that one is opened on its own only when no queue gate exists.
     fn wake_all(&self) {
-        let queues: Vec<String> = lock(&self.gates).keys().cloned().collect();
-        for q in queues.iter().filter(|q| q.as_str() != ANY_QUEUE_GATE) {
+        let queues: Vec<String> = lock(&self.gates)
+            .keys()
+            .filter(|q| q.as_str() != ANY_QUEUE_GATE)
+            .cloned()
+            .collect();
+        if queues.is_empty() {
+            return self.wake(ANY_QUEUE_GATE);
+        }
+        for q in &queues {
             self.wake(q);
         }
-        if queues.iter().all(|q| q.as_str() != ANY_QUEUE_GATE) {
-            return;
-        }
-        // Discovery pops only (no queue gate was open): wake them too.
-        self.wake(ANY_QUEUE_GATE);
     }
 
     /// Drops gates nobody listens to (called now and then, so the map stays small).

@@ -80,13 +80,16 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
         }
     }
     let out = app.delivery.transaction(tx_ops.clone()).await?;
+    if out.committed {
+        app.publish_acks(out.results.iter().zip(&tx_ops).filter_map(|r| match r {
+            (TxOpResult::Ack(a), TxOp::Ack { group, .. }) => Some((group.as_str(), a)),
+            _ => None,
+        }));
+    }
     let mut results = vec![];
     for (k, r) in out.results.iter().enumerate() {
         match (r, &tx_ops[k]) {
-            (TxOpResult::Ack(a), TxOp::Ack { group, item }) => {
-                if out.committed {
-                    app.publish_ack(group, a);
-                }
+            (TxOpResult::Ack(a), TxOp::Ack { item, .. }) => {
                 results.push(json!({"index": results.len(), "type": "ack", "success": a.success, "transactionId": item.transaction_id, "error": a.error, "dlq": a.dlq}));
             }
             (TxOpResult::Push(groups), TxOp::Push(req)) => {

@@ -201,11 +201,7 @@ async fn release(app: &Arc<App>, claims: &[Claim], worker: WorkerId, group: &str
             error: None,
         };
         match app.storage.ack(group, vec![item]).await {
-            Ok(outcomes) => {
-                for o in &outcomes {
-                    app.publish_ack(group, o);
-                }
-            }
+            Ok(outcomes) => app.publish_acks(outcomes.iter().map(|o| (group, o))),
             Err(e) => {
                 tracing::warn!(error = %e, "releasing the lease of an undelivered batch failed; it frees at expiry")
             }

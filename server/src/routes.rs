@@ -228,13 +228,13 @@ async fn run_acks(app: &Arc<App>, group: &str, items: Vec<AckItem>) -> Result<Re
         if !o.success {
             app.metrics.acks_refused.fetch_add(1, Ordering::Relaxed);
         }
-        app.publish_ack(group, o);
         answer.push(
             json!({"index": index, "transactionId": tx, "success": o.success, "error": o.error,
                            "queueName": o.queue, "partitionName": o.partition,
                            "leaseReleased": o.lease_released, "dlq": o.dlq}),
         );
     }
+    app.publish_acks(outcomes.iter().map(|o| (group, o)));
     Ok(http::json(StatusCode::OK, &Value::Array(answer)))
 }
 
