@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod claim;
+pub mod dedup;
 pub mod delivery;
 pub mod events;
 pub mod frames;

@@ -100,8 +100,26 @@ pub enum PushOutcome {
     Rejected {
         message_id: uuid::Uuid,
         partition_id: String,
-        reason: String,
+        full: QueueFull,
     },
+}
+
+/// A push refused because its queue is at its maxSize: the cap and the backlog the push met.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueFull {
+    pub queue: String,
+    pub max_size: u32,
+    pub backlog: u64,
+}
+
+impl fmt::Display for QueueFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "queue {} is full: maxSize {}, backlog {}",
+            self.queue, self.max_size, self.backlog
+        )
+    }
 }
 
 impl PushOutcome {
@@ -125,15 +143,6 @@ impl PushOutcome {
 
 /// One push group's outcomes, one per frame in the group's order.
 pub type PushGroupResult = Vec<PushOutcome>;
-
-/// Why a push was refused (a queue at its maxSize), if any of its groups was: a transaction
-/// carrying it must roll back.
-pub fn push_rejection(groups: &[PushGroupResult]) -> Option<String> {
-    groups.iter().flatten().find_map(|o| match o {
-        PushOutcome::Rejected { reason, .. } => Some(reason.clone()),
-        _ => None,
-    })
-}
 
 /// Parameters every pop shape shares.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -387,6 +396,27 @@ pub enum TxOp {
 pub enum TxOpResult {
     Push(Vec<PushGroupResult>),
     Ack(AckOutcome),
+}
+
+impl TxOpResult {
+    /// Why this operation makes its transaction roll back, if it was refused: a push that met
+    /// a queue at its maxSize, or an ack storage refused. The one wording of both backends.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            TxOpResult::Push(groups) => groups.iter().flatten().find_map(|o| match o {
+                PushOutcome::Rejected { full, .. } => {
+                    Some(format!("PUSH operation failed: {full}"))
+                }
+                _ => None,
+            }),
+            TxOpResult::Ack(a) => (!a.success).then(|| {
+                format!(
+                    "ACK operation failed: {}",
+                    a.error.as_deref().unwrap_or("refused")
+                )
+            }),
+        }
+    }
 }
 
 /// A transaction's outcome: committed with every result, or rolled back at the failing ack.

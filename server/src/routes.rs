@@ -162,9 +162,9 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
                        "message_id": message_id.to_string(), "messageId": message_id.to_string(),
                        "partition_id": partition_id, "partitionId": partition_id, "queueName": queue})
             }
-            PushOutcome::Rejected { partition_id, reason, .. } => {
+            PushOutcome::Rejected { partition_id, full, .. } => {
                 json!({"index": index, "transaction_id": tx, "transactionId": tx, "status": "failed",
-                       "error": reason, "message_id": null, "messageId": null,
+                       "error": full.to_string(), "message_id": null, "messageId": null,
                        "partition_id": partition_id, "partitionId": partition_id, "queueName": queue})
             }
         });

@@ -1435,9 +1435,8 @@ pub async fn max_size_caps_the_backlog(b: &dyn Backend) -> CaseResult {
     );
     let over = push(&*s, &mut ids, "cap", "b", "t", 0..2).await?;
     ensure!(
-        over.iter().all(
-            |o| matches!(o, PushOutcome::Rejected { reason, .. } if reason.contains("maxSize 3"))
-        ),
+        over.iter()
+            .all(|o| matches!(o, PushOutcome::Rejected { full, .. } if full.max_size == 3)),
         "2 + 2 > 3, refused whole: {over:?}"
     );
     let r = s

@@ -153,7 +153,7 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                     PushOutcome::Duplicate { message_id, .. } => {
                         format!("duplicate of {message_id}")
                     }
-                    PushOutcome::Rejected { reason, .. } => format!("rejected: {reason}"),
+                    PushOutcome::Rejected { full, .. } => format!("rejected: {full}"),
                 })
                 .collect();
             format!("{v:?}")

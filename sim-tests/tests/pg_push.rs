@@ -49,7 +49,7 @@ async fn concurrent_pushes_of_one_transaction_id_store_it_once() {
             match t.await.unwrap().remove(0).remove(0) {
                 PushOutcome::Queued { message_id, .. } => queued.push(message_id),
                 PushOutcome::Duplicate { message_id, .. } => dups.push(message_id),
-                PushOutcome::Rejected { reason, .. } => panic!("uncapped queue refused: {reason}"),
+                PushOutcome::Rejected { full, .. } => panic!("uncapped queue refused: {full}"),
             }
         }
         assert_eq!(
@@ -162,7 +162,7 @@ async fn a_late_committing_push_is_never_skipped() {
     .expect("blob");
     early
         .query(
-            "SELECT * FROM queen.push_v1('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2)",
+            "SELECT * FROM queen.push_v2('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2)",
             &[&uuid::Uuid::from_u128(77), &blob],
         )
         .await

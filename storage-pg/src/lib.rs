@@ -11,13 +11,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
 use queen_core::frames::build_blob;
 use queen_core::params::{SubscriptionFrom, SubscriptionMode};
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, DeadLetterEntry, DeliveryStorage, DlqQuery, PopRequest,
-    PopResult, PushGroup, PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, SeekTarget,
-    Storage, StorageError, StorageResult, TxOp, TxOpResult, TxOutcome,
+    PopResult, PushGroup, PushGroupResult, PushOutcome, QueueConfig, QueueFull, RenewOutcome,
+    SeekTarget, Storage, StorageError, StorageResult, TxOp, TxOpResult, TxOutcome,
 };
 use queen_core::{Offset, Timestamp};
 use tokio_postgres::NoTls;
@@ -214,9 +215,12 @@ async fn push_groups(
     groups: &[PushGroup],
 ) -> StorageResult<Vec<PushGroupResult>> {
     let stmt = tx
-            .prepare_cached("SELECT o_status, o_message_id, o_partition_id, o_offset FROM queen.push_v1($1, $2, $3, $4, $5)")
-            .await
-            .map_err(pg_err("push"))?;
+        .prepare_cached(
+            "SELECT o_status, o_message_id, o_partition_id, o_offset, o_max_size, o_backlog
+               FROM queen.push_v2($1, $2, $3, $4, $5)",
+        )
+        .await
+        .map_err(pg_err("push"))?;
     // Partition locks are taken in one global order, so concurrent multi-partition pushes
     // never deadlock.
     let mut order: Vec<usize> = (0..groups.len()).collect();
@@ -226,18 +230,9 @@ async fn push_groups(
     let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
     for i in order {
         let g = &groups[i];
-        // Within the request the first occurrence of a transactionId wins.
-        let mut first_of: std::collections::BTreeMap<&str, usize> =
-            std::collections::BTreeMap::new();
-        let mut unique: Vec<usize> = vec![];
-        for (k, f) in g.frames.iter().enumerate() {
-            if !first_of.contains_key(f.transaction_id.as_str()) {
-                first_of.insert(&f.transaction_id, k);
-                unique.push(k);
-            }
-        }
+        let firsts = FirstOccurrences::of(&g.frames);
         let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
-        let mut candidates = unique;
+        let mut candidates: Vec<usize> = firsts.firsts().collect();
         // At most two rounds: the second has no duplicates by construction (the partition
         // lock is held, so nothing can change in between).
         for _ in 0..2 {
@@ -254,75 +249,55 @@ async fn push_groups(
                 .map_err(pg_err("push"))?;
             if rows.len() != candidates.len() {
                 return Err(StorageError::Internal(format!(
-                    "push_v1 answered {} rows for {} items",
+                    "push_v2 answered {} rows for {} items",
                     rows.len(),
                     candidates.len()
                 )));
             }
             let mut retry = vec![];
             for (k, row) in candidates.iter().zip(rows.iter()) {
-                let status: String = row.get(0);
                 let message_id: uuid::Uuid = row.get(1);
-                let partition_id: uuid::Uuid = row.get(2);
-                match status.as_str() {
-                    "queued" => {
-                        let offset: i64 = row.get(3);
-                        outcome[*k] = Some(PushOutcome::Queued {
-                            message_id,
-                            partition_id: partition_id.to_string(),
-                            offset,
-                        });
+                let partition_id = row.get::<_, uuid::Uuid>(2).to_string();
+                outcome[*k] = match row.get::<_, &str>(0) {
+                    "queued" => Some(PushOutcome::Queued {
+                        message_id,
+                        partition_id,
+                        offset: row.get(3),
+                    }),
+                    "duplicate" => Some(PushOutcome::Duplicate {
+                        message_id,
+                        partition_id,
+                    }),
+                    "full" => Some(PushOutcome::Rejected {
+                        message_id,
+                        partition_id,
+                        full: QueueFull {
+                            queue: g.queue.clone(),
+                            max_size: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
+                            backlog: u64::try_from(row.get::<_, i64>(5)).unwrap_or(0),
+                        },
+                    }),
+                    "retry" => {
+                        retry.push(*k);
+                        None
                     }
-                    "duplicate" => {
-                        outcome[*k] = Some(PushOutcome::Duplicate {
-                            message_id,
-                            partition_id: partition_id.to_string(),
-                        })
+                    other => {
+                        return Err(StorageError::Internal(format!(
+                            "push_v2 answered the unknown status {other:?}"
+                        )))
                     }
-                    full if full.starts_with("full:") => {
-                        // "full:<maxSize>:<backlog>"
-                        let mut parts = full.split(':').skip(1);
-                        let cap = parts.next().unwrap_or("?");
-                        let backlog = parts.next().unwrap_or("?");
-                        outcome[*k] = Some(PushOutcome::Rejected {
-                            message_id,
-                            partition_id: partition_id.to_string(),
-                            reason: format!(
-                                "queue {} is full: maxSize {cap}, backlog {backlog}",
-                                g.queue
-                            ),
-                        });
-                    }
-                    _ => retry.push(*k),
-                }
+                };
             }
             candidates = retry;
         }
         if !candidates.is_empty() {
             return Err(StorageError::Internal(
-                "push_v1 reported duplicates twice under the partition lock".into(),
+                "push_v2 reported duplicates twice under the partition lock".into(),
             ));
         }
-        // Intra-request duplicates answer the winner's id.
-        for (k, f) in g.frames.iter().enumerate() {
-            if outcome[k].is_none() {
-                let winner = first_of
-                    .get(f.transaction_id.as_str())
-                    .and_then(|w| outcome[*w].clone());
-                outcome[k] = winner.map(|w| match w {
-                    // A repeat of a refused item within the request is refused with it.
-                    PushOutcome::Rejected { .. } => w,
-                    _ => PushOutcome::Duplicate {
-                        message_id: w.message_id(),
-                        partition_id: w.partition_id().to_string(),
-                    },
-                });
-            }
-        }
-        results[i] = outcome
-            .into_iter()
-            .map(|o| o.ok_or_else(|| StorageError::Internal("push outcome missing".into())))
-            .collect::<StorageResult<_>>()?;
+        results[i] = firsts
+            .resolve(outcome)
+            .ok_or_else(|| StorageError::Internal("push outcome missing".into()))?;
     }
     Ok(results)
 }
@@ -603,26 +578,19 @@ impl DeliveryStorage for PgStorage {
             .map_err(pg_err("transaction: begin"))?;
         let mut results = Vec::with_capacity(ops.len());
         for op in &ops {
-            // Why the transaction must roll back, if this operation was refused.
-            let refusal = match op {
-                TxOp::Push(groups) => {
-                    let pushed = push_groups(&tx, groups).await?;
-                    let full = queen_core::storage::push_rejection(&pushed);
-                    results.push(TxOpResult::Push(pushed));
-                    full.map(|r| format!("PUSH operation failed: {r}"))
-                }
-                TxOp::Ack { group, item } => {
-                    let out = ack_items(&tx, group, std::slice::from_ref(item))
+            let result = match op {
+                TxOp::Push(groups) => TxOpResult::Push(push_groups(&tx, groups).await?),
+                TxOp::Ack { group, item } => TxOpResult::Ack(
+                    ack_items(&tx, group, std::slice::from_ref(item))
                         .await?
                         .into_iter()
                         .next()
-                        .ok_or_else(|| StorageError::Internal("ack_v1 answered no row".into()))?;
-                    let failed = (!out.success)
-                        .then(|| out.error.clone().unwrap_or_else(|| "refused".into()));
-                    results.push(TxOpResult::Ack(out));
-                    failed.map(|r| format!("ACK operation failed: {r}"))
-                }
+                        .ok_or_else(|| StorageError::Internal("ack_v1 answered no row".into()))?,
+                ),
             };
+            // Why the transaction must roll back, if this operation was refused.
+            let refusal = result.refusal();
+            results.push(result);
             if let Some(error) = refusal {
                 tx.rollback()
                     .await
@@ -826,7 +794,7 @@ impl DeliveryStorage for PgStorage {
 
 impl PgStorage {
     /// Listens for deliverability events committed by any broker on this database (`NOTIFY
-    /// queen_push` from push_v1, `NOTIFY queen_event` from the triggers of migration 009) on a
+    /// queen_push` from push_v2, `NOTIFY queen_event` from the triggers of migration 009) on a
     /// dedicated connection, and sends each to `events`. Every (re)connection is followed by a
     /// `Resync`: notifications sent while nobody listened are lost, so the broker re-reads what
     /// it may have missed. Reconnects after a second; returns when the receiver is gone.
@@ -899,7 +867,7 @@ impl PgStorage {
     }
 }
 
-/// A notification as an event: push_v1's `queue\npartition\ncount` on `queen_push`, the
+/// A notification as an event: push_v2's `queue\npartition\ncount` on `queen_push`, the
 /// triggers' payloads on `queen_event`.
 fn notification_event(channel: &str, payload: &str) -> Option<DeliveryEvent> {
     match channel {

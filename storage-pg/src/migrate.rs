@@ -1,57 +1,101 @@
-//! Versioned migrations, applied at start-up under a session advisory lock so that several
-//! brokers starting at once apply each migration exactly once.
+//! Start-up schema management, under a session advisory lock so that several brokers starting at
+//! once apply each change exactly once.
+//!
+//! Two kinds of SQL, kept apart so that `git log` of one file is the history of one thing:
+//! - `migrations/NNN_*.sql`: tables, indexes, triggers and data changes, append-only. Each applied
+//!   migration's checksum is stored; a broker refuses to start when an applied migration's file
+//!   was edited since (its effect on existing databases would silently differ from new ones).
+//! - `sql/functions/<name>.sql`: the one current definition of each function, `CREATE OR
+//!   REPLACE`, applied after the migrations whenever its content differs from what the database
+//!   holds. A changed signature is a new name (`push_v2`) plus a migration dropping the old one.
 
+use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
 use crate::error::pg_err;
-use queen_core::storage::StorageResult;
+use queen_core::storage::{StorageError, StorageResult};
 
-/// (version, name, SQL). Functions are CREATE OR REPLACE, tables IF NOT EXISTS: re-running a
-/// migration is harmless, but the version table makes it run once.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[
-    (1, "schema", include_str!("../migrations/001_schema.sql")),
-    (2, "log_pop", include_str!("../migrations/002_log_pop.sql")),
-    (
-        3,
-        "push_ack",
-        include_str!("../migrations/003_push_ack.sql"),
-    ),
-    (
-        4,
-        "delivery",
-        include_str!("../migrations/004_delivery.sql"),
-    ),
-    (
-        5,
-        "ack_set_based",
-        include_str!("../migrations/005_ack_set_based.sql"),
-    ),
-    (
-        6,
-        "push_notify",
-        include_str!("../migrations/006_push_notify.sql"),
-    ),
-    (
-        7,
-        "queue_options",
-        include_str!("../migrations/007_queue_options.sql"),
-    ),
-    (
-        8,
-        "pop_retention_gap",
-        include_str!("../migrations/008_pop_retention_gap.sql"),
-    ),
-    (
-        9,
-        "delivery_events",
-        include_str!("../migrations/009_delivery_events.sql"),
-    ),
+/// One versioned migration.
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+macro_rules! migration {
+    ($version:literal, $name:literal, $file:literal) => {
+        Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../migrations/", $file)),
+        }
+    };
+}
+
+/// In order. Append only: never edit one that was released (the checksum check refuses).
+pub const MIGRATIONS: &[Migration] = &[
+    migration!(1, "schema", "001_schema.sql"),
+    migration!(2, "log_pop", "002_log_pop.sql"),
+    migration!(3, "push_ack", "003_push_ack.sql"),
+    migration!(4, "delivery", "004_delivery.sql"),
+    migration!(5, "ack_set_based", "005_ack_set_based.sql"),
+    migration!(6, "push_notify", "006_push_notify.sql"),
+    migration!(7, "queue_options", "007_queue_options.sql"),
+    migration!(8, "pop_retention_gap", "008_pop_retention_gap.sql"),
+    migration!(9, "delivery_events", "009_delivery_events.sql"),
+    migration!(10, "functions_apart", "010_functions_apart.sql"),
+];
+
+macro_rules! functions {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../sql/functions/", $name, ".sql")))),*]
+    };
+}
+
+/// (name, definition) of every function of schema `queen`, one file each.
+pub const FUNCTIONS: &[(&str, &str)] = functions![
+    "now",
+    "seed_cursor_v1",
+    "log_pop_v1",
+    "log_pop_loop_v1",
+    "log_pop_list_v1",
+    "log_pop_specific_v1",
+    "log_pop_wildcard_v1",
+    "log_pending_partitions_v1",
+    "log_next_pending_v1",
+    "push_v2",
+    "ack_v1",
+    "renew_lease_v1",
+    "configure_queue_v1",
+    "delete_queue_v1",
+    "drop_segments_v1",
+    "seek_group_v1",
+    "delete_group_v1",
+    "update_subscription_v1",
+    "dead_letters_v1",
+    "notify_cursor_event",
+    "notify_subscription_event",
+    "notify_queue_event",
 ];
 
 /// Any fixed key: "queen" in ASCII.
 const MIGRATION_LOCK: i64 = 0x0071_7565_656e;
 
-pub async fn migrate(client: &mut Client) -> StorageResult<Vec<i32>> {
+pub(crate) fn checksum(sql: &str) -> String {
+    Sha256::digest(sql.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What one start-up changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SchemaChanges {
+    pub migrations_applied: Vec<i32>,
+    pub functions_applied: Vec<&'static str>,
+}
+
+pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -61,47 +105,164 @@ pub async fn migrate(client: &mut Client) -> StorageResult<Vec<i32>> {
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(pg_err("migration unlock"));
-    let applied = result?;
+    let changes = result?;
     unlock?;
-    Ok(applied)
+    Ok(changes)
 }
 
-async fn apply(client: &mut Client) -> StorageResult<Vec<i32>> {
+async fn apply(client: &mut Client) -> StorageResult<SchemaChanges> {
     client
         .batch_execute(
             "CREATE SCHEMA IF NOT EXISTS queen;
              CREATE TABLE IF NOT EXISTS queen.schema_migrations (
                  version integer PRIMARY KEY,
                  name text NOT NULL,
-                 applied_at timestamptz NOT NULL DEFAULT now())",
+                 applied_at timestamptz NOT NULL DEFAULT now());
+             ALTER TABLE queen.schema_migrations ADD COLUMN IF NOT EXISTS checksum text",
         )
         .await
         .map_err(pg_err("migration bookkeeping"))?;
-    let done: Vec<i32> = client
-        .query("SELECT version FROM queen.schema_migrations", &[])
+    let done: Vec<(i32, Option<String>)> = client
+        .query("SELECT version, checksum FROM queen.schema_migrations", &[])
         .await
         .map_err(pg_err("migration bookkeeping"))?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let mut applied = vec![];
-    for (version, name, sql) in MIGRATIONS {
-        if done.contains(version) {
-            continue;
+    let mut changes = SchemaChanges::default();
+    for m in MIGRATIONS {
+        let sum = checksum(m.sql);
+        match done.iter().find(|(v, _)| *v == m.version) {
+            Some((_, Some(stored))) if *stored == sum => {}
+            Some((_, Some(_))) => {
+                return Err(StorageError::Internal(format!(
+                    "migration {:03}_{} was edited after this database applied it (its checksum \
+                     differs); restore the released file and put the change in a new migration",
+                    m.version, m.name
+                )))
+            }
+            // Applied before checksums were kept: the content is taken as applied.
+            Some((_, None)) => {
+                client
+                    .execute(
+                        "UPDATE queen.schema_migrations SET checksum = $2 WHERE version = $1",
+                        &[&m.version, &sum],
+                    )
+                    .await
+                    .map_err(pg_err("migration bookkeeping"))?;
+            }
+            None => {
+                let tx = client.transaction().await.map_err(pg_err("migration"))?;
+                tx.batch_execute(m.sql)
+                    .await
+                    .map_err(pg_err(&format!("migration {:03}_{}", m.version, m.name)))?;
+                tx.execute(
+                    "INSERT INTO queen.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                    &[&m.version, &m.name, &sum],
+                )
+                .await
+                .map_err(pg_err("migration bookkeeping"))?;
+                tx.commit().await.map_err(pg_err("migration commit"))?;
+                tracing::info!(version = m.version, name = m.name, "applied migration");
+                changes.migrations_applied.push(m.version);
+            }
         }
-        let tx = client.transaction().await.map_err(pg_err("migration"))?;
+    }
+    changes.functions_applied = apply_functions(client).await?;
+    Ok(changes)
+}
+
+/// (Re)defines every function whose file differs from what the database last applied, in one
+/// transaction. Bodies are not checked against each other while they are replaced (as pg_dump
+/// does), so the order of the files does not matter.
+async fn apply_functions(client: &mut Client) -> StorageResult<Vec<&'static str>> {
+    let applied: Vec<(String, String)> = client
+        .query("SELECT name, checksum FROM queen.schema_functions", &[])
+        .await
+        .map_err(pg_err("function bookkeeping"))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let stale: Vec<(&'static str, &'static str, String)> = FUNCTIONS
+        .iter()
+        .map(|(name, sql)| (*name, *sql, checksum(sql)))
+        .filter(|(name, _, sum)| !applied.iter().any(|(n, s)| n == name && s == sum))
+        .collect();
+    if stale.is_empty() {
+        return Ok(vec![]);
+    }
+    let tx = client.transaction().await.map_err(pg_err("functions"))?;
+    tx.batch_execute("SET LOCAL check_function_bodies = off")
+        .await
+        .map_err(pg_err("functions"))?;
+    for (name, sql, sum) in &stale {
         tx.batch_execute(sql)
             .await
-            .map_err(pg_err(&format!("migration {version:03}_{name}")))?;
+            .map_err(pg_err(&format!("function {name}")))?;
         tx.execute(
-            "INSERT INTO queen.schema_migrations (version, name) VALUES ($1, $2)",
-            &[version, name],
+            "INSERT INTO queen.schema_functions (name, checksum) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
+            &[name, sum],
         )
         .await
-        .map_err(pg_err("migration bookkeeping"))?;
-        tx.commit().await.map_err(pg_err("migration commit"))?;
-        tracing::info!(version, name, "applied migration");
-        applied.push(*version);
+        .map_err(pg_err("function bookkeeping"))?;
     }
-    Ok(applied)
+    tx.commit().await.map_err(pg_err("functions commit"))?;
+    let names: Vec<&'static str> = stale.iter().map(|(n, _, _)| *n).collect();
+    tracing::info!(functions = ?names, "applied function definitions");
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every file of sql/functions is listed (a new file cannot be forgotten), and each file
+    /// defines exactly the function it is named after.
+    #[test]
+    fn every_function_file_is_listed_and_named_for_its_function() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/functions");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        let mut listed: Vec<String> = FUNCTIONS.iter().map(|(n, _)| format!("{n}.sql")).collect();
+        listed.sort();
+        assert_eq!(files, listed);
+        for (name, sql) in FUNCTIONS {
+            let header = format!("CREATE OR REPLACE FUNCTION queen.{name}(");
+            assert_eq!(
+                sql.matches("CREATE OR REPLACE FUNCTION").count(),
+                1,
+                "{name}"
+            );
+            assert!(
+                sql.contains(&header),
+                "{name}.sql does not define queen.{name}"
+            );
+        }
+    }
+
+    /// From migration 010 on, migrations define no functions: those live in sql/functions.
+    #[test]
+    fn later_migrations_define_no_functions() {
+        for m in MIGRATIONS.iter().filter(|m| m.version >= 10) {
+            assert!(
+                !m.sql.contains("CREATE OR REPLACE FUNCTION"),
+                "migration {} defines a function",
+                m.version
+            );
+        }
+    }
+
+    #[test]
+    fn versions_are_consecutive() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1);
+        }
+    }
 }

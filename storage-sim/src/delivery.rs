@@ -27,28 +27,19 @@ pub(crate) async fn transaction(
     let r = in_tx(&shared, "transaction", cell, |tx| async move {
         let mut results = Vec::with_capacity(ops.len());
         for op in &ops {
-            match op {
-                TxOp::Push(groups) => {
-                    let pushed = push_body(&tx, groups).await?;
-                    let full = queen_core::storage::push_rejection(&pushed);
-                    results.push(TxOpResult::Push(pushed));
-                    if let Some(reason) = full {
-                        *lock(&stash) = Some((results, format!("PUSH operation failed: {reason}")));
-                        return Err(StorageError::Invalid("transaction refused".into()));
-                    }
-                }
-                TxOp::Ack { group, item } => {
-                    let out = ack_body(&tx, group, std::slice::from_ref(item))
+            let result = match op {
+                TxOp::Push(groups) => TxOpResult::Push(push_body(&tx, groups).await?),
+                TxOp::Ack { group, item } => TxOpResult::Ack(
+                    ack_body(&tx, group, std::slice::from_ref(item))
                         .await?
-                        .remove(0);
-                    let failed = (!out.success)
-                        .then(|| out.error.clone().unwrap_or_else(|| "refused".into()));
-                    results.push(TxOpResult::Ack(out));
-                    if let Some(reason) = failed {
-                        *lock(&stash) = Some((results, format!("ACK operation failed: {reason}")));
-                        return Err(StorageError::Invalid("transaction refused".into()));
-                    }
-                }
+                        .remove(0),
+                ),
+            };
+            let refusal = result.refusal();
+            results.push(result);
+            if let Some(reason) = refusal {
+                *lock(&stash) = Some((results, reason));
+                return Err(StorageError::Invalid("transaction refused".into()));
             }
         }
         Ok(results)

@@ -3,11 +3,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
 use queen_core::frames::build_blob;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
-    RenewOutcome, StorageError,
+    QueueFull, RenewOutcome, StorageError,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
 
@@ -143,40 +144,48 @@ pub(crate) async fn push_body(
                     let mut part = st.partitions.get(&key, t.id).cloned().ok_or_else(|| {
                         StmtError::Abort(StorageError::Internal("partition row missing".into()))
                     })?;
-                    let mut outcomes = Vec::with_capacity(g.frames.len());
+                    // Only first occurrences within the request are stored or refused; the
+                    // repeats answer theirs (the shared rule in queen_core::dedup).
+                    let firsts = FirstOccurrences::of(&g.frames);
+                    let mut outcomes: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
                     let mut fresh = Vec::new();
-                    let mut seen: BTreeMap<&str, uuid::Uuid> = BTreeMap::new();
-                    for f in &g.frames {
-                        if let Some(orig) =
-                            st.txids.get(&(pid.clone(), f.transaction_id.clone()), t.id)
-                        {
-                            outcomes.push(PushOutcome::Duplicate {
-                                message_id: orig.message_id,
-                                partition_id: pid.clone(),
-                            });
-                        } else if let Some(first) = seen.get(f.transaction_id.as_str()) {
-                            outcomes.push(PushOutcome::Duplicate {
-                                message_id: *first,
-                                partition_id: pid.clone(),
-                            });
-                        } else {
-                            let offset = part.last_offset + 1 + fresh.len() as Offset;
-                            seen.insert(&f.transaction_id, f.message_id);
-                            outcomes.push(PushOutcome::Queued {
-                                message_id: f.message_id,
-                                partition_id: pid.clone(),
-                                offset,
-                            });
-                            fresh.push(f.clone());
-                        }
+                    for k in firsts.firsts() {
+                        let f = &g.frames[k];
+                        outcomes[k] = Some(
+                            match st.txids.get(&(pid.clone(), f.transaction_id.clone()), t.id) {
+                                Some(orig) => PushOutcome::Duplicate {
+                                    message_id: orig.message_id,
+                                    partition_id: pid.clone(),
+                                },
+                                None => {
+                                    let offset = part.last_offset + 1 + fresh.len() as Offset;
+                                    fresh.push(f.clone());
+                                    PushOutcome::Queued {
+                                        message_id: f.message_id,
+                                        partition_id: pid.clone(),
+                                        offset,
+                                    }
+                                }
+                            },
+                        );
                     }
+                    let resolve = |outcomes| {
+                        firsts.resolve(outcomes).ok_or_else(|| {
+                            StmtError::Abort(StorageError::Internal("push outcome missing".into()))
+                        })
+                    };
                     if fresh.is_empty() {
-                        return Ok(outcomes);
+                        return resolve(outcomes);
                     }
                     if cap > 0 {
                         let backlog = queue_backlog(st, &g.queue, t.id);
                         if backlog + fresh.len() as i64 > i64::from(cap) {
-                            return Ok(refuse_full(outcomes, &g.queue, cap, backlog));
+                            let full = QueueFull {
+                                queue: g.queue.clone(),
+                                max_size: cap,
+                                backlog: u64::try_from(backlog).unwrap_or(0),
+                            };
+                            return resolve(refuse_new(outcomes, &full));
                         }
                     }
                     let blob = build_blob(&fresh)
@@ -227,7 +236,7 @@ pub(crate) async fn push_body(
                             count: fresh.len() as u64,
                         },
                     );
-                    Ok(outcomes)
+                    resolve(outcomes)
                 })
                 .await?;
         }
@@ -252,36 +261,21 @@ fn queue_backlog(st: &DbState, queue: &str, tx: u64) -> i64 {
         .sum()
 }
 
-/// A push group's new messages refused together because the queue is at its maxSize.
-fn refuse_full(
-    outcomes: Vec<PushOutcome>,
-    queue: &str,
-    cap: u32,
-    backlog: i64,
-) -> Vec<PushOutcome> {
-    let reason = format!("queue {queue} is full: maxSize {cap}, backlog {backlog}");
-    // A repeat of a refused item within the request is refused with it.
-    let refused: Vec<uuid::Uuid> = outcomes
-        .iter()
-        .filter(|o| matches!(o, PushOutcome::Queued { .. }))
-        .map(PushOutcome::message_id)
-        .collect();
+/// A push group's new messages refused together because the queue is at its maxSize (stored
+/// duplicates still answer as such: nothing new would have been stored for them).
+fn refuse_new(outcomes: Vec<Option<PushOutcome>>, full: &QueueFull) -> Vec<Option<PushOutcome>> {
     outcomes
         .into_iter()
         .map(|o| match o {
-            PushOutcome::Queued {
+            Some(PushOutcome::Queued {
                 message_id,
                 partition_id,
                 ..
-            }
-            | PushOutcome::Duplicate {
+            }) => Some(PushOutcome::Rejected {
                 message_id,
                 partition_id,
-            } if refused.contains(&message_id) => PushOutcome::Rejected {
-                message_id,
-                partition_id,
-                reason: reason.clone(),
-            },
+                full: full.clone(),
+            }),
             other => other,
         })
         .collect()

@@ -1,0 +1,126 @@
+-- The wildcard scan: QUEEN_HOTLIST=0, and the first-ever pop of every (queue, group), which
+-- carries the group-first-contact bulk seed.
+CREATE OR REPLACE FUNCTION queen.log_pop_wildcard_v1(
+    p_queue text, p_group text, p_worker uuid, p_batch integer, p_max_partitions integer,
+    p_auto_ack boolean, p_lease_seconds integer,
+    p_sub_mode text, p_sub_from timestamptz, p_sub_now boolean
+) RETURNS TABLE (
+    o_partition text, o_partition_id uuid,
+    o_kind text, o_until timestamptz, o_first bigint, o_last bigint, o_attempt integer,
+    o_lease_exp timestamptz, o_base bigint, o_start integer, o_take integer, o_count integer,
+    o_created timestamptz, o_blob bytea
+)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    q queen.queues;
+    v_now timestamptz := queen.now();
+    v_watermark timestamptz;
+    v_checked timestamptz;
+    v_has_wm boolean;
+    v_count integer;
+    v_cap integer;
+    v_names text[];
+    v_pids uuid[];
+    v_seed_pids uuid[];
+    v_inserted integer;
+    v_claims integer := 0;
+    v_pending boolean;
+    r record;
+BEGIN
+    SELECT * INTO q FROM queen.queues WHERE name = p_queue;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    -- Group-first-contact bulk seed. Without it, lazy per-partition creation convoys: many
+    -- consumers of a fresh queue each wait on another's pending insert, in chains. One insert into
+    -- consumer_groups_metadata elects the seeder (its election is a try-lock, so no contender
+    -- waits), and the seeder seeds every cursor of the queue, set-based.
+    IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata m
+                    WHERE m.queue_name = p_queue AND m.consumer_group = p_group)
+       AND pg_try_advisory_xact_lock(hashtextextended(q.id::text || '/' || p_group, 43)) THEN
+        INSERT INTO queen.consumer_groups_metadata (queue_name, consumer_group, subscription_timestamp, created_at)
+        VALUES (p_queue, p_group,
+                CASE WHEN p_sub_from IS NOT NULL THEN p_sub_from
+                     WHEN p_sub_now OR p_sub_mode = 'new' THEN v_now END,
+                v_now)
+        ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS v_inserted = ROW_COUNT;
+        IF v_inserted = 1 THEN
+            -- Locks first, in their own statement; rows another pop is creating are left to it.
+            SELECT array_agg(p.id) INTO v_seed_pids
+              FROM queen.log_partitions p
+             WHERE p.queue_id = q.id
+               AND CASE WHEN NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                          WHERE c.partition_id = p.id AND c.consumer_group = p_group)
+                        THEN pg_try_advisory_xact_lock(hashtextextended(p.id::text || '/' || p_group, 42))
+                        ELSE false END;
+            -- Then the insert, under a snapshot taken after every lock: it cannot conflict with
+            -- a row in flight.
+            INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+            SELECT pid, p_group, queen.seed_cursor_v1(pid, p_queue, p_group, p_sub_mode, p_sub_from, p_sub_now)
+              FROM unnest(COALESCE(v_seed_pids, '{}')) AS pid
+             WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                WHERE c.partition_id = pid AND c.consumer_group = p_group)
+            ON CONFLICT DO NOTHING;
+        END IF;
+    END IF;
+
+    -- The candidate scan. The write watermark keeps a caught-up consumer from scanning the whole
+    -- partition set (two minutes of slack absorb the one-second quantization of last_write_at);
+    -- the filter is coarse (log_pop_v1 re-verifies under the row lock); ORDER BY random() spreads
+    -- consumers instead of convoying them onto the lowest name; more candidates than requested
+    -- are fetched because some will be claimed concurrently or turn out empty.
+    SELECT w.watermark, w.last_checked, true INTO v_watermark, v_checked, v_has_wm
+      FROM queen.log_watermarks w
+     WHERE w.queue_id = q.id AND w.consumer_group = p_group;
+    SELECT count(*) INTO v_count
+      FROM (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = q.id LIMIT 128) x;
+    v_cap := CASE WHEN v_count >= 128 THEN 512 ELSE LEAST(GREATEST(v_count * 4, 64), 512) END;
+    SELECT array_agg(c.name), array_agg(c.id) INTO v_names, v_pids
+      FROM (SELECT p.id, p.name
+              FROM queen.log_partitions p
+              LEFT JOIN queen.log_consumers c
+                ON c.partition_id = p.id AND c.consumer_group = p_group
+             WHERE p.queue_id = q.id
+               AND p.last_write_at >= COALESCE(v_watermark, '-infinity'::timestamptz) - interval '2 minutes'
+               AND (c.partition_id IS NULL OR p.last_offset > c.committed)
+               AND (c.worker_id IS NULL OR c.lease_expires_at IS NULL OR c.lease_expires_at < v_now)
+             ORDER BY random()
+             LIMIT v_cap) c;
+
+    FOR r IN SELECT * FROM queen.log_pop_loop_v1(
+        q, p_group, COALESCE(v_names, '{}'), COALESCE(v_pids, '{}'), p_worker, p_batch, p_max_partitions,
+        p_auto_ack, p_lease_seconds, false, p_sub_mode, p_sub_from, p_sub_now, v_now)
+    LOOP
+        IF r.o_kind = 'took' THEN
+            v_claims := v_claims + 1;
+        END IF;
+        o_partition := r.o_partition; o_partition_id := r.o_partition_id; o_kind := r.o_kind;
+        o_until := r.o_until; o_first := r.o_first; o_last := r.o_last; o_attempt := r.o_attempt;
+        o_lease_exp := r.o_lease_exp; o_base := r.o_base; o_start := r.o_start; o_take := r.o_take;
+        o_count := r.o_count; o_created := r.o_created; o_blob := r.o_blob;
+        RETURN NEXT;
+    END LOOP;
+
+    -- The empty-scan watermark: not advanced blindly (a partition may have been skipped only
+    -- because someone held its lease). At most every 30 s, re-check for pending data ignoring the
+    -- lease filter; advance only if the queue is genuinely empty for this group, otherwise record
+    -- the check and keep the floor, so a lease-held backlog is never stranded.
+    IF v_claims = 0 AND (v_checked IS NULL OR v_now >= v_checked + interval '30 seconds')
+       AND pg_try_advisory_xact_lock(hashtextextended(q.id::text || '/' || p_group, 44)) THEN
+        SELECT EXISTS (
+            SELECT 1 FROM queen.log_partitions p
+              LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = p_group
+             WHERE p.queue_id = q.id
+               AND ((c.partition_id IS NULL AND p.last_offset >= 0) OR p.last_offset > c.committed))
+          INTO v_pending;
+        INSERT INTO queen.log_watermarks (queue_id, consumer_group, watermark, last_checked)
+        VALUES (q.id, p_group,
+                CASE WHEN v_pending THEN COALESCE(v_watermark, '-infinity'::timestamptz) ELSE v_now END,
+                v_now)
+        ON CONFLICT (queue_id, consumer_group)
+        DO UPDATE SET watermark = EXCLUDED.watermark, last_checked = EXCLUDED.last_checked;
+    END IF;
+END
+$$;

@@ -1,0 +1,105 @@
+-- One (queue, partition) group of a push request. The partition row's lock is held to commit, so
+-- offsets are allocated in commit order (no commit-order skip). Duplicates by (partition,
+-- transactionId) answer the original message id; when any item is a duplicate nothing is
+-- appended and every other item answers 'retry': the broker rebuilds the blob without the
+-- duplicates and calls again in the same transaction (the lock is still held, so the answer
+-- cannot change). The common case, no duplicates, is one call.
+-- maxSize: a push that would take the queue's backlog past it is refused whole: every item
+-- answers 'full' with the cap and the backlog it met (o_max_size, o_backlog).
+-- Committed pushes are announced on queen_push (`queue\npartition\ncount`): every broker's
+-- parked consumers wake at once.
+CREATE OR REPLACE FUNCTION queen.push_v2(
+    p_queue text, p_partition text, p_txids text[], p_message_ids uuid[], p_blob bytea
+) RETURNS TABLE (
+    o_status text, o_message_id uuid, o_partition_id uuid, o_offset bigint,
+    o_max_size integer, o_backlog bigint
+)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_qid uuid;
+    v_pid uuid;
+    v_last bigint;
+    v_n integer := COALESCE(array_length(p_txids, 1), 0);
+    v_created timestamptz;
+    v_cap integer := 0;
+    v_backlog bigint;
+BEGIN
+    SELECT q.id, q.max_size INTO v_qid, v_cap FROM queen.queues q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        -- Created on first use: namespace is the text before the first '.', task the second
+        -- '.'-segment.
+        INSERT INTO queen.queues (name, namespace, task)
+        VALUES (p_queue, split_part(p_queue, '.', 1), split_part(p_queue, '.', 2))
+        ON CONFLICT (name) DO NOTHING;
+        SELECT q.id INTO v_qid FROM queen.queues q WHERE q.name = p_queue;
+    END IF;
+    -- maxSize: capped queues serialize their pushes on the queue row, taken before the partition
+    -- row (the order every push uses, so no deadlock). Uncapped queues pay nothing.
+    IF COALESCE(v_cap, 0) > 0 THEN
+        PERFORM 1 FROM queen.queues q WHERE q.id = v_qid FOR NO KEY UPDATE;
+    END IF;
+    -- FOR NO KEY UPDATE, not FOR UPDATE: pushes still serialize on the row (offsets in commit
+    -- order), but a pop creating a cursor row takes FOR KEY SHARE on it for the foreign key and
+    -- must never wait on a push.
+    SELECT p.id, p.last_offset INTO v_pid, v_last
+      FROM queen.log_partitions p
+     WHERE p.queue_id = v_qid AND p.name = p_partition
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
+        VALUES (gen_random_uuid(), v_qid, p_partition, -1, date_trunc('second', queen.now()))
+        ON CONFLICT (queue_id, name) DO NOTHING;
+        SELECT p.id, p.last_offset INTO v_pid, v_last
+          FROM queen.log_partitions p
+         WHERE p.queue_id = v_qid AND p.name = p_partition
+           FOR NO KEY UPDATE;
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM queen.log_txids t WHERE t.partition_id = v_pid AND t.transaction_id = ANY (p_txids)) THEN
+        RETURN QUERY
+            SELECT CASE WHEN t.message_id IS NULL THEN 'retry' ELSE 'duplicate' END,
+                   COALESCE(t.message_id, u.mid), v_pid, t.msg_offset, NULL::integer, NULL::bigint
+              FROM unnest(p_txids, p_message_ids) WITH ORDINALITY AS u (tx, mid, ord)
+              LEFT JOIN queen.log_txids t ON t.partition_id = v_pid AND t.transaction_id = u.tx
+             ORDER BY u.ord;
+        RETURN;
+    END IF;
+    IF COALESCE(v_cap, 0) > 0 THEN
+        -- The backlog: per partition, from the slowest cursor (or the start) to the head.
+        SELECT COALESCE(sum(GREATEST(p.last_offset - COALESCE(
+                   (SELECT min(c.committed) FROM queen.log_consumers c WHERE c.partition_id = p.id), -1), 0)), 0)
+          INTO v_backlog
+          FROM queen.log_partitions p
+         WHERE p.queue_id = v_qid;
+        IF v_backlog + v_n > v_cap THEN
+            RETURN QUERY
+                SELECT 'full'::text, u.mid, v_pid, NULL::bigint, v_cap, v_backlog
+                  FROM unnest(p_message_ids) WITH ORDINALITY AS u (mid, ord)
+                 ORDER BY u.ord;
+            RETURN;
+        END IF;
+    END IF;
+    -- created_at must be monotone in base_offset (the window probe and the delay filter rely on
+    -- it), but a push that began earlier may take the lock later: never go below the newest.
+    SELECT GREATEST(clock_timestamp() + (queen.now() - now()), max(s.created_at)) INTO v_created
+      FROM (SELECT s.created_at FROM queen.log_segments s
+             WHERE s.partition_id = v_pid ORDER BY s.base_offset DESC LIMIT 1) s;
+    INSERT INTO queen.log_txids (partition_id, transaction_id, msg_offset, message_id)
+    SELECT v_pid, u.tx, v_last + u.ord, u.mid
+      FROM unnest(p_txids, p_message_ids) WITH ORDINALITY AS u (tx, mid, ord);
+    INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
+    VALUES (v_pid, v_last + 1, v_last + v_n, v_n, v_created, p_blob);
+    UPDATE queen.log_partitions p
+       SET last_offset = v_last + v_n, last_write_at = date_trunc('second', v_created)
+     WHERE p.id = v_pid;
+    -- Delivered at commit to every broker listening: their parked consumers wake at once
+    -- instead of at the next ring reseed.
+    PERFORM pg_notify('queen_push', p_queue || E'\n' || p_partition || E'\n' || v_n);
+    RETURN QUERY
+        SELECT 'queued'::text, u.mid, v_pid, v_last + u.ord, NULL::integer, NULL::bigint
+          FROM unnest(p_message_ids) WITH ORDINALITY AS u (mid, ord)
+         ORDER BY u.ord;
+END
+$$;
