@@ -1,7 +1,7 @@
 //! The long-poll re-check pacing: the correctness floor under lost wakes.
 
-/// POP_WAIT_* settings. Defaults are the seed's: 100 ms for the first 3 empty checks, then
-/// initial x attempt x multiplier, capped at 1000 ms.
+/// POP_WAIT_* settings. Defaults: 100 ms for the first 3 empty checks, then initial x attempt x
+/// multiplier, capped at 1000 ms.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WaitBackoff {
     pub initial_ms: u64,

@@ -92,7 +92,7 @@ pub enum SeedRule {
     FromTimestamp(Timestamp),
 }
 
-/// Step 3 of the seed: the durable record first, then the pop-carried intent, then -1.
+/// Where a new cursor starts (pop step 3): the durable record first, then the pop-carried intent, then -1.
 /// `__QUEUE_MODE__` skips both: a queue-mode pop never skips backlog.
 pub fn seed_rule(
     group: &str,

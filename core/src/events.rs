@@ -172,7 +172,7 @@ impl PopContext {
         match self.configs.get(queue) {
             Some(CachedConfig {
                 config: Some(c), ..
-            }) => c.window_buffer,
+            }) => c.window_buffer_secs,
             _ => 0,
         }
     }

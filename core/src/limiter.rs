@@ -108,6 +108,30 @@ mod tests {
         assert!(l.try_acquire());
     }
 
+    /// Why a permit that ran no storage work must report no sample: one near-zero sample pins
+    /// the floor, and from then on every real latency reads as a deep queue.
+    #[test]
+    fn one_near_zero_sample_makes_every_real_sample_read_as_congestion() {
+        let mut l = VegasLimiter::new(VegasConfig::default());
+        for _ in 0..8 {
+            assert!(l.try_acquire());
+            l.release(Some(1000));
+        }
+        let healthy = l.limit();
+        assert!(healthy > 16, "flat latency grows: {healthy}");
+        assert!(l.try_acquire());
+        l.release(Some(1));
+        for _ in 0..8 {
+            assert!(l.try_acquire());
+            l.release(Some(1000));
+        }
+        assert!(
+            l.limit() < healthy,
+            "the same healthy latency now shrinks the limit: {} < {healthy}",
+            l.limit()
+        );
+    }
+
     #[test]
     fn grows_when_uncontended_and_shrinks_under_queueing() {
         let mut l = VegasLimiter::new(VegasConfig::default());

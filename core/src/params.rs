@@ -1,4 +1,4 @@
-//! Pop request parameters, their defaults (the seed's), and parsing from a query string.
+//! Pop request parameters, their defaults, and parsing from a query string.
 
 use std::fmt;
 

@@ -61,7 +61,7 @@ pub enum StorageReply {
 
 /// Runs a command against a backend: the whole of the driver's storage effect.
 pub async fn execute(
-    storage: &dyn crate::storage::Storage,
+    storage: &dyn crate::storage::PopStorage,
     command: StorageCommand,
 ) -> StorageResult<StorageReply> {
     Ok(match command {
@@ -507,7 +507,7 @@ impl PopMachine {
         }
     }
 
-    /// min_pop_wait_time: hold an under-full claim in the broker, before the permit.
+    /// min_pop_wait_ms: hold an under-full claim in the broker, before the permit.
     fn check_hold(&mut self, now: Timestamp, ctx: &mut PopContext) {
         let PopShape::Queue { queue } = &self.params.shape else {
             return self.acquire();
@@ -518,7 +518,7 @@ impl PopMachine {
         let min_wait = match ctx.configs.get(queue) {
             Some(CachedConfig {
                 config: Some(c), ..
-            }) => c.min_pop_wait_time,
+            }) => c.min_pop_wait_ms,
             _ => 0,
         };
         if min_wait == 0 {
@@ -644,7 +644,7 @@ impl PopMachine {
             Some(CachedConfig { config: None, .. })
         ) {
             // No such queue (yet): nothing to deliver.
-            return self.release_then_empty(since, now);
+            return self.release_then_empty(now);
         }
         let ring = ctx.rings.ring(queue, &group);
         if !ring.first_contact_done() {
@@ -670,7 +670,7 @@ impl PopMachine {
         }
         let candidates = ring.take_candidates(candidate_count(self.params.partitions), now);
         if candidates.is_empty() {
-            return self.release_then_empty(since, now);
+            return self.release_then_empty(now);
         }
         self.list_rounds += 1;
         let req = self.request(queue);
@@ -714,7 +714,7 @@ impl PopMachine {
         match (work, reply) {
             (Work::Config, StorageReply::Config(config)) => {
                 let queue = self.params.queue_name().unwrap_or_default().to_string();
-                if config.as_ref().is_some_and(|c| c.min_pop_wait_time > 0) {
+                if config.as_ref().is_some_and(|c| c.min_pop_wait_ms > 0) {
                     ctx.rings.min_pop_wait_in_use = true;
                 }
                 ctx.configs.insert(
@@ -824,10 +824,12 @@ impl PopMachine {
         }
     }
 
-    fn release_then_empty(&mut self, since: Timestamp, now: Timestamp) {
-        self.effects.push_back(PopEffect::ReleasePermit {
-            rtt_us: Some(since.millis_until(now) * 1000),
-        });
+    /// The permit found no candidate: no pop ran under it, so there is no latency sample. (A
+    /// zero sample would pin the limiter's uncontended floor to 1 µs for good, and every real
+    /// sample after it would read as congestion.)
+    fn release_then_empty(&mut self, now: Timestamp) {
+        self.effects
+            .push_back(PopEffect::ReleasePermit { rtt_us: None });
         self.empty_or_park(now);
     }
 

@@ -362,7 +362,7 @@ pub struct RingTable {
     rings: BTreeMap<(String, String), HotRing>,
     reseed_interval_ms: i64,
     bugs: RingBugs,
-    /// False on every broker where no queue ever configured min_pop_wait_time: the default path
+    /// False on every broker where no queue ever configured minPopWaitTime: the default path
     /// pays one flag check instead of a per-queue lookup.
     pub min_pop_wait_in_use: bool,
     /// Bumped whenever rings are dropped or made stale (group reset, queue change, resync): a

@@ -139,7 +139,7 @@ fn warm_empty_ring_answers_without_permit_or_storage() {
     assert_eq!(
         fx,
         vec![
-            PopEffect::ReleasePermit { rtt_us: Some(0) },
+            PopEffect::ReleasePermit { rtt_us: None },
             PopEffect::Reply(PopReply::Empty)
         ]
     );
@@ -332,7 +332,7 @@ fn stale_and_duplicate_storage_replies_are_ignored() {
     assert_eq!(
         drain(&mut m),
         vec![
-            PopEffect::ReleasePermit { rtt_us: Some(0) },
+            PopEffect::ReleasePermit { rtt_us: None },
             PopEffect::Reply(PopReply::Empty)
         ]
     );
@@ -441,7 +441,7 @@ fn min_pop_wait_holds_before_the_permit_until_the_window_ends() {
     m.handle(PopInput::PermitGranted, T0, &mut c);
     let (id, _) = storage_id(&drain(&mut m));
     let config = QueueConfig {
-        min_pop_wait_time: 200,
+        min_pop_wait_ms: 200,
         ..QueueConfig::with_defaults("q")
     };
     m.handle(
@@ -508,7 +508,7 @@ fn min_pop_wait_ends_early_when_the_batch_is_full() {
     let mut c = ctx();
     c.rings.min_pop_wait_in_use = true;
     let config = QueueConfig {
-        min_pop_wait_time: 5_000,
+        min_pop_wait_ms: 5_000,
         ..QueueConfig::with_defaults("q")
     };
     c.configs.insert(
@@ -540,7 +540,7 @@ fn min_pop_wait_ends_early_when_the_batch_is_full() {
 fn window_buffer_queues_wait_on_the_wheel_after_a_push() {
     let mut c = ctx();
     let config = QueueConfig {
-        window_buffer: 2,
+        window_buffer_secs: 2,
         ..QueueConfig::with_defaults("q")
     };
     c.configs.insert(

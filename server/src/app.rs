@@ -2,7 +2,7 @@
 //! wake gates, id minting and metrics.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,7 +12,7 @@ use queen_core::limiter::VegasLimiter;
 use queen_core::pop::{PopConfig, PopContext};
 use queen_core::ring::{RingBugs, RingTable, DEFAULT_RESEED_INTERVAL_MS};
 use queen_core::rng::SeededRng;
-use queen_core::storage::{AckOutcome, PushGroupResult, PushOutcome, Storage};
+use queen_core::storage::StorageSet;
 use queen_core::{Timestamp, WorkerId};
 use tokio::sync::{watch, Notify};
 
@@ -31,12 +31,6 @@ pub fn wall_now() -> Timestamp {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     Timestamp(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-/// Which backend serves this broker.
-pub enum Backend {
-    Memory,
-    Postgres(queen_storage_pg::PgStorage),
 }
 
 /// The adaptive serving limiter behind an async acquire.
@@ -165,9 +159,7 @@ impl Default for Hooks {
 pub struct App {
     pub config: ServerConfig,
     hooks: Hooks,
-    pub storage: Arc<dyn Storage>,
-    pub delivery: Arc<dyn queen_core::storage::DeliveryStorage>,
-    pub backend: Backend,
+    pub storage: StorageSet,
     pub pop_config: PopConfig,
     pub pop_ctx: Mutex<PopContext>,
     pub limiter: Limiter,
@@ -175,8 +167,6 @@ pub struct App {
     ids: Mutex<IdMinter>,
     pub metrics: Metrics,
     pub shutting_down: watch::Sender<bool>,
-    pub push_maintenance: AtomicBool,
-    wake_seq: AtomicU64,
     /// Told when a ring scheduled a revisit earlier than the wheel ticker sleeps until.
     ticker_rearm: Arc<Notify>,
 }
@@ -185,22 +175,14 @@ pub struct App {
 const ANY_QUEUE_GATE: &str = "";
 
 impl App {
-    pub fn new(
-        config: ServerConfig,
-        storage: Arc<dyn Storage>,
-        delivery: Arc<dyn queen_core::storage::DeliveryStorage>,
-        backend: Backend,
-        seed: u64,
-    ) -> Arc<App> {
-        Self::with_hooks(config, storage, delivery, backend, seed, Hooks::default())
+    pub fn new(config: ServerConfig, storage: StorageSet, seed: u64) -> Arc<App> {
+        Self::with_hooks(config, storage, seed, Hooks::default())
     }
 
     /// A broker with a simulation's clock, wake filter and bug switches.
     pub fn with_hooks(
         config: ServerConfig,
-        storage: Arc<dyn Storage>,
-        delivery: Arc<dyn queen_core::storage::DeliveryStorage>,
-        backend: Backend,
+        storage: StorageSet,
         seed: u64,
         hooks: Hooks,
     ) -> Arc<App> {
@@ -216,8 +198,6 @@ impl App {
             limiter: Limiter::new(config.vegas),
             config,
             storage,
-            delivery,
-            backend,
             pop_config,
             pop_ctx: Mutex::new(PopContext::new(
                 RingTable::new(hooks.reseed_interval_ms, hooks.ring_bugs),
@@ -228,8 +208,6 @@ impl App {
             ids: Mutex::new(IdMinter::new(rng.child("ids"))),
             metrics: Metrics::default(),
             shutting_down,
-            push_maintenance: AtomicBool::new(false),
-            wake_seq: AtomicU64::new(0),
             ticker_rearm: Arc::new(Notify::new()),
         });
         match tokio::runtime::Handle::try_current() {
@@ -269,7 +247,6 @@ impl App {
             .wake_fate
             .as_ref()
             .map_or(WakeFate::Deliver, |f| f(queue));
-        self.wake_seq.fetch_add(1, Ordering::Relaxed);
         let gates: Vec<Arc<Gate>> = {
             let gates = lock(&self.gates);
             [queue, ANY_QUEUE_GATE]
@@ -339,47 +316,6 @@ impl App {
         for q in &queues {
             self.wake(q);
         }
-    }
-
-    /// Publishes what a committed push appended: `Pushed` per (queue, partition) group that
-    /// queued anything (duplicates and refusals append nothing).
-    pub fn publish_pushes<'a>(
-        &self,
-        targets: impl Iterator<Item = (&'a str, &'a str)>,
-        results: &[PushGroupResult],
-    ) {
-        let events: Vec<DeliveryEvent> = targets
-            .zip(results)
-            .filter_map(|((queue, partition), res)| {
-                let count = res
-                    .iter()
-                    .filter(|o| matches!(o, PushOutcome::Queued { .. }))
-                    .count() as u64;
-                (count > 0).then(|| DeliveryEvent::Pushed {
-                    queue: queue.to_string(),
-                    partition: partition.to_string(),
-                    count,
-                })
-            })
-            .collect();
-        self.publish_all(&events);
-    }
-
-    /// Publishes the leases committed acks ended (`Released`).
-    pub fn publish_acks<'a>(&self, acks: impl Iterator<Item = (&'a str, &'a AckOutcome)>) {
-        let events: Vec<DeliveryEvent> = acks
-            .filter_map(
-                |(group, o)| match (o.lease_released, &o.queue, &o.partition) {
-                    (true, Some(queue), Some(partition)) => Some(DeliveryEvent::Released {
-                        queue: queue.clone(),
-                        partition: partition.clone(),
-                        group: group.to_string(),
-                    }),
-                    _ => None,
-                },
-            )
-            .collect();
-        self.publish_all(&events);
     }
 
     /// Called with the pop context held after anything that may have put a revisit on a ring's

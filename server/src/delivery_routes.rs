@@ -3,72 +3,50 @@
 use std::sync::Arc;
 
 use hyper::StatusCode;
-use queen_core::events::DeliveryEvent;
 use queen_core::frames::slice_blob;
-use queen_core::storage::{AckItem, DlqQuery, PushOutcome, SeekTarget, TxOp, TxOpResult};
-use queen_core::time::{format_iso_micros, parse_iso};
-use queen_core::types::QUEUE_MODE_GROUP;
+use queen_core::storage::{DlqQuery, PushOutcome, SeekTarget, TxOp, TxOpResult};
+use queen_core::time::format_iso_micros;
 use serde_json::{json, Value};
 
 use crate::app::App;
-use crate::http::{self, str_field, Failure, Reply};
-use crate::routes::{group_items, parse_ack_fields, parse_item};
+use crate::http::{self, Failure, Reply};
+use crate::requests;
+use crate::routes::group_items;
 
 /// POST /api/v1/transaction: acks and pushes commit together or not at all.
 pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
-    let v = http::parse_json(body, None)?;
-    let ops = v
-        .get("operations")
-        .and_then(Value::as_array)
-        .ok_or_else(|| Failure::bad("operations array required"))?;
-    if ops.is_empty() {
+    let request: requests::TransactionBody = requests::body(body, None)?;
+    if request.operations.is_empty() {
         return Err(Failure::bad("operations array cannot be empty"));
     }
-    // requiredLeases stands in for acks without their own leaseId when it names exactly one lease.
-    let required: Vec<String> = match v.get("requiredLeases") {
-        None | Some(Value::Null) => vec![],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|l| {
-                l.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| Failure::bad("requiredLeases must be strings"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(Failure::bad("requiredLeases must be an array")),
-    };
-    let mut tx_ops = Vec::with_capacity(ops.len());
-    // Per op: the push items' transaction ids and queues, to render the flat result list.
-    let mut shapes: Vec<Vec<(String, String)>> = Vec::with_capacity(ops.len());
-    for (i, op) in ops.iter().enumerate() {
-        match str_field(op, "type", "type")? {
+    let required = request.required_leases.unwrap_or_default();
+    let mut tx_ops = Vec::with_capacity(request.operations.len());
+    // Per push op: each item's (transactionId, queue), to render the flat result list.
+    let mut shapes: Vec<Vec<(String, String)>> = Vec::with_capacity(tx_ops.capacity());
+    for (i, raw) in request.operations.iter().enumerate() {
+        let kind: requests::OperationKind = requests::operation(raw, i)?;
+        match kind.kind.as_deref() {
             Some("push") => {
-                let items = op.get("items").and_then(Value::as_array).ok_or_else(|| {
-                    Failure::bad(format!("operations[{i}]: items array is required"))
-                })?;
-                let parsed = items
-                    .iter()
-                    .enumerate()
-                    .map(|(k, it)| parse_item(k, it, app))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let op: requests::PushOperation = requests::operation(raw, i)?;
+                let items =
+                    requests::push_items(&op.items, &format!("operations[{i}].items"), || {
+                        app.mint_uuid()
+                    })?;
                 shapes.push(
-                    parsed
+                    items
                         .iter()
                         .map(|it| (it.frame.transaction_id.clone(), it.queue.clone()))
                         .collect(),
                 );
-                let (groups, _) = group_items(parsed);
-                tx_ops.push(TxOp::Push(groups));
+                tx_ops.push(TxOp::Push(group_items(items).0));
             }
             Some("ack") => {
-                let mut item: AckItem = parse_ack_fields(op, i)?;
-                if item.lease_id.is_none() && required.len() == 1 {
-                    item.lease_id = Some(required[0].clone());
+                let fields: requests::AckFields = requests::operation(raw, i)?;
+                let group = requests::consumer_group(fields.consumer_group.clone())?;
+                let mut item = fields.into_item()?;
+                if let ([lease], None) = (required.as_slice(), &item.lease_id) {
+                    item.lease_id = Some(lease.clone());
                 }
-                let group = str_field(op, "consumerGroup", "consumerGroup")?
-                    .filter(|g| !g.is_empty())
-                    .unwrap_or(QUEUE_MODE_GROUP)
-                    .to_string();
                 shapes.push(vec![]);
                 tx_ops.push(TxOp::Ack { group, item });
             }
@@ -79,26 +57,16 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
             }
         }
     }
-    let out = app.delivery.transaction(tx_ops.clone()).await?;
-    if out.committed {
-        app.publish_acks(out.results.iter().zip(&tx_ops).filter_map(|r| match r {
-            (TxOpResult::Ack(a), TxOp::Ack { group, .. }) => Some((group.as_str(), a)),
-            _ => None,
-        }));
-    }
+    // The ack items' transaction ids and the push groups, for the answer.
+    let rendered_ops: Vec<TxOp> = tx_ops.clone();
+    let out = app.transaction(tx_ops).await?;
     let mut results = vec![];
     for (k, r) in out.results.iter().enumerate() {
-        match (r, &tx_ops[k]) {
+        match (r, &rendered_ops[k]) {
             (TxOpResult::Ack(a), TxOp::Ack { item, .. }) => {
                 results.push(json!({"index": results.len(), "type": "ack", "success": a.success, "transactionId": item.transaction_id, "error": a.error, "dlq": a.dlq}));
             }
             (TxOpResult::Push(groups), TxOp::Push(req)) => {
-                if out.committed {
-                    app.publish_pushes(
-                        req.iter().map(|g| (g.queue.as_str(), g.partition.as_str())),
-                        groups,
-                    );
-                }
                 // Items in request order: match each (transactionId, queue) to its group outcome.
                 for (txid, queue) in &shapes[k] {
                     let found = req.iter().zip(groups).find_map(|(g, res)| {
@@ -142,11 +110,6 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
     Ok(http::json(StatusCode::OK, &answer))
 }
 
-fn timestamp_param(v: &str, what: &str) -> Result<queen_core::Timestamp, Failure> {
-    parse_iso(v)
-        .ok_or_else(|| Failure::bad(format!("{what} must be an ISO-8601 timestamp, got {v:?}")))
-}
-
 /// GET /api/v1/dlq: dead letters newest first, with the 0.15 shape plus `total`.
 pub async fn dead_letters(app: &Arc<App>, pairs: &[(String, String)]) -> Result<Reply, Failure> {
     let mut q = DlqQuery {
@@ -158,8 +121,8 @@ pub async fn dead_letters(app: &Arc<App>, pairs: &[(String, String)]) -> Result<
             "queue" => q.queue = v.clone(),
             "consumerGroup" if !v.is_empty() => q.group = Some(v.clone()),
             "partition" if !v.is_empty() => q.partition = Some(v.clone()),
-            "from" if !v.is_empty() => q.from = Some(timestamp_param(v, "from")?),
-            "to" if !v.is_empty() => q.to = Some(timestamp_param(v, "to")?),
+            "from" if !v.is_empty() => q.from = Some(requests::timestamp(v, "from")?),
+            "to" if !v.is_empty() => q.to = Some(requests::timestamp(v, "to")?),
             "limit" => {
                 q.limit = v
                     .parse()
@@ -179,9 +142,10 @@ pub async fn dead_letters(app: &Arc<App>, pairs: &[(String, String)]) -> Result<
         return Err(Failure::bad("queue is required"));
     }
     let (limit, offset) = (q.limit, q.offset);
-    let (rows, total) = app.delivery.dead_letters(q).await?;
-    let mut messages = Vec::with_capacity(rows.len());
-    for r in rows {
+    let page = app.dead_letters(q).await?;
+    let total = page.total;
+    let mut messages = Vec::with_capacity(page.entries.len());
+    for r in page.entries {
         let frame = r
             .segment
             .as_ref()
@@ -219,12 +183,9 @@ pub async fn delete_group(
     pairs: &[(String, String)],
 ) -> Result<Reply, Failure> {
     let with_meta = delete_metadata(pairs);
-    let (cursors, meta) = app.delivery.delete_group(group, queue, with_meta).await?;
-    app.publish(&DeliveryEvent::GroupReset {
-        queue: queue.map(str::to_string),
-        group: group.to_string(),
-    });
-    let mut answer = json!({"success": true, "consumerGroup": group, "deletedPartitions": cursors, "metadataDeleted": meta > 0});
+    let deleted = app.delete_group(group, queue, with_meta).await?;
+    let mut answer = json!({"success": true, "consumerGroup": group, "deletedPartitions": deleted.cursors,
+                            "metadataDeleted": deleted.subscription_records > 0});
     if let Some(q) = queue {
         answer["queueName"] = json!(q);
     }
@@ -233,24 +194,12 @@ pub async fn delete_group(
 
 /// POST /api/v1/consumer-groups/{g}/queues/{q}/seek with {"toEnd": true} or {"timestamp": ISO}.
 pub async fn seek(app: &Arc<App>, group: &str, queue: &str, body: &[u8]) -> Result<Reply, Failure> {
-    let v = http::parse_json(body, Some(json!({})))?;
-    let to_end = v.get("toEnd").and_then(Value::as_bool).unwrap_or(false);
-    let target = if to_end {
-        SeekTarget::End
-    } else {
-        match str_field(&v, "timestamp", "timestamp")? {
-            Some(t) => SeekTarget::Timestamp(timestamp_param(t, "timestamp")?),
-            None => return Err(Failure::bad("seek needs toEnd: true or a timestamp")),
-        }
-    };
-    let moved = app.delivery.seek_group(group, queue, target).await?;
-    app.publish(&DeliveryEvent::GroupReset {
-        queue: Some(queue.to_string()),
-        group: group.to_string(),
-    });
-    let ts = match target {
-        SeekTarget::Timestamp(t) => json!(format_iso_micros(t)),
-        SeekTarget::End => Value::Null,
+    let request: requests::SeekBody = requests::body(body, Some("{}"))?;
+    let target = request.target()?;
+    let moved = app.seek_group(group, queue, target).await?;
+    let (to_end, ts) = match target {
+        SeekTarget::Timestamp(t) => (false, json!(format_iso_micros(t))),
+        SeekTarget::End => (true, Value::Null),
     };
     Ok(http::json(
         StatusCode::OK,
@@ -264,15 +213,12 @@ pub async fn update_subscription(
     group: &str,
     body: &[u8],
 ) -> Result<Reply, Failure> {
-    let v = http::parse_json(body, None)?;
-    let ts = str_field(&v, "subscriptionTimestamp", "subscriptionTimestamp")?
+    let request: requests::SubscriptionBody = requests::body(body, None)?;
+    let ts = request
+        .subscription_timestamp
         .ok_or_else(|| Failure::bad("subscriptionTimestamp is required"))?;
-    let t = timestamp_param(ts, "subscriptionTimestamp")?;
-    let n = app.delivery.update_subscription(group, t).await?;
-    app.publish(&DeliveryEvent::GroupReset {
-        queue: None,
-        group: group.to_string(),
-    });
+    let t = requests::timestamp(&ts, "subscriptionTimestamp")?;
+    let n = app.update_subscription(group, t).await?;
     Ok(http::json(
         StatusCode::OK,
         &json!({"success": true, "consumerGroup": group, "newTimestamp": ts, "rowsUpdated": n}),
@@ -284,28 +230,16 @@ pub async fn requeue(app: &Arc<App>, id: &str) -> Result<Reply, Failure> {
     let id: i64 = id
         .parse()
         .map_err(|_| Failure::bad("the dead-letter id must be a whole number"))?;
-    match app
-        .delivery
-        .requeue_dead_letter(id, app.mint_uuid())
-        .await?
-    {
+    match app.requeue_dead_letter(id).await? {
         None => Ok(http::json(
             StatusCode::NOT_FOUND,
             &json!({"error": "no such dead letter (or its message was removed by retention)"}),
         )),
-        Some((queue, partition, outcome)) => {
-            let (message_id, partition_id) = (
-                outcome.message_id().to_string(),
-                outcome.partition_id().to_string(),
-            );
-            app.publish_pushes(
-                std::iter::once((queue.as_str(), partition.as_str())),
-                &[vec![outcome]],
-            );
-            Ok(http::json(
-                StatusCode::OK,
-                &json!({"success": true, "requeued": true, "queue": queue, "partition": partition, "messageId": message_id, "partitionId": partition_id}),
-            ))
-        }
+        Some(r) => Ok(http::json(
+            StatusCode::OK,
+            &json!({"success": true, "requeued": true, "queue": r.queue, "partition": r.partition,
+                    "messageId": r.outcome.message_id().to_string(),
+                    "partitionId": r.outcome.partition_id()}),
+        )),
     }
 }

@@ -121,13 +121,6 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Failure> {
 }
 
 /// Parses a JSON body. `empty_means` is what an empty body stands for (None: an error).
-pub fn parse_json(bytes: &[u8], empty_means: Option<Value>) -> Result<Value, Failure> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return empty_means.ok_or_else(|| Failure::bad("Empty request body"));
-    }
-    serde_json::from_slice(bytes).map_err(|e| Failure::bad(format!("Invalid JSON: {e}")))
-}
-
 /// Percent-decodes one path segment or query component; `plus_is_space` for query strings.
 pub fn percent_decode(s: &str, plus_is_space: bool) -> Result<String, Failure> {
     let b = s.as_bytes();
@@ -175,14 +168,6 @@ pub fn query_pairs(query: Option<&str>) -> Result<Vec<(String, String)>, Failure
         .collect()
 }
 
-pub fn str_field<'a>(v: &'a Value, key: &str, what: &str) -> Result<Option<&'a str>, Failure> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(Failure::bad(format!("{what} must be a string"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,15 +182,5 @@ mod tests {
         let q = query_pairs(Some("batch=10&wait=true&consumerGroup=g%2F1&flag")).unwrap();
         assert_eq!(q[2], ("consumerGroup".to_string(), "g/1".to_string()));
         assert_eq!(q[3], ("flag".to_string(), String::new()));
-    }
-
-    #[test]
-    fn empty_bodies() {
-        assert!(parse_json(b"", None).is_err());
-        assert_eq!(
-            parse_json(b"  ", Some(serde_json::json!({}))).unwrap(),
-            serde_json::json!({})
-        );
-        assert!(parse_json(b"{nope", None).is_err());
     }
 }

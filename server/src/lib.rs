@@ -1,12 +1,13 @@
 //! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
 
 pub mod app;
-pub mod client;
 pub mod config;
 mod delivery_routes;
 pub mod http;
 pub mod metrics;
+mod operations;
 mod pop_route;
+mod requests;
 mod routes;
 
 use std::panic::AssertUnwindSafe;

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use queen_core::storage::{DeliveryStorage, Storage};
-use queen_server::app::{wall_now, App, Backend};
+use queen_core::storage::StorageSet;
+use queen_server::app::{wall_now, App};
 use queen_server::config::{ServerConfig, HELP};
 use queen_storage_pg::{PgConfig, PgStorage};
 use queen_storage_sim::{SimBugs, SimDb};
@@ -47,34 +47,28 @@ async fn run() -> Result<(), String> {
     let seed =
         u64::try_from(wall_now().0).unwrap_or(0) ^ u64::from(std::process::id()).rotate_left(32);
     let pg_config = PgConfig::from_env()?;
-    let (storage, delivery, backend): (Arc<dyn Storage>, Arc<dyn DeliveryStorage>, Backend) =
-        match pg_config.clone() {
-            Some(pg) => {
-                let storage = PgStorage::connect(&pg)
-                    .await
-                    .map_err(|e| format!("cannot use PostgreSQL: {e}"))?;
-                tracing::info!(
-                    pool = pg.pool_size,
-                    "storage: PostgreSQL (schema queen, migrations applied)"
-                );
-                (
-                    Arc::new(storage.clone()),
-                    Arc::new(storage.clone()),
-                    Backend::Postgres(storage),
-                )
-            }
-            None => {
-                tracing::warn!("storage: in-memory backend (no DATABASE_URL or PG_* set): nothing survives a restart");
-                let db = SimDb::new(seed, Arc::new(wall_now), SimBugs::default());
-                (db.clone(), db, Backend::Memory)
-            }
-        };
+    let storage = match pg_config.clone() {
+        Some(pg) => {
+            let storage = PgStorage::connect(&pg)
+                .await
+                .map_err(|e| format!("cannot use PostgreSQL: {e}"))?;
+            tracing::info!(
+                pool = pg.pool_size,
+                "storage: PostgreSQL (schema queen, migrations applied)"
+            );
+            StorageSet::of(Arc::new(storage))
+        }
+        None => {
+            tracing::warn!("storage: in-memory backend (no DATABASE_URL or PG_* set): nothing survives a restart");
+            StorageSet::of(SimDb::new(seed, Arc::new(wall_now), SimBugs::default()))
+        }
+    };
     let addr = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
-    let app = App::new(config, storage, delivery, backend, seed);
+    let app = App::new(config, storage, seed);
     if let Some(pg) = pg_config {
         queen_server::spawn_event_listener(app.clone(), pg.pg);
     }

@@ -83,7 +83,7 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                 PopEffect::ReleasePermit { rtt_us } => app.limiter.release(rtt_us),
                 PopEffect::Storage { id, command } => {
                     app.metrics.storage_calls.fetch_add(1, Ordering::Relaxed);
-                    let result = execute(&*app.storage, command).await;
+                    let result = execute(&*app.storage.pops, command).await;
                     next = Some(PopInput::StorageDone { id, result });
                 }
                 PopEffect::Park { until } => {
@@ -200,8 +200,8 @@ async fn release(app: &Arc<App>, claims: &[Claim], worker: WorkerId, group: &str
             lease_id: Some(worker.to_string()),
             error: None,
         };
-        match app.storage.ack(group, vec![item]).await {
-            Ok(outcomes) => app.publish_acks(outcomes.iter().map(|o| (group, o))),
+        match app.release_undelivered(group, vec![item]).await {
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "releasing the lease of an undelivered batch failed; it frees at expiry")
             }

@@ -497,7 +497,13 @@ async fn malformed_requests(store: Store) {
         }
     }
     assert!(n >= 10_000);
-    let names = b.app.storage.queues_matching(None, None).await.unwrap();
+    let names = b
+        .app
+        .storage
+        .pops
+        .queues_matching(None, None)
+        .await
+        .unwrap();
     assert!(names.is_empty(), "bad input changed state: {names:?}");
     let r = request(
         a,
@@ -579,9 +585,7 @@ async fn shutdown_answers_parked_pops_with_204() {
 async fn a_storage_failure_is_a_5xx_and_loses_nothing() {
     let b = start(Store::Postgres("queen_http_fail"), ServerConfig::default()).await;
     let a = b.addr;
-    let queen_server::app::Backend::Postgres(pg) = &b.app.backend else {
-        panic!("postgres backend")
-    };
+    let pg = b.pg.as_ref().expect("postgres backend");
     let client = pg.pool().get().await.expect("connection");
     let push = json!({"items": [{"queue": "f", "partition": "p", "payload": 1, "transactionId": "t-1"}, {"queue": "f", "partition": "p", "payload": 2, "transactionId": "t-2"}]});
     // Break the segment table: the push fails after creating the queue and partition rows.
@@ -858,7 +862,7 @@ async fn a_push_on_one_broker_wakes_a_consumer_parked_on_another() {
 }
 
 /// Queen 0.15 fused concurrent requests into one statement, so one poison item failed every
-/// co-batched request (flaw 5). Here each request stands alone: concurrent valid pushes all land
+/// co-batched request. Here each request stands alone: concurrent valid pushes all land
 /// while poison pushes (a name over 255 bytes, a non-UUID traceId) are refused alone.
 async fn a_poison_push_fails_alone(store: Store) {
     let b = start(store, ServerConfig::default()).await;

@@ -487,28 +487,14 @@ struct HeldPartitionPop {
     release: tokio::sync::Notify,
 }
 
+/// Only the pop capability is held; every other call goes straight to the model.
 #[async_trait::async_trait]
-impl queen_core::storage::Storage for HeldPartitionPop {
-    async fn configure_queue(
-        &self,
-        config: queen_core::storage::QueueConfig,
-    ) -> queen_core::storage::StorageResult<(String, String)> {
-        self.inner.configure_queue(config).await
-    }
+impl queen_core::storage::PopStorage for HeldPartitionPop {
     async fn queue_config(
         &self,
         queue: &str,
     ) -> queen_core::storage::StorageResult<Option<queen_core::storage::QueueConfig>> {
         self.inner.queue_config(queue).await
-    }
-    async fn delete_queue(&self, queue: &str) -> queen_core::storage::StorageResult<bool> {
-        self.inner.delete_queue(queue).await
-    }
-    async fn push(
-        &self,
-        groups: Vec<queen_core::storage::PushGroup>,
-    ) -> queen_core::storage::StorageResult<Vec<queen_core::storage::PushGroupResult>> {
-        self.inner.push(groups).await
     }
     async fn pop_partition(
         &self,
@@ -557,20 +543,6 @@ impl queen_core::storage::Storage for HeldPartitionPop {
     ) -> queen_core::storage::StorageResult<Vec<String>> {
         self.inner.pending_partitions(queue, group, limit).await
     }
-    async fn ack(
-        &self,
-        group: &str,
-        items: Vec<queen_core::storage::AckItem>,
-    ) -> queen_core::storage::StorageResult<Vec<queen_core::storage::AckOutcome>> {
-        self.inner.ack(group, items).await
-    }
-    async fn renew_lease(
-        &self,
-        lease_id: &str,
-        seconds: u32,
-    ) -> queen_core::storage::StorageResult<queen_core::storage::RenewOutcome> {
-        self.inner.renew_lease(lease_id, seconds).await
-    }
 }
 
 /// A push lands while a parked partition pop waits for storage's answer, read before the push:
@@ -596,14 +568,9 @@ async fn a_wake_during_a_storage_call(drop_wakes_during_work: bool) -> u16 {
         },
         ..Default::default()
     };
-    let app = queen_server::app::App::with_hooks(
-        event_driven(true),
-        storage.clone(),
-        db,
-        queen_server::app::Backend::Memory,
-        5,
-        hooks,
-    );
+    let mut backend = queen_core::storage::StorageSet::of(db);
+    backend.pops = storage.clone();
+    let app = queen_server::app::App::with_hooks(event_driven(true), backend, 5, hooks);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));

@@ -1,5 +1,5 @@
-//! Conformance cases: written once against the `Storage` trait, run on every backend (the
-//! in-memory model here; PostgreSQL in the storage-pg suite), so the model is held to the truth.
+//! Conformance cases: written once against the storage traits, run on every backend (the
+//! in-memory model in tests/conformance_sim.rs, PostgreSQL in tests/conformance_pg.rs), so the model is held to the truth.
 //!
 //! Each case gets a fresh backend and a clock it may advance. A case returns `Err(description)`
 //! on the first divergence, so a runner can report which backend failed which rule.
@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use queen_core::claim::SubscriptionIntent;
 use queen_core::params::{SubscriptionFrom, SubscriptionMode};
 use queen_core::storage::{
-    AckItem, AckStatus, DeliveryStorage, DlqQuery, PopRequest, PushOutcome, QueueConfig,
+    AckItem, AckStatus, DeadLetterPage, DlqQuery, PopRequest, PushOutcome, QueueConfig, Requeued,
     SeekTarget, Storage, TxOp, TxOpResult, Verdict,
 };
 use queen_core::types::QUEUE_MODE_GROUP;
@@ -21,13 +21,12 @@ use crate::fixtures::{group, payload_ns, pop_req, Ids};
 #[async_trait]
 pub trait Backend: Send + Sync {
     fn storage(&self) -> Arc<dyn Storage>;
-    fn delivery(&self) -> Arc<dyn DeliveryStorage>;
     /// Moves storage's now() forward.
     async fn advance_secs(&self, secs: i64);
     /// Retention: removes a partition's segments below `before`.
     async fn drop_segments(&self, queue: &str, partition: &str, before: i64);
     /// (offset, transactionId) of a queue's dead letters, in filing order.
-    async fn dead_letters(&self, queue: &str) -> Vec<(i64, String)>;
+    async fn filed_dead_letters(&self, queue: &str) -> Vec<(i64, String)>;
 }
 
 pub type CaseResult = Result<(), String>;
@@ -151,7 +150,7 @@ pub async fn lease_length_coalesces(b: &dyn Backend) -> CaseResult {
     configure(
         &*s,
         QueueConfig {
-            lease_time: 100,
+            lease_time_secs: 100,
             ..QueueConfig::with_defaults("q")
         },
     )
@@ -181,7 +180,7 @@ pub async fn lease_length_coalesces(b: &dyn Backend) -> CaseResult {
     configure(
         &*s,
         QueueConfig {
-            lease_time: 0,
+            lease_time_secs: 0,
             ..QueueConfig::with_defaults("q")
         },
     )
@@ -559,7 +558,7 @@ pub async fn visibility_gates(b: &dyn Backend) -> CaseResult {
     configure(
         &*s,
         QueueConfig {
-            delayed_processing: 5,
+            delayed_processing_secs: 5,
             ..QueueConfig::with_defaults("d")
         },
     )
@@ -592,7 +591,7 @@ pub async fn visibility_gates(b: &dyn Backend) -> CaseResult {
     configure(
         &*s,
         QueueConfig {
-            window_buffer: 3,
+            window_buffer_secs: 3,
             ..QueueConfig::with_defaults("w")
         },
     )
@@ -662,7 +661,7 @@ pub async fn seal_guards(b: &dyn Backend) -> CaseResult {
     configure(
         &*s,
         QueueConfig {
-            delayed_processing: 60,
+            delayed_processing_secs: 60,
             ..QueueConfig::with_defaults("d")
         },
     )
@@ -863,7 +862,7 @@ pub async fn failed_acks_retry_then_dead_letter(b: &dyn Backend) -> CaseResult {
         vec![1, 2],
         "past the dead letter, t-1 redelivered"
     );
-    let dl = b.dead_letters("q").await;
+    let dl = b.filed_dead_letters("q").await;
     ensure_eq!(dl, vec![(0, "t-0".to_string())], "one dead letter");
     Ok(())
 }
@@ -902,7 +901,7 @@ pub async fn discovery(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure_eq!(q, vec!["billing.invoice.v2".to_string()], "by task");
-    // priority (flaw 6: never read by 0.15): the discovery pop tries higher priority first.
+    // priority (stored but never read by 0.15): the discovery pop tries higher priority first.
     for (name, priority) in [("prio.low", 1), ("prio.high", 5), ("prio.mid", 3)] {
         configure(
             &*s,
@@ -974,24 +973,27 @@ pub async fn pending_and_delete(b: &dyn Backend) -> CaseResult {
 pub async fn configure_round_trip(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let cfg = QueueConfig {
-        lease_time: 7,
+        lease_time_secs: 7,
         retry_limit: 9,
-        delayed_processing: 1,
-        window_buffer: 2,
-        min_pop_wait_time: 50,
+        delayed_processing_secs: 1,
+        window_buffer_secs: 2,
+        min_pop_wait_ms: 50,
         priority: 4,
         ..QueueConfig::with_defaults("a.b.c")
     };
-    let (qid, pid) = s.configure_queue(cfg.clone()).await.map_err(e)?;
-    ensure!(!qid.is_empty() && !pid.is_empty(), "ids");
+    let ids = s.configure_queue(cfg.clone()).await.map_err(e)?;
+    ensure!(
+        !ids.queue_id.is_empty() && !ids.default_partition_id.is_empty(),
+        "ids"
+    );
     let got = s.queue_config("a.b.c").await.map_err(e)?;
     ensure_eq!(got, Some(cfg.clone()), "stored config");
     let again = QueueConfig {
-        lease_time: 8,
+        lease_time_secs: 8,
         ..cfg
     };
-    let (qid2, pid2) = s.configure_queue(again.clone()).await.map_err(e)?;
-    ensure_eq!((qid2, pid2), (qid, pid), "reconfigure keeps ids");
+    let ids2 = s.configure_queue(again.clone()).await.map_err(e)?;
+    ensure_eq!(ids2, ids, "reconfigure keeps ids");
     ensure_eq!(
         s.queue_config("a.b.c").await.map_err(e)?,
         Some(again),
@@ -1005,7 +1007,7 @@ pub async fn configure_round_trip(b: &dyn Backend) -> CaseResult {
 /// transaction on the duplicate transactionId.
 pub async fn transactions_are_atomic_and_idempotent(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
-    let d = b.delivery();
+    let d = b.storage();
     let mut ids = Ids::new(16);
     push(&*s, &mut ids, "a", "p", "t", 0..1).await?;
     let w = ids.worker();
@@ -1127,7 +1129,7 @@ pub async fn the_cursor_never_rewinds(b: &dyn Backend) -> CaseResult {
 /// The dead-letter listing: filters, paging, a total, and the message itself.
 pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
-    let d = b.delivery();
+    let d = b.storage();
     let mut ids = Ids::new(18);
     configure(
         &*s,
@@ -1163,7 +1165,10 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         limit: 100,
         ..DlqQuery::default()
     };
-    let (rows, total) = d.dead_letters(all.clone()).await.map_err(e)?;
+    let DeadLetterPage {
+        entries: rows,
+        total,
+    } = d.dead_letters(all.clone()).await.map_err(e)?;
     ensure_eq!(total, 4, "total");
     ensure_eq!(
         rows.iter()
@@ -1193,7 +1198,10 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         "b-1",
         "the dead letter's message"
     );
-    let (rows, total) = d
+    let DeadLetterPage {
+        entries: rows,
+        total,
+    } = d
         .dead_letters(DlqQuery {
             partition: Some("a".into()),
             ..all.clone()
@@ -1204,7 +1212,10 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         total == 2 && rows.iter().all(|r| r.partition == "a"),
         "partition filter"
     );
-    let (rows, total) = d
+    let DeadLetterPage {
+        entries: rows,
+        total,
+    } = d
         .dead_letters(DlqQuery {
             limit: 1,
             offset: 1,
@@ -1216,7 +1227,10 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         total == 4 && rows.len() == 1 && rows[0].transaction_id == "b-0",
         "paging"
     );
-    let (rows, total) = d
+    let DeadLetterPage {
+        entries: rows,
+        total,
+    } = d
         .dead_letters(DlqQuery {
             group: Some("other".into()),
             ..all.clone()
@@ -1224,7 +1238,7 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure!(total == 0 && rows.is_empty(), "group filter");
-    let (_, total) = d
+    let DeadLetterPage { total, .. } = d
         .dead_letters(DlqQuery {
             offset: 10,
             ..all.clone()
@@ -1233,17 +1247,23 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         .map_err(e)?;
     ensure_eq!(total, 4, "total past the last page");
     // Requeue the newest: it is delivered again as a new message, and leaves the DLQ.
-    let newest = d.dead_letters(all.clone()).await.map_err(e)?.0.remove(0);
+    let newest = d
+        .dead_letters(all.clone())
+        .await
+        .map_err(e)?
+        .entries
+        .remove(0);
     let out = d
         .requeue_dead_letter(newest.id, ids.uuid())
         .await
         .map_err(e)?;
     ensure!(
-        matches!(&out, Some((q, p, PushOutcome::Queued { offset: 2, .. })) if q == "q" && p == "b"),
+        matches!(&out, Some(Requeued { queue, partition, outcome: PushOutcome::Queued { offset: 2, .. } })
+            if queue == "q" && partition == "b"),
         "requeued at the partition's end: {out:?}"
     );
     ensure_eq!(
-        d.dead_letters(all.clone()).await.map_err(e)?.1,
+        d.dead_letters(all.clone()).await.map_err(e)?.total,
         3,
         "one dead letter fewer"
     );
@@ -1269,7 +1289,7 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
 /// Seek to a timestamp replays, seek to the end skips, deleting a group starts it over.
 pub async fn seek_and_group_deletion(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
-    let d = b.delivery();
+    let d = b.storage();
     let mut ids = Ids::new(19);
     push(&*s, &mut ids, "q", "a", "old", 0..2).await?;
     push(&*s, &mut ids, "q", "b", "old", 0..1).await?;
@@ -1305,10 +1325,10 @@ pub async fn seek_and_group_deletion(b: &dyn Backend) -> CaseResult {
         r.claims.is_empty(),
         "a seek to the end skips what is stored"
     );
-    let (cursors, meta) = d.delete_group("g", Some("q"), true).await.map_err(e)?;
+    let deleted = d.delete_group("g", Some("q"), true).await.map_err(e)?;
     ensure!(
-        cursors >= 2 && meta == 1,
-        "deleted {cursors} cursors, {meta} records"
+        deleted.cursors >= 2 && deleted.subscription_records == 1,
+        "deleted {deleted:?}"
     );
     let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
     ensure_eq!(r.message_count(), 5, "a deleted group starts over");
@@ -1322,7 +1342,7 @@ type CaseFn =
         &'a dyn Backend,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = CaseResult> + Send + 'a>>;
 
-/// Queen 0.15 stored deadLetterQueue and dlqAfterMaxRetries but never read them (flaw 6). Off,
+/// Queen 0.15 stored deadLetterQueue and dlqAfterMaxRetries but never read them. Off,
 /// deadLetterQueue discards what would be filed; off, dlqAfterMaxRetries retries until acknowledged.
 pub async fn dead_letter_flags_are_enforced(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
@@ -1331,7 +1351,7 @@ pub async fn dead_letter_flags_are_enforced(b: &dyn Backend) -> CaseResult {
         &*s,
         QueueConfig {
             retry_limit: 0,
-            retry_delay: 0,
+            retry_delay_ms: 0,
             dead_letter_queue: false,
             ..QueueConfig::with_defaults("nodlq")
         },
@@ -1357,13 +1377,13 @@ pub async fn dead_letter_flags_are_enforced(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure_eq!(payload_ns(&r), vec![1], "past the discarded message");
-    ensure_eq!(b.dead_letters("nodlq").await, vec![], "nothing filed");
+    ensure_eq!(b.filed_dead_letters("nodlq").await, vec![], "nothing filed");
 
     configure(
         &*s,
         QueueConfig {
             retry_limit: 0,
-            retry_delay: 0,
+            retry_delay_ms: 0,
             dlq_after_max_retries: false,
             ..QueueConfig::with_defaults("forever")
         },
@@ -1389,7 +1409,11 @@ pub async fn dead_letter_flags_are_enforced(b: &dyn Backend) -> CaseResult {
             .map_err(e)?;
         ensure!(o[0].success && !o[0].dlq, "not dead-lettered: {o:?}");
     }
-    ensure_eq!(b.dead_letters("forever").await, vec![], "no dead letter");
+    ensure_eq!(
+        b.filed_dead_letters("forever").await,
+        vec![],
+        "no dead letter"
+    );
     // An explicit `dlq` ack still files it.
     let w = ids.worker();
     s.pop_partition(pop_req("forever", "g", w, 10), "p".into())
@@ -1404,19 +1428,19 @@ pub async fn dead_letter_flags_are_enforced(b: &dyn Backend) -> CaseResult {
         .map_err(e)?;
     ensure!(o[0].dlq, "filed on request: {o:?}");
     ensure_eq!(
-        b.dead_letters("forever").await,
+        b.filed_dead_letters("forever").await,
         vec![(0, "t-0".to_string())],
         "one dead letter"
     );
     Ok(())
 }
 
-/// maxSize caps the backlog (flaw 6: stored, never enforced in 0.15): a push past it is refused
+/// maxSize caps the backlog (stored, never enforced in 0.15): a push past it is refused
 /// whole and stores nothing, the backlog shrinks as the slowest group consumes, and a transaction
 /// carrying a refused push rolls back.
 pub async fn max_size_caps_the_backlog(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
-    let d = b.delivery();
+    let d = b.storage();
     let mut ids = Ids::new(22);
     configure(
         &*s,
@@ -1510,7 +1534,7 @@ pub async fn max_size_caps_the_backlog(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
-/// ttl (flaw 6: stored, never enforced in 0.15): messages older than ttl seconds are skipped by
+/// ttl (stored, never enforced in 0.15): messages older than ttl seconds are skipped by
 /// every group, the cursor moves past them, and younger ones are delivered.
 pub async fn ttl_expires_messages(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
@@ -1518,7 +1542,7 @@ pub async fn ttl_expires_messages(b: &dyn Backend) -> CaseResult {
     configure(
         &*s,
         QueueConfig {
-            ttl: 10,
+            ttl_secs: 10,
             ..QueueConfig::with_defaults("ttl")
         },
     )

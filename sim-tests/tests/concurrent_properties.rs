@@ -4,13 +4,14 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
+use queen_core::storage::{MessageStorage, PopStorage};
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use queen_core::claim::SubscriptionIntent;
 use queen_core::frames::Frame;
 use queen_core::rng::SeededRng;
-use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup, Storage};
+use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup};
 use queen_core::{Offset, Timestamp, WorkerId};
 use queen_sim_tests::fixtures::{block_on, messages};
 use queen_storage_sim::sched::{Interleaving, Op, OpResult};

@@ -20,9 +20,6 @@ impl Backend for Pg {
     fn storage(&self) -> Arc<dyn Storage> {
         Arc::new(self.storage.clone())
     }
-    fn delivery(&self) -> Arc<dyn queen_core::storage::DeliveryStorage> {
-        Arc::new(self.storage.clone())
-    }
     async fn advance_secs(&self, secs: i64) {
         self.storage
             .advance_clock(secs)
@@ -35,9 +32,9 @@ impl Backend for Pg {
             .await
             .expect("retention");
     }
-    async fn dead_letters(&self, queue: &str) -> Vec<(i64, String)> {
+    async fn filed_dead_letters(&self, queue: &str) -> Vec<(i64, String)> {
         self.storage
-            .dead_letters(queue)
+            .filed_dead_letters(queue)
             .await
             .expect("dead letters")
     }

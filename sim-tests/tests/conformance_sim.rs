@@ -21,9 +21,6 @@ impl Backend for Model {
     fn storage(&self) -> Arc<dyn Storage> {
         self.db.clone()
     }
-    fn delivery(&self) -> Arc<dyn queen_core::storage::DeliveryStorage> {
-        self.db.clone()
-    }
     async fn advance_secs(&self, secs: i64) {
         self.clock.advance_millis(secs * 1000);
     }
@@ -32,9 +29,9 @@ impl Backend for Model {
             panic!("retention failed: {e}");
         }
     }
-    async fn dead_letters(&self, queue: &str) -> Vec<(i64, String)> {
+    async fn filed_dead_letters(&self, queue: &str) -> Vec<(i64, String)> {
         self.db
-            .dead_letters(queue)
+            .filed_dead_letters(queue)
             .into_iter()
             .map(|d| (d.offset, d.transaction_id))
             .collect()

@@ -4,6 +4,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
+use queen_core::storage::AdminStorage;
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -275,7 +276,7 @@ fn cursor_view(c: Option<CursorRow>) -> Option<CursorView> {
 struct Options {
     delay: u32,
     retry_delay_ms: u32,
-    ttl: u32,
+    ttl_secs: u32,
     max_size: u32,
     dead_letter_queue: bool,
     dlq_after_max_retries: bool,
@@ -291,11 +292,18 @@ fn options() -> impl Strategy<Value = Options> {
         prop::bool::weighted(0.75),
     )
         .prop_map(
-            |(delay, retry_delay_ms, ttl, max_size, dead_letter_queue, dlq_after_max_retries)| {
+            |(
+                delay,
+                retry_delay_ms,
+                ttl_secs,
+                max_size,
+                dead_letter_queue,
+                dlq_after_max_retries,
+            )| {
                 Options {
                     delay,
                     retry_delay_ms,
-                    ttl,
+                    ttl_secs,
                     max_size,
                     dead_letter_queue,
                     dlq_after_max_retries,
@@ -317,10 +325,10 @@ async fn run(ops: Vec<Op>, opts: Options, case: usize) -> Result<(), TestCaseErr
     .await
     .expect("pg");
     let config = QueueConfig {
-        delayed_processing: delay,
+        delayed_processing_secs: delay,
         retry_limit: 1,
-        retry_delay: opts.retry_delay_ms,
-        ttl: opts.ttl,
+        retry_delay_ms: opts.retry_delay_ms,
+        ttl_secs: opts.ttl_secs,
         max_size: opts.max_size,
         dead_letter_queue: opts.dead_letter_queue,
         dlq_after_max_retries: opts.dlq_after_max_retries,

@@ -5,6 +5,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
+use queen_core::storage::{AdminStorage, MessageStorage, PopStorage};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use queen_core::claim::SubscriptionIntent;
 use queen_core::frames::Frame;
 use queen_core::storage::{
-    AckItem, AckStatus, PopRequest, PopResult, PushGroup, QueueConfig, Storage, Verdict,
+    AckItem, AckStatus, PopRequest, PopResult, PushGroup, QueueConfig, Verdict,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
 use queen_sim_tests::fixtures::{block_on, messages};
@@ -534,11 +535,11 @@ impl StateMachineTest for LeaseModel {
         let clock = ManualClock::new(T0);
         let db = SimDb::new(11, clock.as_sim_clock(), SimBugs::default());
         let config = QueueConfig {
-            delayed_processing: r.delay_secs,
+            delayed_processing_secs: r.delay_secs,
             retry_limit: RETRY_LIMIT,
             // The reference model redelivers a failed message at once; the retryDelay hold is
             // covered by the conformance and differential suites.
-            retry_delay: 0,
+            retry_delay_ms: 0,
             ..QueueConfig::with_defaults("q")
         };
         block_on(db.configure_queue(config)).unwrap_or_else(|e| panic!("configure: {e}"));

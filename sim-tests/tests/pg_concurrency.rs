@@ -8,6 +8,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
+use queen_core::storage::{MessageStorage, PopStorage};
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ use queen_core::claim::SubscriptionIntent;
 use queen_core::delivery::claims_to_messages;
 use queen_core::frames::Frame;
 use queen_core::rng::SeededRng;
-use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup, Storage};
+use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup};
 use queen_core::WorkerId;
 use queen_storage_pg::{testing, PgConfig, PgStorage};
 

@@ -2,10 +2,11 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
+use queen_core::storage::{MessageStorage, PopStorage};
 use std::sync::Arc;
 
 use queen_core::frames::Frame;
-use queen_core::storage::{PushGroup, PushOutcome, Storage};
+use queen_core::storage::{PushGroup, PushOutcome};
 use queen_storage_pg::testing;
 
 fn one(partition: &str, txid: &str, id: u128) -> PushGroup {

@@ -6,7 +6,8 @@
 
 use queen_core::claim::SubscriptionIntent;
 use queen_core::frames::Frame;
-use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup, Storage};
+use queen_core::storage::{AckItem, AckStatus, PopRequest, PushGroup};
+use queen_core::storage::{MessageStorage, PopStorage};
 use queen_core::WorkerId;
 use queen_storage_pg::{testing, PgConfig, PgStorage};
 

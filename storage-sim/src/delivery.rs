@@ -3,7 +3,8 @@
 use std::sync::{Arc, Mutex};
 
 use queen_core::storage::{
-    DeadLetterEntry, DlqQuery, SeekTarget, SegmentRow, StorageError, TxOp, TxOpResult, TxOutcome,
+    DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued, SeekTarget, SegmentRow,
+    StorageError, TxOp, TxOpResult, TxOutcome,
 };
 use queen_core::{Offset, Timestamp};
 
@@ -79,7 +80,7 @@ fn segment_holding(st: &DbState, pid: &str, offset: Offset, tx: u64) -> Option<S
     })
 }
 
-pub(crate) fn dead_letters(st: &DbState, q: &DlqQuery) -> (Vec<DeadLetterEntry>, u64) {
+pub(crate) fn dead_letters(st: &DbState, q: &DlqQuery) -> DeadLetterPage {
     let mut matching: Vec<DeadLetterEntry> = st
         .dlq
         .range((q.queue.clone(), 0)..=(q.queue.clone(), u64::MAX), 0)
@@ -109,7 +110,10 @@ pub(crate) fn dead_letters(st: &DbState, q: &DlqQuery) -> (Vec<DeadLetterEntry>,
         .skip(q.offset as usize)
         .take(q.limit as usize)
         .collect();
-    (page, total)
+    DeadLetterPage {
+        entries: page,
+        total,
+    }
 }
 
 /// The cursor a seek lands on for one partition.
@@ -197,7 +201,7 @@ pub(crate) async fn delete_group(
     group: String,
     queue: Option<String>,
     delete_metadata: bool,
-) -> Result<(u32, u32), StorageError> {
+) -> Result<GroupDeleted, StorageError> {
     in_tx(&shared, "delete_group", cell, |tx| async move {
         tx.stmt("delete group", |st, t| {
             let pids: Vec<String> = match &queue {
@@ -252,7 +256,10 @@ pub(crate) async fn delete_group(
             for k in &wms {
                 st.watermarks.delete(k, t.id);
             }
-            Ok((keys.len() as u32, meta.len() as u32))
+            Ok(GroupDeleted {
+                cursors: keys.len() as u32,
+                subscription_records: meta.len() as u32,
+            })
         })
         .await
     })
@@ -296,7 +303,7 @@ pub(crate) async fn requeue_dead_letter(
     cell: Arc<TaskCell>,
     id: i64,
     message_id: uuid::Uuid,
-) -> Result<Option<(String, String, queen_core::storage::PushOutcome)>, StorageError> {
+) -> Result<Option<Requeued>, StorageError> {
     in_tx(&shared, "requeue_dead_letter", cell, |tx| async move {
         let found = tx
             .stmt("read dead letter", |st, t| {
@@ -343,10 +350,11 @@ pub(crate) async fn requeue_dead_letter(
             Ok(())
         })
         .await?;
-        Ok(out
-            .pop()
-            .and_then(|mut g| g.pop())
-            .map(|o| (key.0.clone(), d.partition.clone(), o)))
+        Ok(out.pop().and_then(|mut g| g.pop()).map(|outcome| Requeued {
+            queue: key.0.clone(),
+            partition: d.partition.clone(),
+            outcome,
+        }))
     })
     .await
 }

@@ -4,8 +4,9 @@
 //! transaction-scoped advisory try-locks, READ COMMITTED statement snapshots, inserts that wait on
 //! an in-flight inserter) and executes every procedure one statement at a time, so a seeded
 //! scheduler (`sched::Interleaving`) can interleave transactions deterministically. Through the
-//! `Storage` trait it runs transactions serially: the broker's embedded in-memory backend.
+//! storage traits (`backend.rs`) it runs transactions serially: the broker's embedded in-memory backend.
 
+mod backend;
 mod delivery;
 mod ops;
 mod pop;
@@ -19,13 +20,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use async_trait::async_trait;
 use queen_core::claim::CursorRow;
-use queen_core::storage::{
-    AckItem, AckOutcome, DeadLetterEntry, DeliveryStorage, DlqQuery, PopRequest, PopResult,
-    PushGroup, PushGroupResult, QueueConfig, RenewOutcome, SeekTarget, Storage, StorageError,
-    StorageResult, TxOp, TxOutcome,
-};
+use queen_core::storage::{StorageError, StorageResult};
 use queen_core::{Offset, Timestamp};
 
 pub use state::DlqRow as DeadLetter;
@@ -59,8 +55,8 @@ impl ManualClock {
     }
 }
 
-/// Switches that re-introduce the historical bugs the seed records. Each has a test proving the
-/// suites catch it.
+/// Switches that re-introduce historical bugs of brokers of this design (each described at its
+/// field). Each has a test proving the suites catch it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimBugs {
     /// The specific-partition pop reports the partitionId resolved under the outer statement's
@@ -175,7 +171,7 @@ impl SimDb {
     }
 
     /// Dead letters of a queue, in filing order.
-    pub fn dead_letters(&self, queue: &str) -> Vec<DeadLetter> {
+    pub fn filed_dead_letters(&self, queue: &str) -> Vec<DeadLetter> {
         let st = lock(&self.shared.state);
         st.dlq
             .range((queue.to_string(), 0)..=(queue.to_string(), u64::MAX), 0)
@@ -280,193 +276,6 @@ impl SimDb {
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
-    }
-}
-
-#[async_trait]
-impl Storage for SimDb {
-    async fn configure_queue(&self, config: QueueConfig) -> StorageResult<(String, String)> {
-        self.exec(ops::configure(self.shared.clone(), self.cell(), config))
-            .await
-    }
-
-    async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
-        Ok(lock(&self.shared.state)
-            .queues
-            .get(&queue.to_string(), 0)
-            .map(|q| q.config.clone()))
-    }
-
-    async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
-        self.exec(ops::delete_queue(
-            self.shared.clone(),
-            self.cell(),
-            queue.to_string(),
-        ))
-        .await
-    }
-
-    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
-        self.exec(ops::push(self.shared.clone(), self.cell(), groups))
-            .await
-    }
-
-    async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {
-        self.exec(pop::pop_partition(
-            self.shared.clone(),
-            self.cell(),
-            req,
-            partition,
-        ))
-        .await
-    }
-
-    async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult> {
-        self.exec(pop::pop_list(
-            self.shared.clone(),
-            self.cell(),
-            req,
-            candidates,
-        ))
-        .await
-    }
-
-    async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {
-        self.exec(pop::pop_wildcard(self.shared.clone(), self.cell(), req))
-            .await
-    }
-
-    async fn queues_matching(
-        &self,
-        namespace: Option<String>,
-        task: Option<String>,
-    ) -> StorageResult<Vec<String>> {
-        let st = lock(&self.shared.state);
-        let mut matching: Vec<(i32, String)> = st
-            .queues
-            .iter(0)
-            .filter(|(_, q)| {
-                namespace.as_ref().is_none_or(|n| &q.config.namespace == n)
-                    && task.as_ref().is_none_or(|t| &q.config.task == t)
-            })
-            .map(|(name, q)| (q.config.priority, name.clone()))
-            .collect();
-        // A discovery pop tries them in this order: higher priority first, then by name.
-        matching.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-        Ok(matching.into_iter().map(|(_, name)| name).collect())
-    }
-
-    async fn next_pending(
-        &self,
-        queues: &[String],
-        group: &str,
-    ) -> StorageResult<Option<Timestamp>> {
-        self.pause_point().await;
-        let now = self.now();
-        let next = pop::next_pending(&lock(&self.shared.state), queues, group, now, 0);
-        self.pause_point().await;
-        Ok(next)
-    }
-
-    async fn pending_partitions(
-        &self,
-        queue: &str,
-        group: &str,
-        limit: u32,
-    ) -> StorageResult<Vec<String>> {
-        // A snapshot read: in interleaved mode other transactions may commit between the read
-        // and the answer's arrival (the hot-list reseed race).
-        self.pause_point().await;
-        let names = pop::pending_partitions(&lock(&self.shared.state), queue, group, limit, 0);
-        self.pause_point().await;
-        Ok(names)
-    }
-
-    async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
-        self.exec(ops::ack(
-            self.shared.clone(),
-            self.cell(),
-            group.to_string(),
-            items,
-        ))
-        .await
-    }
-
-    async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
-        self.exec(ops::renew(
-            self.shared.clone(),
-            self.cell(),
-            lease_id.to_string(),
-            seconds,
-        ))
-        .await
-    }
-}
-
-#[async_trait]
-impl DeliveryStorage for SimDb {
-    async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
-        self.exec(delivery::transaction(self.shared.clone(), self.cell(), ops))
-            .await
-    }
-
-    async fn dead_letters(&self, query: DlqQuery) -> StorageResult<(Vec<DeadLetterEntry>, u64)> {
-        Ok(delivery::dead_letters(&lock(&self.shared.state), &query))
-    }
-
-    async fn seek_group(&self, group: &str, queue: &str, target: SeekTarget) -> StorageResult<u32> {
-        self.exec(delivery::seek_group(
-            self.shared.clone(),
-            self.cell(),
-            group.into(),
-            queue.into(),
-            target,
-        ))
-        .await
-    }
-
-    async fn delete_group(
-        &self,
-        group: &str,
-        queue: Option<&str>,
-        delete_metadata: bool,
-    ) -> StorageResult<(u32, u32)> {
-        self.exec(delivery::delete_group(
-            self.shared.clone(),
-            self.cell(),
-            group.into(),
-            queue.map(str::to_string),
-            delete_metadata,
-        ))
-        .await
-    }
-
-    async fn requeue_dead_letter(
-        &self,
-        id: i64,
-        new_message_id: uuid::Uuid,
-    ) -> StorageResult<Option<(String, String, queen_core::storage::PushOutcome)>> {
-        self.exec(delivery::requeue_dead_letter(
-            self.shared.clone(),
-            self.cell(),
-            id,
-            new_message_id,
-        ))
-        .await
-    }
-
-    async fn update_subscription(
-        &self,
-        group: &str,
-        timestamp: queen_core::Timestamp,
-    ) -> StorageResult<u32> {
-        self.exec(delivery::update_subscription(
-            self.shared.clone(),
-            self.cell(),
-            group.into(),
-            timestamp,
-        ))
-        .await
     }
 }
 

@@ -7,8 +7,8 @@ use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
 use queen_core::frames::build_blob;
 use queen_core::storage::{
-    AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
-    QueueFull, RenewOutcome, StorageError,
+    AckItem, AckOutcome, AckStatus, ConfiguredQueue, PushGroup, PushGroupResult, PushOutcome,
+    QueueConfig, QueueFull, RenewOutcome, StorageError,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
 
@@ -401,7 +401,7 @@ pub(crate) async fn ack_body(
                         },
                         |q| AckOptions {
                             retry_limit: q.config.retry_limit,
-                            retry_delay_ms: q.config.retry_delay,
+                            retry_delay_ms: q.config.retry_delay_ms,
                             keep_dead_letters: q.config.dead_letter_queue,
                             dlq_after_max_retries: q.config.dlq_after_max_retries,
                         },
@@ -575,7 +575,7 @@ pub(crate) async fn configure(
     shared: Arc<Shared>,
     cell: Arc<TaskCell>,
     config: QueueConfig,
-) -> Result<(String, String), StorageError> {
+) -> Result<ConfiguredQueue, StorageError> {
     in_tx(&shared, "configure_queue", cell, |tx| async move {
         let now = tx.now();
         let qid = tx
@@ -600,7 +600,10 @@ pub(crate) async fn configure(
                 )
             })
             .await?;
-        Ok((qid, pid))
+        Ok(ConfiguredQueue {
+            queue_id: qid,
+            default_partition_id: pid,
+        })
     })
     .await
 }

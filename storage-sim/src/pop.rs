@@ -15,30 +15,30 @@ use crate::state::{advisory_key, DbState, MetaRow, PartitionRow, WatermarkRow};
 use crate::table::{Insert, Lock};
 use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell, TxHandle};
 
-/// The advisory key seeds: 42 for cursor-row creation (the seed's), 43 for group-first-contact
-/// election, 44 for the watermark row.
+/// The advisory try-lock keys (the same numbers as the PostgreSQL procedures): 42 for cursor-row
+/// creation, 43 for group-first-contact election, 44 for the watermark row.
 const CURSOR_CREATE_SEED: u64 = 42;
 const FIRST_CONTACT_SEED: u64 = 43;
 const WATERMARK_SEED: u64 = 44;
 
 struct QueueGates {
-    delayed_processing: u32,
-    window_buffer: u32,
-    lease_time: u32,
-    ttl: u32,
+    delayed_processing_secs: u32,
+    window_buffer_secs: u32,
+    lease_time_secs: u32,
+    ttl_secs: u32,
 }
 
 fn load_gates(st: &DbState, queue: &str, tx: u64) -> Option<QueueGates> {
     st.queues.get(&queue.to_string(), tx).map(|q| QueueGates {
-        delayed_processing: q.config.delayed_processing,
-        window_buffer: q.config.window_buffer,
-        lease_time: q.config.lease_time,
-        ttl: q.config.ttl,
+        delayed_processing_secs: q.config.delayed_processing_secs,
+        window_buffer_secs: q.config.window_buffer_secs,
+        lease_time_secs: q.config.lease_time_secs,
+        ttl_secs: q.config.ttl_secs,
     })
 }
 
-fn segments_of(st: &DbState, pid: &str) -> std::ops::RangeInclusive<(String, Offset)> {
-    let _ = st;
+/// The key range of a partition's segments.
+fn segments_of(pid: &str) -> std::ops::RangeInclusive<(String, Offset)> {
     (pid.to_string(), Offset::MIN)..=(pid.to_string(), Offset::MAX)
 }
 
@@ -90,15 +90,19 @@ async fn log_pop_v1(
     let bugs = shared.bugs;
 
     // Step 2: windowBuffer debounce (bypassed on the ring path, where the wheel owns it).
-    if !req.skip_window_debounce && queue_gates.window_buffer > 0 {
+    if !req.skip_window_debounce && queue_gates.window_buffer_secs > 0 {
         let hold = tx
             .stmt("window gate", |st, t| {
                 let newest = st
                     .segments
-                    .range(segments_of(st, pid), t.id)
+                    .range(segments_of(pid), t.id)
                     .next_back()
                     .map(|(_, s)| s.created_at);
-                Ok(window_hold_until(newest, queue_gates.window_buffer, now))
+                Ok(window_hold_until(
+                    newest,
+                    queue_gates.window_buffer_secs,
+                    now,
+                ))
             })
             .await?;
         if let Some(until) = hold {
@@ -184,7 +188,7 @@ async fn log_pop_v1(
                 let first_recent = match rule {
                     queen_core::claim::SeedRule::FromTimestamp(ts) => st
                         .segments
-                        .range(segments_of(st, pid), t.id)
+                        .range(segments_of(pid), t.id)
                         .find(|(_, s)| s.created_at >= ts)
                         .map(|((_, base), _)| *base),
                     _ => None,
@@ -213,12 +217,12 @@ async fn log_pop_v1(
         }
     }
     let mut committed = committed.unwrap_or(-1);
-    if queue_gates.ttl > 0 {
-        // ttl: move the cursor past the expired prefix before anything is read.
+    if queue_gates.ttl_secs > 0 {
+        // ttl_secs: move the cursor past the expired prefix before anything is read.
         committed = tx
             .stmt("ttl expiry", |st, t| {
                 let wanted = committed + 1;
-                let range = segments_of(st, pid);
+                let range = segments_of(pid);
                 let head = st
                     .segments
                     .range(
@@ -236,7 +240,7 @@ async fn log_pop_v1(
                         end_offset: s.end_offset,
                         created_at: s.created_at,
                     });
-                let to = ttl_skip_to(wanted, head, forward, queue_gates.ttl, now);
+                let to = ttl_skip_to(wanted, head, forward, queue_gates.ttl_secs, now);
                 if to == wanted {
                     return Ok(committed);
                 }
@@ -286,7 +290,7 @@ async fn log_pop_v1(
                 head,
                 forward,
                 budget,
-                queue_gates.delayed_processing,
+                queue_gates.delayed_processing_secs,
                 now,
             );
             // A batch starting above `wanted` is a retention gap only if nothing covers `wanted`
@@ -306,7 +310,7 @@ async fn log_pop_v1(
             if raced {
                 return Ok((Vec::new(), None));
             }
-            let deferred = if rows.is_empty() && queue_gates.delayed_processing > 0 {
+            let deferred = if rows.is_empty() && queue_gates.delayed_processing_secs > 0 {
                 let next = head.filter(|h| h.end_offset >= wanted).or_else(|| {
                     st.segments
                         .range(
@@ -322,7 +326,7 @@ async fn log_pop_v1(
                 });
                 next.map(|s| {
                     s.created_at
-                        .plus_secs(i64::from(queue_gates.delayed_processing))
+                        .plus_secs(i64::from(queue_gates.delayed_processing_secs))
                 })
             } else {
                 None
@@ -354,11 +358,7 @@ async fn log_pop_v1(
         if !bugs.no_cursor_seal {
             // The empty-partition seal, with its narrow guards.
             tx.stmt("seal", |st, t| {
-                let has_segments = st
-                    .segments
-                    .range(segments_of(st, pid), t.id)
-                    .next()
-                    .is_some();
+                let has_segments = st.segments.range(segments_of(pid), t.id).next().is_some();
                 let last_offset = st
                     .partitions
                     .get(&(req.queue.clone(), partition.to_string()), t.id)
@@ -385,7 +385,8 @@ async fn log_pop_v1(
 
     // Step 6: autoAck or lease.
     let last = wanted + i64::from(taken) - 1;
-    let lease_seconds = effective_lease_seconds(req.lease_seconds, Some(queue_gates.lease_time));
+    let lease_seconds =
+        effective_lease_seconds(req.lease_seconds, Some(queue_gates.lease_time_secs));
     let (attempt_count, leased_until) = tx
         .stmt("deliver", |st, t| {
             let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
@@ -811,7 +812,7 @@ pub(crate) fn deliverable_now(
     let newest = segments(Offset::MIN, Offset::MAX)
         .next_back()
         .map(|s| s.created_at);
-    if window_hold_until(newest, q.config.window_buffer, now).is_some() {
+    if window_hold_until(newest, q.config.window_buffer_secs, now).is_some() {
         return false;
     }
     let head = |wanted: Offset| segments(Offset::MIN, wanted).next_back();
@@ -820,7 +821,7 @@ pub(crate) fn deliverable_now(
         wanted,
         head(wanted),
         segments(wanted + 1, Offset::MAX),
-        q.config.ttl,
+        q.config.ttl_secs,
         now,
     );
     !plan_scan(
@@ -828,7 +829,7 @@ pub(crate) fn deliverable_now(
         head(wanted),
         segments(wanted + 1, Offset::MAX),
         1,
-        q.config.delayed_processing,
+        q.config.delayed_processing_secs,
         now,
     )
     .is_empty()

@@ -1,17 +1,18 @@
-//! Seeded interleavings of concurrent transactions: the historical failures the seed records,
-//! each behind a switch, and proof that the shipped design avoids them.
+//! Seeded interleavings of concurrent transactions: historical failures of brokers of this
+//! design, each behind a switch (`SimBugs`), and proof that the shipped design avoids them.
 //!
 //! Every test sweeps a range of seeds; a failure names its seed, and `SIM_SEED=<n>` replays it.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
+use queen_core::storage::{MessageStorage, PopStorage};
 use std::sync::Arc;
 
 use queen_core::claim::SubscriptionIntent;
 use queen_core::frames::Frame;
 use queen_core::ids::IdMinter;
 use queen_core::rng::SeededRng;
-use queen_core::storage::{PopRequest, PushGroup, Storage, Verdict};
+use queen_core::storage::{PopRequest, PushGroup, Verdict};
 use queen_core::{Timestamp, WorkerId};
 use queen_storage_sim::sched::{Interleaving, Op, OpResult};
 use queen_storage_sim::{ManualClock, SimBugs, SimDb};

@@ -5,14 +5,16 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use queen_core::storage::{DeliveryStorage, Storage};
-use queen_server::app::{wall_now, App, Backend};
+use queen_core::storage::StorageSet;
+use queen_server::app::{wall_now, App};
 use queen_server::config::ServerConfig;
 use queen_storage_sim::{SimBugs, SimDb};
 
 pub struct Broker {
     pub app: Arc<App>,
     pub addr: SocketAddr,
+    /// The PostgreSQL backend, for tests that reach past the broker.
+    pub pg: Option<queen_storage_pg::PgStorage>,
 }
 
 pub enum Store {
@@ -21,32 +23,27 @@ pub enum Store {
 }
 
 pub async fn start(store: Store, config: ServerConfig) -> Broker {
-    let (storage, delivery, backend): (Arc<dyn Storage>, Arc<dyn DeliveryStorage>, Backend) =
-        match store {
-            Store::Memory => {
-                let db = SimDb::new(1, Arc::new(wall_now), SimBugs::default());
-                (db.clone(), db, Backend::Memory)
-            }
-            Store::Postgres(name) => {
-                let pg = queen_storage_pg::testing::fresh_database(
-                    &format!("{name}_{}", std::process::id()),
-                    16,
-                )
-                .await;
-                (
-                    Arc::new(pg.clone()),
-                    Arc::new(pg.clone()),
-                    Backend::Postgres(pg),
-                )
-            }
-        };
+    let (storage, pg) = match store {
+        Store::Memory => {
+            let db = SimDb::new(1, Arc::new(wall_now), SimBugs::default());
+            (StorageSet::of(db), None)
+        }
+        Store::Postgres(name) => {
+            let pg = queen_storage_pg::testing::fresh_database(
+                &format!("{name}_{}", std::process::id()),
+                16,
+            )
+            .await;
+            (StorageSet::of(Arc::new(pg.clone())), Some(pg))
+        }
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = App::new(config, storage, delivery, backend, 7);
+    let app = App::new(config, storage, 7);
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
-    Broker { app, addr }
+    Broker { app, addr, pg }
 }
 
 /// Two brokers on one fresh PostgreSQL database, each listening for the other's events.
@@ -66,23 +63,21 @@ pub async fn start_pair(name: &str, config: ServerConfig) -> (Broker, Broker) {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = App::new(
-            config.clone(),
-            Arc::new(pg.clone()),
-            Arc::new(pg.clone()),
-            Backend::Postgres(pg),
-            seed,
-        );
+        let app = App::new(config.clone(), StorageSet::of(Arc::new(pg.clone())), seed);
         queen_server::spawn_event_listener(app.clone(), cfg.clone());
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
-        brokers.push(Broker { app, addr });
+        brokers.push(Broker {
+            app,
+            addr,
+            pg: Some(pg),
+        });
     }
     let b = brokers.pop().expect("two brokers");
     let a = brokers.pop().expect("two brokers");
     (a, b)
 }
 
-pub use queen_server::client::{Client, Response};
+pub use queen_raw_client::{Client, Response};
 
 /// One request on a fresh connection.
 pub async fn request(

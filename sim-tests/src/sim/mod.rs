@@ -7,6 +7,7 @@ pub mod history;
 pub mod http;
 mod workload;
 
+use queen_core::storage::AdminStorage;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -18,8 +19,9 @@ use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
 use queen_core::rng::SeededRng;
+use queen_core::storage::StorageSet;
 use queen_core::Timestamp;
-use queen_server::app::{App, Backend, Hooks, WakeFate, WakeFilter};
+use queen_server::app::{App, Hooks, WakeFate, WakeFilter};
 use queen_server::config::ServerConfig;
 use queen_storage_sim::{PauseKind, SimBugs, SimDb};
 
@@ -276,7 +278,6 @@ impl rand::RngCore for TurmoilRng {
 
 /// Every queue of the workload (`workload::queue_options`), before the simulation starts.
 fn configure_queues(db: &Arc<SimDb>) {
-    use queen_core::storage::Storage;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -425,9 +426,7 @@ pub fn run(spec: Spec) -> Outcome {
                 };
                 let app = App::with_hooks(
                     config.clone(),
-                    db.clone(),
-                    db.clone(),
-                    Backend::Memory,
+                    StorageSet::of(db.clone()),
                     seed ^ (i as u64) << 32 ^ incarnation,
                     hooks,
                 );

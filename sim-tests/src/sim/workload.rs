@@ -59,26 +59,26 @@ pub const DELETED_GROUP: &str = "gd";
 /// retryDelay, plus what each prompt queue exercises.
 pub fn queue_options(q: &str) -> queen_core::storage::QueueConfig {
     let base = queen_core::storage::QueueConfig {
-        lease_time: super::LEASE_SECS as u32,
-        retry_delay: 200,
+        lease_time_secs: super::LEASE_SECS as u32,
+        retry_delay_ms: 200,
         ..queen_core::storage::QueueConfig::with_defaults(q)
     };
     match q {
         PROMPT_DELAY => queen_core::storage::QueueConfig {
-            delayed_processing: 1,
+            delayed_processing_secs: 1,
             ..base
         },
         PROMPT_WINDOW => queen_core::storage::QueueConfig {
-            window_buffer: 1,
+            window_buffer_secs: 1,
             ..base
         },
         PROMPT_RETRY => queen_core::storage::QueueConfig {
-            retry_delay: 400,
+            retry_delay_ms: 400,
             retry_limit: 1,
             ..base
         },
         PROMPT_LONG => queen_core::storage::QueueConfig {
-            lease_time: 30,
+            lease_time_secs: 30,
             ..base
         },
         _ => base,

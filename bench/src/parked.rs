@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use queen_server::client::Client;
+use queen_raw_client::Client;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use queen_core::frames::{build_blob, Frame};
-use queen_server::client::Client;
+use queen_raw_client::Client;
 use serde_json::{json, Value};
 
 use crate::util::{measure, payload, pg_connect, Row};

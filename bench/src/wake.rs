@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queen_core::backoff::WaitBackoff;
+use queen_raw_client::Client;
 use queen_server::app::App;
-use queen_server::client::Client;
 use queen_server::config::ServerConfig;
 use serde_json::{json, Value};
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use queen_core::frames::{build_blob, slice_blob, Frame};
 use queen_core::storage::PushGroup;
+use queen_raw_client::Client;
 use queen_server::app::App;
-use queen_server::client::Client;
 use serde_json::{json, Value};
 
 use crate::util::{payload, pg_connect, Row};
@@ -53,6 +53,7 @@ async fn broker_rate(
     for p in 0..partitions {
         for n in segment_sizes(per_partition) {
             app.storage
+                .messages
                 .push(vec![PushGroup {
                     queue: queue.into(),
                     partition: format!("p{p}"),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use queen_core::frames::{build_blob, slice_blob, Frame};
-use queen_server::client::Client;
+use queen_raw_client::Client;
 use serde_json::{json, Value};
 
 use crate::util::{latency, latency_us, payload, pg_connect, Latency};

@@ -24,7 +24,8 @@ mod wake;
 
 use std::sync::Arc;
 
-use queen_server::app::{App, Backend};
+use queen_core::storage::StorageSet;
+use queen_server::app::App;
 use queen_server::config::ServerConfig;
 use serde_json::json;
 use util::Row;
@@ -87,13 +88,7 @@ async fn start_with(
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = App::new(
-        config,
-        Arc::new(pg.clone()),
-        Arc::new(pg.clone()),
-        Backend::Postgres(pg.clone()),
-        seed,
-    );
+    let app = App::new(config, StorageSet::of(Arc::new(pg.clone())), seed);
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
     (app, addr)
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use queen_core::frames::{build_blob, Frame};
-use queen_core::storage::{QueueConfig, Storage};
-use queen_server::client::Client;
+use queen_core::storage::{AdminStorage, QueueConfig};
+use queen_raw_client::Client;
 
 use crate::util::{latency, payload, pg_connect, Latency};
 
@@ -21,15 +21,16 @@ const CONSUMERS: usize = 4;
 
 /// Creates `queue` with `partitions` partitions holding 10-message segments, in bulk SQL.
 pub async fn prefill(
-    storage: &dyn Storage,
+    storage: &dyn AdminStorage,
     cfg: &tokio_postgres::Config,
     queue: &str,
     partitions: usize,
 ) {
-    let (qid, _) = storage
+    let qid = storage
         .configure_queue(QueueConfig::with_defaults(queue))
         .await
-        .expect("configure");
+        .expect("configure")
+        .queue_id;
     let frames: Vec<Frame> = (0..SEGMENT as u64)
         .map(|i| Frame {
             message_id: uuid::Uuid::from_u128(u128::from(i) + 1),

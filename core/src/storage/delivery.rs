@@ -1,0 +1,116 @@
+//! Transactions, dead letters and consumer-group management.
+use super::messages::{AckItem, AckOutcome, PushGroup, PushGroupResult, PushOutcome};
+use super::pop::SegmentRow;
+use crate::types::{Offset, Timestamp};
+
+/// One operation of a transaction, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxOp {
+    Push(Vec<PushGroup>),
+    Ack { group: String, item: AckItem },
+}
+
+/// The answer of one transaction operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxOpResult {
+    Push(Vec<PushGroupResult>),
+    Ack(AckOutcome),
+}
+
+impl TxOpResult {
+    /// Why this operation makes its transaction roll back, if it was refused: a push that met
+    /// a queue at its maxSize, or an ack storage refused. The one wording of both backends.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            TxOpResult::Push(groups) => groups.iter().flatten().find_map(|o| match o {
+                PushOutcome::Rejected { full, .. } => {
+                    Some(format!("PUSH operation failed: {full}"))
+                }
+                _ => None,
+            }),
+            TxOpResult::Ack(a) => (!a.success).then(|| {
+                format!(
+                    "ACK operation failed: {}",
+                    a.error.as_deref().unwrap_or("refused")
+                )
+            }),
+        }
+    }
+}
+
+/// A transaction's outcome: committed with every result, or rolled back at the failing ack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxOutcome {
+    pub committed: bool,
+    pub results: Vec<TxOpResult>,
+    pub error: Option<String>,
+}
+
+/// Where a consumer group's cursors on a queue move to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekTarget {
+    /// Past everything stored now.
+    End,
+    /// Just after the last message created at or before the instant (the start if none).
+    Timestamp(Timestamp),
+}
+
+/// Filters of the dead-letter listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DlqQuery {
+    pub queue: String,
+    pub group: Option<String>,
+    pub partition: Option<String>,
+    pub from: Option<Timestamp>,
+    pub to: Option<Timestamp>,
+    pub limit: u32,
+    pub offset: u32,
+}
+
+/// A dead letter with the segment row that holds its message (`None` once retention removed it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterEntry {
+    pub id: i64,
+    pub queue: String,
+    pub partition: String,
+    pub partition_id: String,
+    pub group: String,
+    pub offset: Offset,
+    pub transaction_id: String,
+    pub error: Option<String>,
+    pub retry_count: u32,
+    pub failed_at: Timestamp,
+    pub segment: Option<SegmentRow>,
+}
+
+/// The transactionId a requeued dead letter is pushed under: unique per dead letter, so the
+/// original's de-duplication entry does not swallow it.
+pub fn requeue_transaction_id(dead_letter_id: i64, original: &str) -> String {
+    let mut t = format!("requeue-{dead_letter_id}-{original}");
+    while t.len() > crate::types::MAX_NAME_BYTES {
+        t.pop();
+    }
+    t
+}
+
+/// One page of the dead-letter listing, newest first, and how many match the filters in all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterPage {
+    pub entries: Vec<DeadLetterEntry>,
+    pub total: u64,
+}
+
+/// A dead letter pushed again: where it went and how its push ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Requeued {
+    pub queue: String,
+    pub partition: String,
+    pub outcome: PushOutcome,
+}
+
+/// What a consumer-group delete removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupDeleted {
+    pub cursors: u32,
+    pub subscription_records: u32,
+}

@@ -1,0 +1,135 @@
+//! Push, ack and lease renewal: what goes in and what comes back.
+use std::fmt;
+
+use crate::frames::Frame;
+use crate::types::{Offset, Timestamp};
+
+/// The messages of one push request for one (queue, partition), in request order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushGroup {
+    pub queue: String,
+    pub partition: String,
+    /// Frames with broker-minted message ids. Duplicates (by transactionId) are filtered by
+    /// storage, under the partition row's lock, before the segment is written.
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PushOutcome {
+    Queued {
+        message_id: uuid::Uuid,
+        partition_id: String,
+        offset: Offset,
+    },
+    /// The (partition, transactionId) was already stored: the original message's id.
+    Duplicate {
+        message_id: uuid::Uuid,
+        partition_id: String,
+    },
+    /// Not stored: the queue is at its `maxSize`. The whole group is refused together.
+    Rejected {
+        message_id: uuid::Uuid,
+        partition_id: String,
+        full: QueueFull,
+    },
+}
+
+/// A push refused because its queue is at its maxSize: the cap and the backlog the push met.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueFull {
+    pub queue: String,
+    pub max_size: u32,
+    pub backlog: u64,
+}
+
+impl fmt::Display for QueueFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "queue {} is full: maxSize {}, backlog {}",
+            self.queue, self.max_size, self.backlog
+        )
+    }
+}
+
+impl PushOutcome {
+    /// The stored message's id (the original's, for a duplicate).
+    pub fn message_id(&self) -> uuid::Uuid {
+        match self {
+            PushOutcome::Queued { message_id, .. }
+            | PushOutcome::Duplicate { message_id, .. }
+            | PushOutcome::Rejected { message_id, .. } => *message_id,
+        }
+    }
+
+    pub fn partition_id(&self) -> &str {
+        match self {
+            PushOutcome::Queued { partition_id, .. }
+            | PushOutcome::Duplicate { partition_id, .. }
+            | PushOutcome::Rejected { partition_id, .. } => partition_id,
+        }
+    }
+}
+
+/// One push group's outcomes, one per frame in the group's order.
+pub type PushGroupResult = Vec<PushOutcome>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckStatus {
+    Completed,
+    Failed,
+    Retry,
+    Dlq,
+}
+
+impl AckStatus {
+    pub fn parse(s: &str) -> Option<AckStatus> {
+        match s {
+            "completed" | "success" => Some(AckStatus::Completed),
+            "failed" => Some(AckStatus::Failed),
+            "retry" => Some(AckStatus::Retry),
+            "dlq" => Some(AckStatus::Dlq),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AckItem {
+    pub transaction_id: String,
+    pub partition_id: String,
+    pub status: AckStatus,
+    /// When present, the ack is fenced: it must match the live lease.
+    pub lease_id: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AckOutcome {
+    pub success: bool,
+    pub error: Option<String>,
+    pub queue: Option<String>,
+    pub partition: Option<String>,
+    pub lease_released: bool,
+    pub dlq: bool,
+}
+
+impl AckOutcome {
+    pub fn refused(error: &str) -> Self {
+        AckOutcome {
+            success: false,
+            error: Some(error.to_string()),
+            queue: None,
+            partition: None,
+            lease_released: false,
+            dlq: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenewOutcome {
+    /// Partitions whose lease was extended.
+    pub renewed: u32,
+    pub expires_at: Option<Timestamp>,
+}

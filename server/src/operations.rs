@@ -1,0 +1,236 @@
+//! What the broker does for each request, apart from HTTP: the storage call, then its effects (the
+//! deliverability events it publishes, the metrics it counts). Routes parse, call one of these and
+//! render; the pop has its own driver (`pop_route`).
+
+use std::sync::atomic::Ordering;
+
+use queen_core::events::DeliveryEvent;
+use queen_core::storage::{
+    AckItem, AckOutcome, ConfiguredQueue, DeadLetterPage, DlqQuery, GroupDeleted, PushGroup,
+    PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, Requeued, SeekTarget, StorageResult,
+    TxOp, TxOpResult, TxOutcome,
+};
+use queen_core::Timestamp;
+
+use crate::app::App;
+
+impl App {
+    /// Stores a push request's groups in one transaction; the partitions that queued anything
+    /// are published.
+    pub async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
+        let targets: Vec<(String, String)> = groups
+            .iter()
+            .map(|g| (g.queue.clone(), g.partition.clone()))
+            .collect();
+        let outcomes = self.storage.messages.push(groups).await?;
+        self.metrics.pushes.fetch_add(1, Ordering::Relaxed);
+        for o in outcomes.iter().flatten() {
+            let counter = match o {
+                PushOutcome::Queued { .. } => &self.metrics.messages_pushed,
+                PushOutcome::Duplicate { .. } => &self.metrics.duplicates,
+                PushOutcome::Rejected { .. } => continue,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        self.publish_all(&pushed_events(&targets, &outcomes));
+        Ok(outcomes)
+    }
+
+    /// Acknowledges a client's items of one group; the leases they ended are published.
+    pub async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
+        let outcomes = self.ack_and_publish(group, items).await?;
+        for o in &outcomes {
+            self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+            if !o.success {
+                self.metrics.acks_refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Gives back the leases of a batch whose client left before the answer (retry acks, which
+    /// charge no retry budget). Not a client's ack: the ack metrics do not count it.
+    pub async fn release_undelivered(
+        &self,
+        group: &str,
+        items: Vec<AckItem>,
+    ) -> StorageResult<Vec<AckOutcome>> {
+        self.ack_and_publish(group, items).await
+    }
+
+    async fn ack_and_publish(
+        &self,
+        group: &str,
+        items: Vec<AckItem>,
+    ) -> StorageResult<Vec<AckOutcome>> {
+        let outcomes = self.storage.messages.ack(group, items).await?;
+        self.publish_all(&released_events(outcomes.iter().map(|o| (group, o))));
+        Ok(outcomes)
+    }
+
+    pub async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
+        self.storage.messages.renew_lease(lease_id, seconds).await
+    }
+
+    /// Runs a transaction; when it commits, what its operations queued and released is published.
+    pub async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
+        // What each operation touches, kept aside: the operations move into storage.
+        let touched: Vec<Touched> = ops
+            .iter()
+            .map(|op| match op {
+                TxOp::Push(groups) => Touched::Partitions(
+                    groups
+                        .iter()
+                        .map(|g| (g.queue.clone(), g.partition.clone()))
+                        .collect(),
+                ),
+                TxOp::Ack { group, .. } => Touched::Group(group.clone()),
+            })
+            .collect();
+        let out = self.storage.delivery.transaction(ops).await?;
+        if out.committed {
+            let mut events = vec![];
+            for (result, touched) in out.results.iter().zip(&touched) {
+                match (result, touched) {
+                    (TxOpResult::Push(outcomes), Touched::Partitions(targets)) => {
+                        events.extend(pushed_events(targets, outcomes))
+                    }
+                    (TxOpResult::Ack(a), Touched::Group(group)) => {
+                        events.extend(released_events(std::iter::once((group.as_str(), a))))
+                    }
+                    // Storage answers each operation with its own kind, in order.
+                    _ => debug_assert!(false, "transaction results out of order"),
+                }
+            }
+            self.publish_all(&events);
+        }
+        Ok(out)
+    }
+
+    /// Creates or overwrites a queue's configuration. Every broker's cached options and beliefs
+    /// about the queue are stale now.
+    pub async fn configure_queue(&self, config: QueueConfig) -> StorageResult<ConfiguredQueue> {
+        let queue = config.name.clone();
+        let configured = self.storage.admin.configure_queue(config).await?;
+        self.publish(&DeliveryEvent::QueueChanged { queue });
+        Ok(configured)
+    }
+
+    pub async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
+        let existed = self.storage.admin.delete_queue(queue).await?;
+        self.publish(&DeliveryEvent::QueueChanged {
+            queue: queue.to_string(),
+        });
+        Ok(existed)
+    }
+
+    pub async fn seek_group(
+        &self,
+        group: &str,
+        queue: &str,
+        target: SeekTarget,
+    ) -> StorageResult<u32> {
+        let moved = self.storage.admin.seek_group(group, queue, target).await?;
+        self.publish(&DeliveryEvent::GroupReset {
+            queue: Some(queue.to_string()),
+            group: group.to_string(),
+        });
+        Ok(moved)
+    }
+
+    pub async fn delete_group(
+        &self,
+        group: &str,
+        queue: Option<&str>,
+        delete_metadata: bool,
+    ) -> StorageResult<GroupDeleted> {
+        let deleted = self
+            .storage
+            .admin
+            .delete_group(group, queue, delete_metadata)
+            .await?;
+        self.publish(&DeliveryEvent::GroupReset {
+            queue: queue.map(str::to_string),
+            group: group.to_string(),
+        });
+        Ok(deleted)
+    }
+
+    pub async fn update_subscription(
+        &self,
+        group: &str,
+        timestamp: Timestamp,
+    ) -> StorageResult<u32> {
+        let n = self
+            .storage
+            .admin
+            .update_subscription(group, timestamp)
+            .await?;
+        self.publish(&DeliveryEvent::GroupReset {
+            queue: None,
+            group: group.to_string(),
+        });
+        Ok(n)
+    }
+
+    pub async fn dead_letters(&self, query: DlqQuery) -> StorageResult<DeadLetterPage> {
+        self.storage.delivery.dead_letters(query).await
+    }
+
+    /// Pushes a dead letter's message again, as a new message, and publishes it.
+    pub async fn requeue_dead_letter(&self, id: i64) -> StorageResult<Option<Requeued>> {
+        let requeued = self
+            .storage
+            .delivery
+            .requeue_dead_letter(id, self.mint_uuid())
+            .await?;
+        if let Some(r) = &requeued {
+            let target = [(r.queue.clone(), r.partition.clone())];
+            self.publish_all(&pushed_events(&target, &[vec![r.outcome.clone()]]));
+        }
+        Ok(requeued)
+    }
+}
+
+/// What one transaction operation touched.
+enum Touched {
+    Partitions(Vec<(String, String)>),
+    Group(String),
+}
+
+/// `Pushed` per (queue, partition) group that queued anything (duplicates and refusals append
+/// nothing, so they wake nobody).
+fn pushed_events(targets: &[(String, String)], results: &[PushGroupResult]) -> Vec<DeliveryEvent> {
+    targets
+        .iter()
+        .zip(results)
+        .filter_map(|((queue, partition), res)| {
+            let count = res
+                .iter()
+                .filter(|o| matches!(o, PushOutcome::Queued { .. }))
+                .count() as u64;
+            (count > 0).then(|| DeliveryEvent::Pushed {
+                queue: queue.clone(),
+                partition: partition.clone(),
+                count,
+            })
+        })
+        .collect()
+}
+
+/// `Released` per ack that ended a lease.
+fn released_events<'a>(
+    acks: impl Iterator<Item = (&'a str, &'a AckOutcome)>,
+) -> Vec<DeliveryEvent> {
+    acks.filter_map(
+        |(group, o)| match (o.lease_released, &o.queue, &o.partition) {
+            (true, Some(queue), Some(partition)) => Some(DeliveryEvent::Released {
+                queue: queue.clone(),
+                partition: partition.clone(),
+                group: group.to_string(),
+            }),
+            _ => None,
+        },
+    )
+    .collect()
+}

@@ -1,0 +1,193 @@
+//! Transactions and dead letters on PostgreSQL.
+
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use queen_core::storage::{
+    DeadLetterEntry, DeadLetterPage, DeliveryStorage, DlqQuery, PushGroup, Requeued, StorageError,
+    StorageResult, TxOp, TxOpResult, TxOutcome,
+};
+
+use crate::error::{pg_err, pool_err};
+use crate::messages::{ack_items, push_groups};
+use crate::{from_system_time, int, to_system_time, PgStorage};
+
+#[async_trait]
+impl DeliveryStorage for PgStorage {
+    async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg_err("transaction: begin"))?;
+        let mut results = Vec::with_capacity(ops.len());
+        for op in &ops {
+            let result = match op {
+                TxOp::Push(groups) => TxOpResult::Push(push_groups(&tx, groups).await?),
+                TxOp::Ack { group, item } => TxOpResult::Ack(
+                    ack_items(&tx, group, std::slice::from_ref(item))
+                        .await?
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| StorageError::Internal("ack_v1 answered no row".into()))?,
+                ),
+            };
+            // Why the transaction must roll back, if this operation was refused.
+            let refusal = result.refusal();
+            results.push(result);
+            if let Some(error) = refusal {
+                tx.rollback()
+                    .await
+                    .map_err(pg_err("transaction: rollback"))?;
+                return Ok(TxOutcome {
+                    committed: false,
+                    results,
+                    error: Some(error),
+                });
+            }
+        }
+        tx.commit().await.map_err(pg_err("transaction: commit"))?;
+        Ok(TxOutcome {
+            committed: true,
+            results,
+            error: None,
+        })
+    }
+
+    async fn dead_letters(&self, q: DlqQuery) -> StorageResult<DeadLetterPage> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let from = q.from.map(to_system_time);
+        let to = q.to.map(to_system_time);
+        let rows = client
+            .query(
+                "SELECT * FROM queen.dead_letters_v1($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &q.queue,
+                    &q.group,
+                    &q.partition,
+                    &from,
+                    &to,
+                    &int(q.limit),
+                    &int(q.offset),
+                ],
+            )
+            .await
+            .map_err(pg_err("dead letters"))?;
+        let mut total: u64 = 0;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            total = u64::try_from(r.get::<_, i64>(13)).unwrap_or(0);
+            let offset: i64 = r.get(4);
+            let base: Option<i64> = r.get(9);
+            let segment = match (
+                base,
+                r.get::<_, Option<i64>>(10),
+                r.get::<_, Option<SystemTime>>(11),
+                r.get::<_, Option<Vec<u8>>>(12),
+            ) {
+                (Some(base), Some(end), Some(created), Some(blob)) => {
+                    Some(queen_core::storage::SegmentRow {
+                        base_offset: base,
+                        start_idx: u32::try_from(offset - base).unwrap_or(0),
+                        take: 1,
+                        msg_count: u32::try_from(end - base + 1).unwrap_or(0),
+                        created_at: from_system_time(created),
+                        blob: std::sync::Arc::new(blob),
+                    })
+                }
+                _ => None,
+            };
+            out.push(DeadLetterEntry {
+                id: r.get(0),
+                queue: q.queue.clone(),
+                partition: r.get(1),
+                partition_id: r.get::<_, uuid::Uuid>(2).to_string(),
+                group: r.get(3),
+                offset,
+                transaction_id: r.get(5),
+                error: r.get(6),
+                retry_count: u32::try_from(r.get::<_, i32>(7)).unwrap_or(0),
+                failed_at: from_system_time(r.get(8)),
+                segment,
+            });
+        }
+        if rows.is_empty() && q.offset > 0 {
+            // The page is past the end: count separately.
+            let n: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE q.name = $1
+                        AND ($2::text IS NULL OR d.consumer_group = $2) AND ($3::text IS NULL OR d.partition_name = $3)
+                        AND ($4::timestamptz IS NULL OR d.failed_at >= $4) AND ($5::timestamptz IS NULL OR d.failed_at <= $5)",
+                    &[&q.queue, &q.group, &q.partition, &from, &to],
+                )
+                .await
+                .map_err(pg_err("dead letters"))?
+                .get(0);
+            total = u64::try_from(n).unwrap_or(0);
+        }
+        Ok(DeadLetterPage {
+            entries: out,
+            total,
+        })
+    }
+
+    async fn requeue_dead_letter(
+        &self,
+        id: i64,
+        new_message_id: uuid::Uuid,
+    ) -> StorageResult<Option<Requeued>> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg_err("requeue: begin"))?;
+        let row = tx
+            .query_opt(
+                "SELECT q.name, d.partition_name, d.transaction_id, s.base_offset, s.msg_count, s.blob, d.msg_offset
+                   FROM queen.dead_letters d
+                   JOIN queen.queues q ON q.id = d.queue_id
+                   JOIN LATERAL (SELECT s.base_offset, s.end_offset, s.msg_count, s.blob FROM queen.log_segments s
+                                  WHERE s.partition_id = d.partition_id AND s.base_offset <= d.msg_offset
+                                  ORDER BY s.base_offset DESC LIMIT 1) s ON s.end_offset >= d.msg_offset
+                  WHERE d.id = $1
+                    FOR UPDATE OF d",
+                &[&id],
+            )
+            .await
+            .map_err(pg_err("requeue: read"))?;
+        let Some(r) = row else { return Ok(None) };
+        let (queue, partition, txid): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+        let (base, count, blob, offset): (i64, i32, Vec<u8>, i64) =
+            (r.get(3), r.get(4), r.get(5), r.get(6));
+        let mut frames = queen_core::frames::slice_blob(
+            &blob,
+            usize::try_from(offset - base).unwrap_or(0),
+            1,
+            usize::try_from(count).unwrap_or(0),
+        )
+        .map_err(|e| StorageError::Internal(format!("requeue: {e}")))?;
+        let Some(mut frame) = frames.pop() else {
+            return Ok(None);
+        };
+        frame.message_id = new_message_id;
+        frame.transaction_id = queen_core::storage::requeue_transaction_id(id, &txid);
+        let mut out = push_groups(
+            &tx,
+            &[PushGroup {
+                queue: queue.clone(),
+                partition: partition.clone(),
+                frames: vec![frame],
+            }],
+        )
+        .await?;
+        tx.execute("DELETE FROM queen.dead_letters WHERE id = $1", &[&id])
+            .await
+            .map_err(pg_err("requeue: delete"))?;
+        tx.commit().await.map_err(pg_err("requeue: commit"))?;
+        Ok(out.pop().and_then(|mut g| g.pop()).map(|outcome| Requeued {
+            queue,
+            partition,
+            outcome,
+        }))
+    }
+}

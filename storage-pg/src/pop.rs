@@ -1,0 +1,209 @@
+//! The pop path on PostgreSQL: the log_pop_* procedures, and the scheduler's reads.
+
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use queen_core::params::{SubscriptionFrom, SubscriptionMode};
+use queen_core::storage::{PopRequest, PopResult, PopStorage, QueueConfig, StorageResult};
+use queen_core::Timestamp;
+
+use crate::error::{pg_err, pool_err};
+use crate::{from_system_time, int, pop_rows, to_system_time, PgStorage};
+
+impl PgStorage {
+    async fn pop_query(
+        &self,
+        queue: &str,
+        context: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StorageResult<PopResult> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client.prepare_cached(sql).await.map_err(pg_err(context))?;
+        let rows = client.query(&stmt, params).await.map_err(pg_err(context))?;
+        let mut result = pop_rows::decode(&rows, context)?;
+        for c in &mut result.claims {
+            c.queue = queue.to_string();
+        }
+        Ok(result)
+    }
+}
+
+/// The pop-carried subscription intent as the procedures take it: (mode, from, from=now).
+fn intent_params(req: &PopRequest) -> (&'static str, Option<SystemTime>, bool) {
+    let mode = match req.intent.mode {
+        SubscriptionMode::All => "all",
+        SubscriptionMode::New => "new",
+    };
+    match req.intent.from {
+        SubscriptionFrom::Unset => (mode, None, false),
+        SubscriptionFrom::Now => (mode, None, true),
+        SubscriptionFrom::At(t) => (mode, Some(to_system_time(t)), false),
+    }
+}
+
+fn lease_param(req: &PopRequest) -> Option<i32> {
+    req.lease_seconds
+        .map(|s| i32::try_from(s).unwrap_or(i32::MAX))
+}
+
+#[async_trait]
+impl PopStorage for PgStorage {
+    async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT name, namespace, task, lease_time, retry_limit, retry_delay, priority, delayed_processing,
+                        window_buffer, max_size, ttl, retention_enabled, retention_seconds, completed_retention_seconds,
+                        encryption_enabled, dead_letter_queue, dlq_after_max_retries, max_wait_time_seconds, min_pop_wait_time
+                   FROM queen.queues WHERE name = $1",
+            )
+            .await
+            .map_err(pg_err("queue config"))?;
+        let row = client
+            .query_opt(&stmt, &[&queue])
+            .await
+            .map_err(pg_err("queue config"))?;
+        let u = |v: i32| u32::try_from(v).unwrap_or(0);
+        Ok(row.map(|r| QueueConfig {
+            name: r.get(0),
+            namespace: r.get(1),
+            task: r.get(2),
+            lease_time_secs: u(r.get(3)),
+            retry_limit: u(r.get(4)),
+            retry_delay_ms: u(r.get(5)),
+            priority: r.get(6),
+            delayed_processing_secs: u(r.get(7)),
+            window_buffer_secs: u(r.get(8)),
+            max_size: u(r.get(9)),
+            ttl_secs: u(r.get(10)),
+            retention_enabled: r.get(11),
+            retention_seconds: u(r.get(12)),
+            completed_retention_seconds: u(r.get(13)),
+            encryption_enabled: r.get(14),
+            dead_letter_queue: r.get(15),
+            dlq_after_max_retries: r.get(16),
+            max_wait_time_seconds: u(r.get(17)),
+            min_pop_wait_ms: u(r.get(18)),
+        }))
+    }
+
+    async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {
+        let (mode, from, now) = intent_params(&req);
+        self.pop_query(
+            &req.queue,
+            "log_pop_specific_v1",
+            "SELECT * FROM queen.log_pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &req.queue,
+                &partition,
+                &req.group,
+                &req.worker.0,
+                &int(req.batch),
+                &req.auto_ack,
+                &lease_param(&req),
+                &mode,
+                &from,
+                &now,
+            ],
+        )
+        .await
+    }
+
+    async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult> {
+        let (mode, from, now) = intent_params(&req);
+        self.pop_query(
+            &req.queue,
+            "log_pop_list_v1",
+            "SELECT * FROM queen.log_pop_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            &[
+                &req.queue,
+                &req.group,
+                &candidates,
+                &req.worker.0,
+                &int(req.batch),
+                &int(req.max_partitions),
+                &req.auto_ack,
+                &lease_param(&req),
+                &req.skip_window_debounce,
+                &mode,
+                &from,
+                &now,
+            ],
+        )
+        .await
+    }
+
+    async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {
+        let (mode, from, now) = intent_params(&req);
+        self.pop_query(
+            &req.queue,
+            "log_pop_wildcard_v1",
+            "SELECT * FROM queen.log_pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &req.queue,
+                &req.group,
+                &req.worker.0,
+                &int(req.batch),
+                &int(req.max_partitions),
+                &req.auto_ack,
+                &lease_param(&req),
+                &mode,
+                &from,
+                &now,
+            ],
+        )
+        .await
+    }
+
+    async fn queues_matching(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+    ) -> StorageResult<Vec<String>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let rows = client
+            .query(
+                "SELECT name FROM queen.queues WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2) ORDER BY priority DESC, name",
+                &[&namespace, &task],
+            )
+            .await
+            .map_err(pg_err("queues matching"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn next_pending(
+        &self,
+        queues: &[String],
+        group: &str,
+    ) -> StorageResult<Option<Timestamp>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached("SELECT queen.log_next_pending_v1($1, $2)")
+            .await
+            .map_err(pg_err("next pending"))?;
+        let row = client
+            .query_one(&stmt, &[&queues, &group])
+            .await
+            .map_err(pg_err("next pending"))?;
+        Ok(row.get::<_, Option<SystemTime>>(0).map(from_system_time))
+    }
+
+    async fn pending_partitions(
+        &self,
+        queue: &str,
+        group: &str,
+        limit: u32,
+    ) -> StorageResult<Vec<String>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached("SELECT queen.log_pending_partitions_v1($1, $2, $3)")
+            .await
+            .map_err(pg_err("pending partitions"))?;
+        let rows = client
+            .query(&stmt, &[&queue, &group, &int(limit)])
+            .await
+            .map_err(pg_err("pending partitions"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+}

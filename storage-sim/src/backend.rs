@@ -1,0 +1,222 @@
+//! The model's answers to the storage traits, one impl per capability. In free-run mode each call
+//! runs its transaction serially (the embedded backend); in interleaved mode concurrently, under
+//! the seeded scheduler.
+
+use async_trait::async_trait;
+use queen_core::storage::{
+    AckItem, AckOutcome, AdminStorage, ConfiguredQueue, DeadLetterPage, DeliveryStorage, DlqQuery,
+    GroupDeleted, HealthStorage, MessageStorage, PopRequest, PopResult, PopStorage, PushGroup,
+    PushGroupResult, QueueConfig, RenewOutcome, Requeued, SeekTarget, StorageHealth, StorageResult,
+    StorageUsage, TxOp, TxOutcome,
+};
+use queen_core::Timestamp;
+
+use crate::tx::lock;
+use crate::{delivery, ops, pop, SimDb};
+
+#[async_trait]
+impl PopStorage for SimDb {
+    async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
+        Ok(lock(&self.shared.state)
+            .queues
+            .get(&queue.to_string(), 0)
+            .map(|q| q.config.clone()))
+    }
+
+    async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {
+        self.exec(pop::pop_partition(
+            self.shared.clone(),
+            self.cell(),
+            req,
+            partition,
+        ))
+        .await
+    }
+
+    async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult> {
+        self.exec(pop::pop_list(
+            self.shared.clone(),
+            self.cell(),
+            req,
+            candidates,
+        ))
+        .await
+    }
+
+    async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {
+        self.exec(pop::pop_wildcard(self.shared.clone(), self.cell(), req))
+            .await
+    }
+
+    async fn queues_matching(
+        &self,
+        namespace: Option<String>,
+        task: Option<String>,
+    ) -> StorageResult<Vec<String>> {
+        let st = lock(&self.shared.state);
+        let mut matching: Vec<(i32, String)> = st
+            .queues
+            .iter(0)
+            .filter(|(_, q)| {
+                namespace.as_ref().is_none_or(|n| &q.config.namespace == n)
+                    && task.as_ref().is_none_or(|t| &q.config.task == t)
+            })
+            .map(|(name, q)| (q.config.priority, name.clone()))
+            .collect();
+        // A discovery pop tries them in this order: higher priority first, then by name.
+        matching.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        Ok(matching.into_iter().map(|(_, name)| name).collect())
+    }
+
+    async fn next_pending(
+        &self,
+        queues: &[String],
+        group: &str,
+    ) -> StorageResult<Option<Timestamp>> {
+        self.pause_point().await;
+        let now = self.now();
+        let next = pop::next_pending(&lock(&self.shared.state), queues, group, now, 0);
+        self.pause_point().await;
+        Ok(next)
+    }
+
+    async fn pending_partitions(
+        &self,
+        queue: &str,
+        group: &str,
+        limit: u32,
+    ) -> StorageResult<Vec<String>> {
+        // A snapshot read: in interleaved mode other transactions may commit between the read
+        // and the answer's arrival (the hot-list reseed race).
+        self.pause_point().await;
+        let names = pop::pending_partitions(&lock(&self.shared.state), queue, group, limit, 0);
+        self.pause_point().await;
+        Ok(names)
+    }
+}
+
+#[async_trait]
+impl MessageStorage for SimDb {
+    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
+        self.exec(ops::push(self.shared.clone(), self.cell(), groups))
+            .await
+    }
+
+    async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
+        self.exec(ops::ack(
+            self.shared.clone(),
+            self.cell(),
+            group.to_string(),
+            items,
+        ))
+        .await
+    }
+
+    async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
+        self.exec(ops::renew(
+            self.shared.clone(),
+            self.cell(),
+            lease_id.to_string(),
+            seconds,
+        ))
+        .await
+    }
+}
+
+#[async_trait]
+impl AdminStorage for SimDb {
+    async fn configure_queue(&self, config: QueueConfig) -> StorageResult<ConfiguredQueue> {
+        self.exec(ops::configure(self.shared.clone(), self.cell(), config))
+            .await
+    }
+
+    async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
+        self.exec(ops::delete_queue(
+            self.shared.clone(),
+            self.cell(),
+            queue.to_string(),
+        ))
+        .await
+    }
+
+    async fn seek_group(&self, group: &str, queue: &str, target: SeekTarget) -> StorageResult<u32> {
+        self.exec(delivery::seek_group(
+            self.shared.clone(),
+            self.cell(),
+            group.into(),
+            queue.into(),
+            target,
+        ))
+        .await
+    }
+
+    async fn delete_group(
+        &self,
+        group: &str,
+        queue: Option<&str>,
+        delete_metadata: bool,
+    ) -> StorageResult<GroupDeleted> {
+        self.exec(delivery::delete_group(
+            self.shared.clone(),
+            self.cell(),
+            group.into(),
+            queue.map(str::to_string),
+            delete_metadata,
+        ))
+        .await
+    }
+
+    async fn update_subscription(&self, group: &str, timestamp: Timestamp) -> StorageResult<u32> {
+        self.exec(delivery::update_subscription(
+            self.shared.clone(),
+            self.cell(),
+            group.into(),
+            timestamp,
+        ))
+        .await
+    }
+}
+
+#[async_trait]
+impl DeliveryStorage for SimDb {
+    async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
+        self.exec(delivery::transaction(self.shared.clone(), self.cell(), ops))
+            .await
+    }
+
+    async fn dead_letters(&self, query: DlqQuery) -> StorageResult<DeadLetterPage> {
+        Ok(delivery::dead_letters(&lock(&self.shared.state), &query))
+    }
+
+    async fn requeue_dead_letter(
+        &self,
+        id: i64,
+        new_message_id: uuid::Uuid,
+    ) -> StorageResult<Option<Requeued>> {
+        self.exec(delivery::requeue_dead_letter(
+            self.shared.clone(),
+            self.cell(),
+            id,
+            new_message_id,
+        ))
+        .await
+    }
+}
+
+#[async_trait]
+impl HealthStorage for SimDb {
+    async fn health(&self) -> StorageHealth {
+        StorageHealth {
+            reachable: true,
+            database: "in-memory",
+        }
+    }
+
+    fn usage(&self) -> StorageUsage {
+        StorageUsage {
+            backend: "memory",
+            pool_in_use: 0,
+            pool_size: 0,
+        }
+    }
+}
