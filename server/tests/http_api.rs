@@ -379,7 +379,7 @@ fn malformed(rng: &mut SeededRng, i: usize) -> (String, String, Option<Vec<u8>>)
         b"{\"items\": [{\"queue\": \"q\", \"traceId\": \"nope\"}]}",
         b"",
     ];
-    match i % 10 {
+    match i % 11 {
         0 => (
             "POST".into(),
             "/api/v1/push".into(),
@@ -444,6 +444,19 @@ fn malformed(rng: &mut SeededRng, i: usize) -> (String, String, Option<Vec<u8>>)
             "POST".into(),
             "/api/v1/lease/abc/extend".into(),
             Some(b"{\"seconds\":\"ten\"}".to_vec()),
+        ),
+        // A transaction's consumerGroup gets the ack route's name check.
+        9 => (
+            "POST".into(),
+            "/api/v1/transaction".into(),
+            Some(
+                json!({"operations": [
+                    {"type": "push", "items": [{"queue": "tq", "payload": 1}]},
+                    {"type": "ack", "transactionId": "t", "partitionId": "p",
+                     "consumerGroup": "bad\u{1}group"}]})
+                .to_string()
+                .into_bytes(),
+            ),
         ),
         _ => (
             "GET".into(),
