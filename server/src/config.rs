@@ -1,34 +1,12 @@
-//! Configuration from the environment, with the variable names Queen's documentation uses.
+//! Configuration from flags or the environment, with the variable names Queen's documentation
+//! uses. clap (with its env feature) reads both and generates `--help`.
 
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, CommandFactory, Parser};
 use queen_core::backoff::WaitBackoff;
 use queen_core::limiter::VegasConfig;
 use queen_core::params::DEFAULT_TIMEOUT_MS;
-
-pub const HELP: &str = "\
-queen: a partitioned FIFO queue broker, wire-compatible with Queen MQ's clients.
-
-USAGE: queen [--help]
-
-Configuration (environment variables):
-  HOST                            listen address                       (default 0.0.0.0)
-  PORT                            listen port                          (default 6632)
-  DATABASE_URL                    PostgreSQL URL, e.g. postgres://user:pass@host:5432/db
-  PG_HOST, PG_PORT, PG_USER,      PostgreSQL connection parts, used when DATABASE_URL is unset
-  PG_PASSWORD, PG_DB              (defaults localhost, 5432, postgres, postgres, postgres)
-  DB_POOL_SIZE                    PostgreSQL connections in the pool   (default 32)
-                                  With no DATABASE_URL and no PG_* the broker runs on the
-                                  in-memory backend: nothing survives a restart.
-  DEFAULT_TIMEOUT                 long-poll timeout (ms) when a pop names none (default 30000)
-  POP_WAIT_INITIAL_INTERVAL_MS    re-check interval of a parked pop    (default 100)
-  POP_WAIT_BACKOFF_THRESHOLD      re-checks at the initial interval    (default 3)
-  POP_WAIT_BACKOFF_MULTIPLIER     growth factor after the threshold    (default 2.0)
-  POP_WAIT_MAX_INTERVAL_MS        longest re-check interval            (default 1000)
-  QUEEN_HOTLIST                   1: in-memory hot-list ring; 0: SQL candidate scan (default 1)
-  QUEEN_VEGAS_INITIAL, QUEEN_VEGAS_MIN, QUEEN_VEGAS_MAX
-                                  serving limiter limits               (default 16, 1, 32)
-  MAX_BODY_BYTES                  largest accepted request body        (default 33554432)
-  RUST_LOG                        log filter                           (default info)
-";
+use queen_storage_pg::{PgConfig, PgSettings};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -55,33 +33,100 @@ impl Default for ServerConfig {
     }
 }
 
-fn parse<T: std::str::FromStr>(
-    get: &impl Fn(&str) -> Option<String>,
-    key: &str,
-    default: T,
-) -> Result<T, String> {
-    match get(key) {
-        None => Ok(default),
-        Some(v) if v.trim().is_empty() => Ok(default),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map_err(|_| format!("{key} has an invalid value {v:?}")),
-    }
+/// Every setting, from a flag or its environment variable (the names Queen's documentation
+/// uses). clap generates `--help` from these declarations, so it cannot drift from them.
+#[derive(Parser, Debug)]
+#[command(
+    name = "queen",
+    version,
+    about = "A partitioned FIFO queue broker, wire-compatible with Queen MQ's clients.",
+    after_help = "With no DATABASE_URL and no PG_* setting the broker runs on the in-memory \
+                  backend: nothing survives a restart. RUST_LOG sets the log filter (default info)."
+)]
+pub struct Settings {
+    /// Listen address.
+    #[arg(long, env = "HOST", default_value = "0.0.0.0")]
+    pub host: String,
+    /// Listen port.
+    #[arg(long, env = "PORT", default_value_t = 6632)]
+    pub port: u16,
+    /// PostgreSQL URL, e.g. postgres://user:pass@host:5432/db.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// PostgreSQL host, when no URL is given (default localhost).
+    #[arg(long, env = "PG_HOST")]
+    pub pg_host: Option<String>,
+    /// PostgreSQL port, when no URL is given (default 5432).
+    #[arg(long, env = "PG_PORT")]
+    pub pg_port: Option<u16>,
+    /// PostgreSQL user, when no URL is given (default postgres).
+    #[arg(long, env = "PG_USER")]
+    pub pg_user: Option<String>,
+    /// PostgreSQL password, when no URL is given (default postgres).
+    #[arg(long, env = "PG_PASSWORD", hide_env_values = true)]
+    pub pg_password: Option<String>,
+    /// PostgreSQL database, when no URL is given (default postgres).
+    #[arg(long, env = "PG_DB")]
+    pub pg_db: Option<String>,
+    /// PostgreSQL connections in the pool [default: 32].
+    #[arg(long, env = "DB_POOL_SIZE")]
+    pub db_pool_size: Option<usize>,
+    /// Long-poll timeout (ms) when a pop names none.
+    #[arg(long, env = "DEFAULT_TIMEOUT", default_value_t = DEFAULT_TIMEOUT_MS)]
+    pub default_timeout: u64,
+    /// Re-check interval (ms) of a parked pop.
+    #[arg(long, env = "POP_WAIT_INITIAL_INTERVAL_MS", default_value_t = WaitBackoff::default().initial_ms)]
+    pub pop_wait_initial_interval_ms: u64,
+    /// Re-checks at the initial interval before the backoff grows.
+    #[arg(long, env = "POP_WAIT_BACKOFF_THRESHOLD", default_value_t = WaitBackoff::default().threshold)]
+    pub pop_wait_backoff_threshold: u32,
+    /// Growth factor of the re-check interval after the threshold.
+    #[arg(long, env = "POP_WAIT_BACKOFF_MULTIPLIER", default_value_t = WaitBackoff::default().multiplier)]
+    pub pop_wait_backoff_multiplier: f64,
+    /// Longest re-check interval (ms).
+    #[arg(long, env = "POP_WAIT_MAX_INTERVAL_MS", default_value_t = WaitBackoff::default().max_ms)]
+    pub pop_wait_max_interval_ms: u64,
+    /// 1: the in-memory hot-list ring picks candidates; 0: the SQL candidate scan.
+    #[arg(long = "hotlist", env = "QUEEN_HOTLIST", default_value = "1",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
+    pub hotlist: bool,
+    /// Serving limiter: initial concurrency limit.
+    #[arg(long, env = "QUEEN_VEGAS_INITIAL", default_value_t = VegasConfig::default().initial_limit)]
+    pub vegas_initial: u32,
+    /// Serving limiter: lowest limit.
+    #[arg(long, env = "QUEEN_VEGAS_MIN", default_value_t = VegasConfig::default().min_limit)]
+    pub vegas_min: u32,
+    /// Serving limiter: highest limit.
+    #[arg(long, env = "QUEEN_VEGAS_MAX", default_value_t = VegasConfig::default().max_limit)]
+    pub vegas_max: u32,
+    /// Largest accepted request body (bytes).
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = ServerConfig::default().max_body_bytes)]
+    pub max_body_bytes: usize,
 }
 
-impl ServerConfig {
-    pub fn from_env() -> Result<ServerConfig, String> {
-        Self::from_vars(|k| std::env::var(k).ok())
+impl Settings {
+    /// Reads the flags and the environment; exits with clap's message on a bad value, and on
+    /// --help or --version. Call before any other thread starts (it edits the environment).
+    pub fn from_args_and_env() -> Self {
+        // An empty variable means unset, as deployment files often write `PORT=`; clap would
+        // read it as an empty value.
+        for arg in Self::command().get_arguments() {
+            if let Some(name) = arg.get_env() {
+                if std::env::var_os(name).is_some_and(|v| v.is_empty()) {
+                    std::env::remove_var(name);
+                }
+            }
+        }
+        Self::parse()
     }
 
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<ServerConfig, String> {
-        let d = ServerConfig::default();
+    /// The broker's configuration and, when a database is configured, PostgreSQL's.
+    pub fn into_configs(self) -> Result<(ServerConfig, Option<PgConfig>), String> {
         let backoff = WaitBackoff {
-            initial_ms: parse(&get, "POP_WAIT_INITIAL_INTERVAL_MS", d.backoff.initial_ms)?,
-            threshold: parse(&get, "POP_WAIT_BACKOFF_THRESHOLD", d.backoff.threshold)?,
-            multiplier: parse(&get, "POP_WAIT_BACKOFF_MULTIPLIER", d.backoff.multiplier)?,
-            max_ms: parse(&get, "POP_WAIT_MAX_INTERVAL_MS", d.backoff.max_ms)?,
+            initial_ms: self.pop_wait_initial_interval_ms,
+            threshold: self.pop_wait_backoff_threshold,
+            multiplier: self.pop_wait_backoff_multiplier,
+            max_ms: self.pop_wait_max_interval_ms,
         };
         if backoff.initial_ms == 0
             || backoff.max_ms == 0
@@ -89,26 +134,30 @@ impl ServerConfig {
         {
             return Err("POP_WAIT_* intervals must be positive".into());
         }
-        let hotlist = match get("QUEEN_HOTLIST").as_deref().map(str::trim) {
-            None | Some("") | Some("1") | Some("true") | Some("on") => true,
-            Some("0") | Some("false") | Some("off") => false,
-            Some(v) => return Err(format!("QUEEN_HOTLIST must be 0 or 1, got {v:?}")),
-        };
-        let vegas = queen_core::limiter::VegasConfig {
-            initial_limit: parse(&get, "QUEEN_VEGAS_INITIAL", d.vegas.initial_limit)?,
-            min_limit: parse(&get, "QUEEN_VEGAS_MIN", d.vegas.min_limit)?,
-            max_limit: parse(&get, "QUEEN_VEGAS_MAX", d.vegas.max_limit)?,
-            ..d.vegas
-        };
-        Ok(ServerConfig {
-            host: get("HOST").filter(|h| !h.is_empty()).unwrap_or(d.host),
-            port: parse(&get, "PORT", d.port)?,
-            default_timeout_ms: parse(&get, "DEFAULT_TIMEOUT", d.default_timeout_ms)?,
+        let pg = PgConfig::from_settings(PgSettings {
+            url: self.database_url,
+            host: self.pg_host,
+            port: self.pg_port,
+            user: self.pg_user,
+            password: self.pg_password,
+            db: self.pg_db,
+            pool_size: self.db_pool_size,
+        })?;
+        let server = ServerConfig {
+            host: self.host,
+            port: self.port,
+            default_timeout_ms: self.default_timeout,
             backoff,
-            hotlist,
-            vegas,
-            max_body_bytes: parse(&get, "MAX_BODY_BYTES", d.max_body_bytes)?,
-        })
+            hotlist: self.hotlist,
+            vegas: VegasConfig {
+                initial_limit: self.vegas_initial,
+                min_limit: self.vegas_min,
+                max_limit: self.vegas_max,
+                ..VegasConfig::default()
+            },
+            max_body_bytes: self.max_body_bytes,
+        };
+        Ok((server, pg))
     }
 }
 
@@ -116,25 +165,44 @@ impl ServerConfig {
 mod tests {
     use super::*;
 
+    fn parse(args: &[&str]) -> Result<ServerConfig, String> {
+        Settings::try_parse_from(std::iter::once("queen").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?
+            .into_configs()
+            .map(|(server, _)| server)
+    }
+
     #[test]
     fn defaults_and_overrides() {
-        let c = ServerConfig::from_vars(|_| None).unwrap();
-        assert_eq!(
-            (c.port, c.default_timeout_ms, c.hotlist),
-            (6632, 30_000, true)
-        );
-        assert_eq!(c.backoff, WaitBackoff::default());
-        let c = ServerConfig::from_vars(|k| match k {
-            "PORT" => Some("7000".into()),
-            "QUEEN_HOTLIST" => Some("0".into()),
-            "POP_WAIT_MAX_INTERVAL_MS" => Some("500".into()),
-            _ => None,
-        })
+        // (The test environment may set any of the variables; each case names its own flags.)
+        let c = parse(&[
+            "--port",
+            "7000",
+            "--hotlist",
+            "0",
+            "--pop-wait-max-interval-ms",
+            "500",
+        ])
         .unwrap();
         assert_eq!((c.port, c.hotlist, c.backoff.max_ms), (7000, false, 500));
-        assert!(ServerConfig::from_vars(|k| (k == "PORT").then(|| "x".into())).is_err());
-        assert!(
-            ServerConfig::from_vars(|k| (k == "QUEEN_HOTLIST").then(|| "maybe".into())).is_err()
-        );
+        let c = parse(&["--hotlist", "on", "--default-timeout", "30000"]).unwrap();
+        assert_eq!((c.hotlist, c.default_timeout_ms), (true, 30_000));
+        assert!(parse(&["--port", "x"]).is_err());
+        assert!(parse(&["--hotlist", "maybe"]).is_err());
+        assert!(parse(&["--pop-wait-initial-interval-ms", "0"]).is_err());
+    }
+
+    #[test]
+    fn help_is_generated_from_the_settings() {
+        let help = Settings::command().render_long_help().to_string();
+        for var in [
+            "DATABASE_URL",
+            "PORT",
+            "QUEEN_HOTLIST",
+            "POP_WAIT_MAX_INTERVAL_MS",
+            "MAX_BODY_BYTES",
+        ] {
+            assert!(help.contains(var), "--help does not name {var}");
+        }
     }
 }

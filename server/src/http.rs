@@ -120,40 +120,28 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Failure> {
     }
 }
 
-/// Parses a JSON body. `empty_means` is what an empty body stands for (None: an error).
 /// Percent-decodes one path segment or query component; `plus_is_space` for query strings.
 pub fn percent_decode(s: &str, plus_is_space: bool) -> Result<String, Failure> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = b
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(v) => {
-                        out.push(v);
-                        i += 3;
-                    }
-                    None => {
-                        return Err(Failure::bad(format!("malformed percent-encoding in {s:?}")))
-                    }
-                }
-            }
-            b'+' if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
+    // percent-encoding passes a malformed escape through as text; from a client it is a mistake
+    // worth a 400, not a name with a literal '%' in it.
+    let malformed = s.match_indices('%').any(|(i, _)| {
+        !s.get(i + 1..i + 3)
+            .is_some_and(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))
+    });
+    if malformed {
+        return Err(Failure::bad(format!("malformed percent-encoding in {s:?}")));
     }
-    String::from_utf8(out).map_err(|_| Failure::bad("names and parameters must be UTF-8"))
+    let spaced;
+    let s = if plus_is_space && s.contains('+') {
+        spaced = s.replace('+', " ");
+        spaced.as_str()
+    } else {
+        s
+    };
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| Failure::bad("names and parameters must be UTF-8"))
 }
 
 /// Decoded query pairs, in order.
@@ -178,6 +166,9 @@ mod tests {
         assert_eq!(percent_decode("a+b", false).unwrap(), "a+b");
         assert_eq!(percent_decode("a+b", true).unwrap(), "a b");
         assert!(percent_decode("bad%2", false).is_err());
+        assert!(percent_decode("bad%zz", false).is_err());
+        assert!(percent_decode("bad%", false).is_err());
+        assert_eq!(percent_decode("a%2Bb+c", true).unwrap(), "a+b c");
         assert!(percent_decode("%ff%fe", false).is_err(), "not UTF-8");
         let q = query_pairs(Some("batch=10&wait=true&consumerGroup=g%2F1&flag")).unwrap();
         assert_eq!(q[2], ("consumerGroup".to_string(), "g/1".to_string()));

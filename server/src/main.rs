@@ -5,21 +5,14 @@ use std::time::Duration;
 
 use queen_core::storage::StorageSet;
 use queen_server::app::{wall_now, App};
-use queen_server::config::{ServerConfig, HELP};
-use queen_storage_pg::{PgConfig, PgStorage};
+use queen_server::config::Settings;
+use queen_storage_pg::PgStorage;
 use queen_storage_sim::{SimBugs, SimDb};
 use tokio::net::TcpListener;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{HELP}");
-        return;
-    }
-    if let Some(a) = args.first() {
-        eprintln!("unknown argument {a:?}; see --help");
-        std::process::exit(2);
-    }
+    // Flags and environment variables; --help and --version exit here.
+    let settings = Settings::from_args_and_env();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -36,17 +29,16 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(run()) {
+    if let Err(e) = runtime.block_on(run(settings)) {
         tracing::error!("{e}");
         std::process::exit(1);
     }
 }
 
-async fn run() -> Result<(), String> {
-    let config = ServerConfig::from_env()?;
+async fn run(settings: Settings) -> Result<(), String> {
+    let (config, pg_config) = settings.into_configs()?;
     let seed =
         u64::try_from(wall_now().0).unwrap_or(0) ^ u64::from(std::process::id()).rotate_left(32);
-    let pg_config = PgConfig::from_env()?;
     let storage = match pg_config.clone() {
         Some(pg) => {
             let storage = PgStorage::connect(&pg)

@@ -1,5 +1,4 @@
-//! Connection settings: DATABASE_URL, or PG_HOST / PG_PORT / PG_USER / PG_PASSWORD / PG_DB, and
-//! DB_POOL_SIZE.
+//! Connection settings: a URL, or host / port / user / password / database, and the pool size.
 
 use std::str::FromStr;
 
@@ -12,41 +11,47 @@ pub struct PgConfig {
     pub pool_size: usize,
 }
 
-impl PgConfig {
-    /// Reads the environment. `None` when no database is configured (no DATABASE_URL and no PG_*
-    /// variable): the broker then runs on the in-memory backend.
-    pub fn from_env() -> Result<Option<PgConfig>, String> {
-        Self::from_vars(|k| std::env::var(k).ok())
-    }
+/// The connection settings as the operator gives them (the broker reads them with clap, from
+/// flags or DATABASE_URL, PG_*, DB_POOL_SIZE).
+#[derive(Clone, Debug, Default)]
+pub struct PgSettings {
+    pub url: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub db: Option<String>,
+    pub pool_size: Option<usize>,
+}
 
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<PgConfig>, String> {
-        let pool_size = match get("DB_POOL_SIZE") {
-            Some(v) => v
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("DB_POOL_SIZE must be a positive integer, got {v:?}"))?,
+impl PgConfig {
+    /// `None` when no database is configured (no URL and no part): the broker then runs on the
+    /// in-memory backend. A URL wins over the parts; missing parts take libpq's usual defaults.
+    pub fn from_settings(s: PgSettings) -> Result<Option<PgConfig>, String> {
+        let pool_size = match s.pool_size {
+            Some(0) => return Err("DB_POOL_SIZE must be a positive integer, got 0".into()),
+            Some(n) => n,
             None => DEFAULT_POOL_SIZE,
         };
-        if let Some(url) = get("DATABASE_URL").filter(|u| !u.is_empty()) {
+        if let Some(url) = s.url.filter(|u| !u.is_empty()) {
             let pg = tokio_postgres::Config::from_str(&url)
                 .map_err(|e| format!("DATABASE_URL is not a valid PostgreSQL URL: {e}"))?;
             return Ok(Some(PgConfig { pg, pool_size }));
         }
-        let keys = ["PG_HOST", "PG_PORT", "PG_USER", "PG_PASSWORD", "PG_DB"];
-        if keys.iter().all(|k| get(k).is_none()) {
+        if s.host.is_none()
+            && s.port.is_none()
+            && s.user.is_none()
+            && s.password.is_none()
+            && s.db.is_none()
+        {
             return Ok(None);
         }
         let mut pg = tokio_postgres::Config::new();
-        pg.host(get("PG_HOST").unwrap_or_else(|| "localhost".into()));
-        let port = get("PG_PORT").unwrap_or_else(|| "5432".into());
-        pg.port(
-            port.parse()
-                .map_err(|_| format!("PG_PORT must be a port number, got {port:?}"))?,
-        );
-        pg.user(get("PG_USER").unwrap_or_else(|| "postgres".into()));
-        pg.password(get("PG_PASSWORD").unwrap_or_else(|| "postgres".into()));
-        pg.dbname(get("PG_DB").unwrap_or_else(|| "postgres".into()));
+        pg.host(s.host.unwrap_or_else(|| "localhost".into()));
+        pg.port(s.port.unwrap_or(5432));
+        pg.user(s.user.unwrap_or_else(|| "postgres".into()));
+        pg.password(s.password.unwrap_or_else(|| "postgres".into()));
+        pg.dbname(s.db.unwrap_or_else(|| "postgres".into()));
         Ok(Some(PgConfig { pg, pool_size }))
     }
 }
@@ -55,40 +60,43 @@ impl PgConfig {
 mod tests {
     use super::*;
 
-    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
     #[test]
     fn nothing_configured_means_in_memory() {
-        assert!(PgConfig::from_vars(vars(&[])).unwrap().is_none());
+        assert!(PgConfig::from_settings(PgSettings::default())
+            .unwrap()
+            .is_none());
     }
 
     #[test]
     fn url_or_parts() {
-        let c = PgConfig::from_vars(vars(&[
-            ("DATABASE_URL", "postgres://u@h:5/db"),
-            ("DB_POOL_SIZE", "7"),
-        ]))
+        let c = PgConfig::from_settings(PgSettings {
+            url: Some("postgres://u@h:5/db".into()),
+            pool_size: Some(7),
+            ..PgSettings::default()
+        })
         .unwrap()
         .unwrap();
         assert_eq!(c.pool_size, 7);
         assert_eq!(c.pg.get_dbname(), Some("db"));
-        let c = PgConfig::from_vars(vars(&[("PG_HOST", "db.local"), ("PG_PORT", "6543")]))
-            .unwrap()
-            .unwrap();
+        let c = PgConfig::from_settings(PgSettings {
+            host: Some("db.local".into()),
+            port: Some(6543),
+            ..PgSettings::default()
+        })
+        .unwrap()
+        .unwrap();
         assert_eq!(c.pg.get_ports(), &[6543]);
         assert_eq!(c.pg.get_user(), Some("postgres"));
-        assert!(PgConfig::from_vars(vars(&[("PG_PORT", "x")])).is_err());
-        assert!(PgConfig::from_vars(vars(&[
-            ("DATABASE_URL", "postgres://h"),
-            ("DB_POOL_SIZE", "0")
-        ]))
+        assert!(PgConfig::from_settings(PgSettings {
+            url: Some("postgres://h".into()),
+            pool_size: Some(0),
+            ..PgSettings::default()
+        })
+        .is_err());
+        assert!(PgConfig::from_settings(PgSettings {
+            url: Some("not a url".into()),
+            ..PgSettings::default()
+        })
         .is_err());
     }
 }

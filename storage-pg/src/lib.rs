@@ -24,7 +24,7 @@ use queen_core::storage::{
 use queen_core::{Offset, Timestamp};
 use tokio_postgres::NoTls;
 
-pub use config::{PgConfig, DEFAULT_POOL_SIZE};
+pub use config::{PgConfig, PgSettings, DEFAULT_POOL_SIZE};
 pub use error::pg_err;
 pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS};
 
