@@ -12,7 +12,7 @@ use queen_core::storage::{
 use queen_core::Timestamp;
 
 use crate::tx::lock;
-use crate::{delivery, ops, pop, SimDb};
+use crate::{delivery, messages, pop, queues, SimDb};
 
 #[async_trait]
 impl PopStorage for SimDb {
@@ -98,12 +98,12 @@ impl PopStorage for SimDb {
 #[async_trait]
 impl MessageStorage for SimDb {
     async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
-        self.exec(ops::push(self.shared.clone(), self.cell(), groups))
+        self.exec(messages::push(self.shared.clone(), self.cell(), groups))
             .await
     }
 
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
-        self.exec(ops::ack(
+        self.exec(messages::ack(
             self.shared.clone(),
             self.cell(),
             group.to_string(),
@@ -113,7 +113,7 @@ impl MessageStorage for SimDb {
     }
 
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {
-        self.exec(ops::renew(
+        self.exec(messages::renew(
             self.shared.clone(),
             self.cell(),
             lease_id.to_string(),
@@ -126,12 +126,12 @@ impl MessageStorage for SimDb {
 #[async_trait]
 impl AdminStorage for SimDb {
     async fn configure_queue(&self, config: QueueConfig) -> StorageResult<ConfiguredQueue> {
-        self.exec(ops::configure(self.shared.clone(), self.cell(), config))
+        self.exec(queues::configure(self.shared.clone(), self.cell(), config))
             .await
     }
 
     async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
-        self.exec(ops::delete_queue(
+        self.exec(queues::delete_queue(
             self.shared.clone(),
             self.cell(),
             queue.to_string(),

@@ -8,7 +8,7 @@ use queen_core::storage::{
 };
 use queen_core::{Offset, Timestamp};
 
-use crate::ops::{ack_body, push_body};
+use crate::messages::{ack_body, push_body};
 use crate::state::DbState;
 use crate::table::Lock;
 use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell};
@@ -344,7 +344,7 @@ pub(crate) async fn requeue_dead_letter(
             partition: d.partition.clone(),
             frames: vec![frame],
         };
-        let mut out = crate::ops::push_body(&tx, std::slice::from_ref(&group)).await?;
+        let mut out = crate::messages::push_body(&tx, std::slice::from_ref(&group)).await?;
         tx.stmt("delete dead letter", |st, t| {
             st.dlq.delete(&key, t.id);
             Ok(())

@@ -8,8 +8,9 @@
 
 mod backend;
 mod delivery;
-mod ops;
+mod messages;
 mod pop;
+mod queues;
 pub mod sched;
 mod state;
 pub mod table;
@@ -175,16 +176,7 @@ impl SimDb {
         let st = lock(&self.shared.state);
         st.dlq
             .range((queue.to_string(), 0)..=(queue.to_string(), u64::MAX), 0)
-            .map(|(_, d)| DeadLetter {
-                partition_id: d.partition_id.clone(),
-                partition: d.partition.clone(),
-                group: d.group.clone(),
-                offset: d.offset,
-                transaction_id: d.transaction_id.clone(),
-                error: d.error.clone(),
-                retry_count: d.retry_count,
-                failed_at: d.failed_at,
-            })
+            .map(|(_, d)| d.clone())
             .collect()
     }
 
@@ -228,7 +220,7 @@ impl SimDb {
         partition: &str,
         before: Offset,
     ) -> StorageResult<u32> {
-        self.run(ops::drop_segments(
+        self.run(queues::drop_segments(
             self.shared.clone(),
             TaskCell::free_run(),
             queue.into(),

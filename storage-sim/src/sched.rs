@@ -15,7 +15,7 @@ use queen_core::storage::{
 };
 
 use crate::tx::{lock, TaskCell};
-use crate::{ops, pop, SimDb};
+use crate::{messages, pop, SimDb};
 
 /// One operation a task performs: a storage procedure.
 #[derive(Clone, Debug)]
@@ -70,7 +70,7 @@ impl Interleaving {
         let c = cell.clone();
         let fut: TaskFuture = match op {
             Op::Push(groups) => {
-                Box::pin(async move { OpResult::Push(ops::push(shared, c, groups).await) })
+                Box::pin(async move { OpResult::Push(messages::push(shared, c, groups).await) })
             }
             Op::PopPartition(req, p) => {
                 Box::pin(async move { OpResult::Pop(pop::pop_partition(shared, c, req, p).await) })
@@ -82,10 +82,12 @@ impl Interleaving {
                 Box::pin(async move { OpResult::Pop(pop::pop_wildcard(shared, c, req).await) })
             }
             Op::Ack(group, items) => {
-                Box::pin(async move { OpResult::Ack(ops::ack(shared, c, group, items).await) })
+                Box::pin(async move { OpResult::Ack(messages::ack(shared, c, group, items).await) })
             }
             Op::Renew(lease, secs) => {
-                Box::pin(async move { OpResult::Renew(ops::renew(shared, c, lease, secs).await) })
+                Box::pin(
+                    async move { OpResult::Renew(messages::renew(shared, c, lease, secs).await) },
+                )
             }
         };
         self.tasks.push(Task {

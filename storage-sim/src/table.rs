@@ -241,6 +241,25 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
     }
 }
 
+/// Tables keyed by (owner, item): every row of one owner (a partition's segments or cursors, a
+/// queue's dead letters).
+impl<A: Ord + Clone, B: Ord + Clone, V: Clone> Table<(A, B), V> {
+    /// The keys visible to `tx` under `owner`, in order; `lowest` is the smallest item key.
+    pub fn keys_of(&self, owner: &A, lowest: B, tx: TxId) -> Vec<(A, B)> {
+        self.range((owner.clone(), lowest).., tx)
+            .take_while(|((a, _), _)| a == owner)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Deletes every row of `owner` (as `tx`).
+    pub fn delete_all_of(&mut self, owner: &A, lowest: B, tx: TxId) {
+        for k in self.keys_of(owner, lowest, tx) {
+            self.delete(&k, tx);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -179,6 +179,14 @@ pub fn leases_exclusive(events: &[Event], lease_secs: i64) -> Vec<Violation> {
         lease: &'a str,
         offsets: BTreeSet<i64>,
     }
+    // The first ack sent under each lease, indexed once (not searched per delivery).
+    let mut first_ack: BTreeMap<&str, Micros> = BTreeMap::new();
+    for e in events {
+        if let Event::AckSent { at, lease, .. } = e {
+            let first = first_ack.entry(lease.as_str()).or_insert(*at);
+            *first = (*first).min(*at);
+        }
+    }
     let mut spans: BTreeMap<(&str, &str), Vec<Span>> = BTreeMap::new();
     for e in events {
         if let Event::Delivered {
@@ -192,13 +200,7 @@ pub fn leases_exclusive(events: &[Event], lease_secs: i64) -> Vec<Violation> {
             ..
         } = e
         {
-            let acked = events
-                .iter()
-                .filter_map(|x| match x {
-                    Event::AckSent { at, lease: l, .. } if l == lease => Some(*at),
-                    _ => None,
-                })
-                .min();
+            let acked = first_ack.get(lease.as_str()).copied();
             let expiry = invoked + lease_secs * 1_000_000;
             spans
                 .entry((group.as_str(), partition.as_str()))
@@ -214,22 +216,33 @@ pub fn leases_exclusive(events: &[Event], lease_secs: i64) -> Vec<Violation> {
     }
     let mut out = vec![];
     for ((g, p), list) in &spans {
-        for a in list {
-            for b in list {
-                if a.lease != b.lease
-                    && b.invoked >= a.at
-                    && b.at < a.live_until
-                    && a.offsets.intersection(&b.offsets).next().is_some()
-                {
-                    out.push(format!(
-                        "double lease: group {g} partition {p}: lease {} live until {} us, lease {} granted by {} us, on offsets {:?}",
-                        a.lease,
-                        a.live_until,
-                        b.lease,
-                        b.at,
-                        a.offsets.intersection(&b.offsets).collect::<Vec<_>>()
-                    ));
-                }
+        // Only deliveries that share an offset can collide: compare within each offset's list
+        // (a handful of redeliveries) instead of every pair of the partition's deliveries.
+        let mut by_offset: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        for (i, span) in list.iter().enumerate() {
+            for o in &span.offsets {
+                by_offset.entry(*o).or_default().push(i);
+            }
+        }
+        let pairs: BTreeSet<(usize, usize)> = by_offset
+            .values()
+            .flat_map(|ids| {
+                ids.iter()
+                    .flat_map(move |a| ids.iter().map(move |b| (*a, *b)))
+                    .filter(|(a, b)| a != b)
+            })
+            .collect();
+        for (a, b) in pairs {
+            let (a, b) = (&list[a], &list[b]);
+            if a.lease != b.lease && b.invoked >= a.at && b.at < a.live_until {
+                out.push(format!(
+                    "double lease: group {g} partition {p}: lease {} live until {} us, lease {} granted by {} us, on offsets {:?}",
+                    a.lease,
+                    a.live_until,
+                    b.lease,
+                    b.at,
+                    a.offsets.intersection(&b.offsets).collect::<Vec<_>>()
+                ));
             }
         }
     }
@@ -423,4 +436,73 @@ pub fn parked_consumers_served(events: &[Event], bound_us: i64) -> (Vec<Violatio
         }
     }
     (out, covered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered(invoked: Micros, at: Micros, lease: &str, offsets: &[i64]) -> Event {
+        Event::Delivered {
+            invoked,
+            at,
+            id: 0,
+            consumer: lease.into(),
+            group: "g".into(),
+            partition: "p".into(),
+            lease: lease.into(),
+            auto_ack: false,
+            attempt: 1,
+            msgs: offsets
+                .iter()
+                .map(|o| Msg {
+                    partition_id: "pid".into(),
+                    offset: *o,
+                    txid: format!("t{o}"),
+                })
+                .collect(),
+        }
+    }
+
+    fn ack(at: Micros, lease: &str) -> Event {
+        Event::AckSent {
+            at,
+            group: "g".into(),
+            partition: "p".into(),
+            lease: lease.into(),
+            last_offset: 0,
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn a_second_lease_on_a_live_offset_is_reported_once() {
+        let events = [
+            delivered(0, 10, "a", &[0, 1]),
+            delivered(20, 30, "b", &[1, 2]),
+            delivered(25, 35, "c", &[5]),
+        ];
+        let v = leases_exclusive(&events, 60);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("lease a") && v[0].contains("lease b"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_lease_ends_at_its_first_ack_or_its_expiry() {
+        let acked = [
+            delivered(0, 10, "a", &[0]),
+            ack(15, "a"),
+            ack(50, "a"),
+            delivered(20, 30, "b", &[0]),
+        ];
+        assert!(leases_exclusive(&acked, 60).is_empty());
+        let expired = [
+            delivered(0, 10, "a", &[0]),
+            delivered(2_000_000, 2_000_010, "b", &[0]),
+        ];
+        assert!(leases_exclusive(&expired, 1).is_empty());
+    }
 }

@@ -1,4 +1,5 @@
-//! Push, ack, lease renewal and queue administration in the model.
+//! Push, ack and lease renewal in the model, statement by statement as push_v2, ack_v1 and
+//! renew_lease_v1 run them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,8 +8,8 @@ use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
 use queen_core::frames::build_blob;
 use queen_core::storage::{
-    AckItem, AckOutcome, AckStatus, ConfiguredQueue, PushGroup, PushGroupResult, PushOutcome,
-    QueueConfig, QueueFull, RenewOutcome, StorageError,
+    AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
+    QueueFull, RenewOutcome, StorageError,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
 
@@ -16,7 +17,7 @@ use crate::state::{DbState, DlqRow, PartitionRow, QueueRow, SegmentData, TxidRow
 use crate::table::{Insert, Lock};
 use crate::tx::{in_tx, Shared, StmtError, TaskCell, TxHandle};
 
-fn insert_or_wait<K: Ord + Clone, V: Clone>(
+pub(crate) fn insert_or_wait<K: Ord + Clone, V: Clone>(
     t: &mut crate::table::Table<K, V>,
     k: K,
     v: V,
@@ -29,7 +30,7 @@ fn insert_or_wait<K: Ord + Clone, V: Clone>(
     }
 }
 
-fn lock_or_wait(l: Lock) -> Result<bool, StmtError> {
+pub(crate) fn lock_or_wait(l: Lock) -> Result<bool, StmtError> {
     match l {
         Lock::Acquired => Ok(true),
         Lock::Missing => Ok(false),
@@ -38,7 +39,12 @@ fn lock_or_wait(l: Lock) -> Result<bool, StmtError> {
 }
 
 /// Creates the queue row if absent (namespace/task from the name).
-fn ensure_queue(st: &mut DbState, queue: &str, now: Timestamp, tx: u64) -> Result<(), StmtError> {
+pub(crate) fn ensure_queue(
+    st: &mut DbState,
+    queue: &str,
+    now: Timestamp,
+    tx: u64,
+) -> Result<(), StmtError> {
     if st.queues.get(&queue.to_string(), tx).is_some() {
         return Ok(());
     }
@@ -56,7 +62,7 @@ fn ensure_queue(st: &mut DbState, queue: &str, now: Timestamp, tx: u64) -> Resul
 }
 
 /// Creates the partition row if absent and locks it; returns its id.
-fn ensure_partition_locked(
+pub(crate) fn ensure_partition_locked(
     st: &mut DbState,
     queue: &str,
     partition: &str,
@@ -565,165 +571,6 @@ pub(crate) async fn renew(
                 renewed,
                 expires_at,
             })
-        })
-        .await
-    })
-    .await
-}
-
-pub(crate) async fn configure(
-    shared: Arc<Shared>,
-    cell: Arc<TaskCell>,
-    config: QueueConfig,
-) -> Result<ConfiguredQueue, StorageError> {
-    in_tx(&shared, "configure_queue", cell, |tx| async move {
-        let now = tx.now();
-        let qid = tx
-            .stmt("upsert queue", |st, t| {
-                ensure_queue(st, &config.name, now, t.id)?;
-                let mut row = st.queues.get(&config.name, t.id).cloned().ok_or_else(|| {
-                    StmtError::Abort(StorageError::Internal("queue row missing".into()))
-                })?;
-                row.config = config.clone();
-                lock_or_wait(st.queues.update(&config.name, row.clone(), t.id))?;
-                Ok(row.id)
-            })
-            .await?;
-        let pid = tx
-            .stmt("default partition", |st, t| {
-                ensure_partition_locked(
-                    st,
-                    &config.name,
-                    queen_core::types::DEFAULT_PARTITION,
-                    now,
-                    t.id,
-                )
-            })
-            .await?;
-        Ok(ConfiguredQueue {
-            queue_id: qid,
-            default_partition_id: pid,
-        })
-    })
-    .await
-}
-
-pub(crate) async fn delete_queue(
-    shared: Arc<Shared>,
-    cell: Arc<TaskCell>,
-    queue: String,
-) -> Result<bool, StorageError> {
-    in_tx(&shared, "delete_queue", cell, |tx| async move {
-        tx.stmt("delete queue", |st, t| {
-            if st.queues.get(&queue, t.id).is_none() {
-                return Ok(false);
-            }
-            let parts: Vec<((String, String), String)> = st
-                .partitions_of(&queue, t.id)
-                .map(|(n, p)| ((queue.clone(), n.to_string()), p.id.clone()))
-                .collect();
-            // Take every lock first (waiting where needed), so a wait changes nothing.
-            lock_or_wait(st.queues.lock(&queue, t.id))?;
-            for (k, pid) in &parts {
-                lock_or_wait(st.partitions.lock(k, t.id))?;
-                let cursors: Vec<_> = st
-                    .consumers
-                    .range((pid.clone(), String::new()).., t.id)
-                    .take_while(|((p, _), _)| p == pid)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for c in cursors {
-                    lock_or_wait(st.consumers.lock(&c, t.id))?;
-                }
-            }
-            for (k, pid) in &parts {
-                let segs: Vec<_> = st
-                    .segments
-                    .range(
-                        (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
-                        t.id,
-                    )
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for s in segs {
-                    st.segments.delete(&s, t.id);
-                }
-                let txids: Vec<_> = st
-                    .txids
-                    .range((pid.clone(), String::new()).., t.id)
-                    .take_while(|((p, _), _)| p == pid)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for x in txids {
-                    st.txids.delete(&x, t.id);
-                }
-                let cursors: Vec<_> = st
-                    .consumers
-                    .range((pid.clone(), String::new()).., t.id)
-                    .take_while(|((p, _), _)| p == pid)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for c in cursors {
-                    st.consumers.delete(&c, t.id);
-                }
-                st.partition_ids.delete(pid, t.id);
-                st.partitions.delete(k, t.id);
-            }
-            let dl: Vec<_> = st
-                .dlq
-                .range((queue.clone(), 0)..=(queue.clone(), u64::MAX), t.id)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for d in dl {
-                st.dlq.delete(&d, t.id);
-            }
-            let wm: Vec<_> = st
-                .watermarks
-                .range((queue.clone(), String::new()).., t.id)
-                .take_while(|((q, _), _)| *q == queue)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for w in wm {
-                st.watermarks.delete(&w, t.id);
-            }
-            st.queues.delete(&queue, t.id);
-            Ok(true)
-        })
-        .await
-    })
-    .await
-}
-
-/// Retention: removes a partition's segments with base_offset < `before` (the cursor rows and
-/// partition head are untouched, exactly as a retention job leaves them).
-pub(crate) async fn drop_segments(
-    shared: Arc<Shared>,
-    cell: Arc<TaskCell>,
-    queue: String,
-    partition: String,
-    before: Offset,
-) -> Result<u32, StorageError> {
-    in_tx(&shared, "retention", cell, |tx| async move {
-        tx.stmt("delete segments", |st, t| {
-            let Some(pid) = st
-                .partitions
-                .get(&(queue.clone(), partition.clone()), t.id)
-                .map(|p| p.id.clone())
-            else {
-                return Ok(0);
-            };
-            let segs: Vec<_> = st
-                .segments
-                .range((pid.clone(), Offset::MIN)..(pid.clone(), before), t.id)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for s in &segs {
-                lock_or_wait(st.segments.lock(s, t.id))?;
-            }
-            for s in &segs {
-                st.segments.delete(s, t.id);
-            }
-            Ok(segs.len() as u32)
         })
         .await
     })
