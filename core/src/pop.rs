@@ -5,6 +5,11 @@
 //! until a wake or a deadline, reply). A storage round trip is two events: the machine emits a
 //! command with a correlation id, and the driver feeds back `StorageDone { id, .. }`; a reply
 //! with a stale id is ignored, so tests may delay, duplicate or reorder replies.
+//!
+//! The driver's contract: every input it feeds (start, a granted permit, the answer of the call
+//! the machine asked for, a wake, timer or cancel while parked) is answered with the machine's
+//! next wait (`AcquirePermit`, `Storage`, `Park`) or its `Reply`; even an early timer re-emits
+//! the park. Each phase carries the data only it needs (`PermitRound` while a permit is held).
 
 use std::collections::VecDeque;
 
@@ -238,20 +243,52 @@ enum Work {
     DiscoveryNext,
 }
 
+/// What one permit's work has done so far (the data of the `Working` phase).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PermitRound {
+    /// When the permit was granted: the storage latency reported to the limiter runs from here.
+    since: Timestamp,
+    /// A wake arrived while storage was working: look again at once instead of parking, since
+    /// storage's answer was read before the event.
+    woken: bool,
+    /// List pops issued under this permit (a second one runs when the first found only stale
+    /// candidates and the ring still has ready ones).
+    list_rounds: u32,
+    /// This pop took on its ring's due reseed and has not run it yet.
+    owes_reseed: bool,
+}
+
+/// A single-partition pop's last storage look: the ring epoch of its partition and the table's
+/// reset count then, and when it was. An unchanged epoch means nothing was learnt since.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PartitionLook {
+    epoch_and_resets: (u64, u64),
+    at: Timestamp,
+}
+
+/// Where the machine is; each phase carries the data only it needs.
 #[derive(Clone, Debug, PartialEq)]
 enum Phase {
     New,
+    /// min_pop_wait: an under-full batch held back before the permit, since `started`.
     Holding {
         until: Timestamp,
+        started: Timestamp,
+        owes_reseed: bool,
     },
-    AwaitPermit,
+    AwaitPermit {
+        woken: bool,
+        owes_reseed: bool,
+    },
+    /// The legacy path's cheap probe (no permit).
     Probing {
         id: u64,
+        woken: bool,
     },
     Working {
         id: u64,
         work: Work,
-        since: Timestamp,
+        round: PermitRound,
     },
     Parked {
         until: Timestamp,
@@ -269,19 +306,10 @@ pub struct PopMachine {
     phase: Phase,
     effects: VecDeque<PopEffect>,
     next_id: u64,
-    /// Empty checks since the last wake (drives the backoff).
-    attempt: u32,
-    /// A wake arrived while storage was working: re-check at once instead of parking.
-    woken_during_work: bool,
-    list_rounds: u32,
-    /// When the min_pop_wait hold began (first under-full sighting).
-    hold_started: Option<Timestamp>,
-    /// Single-partition pops: the ring epoch and the table's reset count at the last empty
-    /// answer.
-    partition_epoch_seen: Option<(u64, u64)>,
-    last_storage_check: Option<Timestamp>,
-    /// This pop took on the ring's due reseed.
-    owes_reseed: bool,
+    /// Empty checks since the last wake (drives the backoff); lives as long as the request.
+    empty_checks: u32,
+    /// Single-partition pops: the last storage look (`None` before the first).
+    partition_look: Option<PartitionLook>,
     /// When storage said something this pop could take becomes deliverable (a lease expiring,
     /// delayedProcessing, windowBuffer, a retryDelay hold): the parked pop looks again then.
     /// Queue-wide pops on the hot-list keep these times on the ring's wheel instead.
@@ -308,13 +336,8 @@ impl PopMachine {
             phase: Phase::New,
             effects: VecDeque::new(),
             next_id: 0,
-            attempt: 0,
-            woken_during_work: false,
-            list_rounds: 0,
-            hold_started: None,
-            partition_epoch_seen: None,
-            last_storage_check: None,
-            owes_reseed: false,
+            empty_checks: 0,
+            partition_look: None,
             revisit_at: None,
         }
     }
@@ -350,7 +373,7 @@ impl PopMachine {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         match self.phase {
-            Phase::Parked { until } | Phase::Holding { until } => Some(until),
+            Phase::Parked { until } | Phase::Holding { until, .. } => Some(until),
             _ => None,
         }
     }
@@ -402,21 +425,31 @@ impl PopMachine {
                 }
             }
             PopInput::Cancel => {
-                if let Phase::Working { .. } = self.phase {
+                if self.holds_permit() {
                     self.effects
                         .push_back(PopEffect::ReleasePermit { rtt_us: None });
                 }
                 self.phase = Phase::Done;
             }
-            PopInput::Wake => match self.phase {
+            PopInput::Wake => match &mut self.phase {
                 Phase::Parked { .. } => {
-                    self.attempt = 0;
+                    self.empty_checks = 0;
                     self.check(now, ctx);
                 }
-                Phase::Holding { .. } => self.check_hold(now, ctx),
-                Phase::Working { .. } | Phase::Probing { .. } | Phase::AwaitPermit => {
-                    self.woken_during_work = true
+                Phase::Holding {
+                    started,
+                    owes_reseed,
+                    ..
+                } => {
+                    let (started, owes_reseed) = (*started, *owes_reseed);
+                    self.check_hold(now, ctx, Some(started), owes_reseed)
                 }
+                Phase::AwaitPermit { woken, .. }
+                | Phase::Probing { woken, .. }
+                | Phase::Working {
+                    round: PermitRound { woken, .. },
+                    ..
+                } => *woken = true,
                 Phase::New | Phase::Done => {}
             },
             PopInput::Timer => match self.phase {
@@ -427,29 +460,46 @@ impl PopMachine {
                         self.check(now, ctx);
                     }
                 }
-                Phase::Holding { until } if now >= until => self.check_hold(now, ctx),
+                Phase::Holding {
+                    until,
+                    started,
+                    owes_reseed,
+                } if now >= until => self.check_hold(now, ctx, Some(started), owes_reseed),
+                // Early (the driver's timer and the clock disagree by a hair): keep waiting, and
+                // say so, so that every input a parked machine gets is answered with its wait.
+                Phase::Parked { until } | Phase::Holding { until, .. } => {
+                    self.effects.push_back(PopEffect::Park { until })
+                }
                 _ => {}
             },
             PopInput::PermitGranted => {
-                if self.phase == Phase::AwaitPermit {
-                    self.start_work(now, ctx);
+                if let Phase::AwaitPermit { woken, owes_reseed } = self.phase {
+                    let round = PermitRound {
+                        since: now,
+                        woken,
+                        list_rounds: 0,
+                        owes_reseed,
+                    };
+                    self.start_work(round, now, ctx);
                 }
             }
             PopInput::StorageDone { id, result } => match self.phase.clone() {
-                Phase::Probing { id: want } if want == id => match result {
-                    Ok(StorageReply::NextPending(Some(t))) if t <= now => self.acquire(),
+                Phase::Probing { id: want, woken } if want == id => match result {
+                    Ok(StorageReply::NextPending(Some(t))) if t <= now => {
+                        self.acquire(woken, false)
+                    }
                     Ok(StorageReply::NextPending(next)) => {
                         self.revisit_at = next;
-                        self.empty_or_park(now)
+                        self.empty_or_park(now, woken)
                     }
-                    Ok(_) => self.empty_or_park(now),
+                    Ok(_) => self.empty_or_park(now, woken),
                     Err(e) => self.finish(PopReply::Failed(e)),
                 },
                 Phase::Working {
                     id: want,
                     work,
-                    since,
-                } if want == id => self.on_storage(work, since, result, now, ctx),
+                    round,
+                } if want == id => self.on_storage(work, round, result, now, ctx),
                 _ => {}
             },
         }
@@ -461,20 +511,19 @@ impl PopMachine {
             self.finish(PopReply::Empty);
             return;
         }
-        self.woken_during_work = false;
-        self.list_rounds = 0;
         let group = self.params.consumer_group.clone();
+        let mut owes_reseed = false;
         let has_work = match self.params.shape.clone() {
             PopShape::Partition { queue, partition } => {
                 let seen = (
                     ctx.rings.ring(&queue, &group).epoch(&partition),
                     ctx.rings.resets(),
                 );
-                self.partition_epoch_seen != Some(seen)
-                    || self.revisit_due(now)
-                    || self
-                        .last_storage_check
-                        .is_none_or(|t| now >= t.plus_millis(PARTITION_RECHECK_MS))
+                self.revisit_due(now)
+                    || self.partition_look.is_none_or(|look| {
+                        look.epoch_and_resets != seen
+                            || now >= look.at.plus_millis(PARTITION_RECHECK_MS)
+                    })
             }
             PopShape::Queue { queue } if self.config.hotlist => {
                 // A stale config alone is no work: it is refreshed when there is work to do, so
@@ -483,9 +532,9 @@ impl PopMachine {
                 if ring.first_contact_done() && ring.reseed_due(now) {
                     // The first pop to see the reseed due takes it on; the others do not.
                     ring.mark_reseed_started(now);
-                    self.owes_reseed = true;
+                    owes_reseed = true;
                 }
-                !ring.first_contact_done() || self.owes_reseed || ring.has_ready(now)
+                !ring.first_contact_done() || owes_reseed || ring.has_ready(now)
             }
             PopShape::Queue { queue } => {
                 // Legacy path: the cheap probe runs before any permit, unless storage already
@@ -493,7 +542,7 @@ impl PopMachine {
                 if !self.revisit_due(now) {
                     let queues = vec![queue];
                     let id = self.storage(StorageCommand::NextPending { queues, group });
-                    self.phase = Phase::Probing { id };
+                    self.phase = Phase::Probing { id, woken: false };
                     return;
                 }
                 true
@@ -501,19 +550,26 @@ impl PopMachine {
             PopShape::Discovery { .. } => true,
         };
         if !has_work {
-            self.empty_or_park(now);
+            self.empty_or_park(now, false);
         } else {
-            self.check_hold(now, ctx);
+            self.check_hold(now, ctx, None, owes_reseed);
         }
     }
 
-    /// min_pop_wait_ms: hold an under-full claim in the broker, before the permit.
-    fn check_hold(&mut self, now: Timestamp, ctx: &mut PopContext) {
+    /// min_pop_wait_ms: hold an under-full claim in the broker, before the permit. `started`:
+    /// when the hold began, if one is running.
+    fn check_hold(
+        &mut self,
+        now: Timestamp,
+        ctx: &mut PopContext,
+        started: Option<Timestamp>,
+        owes_reseed: bool,
+    ) {
         let PopShape::Queue { queue } = &self.params.shape else {
-            return self.acquire();
+            return self.acquire(false, owes_reseed);
         };
         if !ctx.rings.min_pop_wait_in_use || !self.config.hotlist {
-            return self.acquire();
+            return self.acquire(false, owes_reseed);
         }
         let min_wait = match ctx.configs.get(queue) {
             Some(CachedConfig {
@@ -522,16 +578,16 @@ impl PopMachine {
             _ => 0,
         };
         if min_wait == 0 {
-            return self.acquire();
+            return self.acquire(false, owes_reseed);
         }
         let group = self.params.consumer_group.clone();
         let ring = ctx.rings.ring(queue, &group);
         let pending = ring.pending_hint(now);
         if pending == 0 {
             // Real work is a reseed or a refresh, not an under-full batch: do not hold.
-            return self.acquire();
+            return self.acquire(false, owes_reseed);
         }
-        let started = *self.hold_started.get_or_insert(now);
+        let started = started.unwrap_or(now);
         let until = started
             .plus_millis(i64::from(min_wait))
             .min(self.params.deadline(started).max(started));
@@ -539,22 +595,25 @@ impl PopMachine {
             || now >= until
             || now >= self.deadline && self.params.wait
         {
-            self.hold_started = None;
-            self.acquire();
+            self.acquire(false, owes_reseed);
         } else {
-            self.phase = Phase::Holding { until };
+            self.phase = Phase::Holding {
+                until,
+                started,
+                owes_reseed,
+            };
             self.effects.push_back(PopEffect::Park { until });
         }
     }
 
-    fn acquire(&mut self) {
-        self.phase = Phase::AwaitPermit;
+    fn acquire(&mut self, woken: bool, owes_reseed: bool) {
+        self.phase = Phase::AwaitPermit { woken, owes_reseed };
         self.effects.push_back(PopEffect::AcquirePermit);
     }
 
-    fn work(&mut self, command: StorageCommand, work: Work, since: Timestamp) {
+    fn work(&mut self, command: StorageCommand, work: Work, round: PermitRound) {
         let id = self.storage(command);
-        self.phase = Phase::Working { id, work, since };
+        self.phase = Phase::Working { id, work, round };
     }
 
     /// Whether storage's promised revisit time has come.
@@ -577,26 +636,28 @@ impl PopMachine {
     }
 
     /// Under a permit: issue the next storage command for this shape.
-    fn start_work(&mut self, now: Timestamp, ctx: &mut PopContext) {
+    fn start_work(&mut self, round: PermitRound, now: Timestamp, ctx: &mut PopContext) {
         let group = self.params.consumer_group.clone();
         // This round's verdicts say anew when to look again.
         self.revisit_at = None;
         match self.params.shape.clone() {
             PopShape::Partition { queue, partition } => {
                 let req = self.request(&queue);
-                self.last_storage_check = Some(now);
-                self.partition_epoch_seen = Some((
-                    ctx.rings.ring(&queue, &group).epoch(&partition),
-                    ctx.rings.resets(),
-                ));
+                self.partition_look = Some(PartitionLook {
+                    epoch_and_resets: (
+                        ctx.rings.ring(&queue, &group).epoch(&partition),
+                        ctx.rings.resets(),
+                    ),
+                    at: now,
+                });
                 self.work(
                     StorageCommand::PopPartition { req, partition },
                     Work::Partition,
-                    now,
+                    round,
                 );
             }
             PopShape::Queue { queue } if self.config.hotlist => {
-                self.next_ring_step(&queue, now, now, ctx)
+                self.next_ring_step(&queue, round, now, ctx)
             }
             PopShape::Queue { queue } => {
                 let req = self.request(&queue);
@@ -605,7 +666,7 @@ impl PopMachine {
                     Work::Wildcard {
                         first_contact: false,
                     },
-                    now,
+                    round,
                 );
             }
             PopShape::Discovery { namespace, task } => {
@@ -615,7 +676,7 @@ impl PopMachine {
                         queues: vec![],
                         next: 0,
                     },
-                    now,
+                    round,
                 );
             }
         }
@@ -625,7 +686,7 @@ impl PopMachine {
     fn next_ring_step(
         &mut self,
         queue: &str,
-        since: Timestamp,
+        mut round: PermitRound,
         now: Timestamp,
         ctx: &mut PopContext,
     ) {
@@ -636,7 +697,7 @@ impl PopMachine {
                     queue: queue.to_string(),
                 },
                 Work::Config,
-                since,
+                round,
             );
         }
         if matches!(
@@ -644,7 +705,7 @@ impl PopMachine {
             Some(CachedConfig { config: None, .. })
         ) {
             // No such queue (yet): nothing to deliver.
-            return self.release_then_empty(now);
+            return self.release_then_empty(round, now);
         }
         let ring = ctx.rings.ring(queue, &group);
         if !ring.first_contact_done() {
@@ -654,25 +715,25 @@ impl PopMachine {
                 Work::Wildcard {
                     first_contact: true,
                 },
-                since,
+                round,
             );
         }
-        if self.owes_reseed || ring.reseed_due(now) {
+        if round.owes_reseed || ring.reseed_due(now) {
             // Counted as started now, so pops re-checking meanwhile do not reseed too.
             ring.mark_reseed_started(now);
-            self.owes_reseed = false;
+            round.owes_reseed = false;
             let command = StorageCommand::PendingPartitions {
                 queue: queue.to_string(),
                 group,
                 limit: RESEED_LIMIT,
             };
-            return self.work(command, Work::Reseed, since);
+            return self.work(command, Work::Reseed, round);
         }
         let candidates = ring.take_candidates(candidate_count(self.params.partitions), now);
         if candidates.is_empty() {
-            return self.release_then_empty(now);
+            return self.release_then_empty(round, now);
         }
-        self.list_rounds += 1;
+        round.list_rounds += 1;
         let req = self.request(queue);
         let names = candidates.iter().map(|c| c.partition.clone()).collect();
         self.work(
@@ -681,14 +742,14 @@ impl PopMachine {
                 candidates: names,
             },
             Work::List(candidates),
-            since,
+            round,
         );
     }
 
     fn on_storage(
         &mut self,
         work: Work,
-        since: Timestamp,
+        round: PermitRound,
         result: StorageResult<StorageReply>,
         now: Timestamp,
         ctx: &mut PopContext,
@@ -724,14 +785,14 @@ impl PopMachine {
                         fetched_at: now,
                     },
                 );
-                self.next_ring_step(&queue, since, now, ctx);
+                self.next_ring_step(&queue, round, now, ctx);
             }
             (Work::Reseed, StorageReply::Names(names)) => {
                 let queue = self.params.queue_name().unwrap_or_default().to_string();
                 // A windowBuffer partition learnt of here is tried at once: storage's debounce
                 // answers when its hold ends.
                 ctx.rings.ring(&queue, &group).apply_reseed(&names, now);
-                self.next_ring_step(&queue, since, now, ctx);
+                self.next_ring_step(&queue, round, now, ctx);
             }
             (Work::List(cands), StorageReply::Pop(result)) => {
                 let queue = self.params.queue_name().unwrap_or_default().to_string();
@@ -746,10 +807,10 @@ impl PopMachine {
                         ring.check_in(&c.partition, Verdict::NotEvaluated, Some(c.epoch), now);
                     }
                 }
-                if result.claims.is_empty() && self.list_rounds < 2 && ring.has_ready(now) {
-                    return self.next_ring_step(&queue, since, now, ctx);
+                if result.claims.is_empty() && round.list_rounds < 2 && ring.has_ready(now) {
+                    return self.next_ring_step(&queue, round, now, ctx);
                 }
-                self.deliver_or_wait(result, since, now);
+                self.deliver_or_wait(result, round, now);
             }
             (Work::Wildcard { first_contact }, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
@@ -763,10 +824,10 @@ impl PopMachine {
                     }
                     if first_contact && result.claims.is_empty() && self.config.hotlist {
                         let queue = queue.clone();
-                        return self.next_ring_step(&queue, since, now, ctx);
+                        return self.next_ring_step(&queue, round, now, ctx);
                     }
                 }
-                self.deliver_or_wait(result, since, now);
+                self.deliver_or_wait(result, round, now);
             }
             (Work::Partition, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
@@ -776,14 +837,14 @@ impl PopMachine {
                         ring.check_in(name, *verdict, None, now);
                     }
                 }
-                self.deliver_or_wait(result, since, now);
+                self.deliver_or_wait(result, round, now);
             }
             (Work::DiscoveryNext, StorageReply::NextPending(next)) => {
                 // Storage's time is a floor for the revisit: a lease held elsewhere ends then.
                 if let Some(t) = next {
                     self.revisit_at = Some(self.revisit_at.map_or(t, |r| r.min(t)));
                 }
-                self.deliver_or_wait(PopResult::default(), since, now);
+                self.deliver_or_wait(PopResult::default(), round, now);
             }
             (Work::Discovery { queues, next }, reply) => {
                 let (queues, result) = match reply {
@@ -793,7 +854,7 @@ impl PopMachine {
                 };
                 self.note_revisits(&result.verdicts, now);
                 if !result.claims.is_empty() || queues.is_empty() {
-                    return self.deliver_or_wait(result, since, now);
+                    return self.deliver_or_wait(result, round, now);
                 }
                 if next >= queues.len() {
                     // Every matching queue answered empty: when does one of them have
@@ -802,7 +863,7 @@ impl PopMachine {
                         queues,
                         group: self.params.consumer_group.clone(),
                     };
-                    return self.work(command, Work::DiscoveryNext, since);
+                    return self.work(command, Work::DiscoveryNext, round);
                 }
                 let req = self.request(&queues[next]);
                 self.work(
@@ -811,7 +872,7 @@ impl PopMachine {
                         queues,
                         next: next + 1,
                     },
-                    since,
+                    round,
                 );
             }
             (_, other) => {
@@ -827,14 +888,14 @@ impl PopMachine {
     /// The permit found no candidate: no pop ran under it, so there is no latency sample. (A
     /// zero sample would pin the limiter's uncontended floor to 1 µs for good, and every real
     /// sample after it would read as congestion.)
-    fn release_then_empty(&mut self, now: Timestamp) {
+    fn release_then_empty(&mut self, round: PermitRound, now: Timestamp) {
         self.effects
             .push_back(PopEffect::ReleasePermit { rtt_us: None });
-        self.empty_or_park(now);
+        self.empty_or_park(now, round.woken);
     }
 
-    fn deliver_or_wait(&mut self, result: PopResult, since: Timestamp, now: Timestamp) {
-        let rtt_us = Some(u64::try_from((now.0 - since.0).max(1)).unwrap_or(1));
+    fn deliver_or_wait(&mut self, result: PopResult, round: PermitRound, now: Timestamp) {
+        let rtt_us = Some(u64::try_from((now.0 - round.since.0).max(1)).unwrap_or(1));
         self.effects.push_back(PopEffect::ReleasePermit { rtt_us });
         if !result.claims.is_empty() {
             let reply = PopReply::Messages {
@@ -844,28 +905,27 @@ impl PopMachine {
             };
             return self.finish(reply);
         }
-        self.empty_or_park(now);
+        self.empty_or_park(now, round.woken);
     }
 
     /// Empty: answer now, or park (releasing everything) until a wake or the backoff timer.
-    fn empty_or_park(&mut self, now: Timestamp) {
+    /// `woken`: an event landed while storage was answering (under an older snapshot).
+    fn empty_or_park(&mut self, now: Timestamp, woken: bool) {
         if !self.params.wait || now >= self.deadline {
             return self.finish(PopReply::Empty);
         }
-        if self.woken_during_work {
-            // An event landed while storage was answering (under an older snapshot): look
-            // again at once instead of sleeping through it.
-            self.woken_during_work = false;
+        if woken {
+            // Look again at once instead of sleeping through the event.
             self.phase = Phase::Parked { until: now };
             self.effects.push_back(PopEffect::Park { until: now });
             return;
         }
-        self.attempt = self.attempt.saturating_add(1);
+        self.empty_checks = self.empty_checks.saturating_add(1);
         let mut until = if self.config.bugs.no_backoff_floor {
             self.deadline
         } else {
-            let interval =
-                i64::try_from(self.config.backoff.interval_ms(self.attempt)).unwrap_or(i64::MAX);
+            let interval = i64::try_from(self.config.backoff.interval_ms(self.empty_checks))
+                .unwrap_or(i64::MAX);
             now.plus_millis(interval).min(self.deadline)
         };
         if let Some(t) = self.revisit_at.filter(|_| {

@@ -237,7 +237,7 @@ fn parks_with_the_seed_backoff_and_ends_at_the_deadline() {
 }
 
 #[test]
-fn a_spurious_timer_is_a_no_op_and_a_wake_resets_the_backoff() {
+fn a_spurious_timer_keeps_the_wait_and_a_wake_resets_the_backoff() {
     let mut c = ctx();
     let mut m = machine(&[("wait", "true")], PopConfig::default());
     warm_up(&mut m, &mut c, T0, vec![]);
@@ -248,8 +248,15 @@ fn a_spurious_timer_is_a_no_op_and_a_wake_resets_the_backoff() {
         let _ = drain(&mut m);
     }
     assert_eq!(now.millis_until(m.poll_timeout().expect("parked")), 1000);
+    let parked_until = m.poll_timeout().expect("parked");
     m.handle(PopInput::Timer, now.plus_millis(1), &mut c);
-    assert!(drain(&mut m).is_empty(), "spurious timer");
+    assert_eq!(
+        drain(&mut m),
+        vec![PopEffect::Park {
+            until: parked_until
+        }],
+        "a spurious timer changes nothing: the machine keeps its wait"
+    );
     // A push and its wake: the re-check goes to storage at once.
     let _ = c.apply(
         &DeliveryEvent::Pushed {
@@ -908,4 +915,111 @@ fn a_wake_during_the_legacy_probe_is_not_slept_through() {
         vec![PopEffect::Park { until: T0 }],
         "looks again at once, not at the old lease end"
     );
+}
+
+/// The driver's contract: every input it feeds (start, a granted permit, the answer of the
+/// storage call the machine asked for, a wake, a timer or a cancel while parked) is answered with
+/// the machine's next wait (permit, storage, park) or its reply. So the driver never has to guess
+/// what a silent machine waits for. Every shape, hot-list on and off, random answers and events.
+#[test]
+fn every_input_is_answered_with_the_next_wait_or_the_reply() {
+    use queen_core::rng::SeededRng;
+    let shapes: [&[(&str, &str)]; 3] = [
+        &[("wait", "true"), ("timeout", "5000")],
+        &[("wait", "true"), ("timeout", "5000"), ("batch", "3")],
+        &[("wait", "false")],
+    ];
+    for seed in 0..300u64 {
+        let mut rng = SeededRng::new(seed);
+        let hotlist = rng.chance(1, 2);
+        let config = PopConfig {
+            hotlist,
+            ..PopConfig::default()
+        };
+        let query = shapes[rng.below(shapes.len() as u64) as usize];
+        let shape = match rng.below(3) {
+            0 => PopShape::Queue { queue: "q".into() },
+            1 => PopShape::Partition {
+                queue: "q".into(),
+                partition: "p".into(),
+            },
+            _ => PopShape::Discovery {
+                namespace: Some("q".into()),
+                task: None,
+            },
+        };
+        let params = PopParams::from_query(shape, query.iter().copied(), 30_000).expect("params");
+        let mut m = PopMachine::new(params, WorkerId(uuid::Uuid::nil()), config, T0);
+        let mut c = ctx();
+        let mut now = T0;
+        let mut input = PopInput::Start;
+        for step in 0..200 {
+            if rng.chance(1, 4) {
+                push_event(&mut c, 1, now);
+            }
+            m.handle(input.clone(), now, &mut c);
+            let fx = drain(&mut m);
+            let wait = fx
+                .iter()
+                .rev()
+                .find(|e| !matches!(e, PopEffect::ReleasePermit { .. }));
+            input = match wait {
+                Some(PopEffect::Reply(_)) => break,
+                Some(PopEffect::AcquirePermit) => PopInput::PermitGranted,
+                Some(PopEffect::Storage { id, command }) => PopInput::StorageDone {
+                    id: *id,
+                    result: Ok(match command {
+                        StorageCommand::QueueConfig { .. } => {
+                            StorageReply::Config(Some(QueueConfig::with_defaults("q")))
+                        }
+                        StorageCommand::NextPending { .. } => StorageReply::NextPending(
+                            rng.chance(1, 2)
+                                .then(|| now.plus_millis(rng.below(3000) as i64)),
+                        ),
+                        StorageCommand::PendingPartitions { .. }
+                        | StorageCommand::QueuesMatching { .. } => {
+                            StorageReply::Names(vec!["q".into()])
+                        }
+                        _ => StorageReply::Pop(PopResult {
+                            claims: if rng.chance(1, 8) {
+                                vec![claim("p")]
+                            } else {
+                                vec![]
+                            },
+                            verdicts: vec![(
+                                "p".into(),
+                                match rng.below(3) {
+                                    0 => Verdict::Empty,
+                                    1 => Verdict::Busy,
+                                    _ => Verdict::LeasedUntil(now.plus_millis(500)),
+                                },
+                            )],
+                        }),
+                    }),
+                },
+                Some(PopEffect::Park { until }) => {
+                    let until = *until;
+                    match rng.below(10) {
+                        0 => PopInput::Cancel,
+                        1..=3 => PopInput::Wake,
+                        // Sometimes a hair early: the machine must keep its wait.
+                        4 => PopInput::Timer,
+                        _ => {
+                            now = now.max(until);
+                            PopInput::Timer
+                        }
+                    }
+                }
+                Some(PopEffect::ReleasePermit { .. }) | None => {
+                    assert!(
+                        m.is_done(),
+                        "seed {seed} step {step}: the machine answered {input:?} with nothing \
+                         and is not done"
+                    );
+                    break;
+                }
+            };
+            now = now.plus_millis(1);
+        }
+    }
 }

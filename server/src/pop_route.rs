@@ -104,21 +104,12 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
             app.metrics.pops_cancelled.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        input = match next {
-            Some(i) => i,
-            // An input that changed nothing (a timer before the deadline) leaves the machine
-            // parked: wait again.
-            None => match machine.poll_timeout() {
-                Some(until) => match park(&app, until, &mut gate, &mut tx, &mut shutdown).await {
-                    Some(i) => i,
-                    None => return shut_down(&app, tx),
-                },
-                None => {
-                    let _ = tx.send(http::error(&Failure::server("pop machine stalled")));
-                    return;
-                }
-            },
+        // The machine answers every input the driver feeds with its next wait (permit, storage,
+        // park) or its reply: core::pop's contract, tested there.
+        let Some(i) = next else {
+            unreachable!("a pop machine that is not done always names its next wait");
         };
+        input = i;
     }
 }
 
