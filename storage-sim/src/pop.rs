@@ -75,6 +75,8 @@ fn claim_row(
 }
 
 /// `log_pop_v1` for one partition. Returns the claim (if any messages were taken) and the verdict.
+/// Each step below is its own function, in the procedure's order; their statements (the model's
+/// scheduling points) are those of the procedure, one for one.
 #[allow(clippy::too_many_arguments)]
 async fn log_pop_v1(
     shared: &Arc<Shared>,
@@ -87,29 +89,99 @@ async fn log_pop_v1(
 ) -> Result<(Option<Claim>, Verdict), StorageError> {
     let now = tx.now();
     let key = (pid.to_string(), req.group.clone());
-    let bugs = shared.bugs;
 
     // Step 2: windowBuffer debounce (bypassed on the ring path, where the wheel owns it).
     if !req.skip_window_debounce && queue_gates.window_buffer_secs > 0 {
-        let hold = tx
-            .stmt("window gate", |st, t| {
-                let newest = st
-                    .segments
-                    .range(segments_of(pid), t.id)
-                    .next_back()
-                    .map(|(_, s)| s.created_at);
-                Ok(window_hold_until(
-                    newest,
-                    queue_gates.window_buffer_secs,
-                    now,
-                ))
-            })
-            .await?;
-        if let Some(until) = hold {
+        if let Some(until) = window_hold(tx, pid, queue_gates, now).await? {
             return Ok((None, Verdict::DeferredUntil(until)));
         }
     }
+    // Steps 3 and 4: claim the cursor row, creating it on first contact.
+    let committed = match claim_or_create(shared, tx, req, partition, pid, &key, now).await? {
+        Ok(committed) => committed,
+        Err(verdict) => return Ok((None, verdict)),
+    };
+    let committed = if queue_gates.ttl_secs > 0 {
+        expire_ttl(tx, pid, &key, committed, queue_gates, now).await?
+    } else {
+        committed
+    };
+    // Step 5: head probe (one backward step), then the forward scan to the budget.
+    let (rows, deferred) = scan(tx, pid, committed + 1, budget, queue_gates, now).await?;
+    let taken: u32 = rows.iter().map(|r| r.take).sum();
+    if taken == 0 {
+        if let Some(until) = deferred {
+            return Ok((None, Verdict::DeferredUntil(until)));
+        }
+        if !shared.bugs.no_cursor_seal {
+            seal_empty(shared, tx, req, partition, pid, &key, committed).await?;
+        }
+        return Ok((None, Verdict::Empty));
+    }
+    // A gap below the first segment (retention removed a prefix the cursor had not reached):
+    // the batch starts where its first row does.
+    let first = rows
+        .first()
+        .map_or(committed + 1, |r| r.base_offset + i64::from(r.start_idx));
+    let last = first + i64::from(taken) - 1;
+    // Step 6: autoAck or lease.
+    let (attempt_count, leased_until) =
+        deliver(tx, req, queue_gates, &key, first, last, taken, now).await?;
+    let leased_until = if req.auto_ack { None } else { leased_until };
+    let claim = Claim {
+        queue: req.queue.clone(),
+        partition: partition.to_string(),
+        partition_id: pid.to_string(),
+        first_offset: first,
+        last_offset: last,
+        attempt_count: if req.auto_ack { 1 } else { attempt_count },
+        lease_expires_at: leased_until,
+        rows,
+    };
+    Ok((
+        Some(claim),
+        Verdict::Took {
+            count: taken,
+            leased_until,
+        },
+    ))
+}
 
+/// Step 2: while the partition's newest segment is younger than the window, the end of the hold.
+async fn window_hold(
+    tx: &TxHandle,
+    pid: &str,
+    queue_gates: &QueueGates,
+    now: Timestamp,
+) -> Result<Option<Timestamp>, StorageError> {
+    tx.stmt("window gate", |st, t| {
+        let newest = st
+            .segments
+            .range(segments_of(pid), t.id)
+            .next_back()
+            .map(|(_, s)| s.created_at);
+        Ok(window_hold_until(
+            newest,
+            queue_gates.window_buffer_secs,
+            now,
+        ))
+    })
+    .await
+}
+
+/// Steps 3 and 4: claim-first; on a missing row, create it under the advisory try-lock (seeded
+/// where the group starts) and claim again. `Ok(Err(verdict))`: nothing claimable (leased,
+/// or busy: another pop holds the row or is creating it).
+async fn claim_or_create(
+    shared: &Arc<Shared>,
+    tx: &TxHandle,
+    req: &PopRequest,
+    partition: &str,
+    pid: &str,
+    key: &(String, String),
+    now: Timestamp,
+) -> Result<Result<Offset, Verdict>, StorageError> {
+    let bugs = shared.bugs;
     if bugs.per_pop_insert_on_conflict {
         // The historical shape: an unconditional INSERT ... ON CONFLICT DO NOTHING per pop. It
         // waits on any transaction inserting or updating the row.
@@ -126,10 +198,10 @@ async fn log_pop_v1(
     }
 
     // Step 4: claim-first.
-    let mut committed = tx
+    let committed = tx
         .stmt("claim", |st, t| {
-            let r = claim_row(st, &key, now, t.id)?;
-            if r.is_none() && st.consumers.locked_by_other(&key, t.id).is_some() {
+            let r = claim_row(st, key, now, t.id)?;
+            if r.is_none() && st.consumers.locked_by_other(key, t.id).is_some() {
                 lock(&shared.events).skip_locked += 1;
             }
             Ok(r)
@@ -140,15 +212,12 @@ async fn log_pop_v1(
         // Re-probe without the lease filter: missing, or present but leased/locked?
         let present = tx
             .stmt("re-probe", |st, t| {
-                Ok(st
-                    .consumers
-                    .get(&key, t.id)
-                    .map(|r| r.live_lease_until(now)))
+                Ok(st.consumers.get(key, t.id).map(|r| r.live_lease_until(now)))
             })
             .await?;
         match present {
-            Some(Some(until)) => return Ok((None, Verdict::LeasedUntil(until))),
-            Some(None) => return Ok((None, Verdict::Busy)),
+            Some(Some(until)) => return Ok(Err(Verdict::LeasedUntil(until))),
+            Some(None) => return Ok(Err(Verdict::Busy)),
             None => {}
         }
         let acquired = if bugs.advisory_lock_blocking {
@@ -168,7 +237,7 @@ async fn log_pop_v1(
         };
         if !acquired {
             lock(&shared.events).advisory_skips += 1;
-            return Ok((None, Verdict::Busy));
+            return Ok(Err(Verdict::Busy));
         }
         // Step 3: seed the new cursor, then insert it.
         let inserted = tx
@@ -198,7 +267,7 @@ async fn log_pop_v1(
                 // lock: a row another pop created and committed between our re-probe and the lock
                 // is seen here, so the insert never conflicts with a row a third pop is updating
                 // (the unique check would wait on that updater).
-                if !shared.bugs.insert_without_recheck && st.consumers.get(&key, t.id).is_some() {
+                if !shared.bugs.insert_without_recheck && st.consumers.get(key, t.id).is_some() {
                     return Ok(false);
                 }
                 match st.consumers.insert(key.clone(), row, t.id) {
@@ -209,57 +278,71 @@ async fn log_pop_v1(
             })
             .await?;
         let _ = inserted;
-        committed = tx
-            .stmt("re-claim", |st, t| claim_row(st, &key, now, t.id))
+        let reclaimed = tx
+            .stmt("re-claim", |st, t| claim_row(st, key, now, t.id))
             .await?;
-        if committed.is_none() {
-            return Ok((None, Verdict::Busy));
-        }
+        return Ok(reclaimed.ok_or(Verdict::Busy));
     }
-    let mut committed = committed.unwrap_or(-1);
-    if queue_gates.ttl_secs > 0 {
-        // ttl_secs: move the cursor past the expired prefix before anything is read.
-        committed = tx
-            .stmt("ttl expiry", |st, t| {
-                let wanted = committed + 1;
-                let range = segments_of(pid);
-                let head = st
-                    .segments
-                    .range(
-                        (pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted),
-                        t.id,
-                    )
-                    .next_back()
-                    .and_then(|((_, base), _)| meta(st, pid, *base, t.id));
-                let forward = st
-                    .segments
-                    .range(range, t.id)
-                    .filter(|((_, base), _)| *base > wanted)
-                    .map(|((_, base), s)| SegmentMeta {
-                        base_offset: *base,
-                        end_offset: s.end_offset,
-                        created_at: s.created_at,
-                    });
-                let to = ttl_skip_to(wanted, head, forward, queue_gates.ttl_secs, now);
-                if to == wanted {
-                    return Ok(committed);
-                }
-                let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
-                    StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into()))
-                })?;
-                row.committed = to - 1;
-                if row.retry_offset.is_some_and(|r| r < to) {
-                    row.retry_offset = None;
-                    row.retry_count = 0;
-                }
-                st.consumers.update(&key, row, t.id);
-                Ok(to - 1)
-            })
-            .await?;
-    }
-    let wanted = committed + 1;
+    Ok(committed.ok_or(Verdict::Busy))
+}
 
-    // Step 5: head probe (one backward step), then the forward scan to the budget.
+/// ttl: moves the cursor past the expired prefix before anything is read; the new cursor.
+async fn expire_ttl(
+    tx: &TxHandle,
+    pid: &str,
+    key: &(String, String),
+    committed: Offset,
+    queue_gates: &QueueGates,
+    now: Timestamp,
+) -> Result<Offset, StorageError> {
+    tx.stmt("ttl expiry", |st, t| {
+        let wanted = committed + 1;
+        let range = segments_of(pid);
+        let head = st
+            .segments
+            .range(
+                (pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted),
+                t.id,
+            )
+            .next_back()
+            .and_then(|((_, base), _)| meta(st, pid, *base, t.id));
+        let forward = st
+            .segments
+            .range(range, t.id)
+            .filter(|((_, base), _)| *base > wanted)
+            .map(|((_, base), s)| SegmentMeta {
+                base_offset: *base,
+                end_offset: s.end_offset,
+                created_at: s.created_at,
+            });
+        let to = ttl_skip_to(wanted, head, forward, queue_gates.ttl_secs, now);
+        if to == wanted {
+            return Ok(committed);
+        }
+        let mut row = st.consumers.get(key, t.id).cloned().ok_or_else(|| {
+            StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into()))
+        })?;
+        row.committed = to - 1;
+        if row.retry_offset.is_some_and(|r| r < to) {
+            row.retry_offset = None;
+            row.retry_count = 0;
+        }
+        st.consumers.update(key, row, t.id);
+        Ok(to - 1)
+    })
+    .await
+}
+
+/// Step 5: the head probe and the forward scan from `wanted` up to the budget; with nothing
+/// visible yet under delayedProcessing, when the next message becomes visible.
+async fn scan(
+    tx: &TxHandle,
+    pid: &str,
+    wanted: Offset,
+    budget: u32,
+    queue_gates: &QueueGates,
+    now: Timestamp,
+) -> Result<(Vec<SegmentRow>, Option<Timestamp>), StorageError> {
     let head = tx
         .stmt("head probe", |st, t| {
             Ok(st
@@ -272,153 +355,141 @@ async fn log_pop_v1(
                 .and_then(|((_, base), _)| meta(st, pid, *base, t.id)))
         })
         .await?;
-    let (rows, deferred) = tx
-        .stmt("forward scan", |st, t| {
-            let forward = st
+    tx.stmt("forward scan", |st, t| {
+        let forward = st
+            .segments
+            .range(
+                (pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX),
+                t.id,
+            )
+            .map(|((_, base), s)| SegmentMeta {
+                base_offset: *base,
+                end_offset: s.end_offset,
+                created_at: s.created_at,
+            });
+        let rows = plan_scan(
+            wanted,
+            head,
+            forward,
+            budget,
+            queue_gates.delayed_processing_secs,
+            now,
+        );
+        // A batch starting above `wanted` is a retention gap only if nothing covers `wanted`
+        // now: a segment that committed after the head probe (pushes commit in offset order)
+        // is left for the next pop, never skipped.
+        let head_covered = head.is_some_and(|h| h.end_offset >= wanted);
+        let raced = !head_covered
+            && rows.first().is_some_and(|r| r.base_offset > wanted)
+            && st
                 .segments
                 .range(
-                    (pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX),
+                    (pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted),
                     t.id,
                 )
-                .map(|((_, base), s)| SegmentMeta {
-                    base_offset: *base,
-                    end_offset: s.end_offset,
-                    created_at: s.created_at,
-                });
-            let rows = plan_scan(
-                wanted,
-                head,
-                forward,
-                budget,
-                queue_gates.delayed_processing_secs,
-                now,
-            );
-            // A batch starting above `wanted` is a retention gap only if nothing covers `wanted`
-            // now: a segment that committed after the head probe (pushes commit in offset order)
-            // is left for the next pop, never skipped.
-            let head_covered = head.is_some_and(|h| h.end_offset >= wanted);
-            let raced = !head_covered
-                && rows.first().is_some_and(|r| r.base_offset > wanted)
-                && st
-                    .segments
+                .next_back()
+                .is_some_and(|(_, s)| s.end_offset >= wanted);
+        if raced {
+            return Ok((Vec::new(), None));
+        }
+        let deferred = if rows.is_empty() && queue_gates.delayed_processing_secs > 0 {
+            let next = head.filter(|h| h.end_offset >= wanted).or_else(|| {
+                st.segments
                     .range(
-                        (pid.to_string(), Offset::MIN)..=(pid.to_string(), wanted),
+                        (pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX),
                         t.id,
                     )
-                    .next_back()
-                    .is_some_and(|(_, s)| s.end_offset >= wanted);
-            if raced {
-                return Ok((Vec::new(), None));
-            }
-            let deferred = if rows.is_empty() && queue_gates.delayed_processing_secs > 0 {
-                let next = head.filter(|h| h.end_offset >= wanted).or_else(|| {
-                    st.segments
-                        .range(
-                            (pid.to_string(), wanted + 1)..=(pid.to_string(), Offset::MAX),
-                            t.id,
-                        )
-                        .next()
-                        .map(|((_, base), s)| SegmentMeta {
-                            base_offset: *base,
-                            end_offset: s.end_offset,
-                            created_at: s.created_at,
-                        })
-                });
-                next.map(|s| {
-                    s.created_at
-                        .plus_secs(i64::from(queue_gates.delayed_processing_secs))
-                })
-            } else {
-                None
-            };
-            let with_blobs: Vec<SegmentRow> = rows
-                .iter()
-                .filter_map(|r| {
-                    st.segments
-                        .get(&(pid.to_string(), r.base_offset), t.id)
-                        .map(|s| SegmentRow {
-                            base_offset: r.base_offset,
-                            start_idx: r.start_idx,
-                            take: r.take,
-                            msg_count: r.msg_count,
-                            created_at: r.created_at,
-                            blob: s.blob.clone(),
-                        })
-                })
-                .collect();
-            Ok((with_blobs, deferred))
-        })
-        .await?;
-    let taken: u32 = rows.iter().map(|r| r.take).sum();
-
-    if taken == 0 {
-        if let Some(until) = deferred {
-            return Ok((None, Verdict::DeferredUntil(until)));
-        }
-        if !bugs.no_cursor_seal {
-            // The empty-partition seal, with its narrow guards.
-            tx.stmt("seal", |st, t| {
-                let has_segments = st.segments.range(segments_of(pid), t.id).next().is_some();
-                let last_offset = st
-                    .partitions
-                    .get(&(req.queue.clone(), partition.to_string()), t.id)
-                    .map_or(-1, |p| p.last_offset);
-                if let Some(target) = seal_target(0, has_segments, last_offset, committed) {
-                    if let Some(mut row) = st.consumers.get(&key, t.id).cloned() {
-                        row.committed = target;
-                        st.consumers.update(&key, row, t.id);
-                        lock(&shared.events).seals += 1;
-                    }
-                }
-                Ok(())
+                    .next()
+                    .map(|((_, base), s)| SegmentMeta {
+                        base_offset: *base,
+                        end_offset: s.end_offset,
+                        created_at: s.created_at,
+                    })
+            });
+            next.map(|s| {
+                s.created_at
+                    .plus_secs(i64::from(queue_gates.delayed_processing_secs))
             })
-            .await?;
+        } else {
+            None
+        };
+        let with_blobs: Vec<SegmentRow> = rows
+            .iter()
+            .filter_map(|r| {
+                st.segments
+                    .get(&(pid.to_string(), r.base_offset), t.id)
+                    .map(|s| SegmentRow {
+                        base_offset: r.base_offset,
+                        start_idx: r.start_idx,
+                        take: r.take,
+                        msg_count: r.msg_count,
+                        created_at: r.created_at,
+                        blob: s.blob.clone(),
+                    })
+            })
+            .collect();
+        Ok((with_blobs, deferred))
+    })
+    .await
+}
+
+/// The empty-partition seal, with its narrow guards: a cursor below an empty partition's head
+/// moves to it.
+async fn seal_empty(
+    shared: &Arc<Shared>,
+    tx: &TxHandle,
+    req: &PopRequest,
+    partition: &str,
+    pid: &str,
+    key: &(String, String),
+    committed: Offset,
+) -> Result<(), StorageError> {
+    tx.stmt("seal", |st, t| {
+        let has_segments = st.segments.range(segments_of(pid), t.id).next().is_some();
+        let last_offset = st
+            .partitions
+            .get(&(req.queue.clone(), partition.to_string()), t.id)
+            .map_or(-1, |p| p.last_offset);
+        if let Some(target) = seal_target(0, has_segments, last_offset, committed) {
+            if let Some(mut row) = st.consumers.get(key, t.id).cloned() {
+                row.committed = target;
+                st.consumers.update(key, row, t.id);
+                lock(&shared.events).seals += 1;
+            }
         }
-        return Ok((None, Verdict::Empty));
-    }
+        Ok(())
+    })
+    .await
+}
 
-    // A gap below the first segment (retention removed a prefix the cursor had not reached):
-    // the batch starts where its first row does.
-    let wanted = rows
-        .first()
-        .map_or(wanted, |r| r.base_offset + i64::from(r.start_idx));
-
-    // Step 6: autoAck or lease.
-    let last = wanted + i64::from(taken) - 1;
+/// Step 6: commit (autoAck) or lease the batch [first, last]; the attempt count and the lease.
+#[allow(clippy::too_many_arguments)]
+async fn deliver(
+    tx: &TxHandle,
+    req: &PopRequest,
+    queue_gates: &QueueGates,
+    key: &(String, String),
+    first: Offset,
+    last: Offset,
+    taken: u32,
+    now: Timestamp,
+) -> Result<(u32, Option<Timestamp>), StorageError> {
     let lease_seconds =
         effective_lease_seconds(req.lease_seconds, Some(queue_gates.lease_time_secs));
-    let (attempt_count, leased_until) = tx
-        .stmt("deliver", |st, t| {
-            let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
-                StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into()))
-            })?;
-            if req.auto_ack {
-                apply_auto_ack(&mut row, last, taken);
-            } else {
-                apply_lease(&mut row, req.worker, now, lease_seconds, wanted, last);
-            }
-            let out = (row.attempt_count, row.lease_expires_at);
-            st.consumers.update(&key, row, t.id);
-            Ok(out)
-        })
-        .await?;
-    let claim = Claim {
-        queue: req.queue.clone(),
-        partition: partition.to_string(),
-        partition_id: pid.to_string(),
-        first_offset: wanted,
-        last_offset: last,
-        attempt_count: if req.auto_ack { 1 } else { attempt_count },
-        lease_expires_at: if req.auto_ack { None } else { leased_until },
-        rows,
-    };
-    Ok((
-        Some(claim),
-        Verdict::Took {
-            count: taken,
-            leased_until: if req.auto_ack { None } else { leased_until },
-        },
-    ))
+    tx.stmt("deliver", |st, t| {
+        let mut row = st.consumers.get(key, t.id).cloned().ok_or_else(|| {
+            StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into()))
+        })?;
+        if req.auto_ack {
+            apply_auto_ack(&mut row, last, taken);
+        } else {
+            apply_lease(&mut row, req.worker, now, lease_seconds, first, last);
+        }
+        let out = (row.attempt_count, row.lease_expires_at);
+        st.consumers.update(key, row, t.id);
+        Ok(out)
+    })
+    .await
 }
 
 fn resolve_pid(st: &DbState, queue: &str, partition: &str, tx: u64) -> Option<String> {
