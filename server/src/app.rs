@@ -261,11 +261,11 @@ impl App {
             WakeFate::Deliver => {
                 for gate in &gates {
                     gate.open();
-                    self.metrics.wakes.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.wakes.inc();
                 }
             }
             WakeFate::Drop => {
-                self.metrics.wakes_dropped.fetch_add(1, Ordering::Relaxed);
+                self.metrics.wakes_dropped.inc();
             }
             WakeFate::Delay(d) => {
                 tokio::spawn(async move {

@@ -11,7 +11,6 @@ mod requests;
 mod routes;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
@@ -39,14 +38,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Reply {
             } else {
                 &app.metrics.server_errors
             };
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.inc();
             if f.status.is_server_error() {
                 tracing::warn!(status = %f.status, error = %f.message, "request failed");
             }
             http::error(&f)
         }
         Err(_) => {
-            app.metrics.server_errors.fetch_add(1, Ordering::Relaxed);
+            app.metrics.server_errors.inc();
             tracing::error!("request handler panicked");
             http::error(&Failure::server("internal error"))
         }
@@ -77,8 +76,10 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
         )),
         (&Method::GET, ["metrics", "prometheus"]) => Ok(http::text(
             StatusCode::OK,
-            routes::metrics_snapshot(&app).prometheus(),
-            "text/plain; version=0.0.4",
+            routes::metrics_snapshot(&app)
+                .prometheus()
+                .map_err(|e| Failure::server(format!("encoding the metrics: {e}")))?,
+            metrics::OPENMETRICS_CONTENT_TYPE,
         )),
         (&Method::POST, ["api", "v1", "push"]) => {
             let b = body(&app, req).await?;

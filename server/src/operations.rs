@@ -2,8 +2,6 @@
 //! deliverability events it publishes, the metrics it counts). Routes parse, call one of these and
 //! render; the pop has its own driver (`pop_route`).
 
-use std::sync::atomic::Ordering;
-
 use queen_core::events::DeliveryEvent;
 use queen_core::storage::{
     AckItem, AckOutcome, ConfiguredQueue, DeadLetterPage, DlqQuery, GroupDeleted, PushGroup,
@@ -23,14 +21,14 @@ impl App {
             .map(|g| (g.queue.clone(), g.partition.clone()))
             .collect();
         let outcomes = self.storage.messages.push(groups).await?;
-        self.metrics.pushes.fetch_add(1, Ordering::Relaxed);
+        self.metrics.pushes.inc();
         for o in outcomes.iter().flatten() {
             let counter = match o {
                 PushOutcome::Queued { .. } => &self.metrics.messages_pushed,
                 PushOutcome::Duplicate { .. } => &self.metrics.duplicates,
                 PushOutcome::Rejected { .. } => continue,
             };
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.inc();
         }
         self.publish_all(&pushed_events(&targets, &outcomes));
         Ok(outcomes)
@@ -40,9 +38,9 @@ impl App {
     pub async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
         let outcomes = self.ack_and_publish(group, items).await?;
         for o in &outcomes {
-            self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+            self.metrics.acks.inc();
             if !o.success {
-                self.metrics.acks_refused.fetch_add(1, Ordering::Relaxed);
+                self.metrics.acks_refused.inc();
             }
         }
         Ok(outcomes)

@@ -2,7 +2,6 @@
 //! the machine's effects (permit, storage, park on the queue's wake gate, reply) and feeds back
 //! the events. All decisions live in `queen_core::pop`.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +27,7 @@ pub async fn pop(app: Arc<App>, shape: PopShape, pairs: Vec<(String, String)>) -
     ) {
         Ok(p) => p,
         Err(e) => {
-            app.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
+            app.metrics.bad_requests.inc();
             return http::error(&Failure::bad(e.to_string()));
         }
     };
@@ -82,7 +81,7 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                 }
                 PopEffect::ReleasePermit { rtt_us } => app.limiter.release(rtt_us),
                 PopEffect::Storage { id, command } => {
-                    app.metrics.storage_calls.fetch_add(1, Ordering::Relaxed);
+                    app.metrics.storage_calls.inc();
                     let result = execute(&*app.storage.pops, command).await;
                     next = Some(PopInput::StorageDone { id, result });
                 }
@@ -101,7 +100,7 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
         }
         if machine.is_done() {
             // Cancelled: the client is gone and nothing was claimed.
-            app.metrics.pops_cancelled.fetch_add(1, Ordering::Relaxed);
+            app.metrics.pops_cancelled.inc();
             return;
         }
         // The machine answers every input the driver feeds with its next wait (permit, storage,
@@ -115,7 +114,7 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
 
 /// Shutting down: parked pops answer empty.
 fn shut_down(app: &App, tx: oneshot::Sender<Reply>) {
-    app.metrics.pops_empty.fetch_add(1, Ordering::Relaxed);
+    app.metrics.pops_empty.inc();
     let _ = tx.send(http::no_content());
 }
 
@@ -131,7 +130,7 @@ async fn park(
 ) -> Option<PopInput> {
     let now = app.now();
     let sleep = Duration::from_micros(u64::try_from(until.0 - now.0).unwrap_or(0));
-    app.metrics.parked.fetch_add(1, Ordering::Relaxed);
+    app.metrics.parked.inc();
     let woke = tokio::select! {
         biased;
         () = gate.changed() => Some(PopInput::Wake),
@@ -139,18 +138,18 @@ async fn park(
         _ = tx.closed() => Some(PopInput::Cancel),
         _ = shutdown.wait_for(|s| *s) => None,
     };
-    app.metrics.parked.fetch_sub(1, Ordering::Relaxed);
+    app.metrics.parked.dec();
     woke
 }
 
 async fn finish(app: &Arc<App>, reply: PopReply, group: &str, tx: oneshot::Sender<Reply>) {
     match reply {
         PopReply::Empty => {
-            app.metrics.pops_empty.fetch_add(1, Ordering::Relaxed);
+            app.metrics.pops_empty.inc();
             let _ = tx.send(http::no_content());
         }
         PopReply::Failed(e) => {
-            app.metrics.pops_error.fetch_add(1, Ordering::Relaxed);
+            app.metrics.pops_error.inc();
             tracing::warn!(error = %e, "pop failed");
             let _ = tx.send(http::error(&Failure::from(e)));
         }
@@ -159,11 +158,11 @@ async fn finish(app: &Arc<App>, reply: PopReply, group: &str, tx: oneshot::Sende
             auto_ack,
             claims,
         } => {
-            app.metrics.pops_messages.fetch_add(1, Ordering::Relaxed);
+            app.metrics.pops_messages.inc();
             let reply = match render(app, &claims, worker, auto_ack, group) {
                 Ok(bytes) => http::json_bytes(StatusCode::OK, bytes),
                 Err(f) => {
-                    app.metrics.server_errors.fetch_add(1, Ordering::Relaxed);
+                    app.metrics.server_errors.inc();
                     http::error(&f)
                 }
             };
@@ -279,9 +278,7 @@ fn render(
             delivery_attempt: m.attempt_count.max(1),
         });
     }
-    app.metrics
-        .messages_delivered
-        .fetch_add(messages.len() as u64, Ordering::Relaxed);
+    app.metrics.messages_delivered.inc_by(messages.len() as u64);
     let first = claims.first();
     let answer = Answer {
         success: true,

@@ -184,7 +184,22 @@ async fn round_trip(store: Store) {
     let h = c.get("/health").await;
     assert_eq!(h.status, 200);
     let m = c.get("/metrics/prometheus").await;
-    assert!(String::from_utf8_lossy(&m.body).contains("queen_pops_total{outcome=\"messages\"}"));
+    assert_eq!(
+        m.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    let text = String::from_utf8_lossy(&m.body);
+    for series in [
+        "queen_pops_total{outcome=\"messages\"} ",
+        "queen_delivery_events_total{kind=\"push\"}",
+        "queen_delivery_lag_seconds_bucket{le=\"0.001\"}",
+        "queen_delivery_lag_seconds_count ",
+        "queen_limiter_limit ",
+        "queen_requests_failed_total{class=\"client\"}",
+    ] {
+        assert!(text.contains(series), "no {series} in:\n{text}");
+    }
+    assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
     assert_eq!(c.get("/nope").await.status, 404);
 }
 
