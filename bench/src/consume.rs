@@ -39,7 +39,7 @@ fn segment_sizes(per_partition: usize) -> Vec<usize> {
 }
 
 /// The broker: `consumers` HTTP consumers drain `total` messages spread over `partitions`.
-async fn broker_rate(
+pub(crate) async fn broker_rate(
     app: &Arc<App>,
     addr: std::net::SocketAddr,
     queue: &str,

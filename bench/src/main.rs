@@ -8,13 +8,15 @@
 //! 4. parked long-polls: statements/s, CPU, RSS, wake latency, hot-list on and off;
 //! 5. partition scaling of the wildcard pop;
 //! 6. fan-out to 1, 5 and 10 consumer groups;
-//! 7. wake latency per deliverability event, on one broker and across two.
+//! 7. wake latency per deliverability event, on one broker and across two;
+//! 8. the serving limiter: Vegas against a fixed limit under the consume loads.
 //!
 //! Usage: DATABASE_URL=... queen-bench [--quick] [--json PATH]   (or `bash .ci/bench [--quick]`)
 
 #![allow(clippy::expect_used)] // a benchmark that cannot set up has nothing to report
 
 mod consume;
+mod limiter;
 mod live;
 mod parked;
 mod push;
@@ -79,7 +81,7 @@ async fn start_app(
 }
 
 /// An in-process broker on the bench's database, serving on an ephemeral port.
-async fn start_with(
+pub(crate) async fn start_with(
     pg: &queen_storage_pg::PgStorage,
     config: ServerConfig,
     seed: u64,
@@ -132,7 +134,7 @@ fn print_table(plan: &Plan, rows: &[Row]) {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::new(args.iter().any(|a| a == "--quick"));
-    // --only push|consume|steady|parked|scaling|fanout|wake: one scenario (for development).
+    // --only push|consume|steady|parked|scaling|fanout|wake|limiter: one scenario (for development).
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -345,6 +347,12 @@ async fn main() {
             }
         }
         eprintln!("measured wake latency");
+    }
+
+    // 8. The serving limiter under the consume loads: Vegas against a fixed limit.
+    if runs("limiter") {
+        rows.extend(limiter::limiter_scenario(&pg, plan.consume_total).await);
+        eprintln!("measured the limiter");
     }
 
     print_table(&plan, &rows);

@@ -1,4 +1,6 @@
-//! UUIDv7 minting from an injected clock and seeded bytes (never `Uuid::now_v7`).
+//! UUIDv7 minting from an injected clock and seeded bytes (never `Uuid::now_v7`, which reads the
+//! wall clock and the OS RNG: a simulation's ids must follow its virtual time and its seed). The
+//! `uuid` crate still builds and formats the ids.
 
 use crate::rng::SeededRng;
 use crate::types::{Timestamp, WorkerId};

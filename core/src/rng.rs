@@ -2,7 +2,9 @@
 //! holds a `SeededRng` derived from a configured seed, with a child stream per subsystem so one
 //! subsystem's draws never reshuffle another's.
 
-/// SplitMix64: tiny, fast, and good enough for scheduling and id entropy.
+/// SplitMix64: tiny, fast, and good enough for scheduling and id entropy. Hand-written rather than
+/// `rand`'s: its output is fixed forever here, so a recorded `SIM_SEED` replays the same run after
+/// any dependency upgrade, and the sans-IO core carries no RNG crate.
 #[derive(Clone, Debug)]
 pub struct SeededRng {
     state: u64,

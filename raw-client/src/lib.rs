@@ -1,5 +1,8 @@
 //! A minimal HTTP/1.1 client over one keep-alive TCP connection: enough for the tests and the
 //! benchmark to speak to the broker exactly as a client does, with no client library in between.
+//! Hand-written on purpose: the tests send what a library would refuse or normalize (malformed
+//! bodies, bad encodings, oversized requests) and the benchmark must not measure a library's
+//! pooling or retries; a real client's behaviour is tested with Queen's own Python client.
 
 #![allow(clippy::expect_used)] // test and benchmark support: an I/O failure ends the run
 

@@ -33,7 +33,9 @@ pub fn wall_now() -> Timestamp {
     Timestamp(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
-/// The adaptive serving limiter behind an async acquire.
+/// The adaptive serving limiter behind an async acquire. Not a `tokio::sync::Semaphore`: the limit
+/// moves on every latency sample, and a semaphore cannot take back permits that are out (it could
+/// only forget them as they come back); here the limit is a number compared at acquire.
 pub struct Limiter {
     state: Mutex<VegasLimiter>,
     released: Notify,

@@ -56,6 +56,9 @@ async fn body(app: &App, req: Request<Incoming>) -> Result<bytes::Bytes, Failure
     http::read_body(req.into_body(), app.config.max_body_bytes).await
 }
 
+/// The route table: one `match` over the decoded path segments. A router crate would add a
+/// dependency and a second table for what this match says in one place, with each route's
+/// parameters bound by name.
 async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> {
     let method = req.method().clone();
     let query = req.uri().query().map(str::to_string);

@@ -942,3 +942,38 @@ async fn a_poison_push_fails_alone_on_the_memory_backend() {
 async fn a_poison_push_fails_alone_on_postgres() {
     a_poison_push_fails_alone(Store::Postgres("queen_http_fused")).await;
 }
+
+/// A push that stores nothing (every item a duplicate) is no deliverability event: it wakes
+/// nobody. A push that stores something is one event per partition it appended to.
+async fn only_a_push_that_stores_something_is_an_event(store: Store) {
+    let b = start(store, ServerConfig::default()).await;
+    let pushes = |m: Value| m["deliveryEvents"]["push"].as_u64().unwrap_or(0);
+    let body = json!({"items": [
+        {"queue": "ev", "partition": "a", "payload": 1, "transactionId": "t-1"},
+        {"queue": "ev", "partition": "b", "payload": 2, "transactionId": "t-2"}]});
+    let before = pushes(metrics(b.addr).await);
+    let r = request(b.addr, "POST", "/api/v1/push", Some(&body)).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(
+        pushes(metrics(b.addr).await),
+        before + 2,
+        "one event per partition"
+    );
+    let r = request(b.addr, "POST", "/api/v1/push", Some(&body)).await;
+    assert_eq!(r.json()[0]["status"], "duplicate");
+    assert_eq!(
+        pushes(metrics(b.addr).await),
+        before + 2,
+        "a push of duplicates appends nothing and publishes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_push_that_stores_something_is_an_event_on_the_memory_backend() {
+    only_a_push_that_stores_something_is_an_event(Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_push_that_stores_something_is_an_event_on_postgres() {
+    only_a_push_that_stores_something_is_an_event(Store::Postgres("queen_http_events")).await;
+}
