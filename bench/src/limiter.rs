@@ -16,23 +16,41 @@ use crate::util::Row;
 /// The fixed limit compared: the pool the benchmark's brokers have (32 connections).
 pub const FIXED_PERMITS: u32 = 32;
 
-/// One load: leased (pop + batch ack) or autoAck consumers on some partitions.
+/// One load: leased (pop + batch ack) or autoAck consumers on some partitions, and optionally
+/// pollers of a queue that does not exist (each of their pops takes a permit and finds no
+/// candidate: the mixed load under which a limiter fed empty samples misjudges).
 pub struct Load {
     pub partitions: usize,
     pub consumers: usize,
     pub auto_ack: bool,
+    pub idle_pollers: usize,
 }
 
-pub const LOADS: [Load; 2] = [
+pub const LOADS: [Load; 4] = [
     Load {
         partitions: 1000,
         consumers: 16,
         auto_ack: false,
+        idle_pollers: 0,
     },
     Load {
         partitions: 10,
         consumers: 16,
         auto_ack: true,
+        idle_pollers: 0,
+    },
+    // More consumers than the fixed limit: the limit binds.
+    Load {
+        partitions: 1000,
+        consumers: 64,
+        auto_ack: false,
+        idle_pollers: 0,
+    },
+    Load {
+        partitions: 1000,
+        consumers: 16,
+        auto_ack: false,
+        idle_pollers: 16,
     },
 ];
 
@@ -73,9 +91,21 @@ async fn run(
             }
         })
     };
+    let pollers: Vec<_> = (0..load.idle_pollers)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut c = queen_raw_client::Client::connect(addr).await;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = c.get("/api/v1/pop/queue/limiter-missing?wait=false").await;
+                    assert_eq!(r.status, 204);
+                }
+            })
+        })
+        .collect();
     let queue = format!(
-        "limiter-{tag}-{}-{}-{}",
-        load.partitions, load.consumers, load.auto_ack
+        "limiter-{tag}-{}-{}-{}-{}",
+        load.partitions, load.consumers, load.auto_ack, load.idle_pollers
     );
     let rate = crate::consume::broker_rate(
         &app,
@@ -89,6 +119,9 @@ async fn run(
     .await;
     stop.store(true, Ordering::Relaxed);
     crate::util::joined(sampler.await);
+    for p in pollers {
+        crate::util::joined(p.await);
+    }
     app.shutting_down.send_replace(true);
     let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
     (rate, samples)
@@ -108,10 +141,15 @@ pub async fn limiter_scenario(pg: &queen_storage_pg::PgStorage, total: usize) ->
         let (fixed_rate, _) = run(pg, load, fixed, "fixed", total).await;
         let (mean, min, max) = summary(&samples);
         let label = format!(
-            "limiter, Vegas, consume {}, {} partitions, {} consumers",
+            "limiter, Vegas, consume {}, {} partitions, {} consumers{}",
             if load.auto_ack { "autoAck" } else { "leased" },
             load.partitions,
-            load.consumers
+            load.consumers,
+            if load.idle_pollers > 0 {
+                format!(" + {} pollers of a missing queue", load.idle_pollers)
+            } else {
+                String::new()
+            }
         );
         let fixed_name = format!("fixed {FIXED_PERMITS} permits");
         rows.push(Row::new(

@@ -65,7 +65,9 @@ impl VegasLimiter {
     }
 
     /// Returns a permit. `rtt_us` is the storage latency of the work done under it, or `None`
-    /// when the work was abandoned (no sample).
+    /// when no storage work completed under it (abandoned, or nothing to do): a near-zero sample
+    /// would become the floor, and every real latency after it would read as congestion
+    /// (measured in docs/benchmarks.md, "The serving limiter").
     pub fn release(&mut self, rtt_us: Option<u64>) {
         debug_assert!(self.in_flight > 0, "release without acquire");
         self.in_flight = self.in_flight.saturating_sub(1);
