@@ -195,8 +195,14 @@ impl PopParams {
                         ),
                     }
                 }
-                "namespace" if !v.is_empty() => namespace = Some(v.to_string()),
-                "task" if !v.is_empty() => task = Some(v.to_string()),
+                "namespace" if !v.is_empty() => {
+                    validate_name("namespace", v)?;
+                    namespace = Some(v.to_string())
+                }
+                "task" if !v.is_empty() => {
+                    validate_name("task", v)?;
+                    task = Some(v.to_string())
+                }
                 _ => {}
             }
         }

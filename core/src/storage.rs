@@ -35,8 +35,13 @@ use crate::types::Timestamp;
 pub enum StorageError {
     /// The backend could not be reached or the connection broke (5xx; safe to retry).
     Unavailable(String),
-    /// The request is invalid for the stored state (4xx).
+    /// The request is invalid for the stored state (400).
     Invalid(String),
+    /// The request conflicts with stored data (a constraint it would break; 409).
+    Conflict(String),
+    /// A serialization failure or deadlock: the transaction rolled back and running it again
+    /// may succeed. Storage retries these itself a few times before answering with it (503).
+    Contention(String),
     /// Anything else the backend reported (5xx).
     Internal(String),
 }
@@ -46,6 +51,8 @@ impl fmt::Display for StorageError {
         match self {
             StorageError::Unavailable(e) => write!(f, "storage unavailable: {e}"),
             StorageError::Invalid(e) => write!(f, "invalid request: {e}"),
+            StorageError::Conflict(e) => write!(f, "conflict: {e}"),
+            StorageError::Contention(e) => write!(f, "storage contention: {e}"),
             StorageError::Internal(e) => write!(f, "storage error: {e}"),
         }
     }

@@ -86,6 +86,7 @@ pub enum NameError {
     Empty(&'static str),
     TooLong(&'static str),
     ControlCharacter(&'static str),
+    NulCharacter(&'static str),
 }
 
 impl fmt::Display for NameError {
@@ -94,12 +95,20 @@ impl fmt::Display for NameError {
             NameError::Empty(what) => write!(f, "{what} must not be empty"),
             NameError::TooLong(what) => write!(f, "{what} is longer than {MAX_NAME_BYTES} bytes"),
             NameError::ControlCharacter(what) => write!(f, "{what} contains a control character"),
+            NameError::NulCharacter(what) => {
+                write!(
+                    f,
+                    "{what} contains a NUL character, which storage cannot hold"
+                )
+            }
         }
     }
 }
 
-/// Validates a queue/partition/group name. NUL and other control characters are refused because
-/// PostgreSQL text cannot hold NUL and such names are always a client bug.
+/// Validates a name or an id a client sends (queue, partition, consumer group, namespace, task,
+/// transactionId, partitionId, leaseId). NUL and other control characters are refused because
+/// PostgreSQL text cannot hold NUL and such names are always a client bug; both backends refuse
+/// alike, since the check runs before either sees the request.
 pub fn validate_name(what: &'static str, name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty(what));
@@ -113,9 +122,32 @@ pub fn validate_name(what: &'static str, name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
+/// Validates a free text a client sends (an ack's error message): anything but NUL, which
+/// PostgreSQL text cannot hold.
+pub fn validate_text(what: &'static str, text: &str) -> Result<(), NameError> {
+    if text.contains('\0') {
+        return Err(NameError::NulCharacter(what));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_and_texts_refuse_what_storage_cannot_hold() {
+        assert!(validate_name("queue", "a\0b").is_err());
+        assert!(validate_name("queue", "a\nb").is_err());
+        assert!(validate_name("queue", &"x".repeat(MAX_NAME_BYTES + 1)).is_err());
+        assert!(validate_name("queue", "").is_err());
+        assert!(validate_name("queue", "billing.invoice").is_ok());
+        assert!(validate_text("error", "line 1\nline 2").is_ok());
+        assert_eq!(
+            validate_text("error", "a\0"),
+            Err(NameError::NulCharacter("error"))
+        );
+    }
 
     #[test]
     fn namespace_and_task_follow_the_dots() {

@@ -20,6 +20,9 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
         return Err(Failure::bad("operations array cannot be empty"));
     }
     let required = request.required_leases.unwrap_or_default();
+    for lease in &required {
+        requests::check_name("requiredLeases", lease)?;
+    }
     let mut tx_ops = Vec::with_capacity(request.operations.len());
     // Per push op: each item's (transactionId, queue), to render the flat result list.
     let mut shapes: Vec<Vec<(String, String)>> = Vec::with_capacity(tx_ops.capacity());
@@ -119,8 +122,14 @@ pub async fn dead_letters(app: &Arc<App>, pairs: &[(String, String)]) -> Result<
     for (k, v) in pairs {
         match k.as_str() {
             "queue" => q.queue = v.clone(),
-            "consumerGroup" if !v.is_empty() => q.group = Some(v.clone()),
-            "partition" if !v.is_empty() => q.partition = Some(v.clone()),
+            "consumerGroup" if !v.is_empty() => {
+                requests::check_name("consumerGroup", v)?;
+                q.group = Some(v.clone())
+            }
+            "partition" if !v.is_empty() => {
+                requests::check_name("partition", v)?;
+                q.partition = Some(v.clone())
+            }
             "from" if !v.is_empty() => q.from = Some(requests::timestamp(v, "from")?),
             "to" if !v.is_empty() => q.to = Some(requests::timestamp(v, "to")?),
             "limit" => {
@@ -141,6 +150,7 @@ pub async fn dead_letters(app: &Arc<App>, pairs: &[(String, String)]) -> Result<
     if q.queue.is_empty() {
         return Err(Failure::bad("queue is required"));
     }
+    requests::check_name("queue", &q.queue)?;
     let (limit, offset) = (q.limit, q.offset);
     let page = app.dead_letters(q).await?;
     let total = page.total;
@@ -182,6 +192,10 @@ pub async fn delete_group(
     queue: Option<&str>,
     pairs: &[(String, String)],
 ) -> Result<Reply, Failure> {
+    requests::check_name("consumerGroup", group)?;
+    if let Some(q) = queue {
+        requests::check_name("queue", q)?;
+    }
     let with_meta = delete_metadata(pairs);
     let deleted = app.delete_group(group, queue, with_meta).await?;
     let mut answer = json!({"success": true, "consumerGroup": group, "deletedPartitions": deleted.cursors,
@@ -194,6 +208,8 @@ pub async fn delete_group(
 
 /// POST /api/v1/consumer-groups/{g}/queues/{q}/seek with {"toEnd": true} or {"timestamp": ISO}.
 pub async fn seek(app: &Arc<App>, group: &str, queue: &str, body: &[u8]) -> Result<Reply, Failure> {
+    requests::check_name("consumerGroup", group)?;
+    requests::check_name("queue", queue)?;
     let request: requests::SeekBody = requests::body(body, Some("{}"))?;
     let target = request.target()?;
     let moved = app.seek_group(group, queue, target).await?;
@@ -213,6 +229,7 @@ pub async fn update_subscription(
     group: &str,
     body: &[u8],
 ) -> Result<Reply, Failure> {
+    requests::check_name("consumerGroup", group)?;
     let request: requests::SubscriptionBody = requests::body(body, None)?;
     let ts = request
         .subscription_timestamp

@@ -43,7 +43,11 @@ impl From<queen_core::storage::StorageError> for Failure {
         use queen_core::storage::StorageError as E;
         match e {
             E::Invalid(m) => Failure::bad(m),
-            E::Unavailable(m) => Failure::unavailable(m),
+            E::Conflict(m) => Failure {
+                status: StatusCode::CONFLICT,
+                message: m,
+            },
+            E::Unavailable(m) | E::Contention(m) => Failure::unavailable(m),
             E::Internal(m) => Failure::server(m),
         }
     }
@@ -95,8 +99,17 @@ pub fn no_content() -> Reply {
     with_headers(r, false)
 }
 
+/// Seconds a client should wait before retrying a 503: the database is restarting, unreachable
+/// or contended, which is a matter of a second or two.
+pub const RETRY_AFTER_SECS: &str = "1";
+
 pub fn error(f: &Failure) -> Reply {
-    json(f.status, &serde_json::json!({ "error": f.message }))
+    let mut r = json(f.status, &serde_json::json!({ "error": f.message }));
+    if f.status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from_static(RETRY_AFTER_SECS));
+    }
+    r
 }
 
 /// Reads the whole body, refusing more than `limit` bytes.

@@ -8,7 +8,7 @@ use queen_core::frames::Frame;
 use queen_core::storage::{AckItem, AckStatus, QueueConfig, SeekTarget};
 use queen_core::time::parse_iso;
 use queen_core::types::{
-    namespace_and_task, validate_name, DEFAULT_PARTITION, MAX_NAME_BYTES, QUEUE_MODE_GROUP,
+    namespace_and_task, validate_name, validate_text, DEFAULT_PARTITION, QUEUE_MODE_GROUP,
 };
 use queen_core::Timestamp;
 use serde::de::DeserializeOwned;
@@ -46,7 +46,8 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::
     Box::<RawValue>::deserialize(d).map(Some)
 }
 
-fn check_name(what: &'static str, name: &str) -> Result<(), Failure> {
+/// A name or id from a request, or a 400 saying what is wrong with it.
+pub fn check_name(what: &'static str, name: &str) -> Result<(), Failure> {
     validate_name(what, name).map_err(|e| Failure::bad(e.to_string()))
 }
 
@@ -116,13 +117,9 @@ pub fn push_items(
             let partition = f.partition.unwrap_or_else(|| DEFAULT_PARTITION.to_string());
             check_name("partition", &partition)?;
             let transaction_id = f.transaction_id.filter(|t| !t.is_empty());
-            if transaction_id
-                .as_ref()
-                .is_some_and(|t| t.len() > MAX_NAME_BYTES)
-            {
-                return Err(Failure::bad(format!(
-                    "{place}: transactionId is longer than {MAX_NAME_BYTES} bytes"
-                )));
+            if let Some(t) = &transaction_id {
+                validate_name("transactionId", t)
+                    .map_err(|e| Failure::bad(format!("{place}: {e}")))?;
             }
             let trace_id = match f.trace_id.filter(|t| !t.is_empty()) {
                 None => None,
@@ -175,6 +172,20 @@ impl AckFields {
             .partition_id
             .filter(|t| !t.is_empty())
             .ok_or_else(|| Failure::bad("partitionId is required to ensure message uniqueness"))?;
+        check_name("transactionId", &transaction_id)?;
+        check_name("partitionId", &partition_id)?;
+        let lease_id = self.lease_id.filter(|l| !l.is_empty());
+        if let Some(l) = &lease_id {
+            check_name("leaseId", l)?;
+        }
+        let error = match self.error {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(other) => Some(other.to_string()),
+        };
+        if let Some(e) = &error {
+            validate_text("error", e).map_err(|e| Failure::bad(e.to_string()))?;
+        }
         let status = match self.status {
             None => AckStatus::Completed,
             Some(s) => AckStatus::parse(&s).ok_or_else(|| {
@@ -187,12 +198,8 @@ impl AckFields {
             transaction_id,
             partition_id,
             status,
-            lease_id: self.lease_id.filter(|l| !l.is_empty()),
-            error: match self.error {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s),
-                Some(other) => Some(other.to_string()),
-            },
+            lease_id,
+            error,
         })
     }
 }
@@ -291,6 +298,11 @@ impl ConfigureBody {
         let d = QueueConfig::with_defaults(&queue);
         let o = self.options.unwrap_or_default();
         let (namespace, task) = namespace_and_task(&queue);
+        for (what, given) in [("namespace", &self.namespace), ("task", &self.task)] {
+            if let Some(v) = given.as_deref().filter(|v| !v.is_empty()) {
+                check_name(what, v)?;
+            }
+        }
         Ok(QueueConfig {
             namespace: self.namespace.unwrap_or(namespace),
             task: self.task.unwrap_or(task),
@@ -381,6 +393,7 @@ pub struct MaintenanceBody {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use queen_core::types::MAX_NAME_BYTES;
 
     fn items(json: &str) -> Result<Vec<PushItem>, Failure> {
         let b: PushBody = body(json.as_bytes(), None)?;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use queen_core::storage::{AckItem, PushGroup, PushOutcome, QueueConfig};
 use queen_core::time::format_iso_micros;
-use queen_core::types::validate_name;
 use serde_json::{json, Value};
 
 use crate::app::{lock, App};
@@ -119,6 +118,7 @@ pub async fn ack_batch(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
 }
 
 pub async fn extend_lease(app: &Arc<App>, lease_id: &str, body: &[u8]) -> Result<Reply, Failure> {
+    requests::check_name("leaseId", lease_id)?;
     let request: requests::ExtendBody = requests::body(body, Some("{}"))?;
     let out = app.renew_lease(lease_id, request.seconds()?).await?;
     let expires = out.expires_at.map(format_iso_micros);
@@ -153,7 +153,7 @@ pub async fn configure(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
 }
 
 pub async fn delete_queue(app: &Arc<App>, queue: &str) -> Result<Reply, Failure> {
-    validate_name("queue", queue).map_err(|e| Failure::bad(e.to_string()))?;
+    requests::check_name("queue", queue)?;
     let existed = app.delete_queue(queue).await?;
     Ok(http::json(
         StatusCode::OK,

@@ -977,3 +977,196 @@ async fn only_a_push_that_stores_something_is_an_event_on_the_memory_backend() {
 async fn only_a_push_that_stores_something_is_an_event_on_postgres() {
     only_a_push_that_stores_something_is_an_event(Store::Postgres("queen_http_events")).await;
 }
+
+/// The same hostile requests to a memory broker and a PostgreSQL broker: every one a 4xx with the
+/// same status and body on both, and nothing stored. NUL reaches no storage (PostgreSQL text
+/// cannot hold it; before one validation layer, the PostgreSQL broker answered 500 where the
+/// memory broker stored it), impossible dates are refused, and so are bad shapes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_get_the_same_answer_from_both_backends() {
+    let nul = "a\u{0}b";
+    let nul_path = "a%00b";
+    let corpus: Vec<(&str, String, Option<Value>)> = vec![
+        (
+            "POST",
+            "/api/v1/push".into(),
+            Some(json!({"items": [{"queue": nul, "payload": 1}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/push".into(),
+            Some(json!({"items": [{"queue": "q", "partition": nul, "payload": 1}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/push".into(),
+            Some(json!({"items": [{"queue": "q", "transactionId": nul, "payload": 1}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/ack".into(),
+            Some(json!({"transactionId": nul, "partitionId": "p"})),
+        ),
+        (
+            "POST",
+            "/api/v1/ack".into(),
+            Some(json!({"transactionId": "t", "partitionId": nul})),
+        ),
+        (
+            "POST",
+            "/api/v1/ack".into(),
+            Some(json!({"transactionId": "t", "partitionId": "p", "leaseId": nul})),
+        ),
+        (
+            "POST",
+            "/api/v1/ack".into(),
+            Some(
+                json!({"transactionId": "t", "partitionId": "p", "status": "failed", "error": nul}),
+            ),
+        ),
+        (
+            "POST",
+            "/api/v1/ack".into(),
+            Some(json!({"transactionId": "t", "partitionId": "p", "consumerGroup": nul})),
+        ),
+        (
+            "POST",
+            "/api/v1/ack/batch".into(),
+            Some(json!({"acknowledgments": [{"transactionId": "t", "partitionId": nul}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/ack/batch".into(),
+            Some(
+                json!({"consumerGroup": nul, "acknowledgments": [{"transactionId": "t", "partitionId": "p"}]}),
+            ),
+        ),
+        (
+            "POST",
+            format!("/api/v1/lease/{nul_path}/extend"),
+            Some(json!({"seconds": 10})),
+        ),
+        (
+            "POST",
+            "/api/v1/configure".into(),
+            Some(json!({"queue": "q", "namespace": nul})),
+        ),
+        (
+            "POST",
+            "/api/v1/configure".into(),
+            Some(json!({"queue": "q", "task": nul})),
+        ),
+        (
+            "POST",
+            "/api/v1/transaction".into(),
+            Some(
+                json!({"operations": [{"type": "push", "items": [{"queue": "q", "transactionId": nul, "payload": 1}]}]}),
+            ),
+        ),
+        (
+            "POST",
+            "/api/v1/transaction".into(),
+            Some(
+                json!({"operations": [{"type": "ack", "transactionId": "t", "partitionId": "p"}], "requiredLeases": [nul]}),
+            ),
+        ),
+        ("GET", format!("/api/v1/dlq?queue={nul_path}"), None),
+        (
+            "GET",
+            format!("/api/v1/dlq?queue=q&consumerGroup={nul_path}"),
+            None,
+        ),
+        (
+            "GET",
+            format!("/api/v1/dlq?queue=q&partition={nul_path}"),
+            None,
+        ),
+        ("GET", "/api/v1/dlq?queue=q&from=2026-02-30".into(), None),
+        (
+            "GET",
+            "/api/v1/dlq?queue=q&to=2026-04-31T00:00:00Z".into(),
+            None,
+        ),
+        ("GET", format!("/api/v1/pop?namespace={nul_path}"), None),
+        ("GET", format!("/api/v1/pop?task={nul_path}"), None),
+        (
+            "GET",
+            format!("/api/v1/pop/queue/q?consumerGroup={nul_path}"),
+            None,
+        ),
+        (
+            "GET",
+            "/api/v1/pop/queue/q?subscriptionFrom=2026-02-30T00:00:00Z".into(),
+            None,
+        ),
+        ("GET", format!("/api/v1/pop/queue/{nul_path}"), None),
+        (
+            "POST",
+            format!("/api/v1/consumer-groups/{nul_path}/queues/q/seek"),
+            Some(json!({"toEnd": true})),
+        ),
+        (
+            "POST",
+            "/api/v1/consumer-groups/g/queues/q/seek".into(),
+            Some(json!({"timestamp": "2026-02-30T00:00:00Z"})),
+        ),
+        (
+            "POST",
+            format!("/api/v1/consumer-groups/{nul_path}/subscription"),
+            Some(json!({"subscriptionTimestamp": "2026-01-01T00:00:00Z"})),
+        ),
+        (
+            "POST",
+            "/api/v1/consumer-groups/g/subscription".into(),
+            Some(json!({"subscriptionTimestamp": "2026-04-31"})),
+        ),
+        (
+            "DELETE",
+            format!("/api/v1/consumer-groups/{nul_path}"),
+            None,
+        ),
+        (
+            "DELETE",
+            format!("/api/v1/consumer-groups/g/queues/{nul_path}"),
+            None,
+        ),
+        (
+            "DELETE",
+            format!("/api/v1/resources/queues/{nul_path}"),
+            None,
+        ),
+    ];
+    let memory = start(Store::Memory, ServerConfig::default()).await;
+    let pg = start(
+        Store::Postgres("queen_http_hostile"),
+        ServerConfig::default(),
+    )
+    .await;
+    for (method, path, body) in &corpus {
+        let m = request(memory.addr, method, path, body.as_ref()).await;
+        let p = request(pg.addr, method, path, body.as_ref()).await;
+        assert!(
+            (400..500).contains(&m.status),
+            "{method} {path}: the memory broker answered {}",
+            m.status
+        );
+        assert_eq!(
+            (m.status, m.json()),
+            (p.status, p.json()),
+            "{method} {path}: the backends disagree"
+        );
+    }
+    for b in [&memory, &pg] {
+        let names = b
+            .app
+            .storage
+            .pops
+            .queues_matching(None, None)
+            .await
+            .unwrap();
+        assert!(
+            names.is_empty(),
+            "a refused request stored something: {names:?}"
+        );
+    }
+}

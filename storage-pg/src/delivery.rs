@@ -8,50 +8,15 @@ use queen_core::storage::{
     StorageResult, TxOp, TxOpResult, TxOutcome,
 };
 
-use crate::error::{pg_err, pool_err};
+use crate::error::{pg_err, pool_err, retry_contention};
 use crate::messages::{ack_items, push_groups};
 use crate::{from_system_time, int, to_system_time, PgStorage};
 
 #[async_trait]
 impl DeliveryStorage for PgStorage {
     async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
-        let mut client = self.pool.get().await.map_err(pool_err)?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(pg_err("transaction: begin"))?;
-        let mut results = Vec::with_capacity(ops.len());
-        for op in &ops {
-            let result = match op {
-                TxOp::Push(groups) => TxOpResult::Push(push_groups(&tx, groups).await?),
-                TxOp::Ack { group, item } => TxOpResult::Ack(
-                    ack_items(&tx, group, std::slice::from_ref(item))
-                        .await?
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| StorageError::Internal("ack_v1 answered no row".into()))?,
-                ),
-            };
-            // Why the transaction must roll back, if this operation was refused.
-            let refusal = result.refusal();
-            results.push(result);
-            if let Some(error) = refusal {
-                tx.rollback()
-                    .await
-                    .map_err(pg_err("transaction: rollback"))?;
-                return Ok(TxOutcome {
-                    committed: false,
-                    results,
-                    error: Some(error),
-                });
-            }
-        }
-        tx.commit().await.map_err(pg_err("transaction: commit"))?;
-        Ok(TxOutcome {
-            committed: true,
-            results,
-            error: None,
-        })
+        let (this, ops) = (self, &ops);
+        retry_contention(move || this.transaction_once(ops)).await
     }
 
     async fn dead_letters(&self, q: DlqQuery) -> StorageResult<DeadLetterPage> {
@@ -189,5 +154,48 @@ impl DeliveryStorage for PgStorage {
             partition,
             outcome,
         }))
+    }
+}
+
+impl PgStorage {
+    /// One attempt of a transaction request: everything commits, or nothing does.
+    async fn transaction_once(&self, ops: &[TxOp]) -> StorageResult<TxOutcome> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg_err("transaction: begin"))?;
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            let result = match op {
+                TxOp::Push(groups) => TxOpResult::Push(push_groups(&tx, groups).await?),
+                TxOp::Ack { group, item } => TxOpResult::Ack(
+                    ack_items(&tx, group, std::slice::from_ref(item))
+                        .await?
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| StorageError::Internal("ack_v1 answered no row".into()))?,
+                ),
+            };
+            // Why the transaction must roll back, if this operation was refused.
+            let refusal = result.refusal();
+            results.push(result);
+            if let Some(error) = refusal {
+                tx.rollback()
+                    .await
+                    .map_err(pg_err("transaction: rollback"))?;
+                return Ok(TxOutcome {
+                    committed: false,
+                    results,
+                    error: Some(error),
+                });
+            }
+        }
+        tx.commit().await.map_err(pg_err("transaction: commit"))?;
+        Ok(TxOutcome {
+            committed: true,
+            results,
+            error: None,
+        })
     }
 }

@@ -1,34 +1,135 @@
-//! Mapping PostgreSQL failures to `StorageError`, with context.
+//! Mapping PostgreSQL failures to `StorageError` by SQLSTATE class, with context: what the client
+//! caused is a 4xx, what the database's availability caused is a 503 (retry later), and only the
+//! broker's own mistakes are internal errors.
 
-use queen_core::storage::StorageError;
+use std::future::Future;
 
-/// SQLSTATE classes after which the transaction rolled back and a retry is safe.
-fn retryable(code: &str) -> bool {
-    // 40: transaction rollback (serialization, deadlock); 53: insufficient resources;
-    // 57: operator intervention (cancel, shutdown); 08: connection exception; 55P03: lock timeout.
-    code.starts_with("40")
-        || code.starts_with("53")
-        || code.starts_with("57")
-        || code.starts_with("08")
-        || code == "55P03"
+use queen_core::storage::{StorageError, StorageResult};
+
+/// What a SQLSTATE says about whose the failure is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// 22xxx data exception: a value the client sent that the column cannot hold.
+    BadData,
+    /// 23xxx integrity constraint violation.
+    Conflict,
+    /// 40001 serialization failure, 40P01 deadlock: rolled back; running again may succeed.
+    Contention,
+    /// The database is unavailable: connection exceptions (08xxx), shutdown and restart
+    /// (57P01-57P03), too many connections (53300) and other resource limits (53xxx), a
+    /// cancelled or timed-out statement (57014), a lock timeout (55P03), any other rollback (40xxx).
+    Unavailable,
+    /// Anything else: the broker's statement or schema is wrong.
+    Internal,
+}
+
+fn class(code: &str) -> Class {
+    match code {
+        "40001" | "40P01" => Class::Contention,
+        "55P03" => Class::Unavailable,
+        c if c.starts_with("22") => Class::BadData,
+        c if c.starts_with("23") => Class::Conflict,
+        c if c.starts_with("08")
+            || c.starts_with("53")
+            || c.starts_with("57")
+            || c.starts_with("40") =>
+        {
+            Class::Unavailable
+        }
+        _ => Class::Internal,
+    }
 }
 
 pub fn pg_err(context: &str) -> impl Fn(tokio_postgres::Error) -> StorageError + '_ {
     move |e| match e.as_db_error() {
-        Some(db) if retryable(db.code().code()) => StorageError::Unavailable(format!(
-            "{context}: {} ({})",
-            db.message(),
-            db.code().code()
-        )),
-        Some(db) => StorageError::Internal(format!(
-            "{context}: {} ({})",
-            db.message(),
-            db.code().code()
-        )),
+        Some(db) => {
+            let text = format!("{context}: {} ({})", db.message(), db.code().code());
+            match class(db.code().code()) {
+                Class::BadData => StorageError::Invalid(text),
+                Class::Conflict => StorageError::Conflict(text),
+                Class::Contention => StorageError::Contention(text),
+                Class::Unavailable => StorageError::Unavailable(text),
+                Class::Internal => StorageError::Internal(text),
+            }
+        }
+        // No database error: the connection broke or could not be made.
         None => StorageError::Unavailable(format!("{context}: {e}")),
     }
 }
 
 pub fn pool_err(e: deadpool_postgres::PoolError) -> StorageError {
     StorageError::Unavailable(format!("no database connection: {e}"))
+}
+
+/// How many times a transaction that lost to a concurrent one (serialization failure, deadlock)
+/// runs in all before the broker answers 503.
+pub const CONTENTION_ATTEMPTS: u32 = 3;
+
+/// Runs `op` again while it fails with `Contention` (it rolled back, so running it again is
+/// safe), up to `CONTENTION_ATTEMPTS` in all.
+pub async fn retry_contention<T, F, Fut>(mut op: F) -> StorageResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = StorageResult<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(StorageError::Contention(e)) if attempt < CONTENTION_ATTEMPTS => {
+                attempt += 1;
+                tracing::debug!(error = %e, attempt, "storage contention; running again");
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_map_to_whose_failure_it_is() {
+        assert_eq!(
+            class("22021"),
+            Class::BadData,
+            "invalid byte sequence (NUL)"
+        );
+        assert_eq!(class("22P02"), Class::BadData);
+        assert_eq!(class("23505"), Class::Conflict);
+        assert_eq!(class("40001"), Class::Contention);
+        assert_eq!(class("40P01"), Class::Contention);
+        assert_eq!(class("08006"), Class::Unavailable);
+        assert_eq!(class("57P01"), Class::Unavailable, "admin shutdown");
+        assert_eq!(class("57P03"), Class::Unavailable, "cannot connect now");
+        assert_eq!(class("53300"), Class::Unavailable, "too many connections");
+        assert_eq!(class("57014"), Class::Unavailable, "statement timeout");
+        assert_eq!(class("42P01"), Class::Internal, "our schema is wrong");
+    }
+
+    #[tokio::test]
+    async fn contention_is_retried_a_bounded_number_of_times() {
+        let mut calls = 0;
+        let r: StorageResult<()> = retry_contention(|| {
+            calls += 1;
+            async { Err(StorageError::Contention("deadlock".into())) }
+        })
+        .await;
+        assert!(matches!(r, Err(StorageError::Contention(_))));
+        assert_eq!(calls, CONTENTION_ATTEMPTS);
+        let mut calls = 0;
+        let r = retry_contention(|| {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n < 2 {
+                    Err(StorageError::Contention("serialization".into()))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r, Ok(2));
+    }
 }

@@ -9,7 +9,7 @@ use queen_core::storage::{
 };
 use std::time::SystemTime;
 
-use crate::error::{pg_err, pool_err};
+use crate::error::{pg_err, pool_err, retry_contention};
 use crate::{from_system_time, int, PgStorage};
 
 fn status_text(s: AckStatus) -> &'static str {
@@ -149,16 +149,24 @@ pub(crate) async fn ack_items(
 #[async_trait]
 impl MessageStorage for PgStorage {
     async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
-        let mut client = self.pool.get().await.map_err(pool_err)?;
-        let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
-        let results = push_groups(&tx, &groups).await?;
-        tx.commit().await.map_err(pg_err("push: commit"))?;
-        Ok(results)
+        let (this, groups) = (self, &groups);
+        retry_contention(move || async move {
+            let mut client = this.pool.get().await.map_err(pool_err)?;
+            let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
+            let results = push_groups(&tx, groups).await?;
+            tx.commit().await.map_err(pg_err("push: commit"))?;
+            Ok(results)
+        })
+        .await
     }
 
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        ack_items(&client, group, &items).await
+        let (this, items) = (self, &items);
+        retry_contention(move || async move {
+            let client = this.pool.get().await.map_err(pool_err)?;
+            ack_items(&client, group, items).await
+        })
+        .await
     }
 
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {

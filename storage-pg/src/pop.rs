@@ -7,7 +7,7 @@ use queen_core::params::{SubscriptionFrom, SubscriptionMode};
 use queen_core::storage::{PopRequest, PopResult, PopStorage, QueueConfig, StorageResult};
 use queen_core::Timestamp;
 
-use crate::error::{pg_err, pool_err};
+use crate::error::{pg_err, pool_err, retry_contention};
 use crate::{from_system_time, int, pop_rows, to_system_time, PgStorage};
 
 impl PgStorage {
@@ -18,14 +18,18 @@ impl PgStorage {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> StorageResult<PopResult> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        let stmt = client.prepare_cached(sql).await.map_err(pg_err(context))?;
-        let rows = client.query(&stmt, params).await.map_err(pg_err(context))?;
-        let mut result = pop_rows::decode(&rows, context)?;
-        for c in &mut result.claims {
-            c.queue = queue.to_string();
-        }
-        Ok(result)
+        let this = self;
+        retry_contention(move || async move {
+            let client = this.pool.get().await.map_err(pool_err)?;
+            let stmt = client.prepare_cached(sql).await.map_err(pg_err(context))?;
+            let rows = client.query(&stmt, params).await.map_err(pg_err(context))?;
+            let mut result = pop_rows::decode(&rows, context)?;
+            for c in &mut result.claims {
+                c.queue = queue.to_string();
+            }
+            Ok(result)
+        })
+        .await
     }
 }
 
