@@ -53,14 +53,27 @@ pg_start() {
   PG_PORT=$(pg_free_port)
   pg_as_owner "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust --no-sync -E UTF8 >"$PG_DIR/initdb.log" 2>&1 \
     || { cat "$PG_DIR/initdb.log" >&2; return 1; }
-  # Durability settings off: this database is thrown away after the run.
-  pg_as_owner "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start \
-    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c shared_preload_libraries=pg_stat_statements" >/dev/null \
-    || { cat "$PG_DIR/server.log" >&2; return 1; }
   PG_BIN=$bin
+  pg_launch || return 1
   PG_STARTED=1
   export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
   echo "Started PostgreSQL on port $PG_PORT (data in $PG_DIR)" >&2
+}
+
+# Starts the server of PG_DIR on PG_PORT (first start, or again after pg_pause stopped it).
+pg_launch() {
+  # Durability settings off: this database is thrown away after the run.
+  pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start \
+    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c shared_preload_libraries=pg_stat_statements" >/dev/null \
+    || { cat "$PG_DIR/server.log" >&2; return 1; }
+}
+
+# An outage: stops the server of PG_DIR (fast shutdown: sessions are terminated), waits the given
+# seconds, starts it again on the same port. For the fault tests (server/tests/faults.rs).
+pg_pause() {
+  pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null || return 1
+  sleep "$1"
+  pg_launch
 }
 
 pg_stop() {

@@ -493,6 +493,8 @@ impl PopMachine {
                         self.empty_or_park(now, woken)
                     }
                     Ok(_) => self.empty_or_park(now, woken),
+                    // Storage away: look again later, as for an empty answer.
+                    Err(e) if e.is_unavailable() => self.empty_or_park(now, woken),
                     Err(e) => self.finish(PopReply::Failed(e)),
                 },
                 Phase::Working {
@@ -768,6 +770,12 @@ impl PopMachine {
                 }
                 self.effects
                     .push_back(PopEffect::ReleasePermit { rtt_us: None });
+                if e.is_unavailable() {
+                    // Storage away (a restart, lost connections, contention): nothing is wrong
+                    // with the pop; a long-poll parks and looks again with the backoff, and
+                    // answers 204 at its deadline if storage is still away.
+                    return self.empty_or_park(now, round.woken);
+                }
                 return self.finish(PopReply::Failed(e));
             }
         };

@@ -58,6 +58,17 @@ impl fmt::Display for StorageError {
     }
 }
 
+impl StorageError {
+    /// The database is unreachable, restarting or contended: nothing is wrong with the request,
+    /// and the same request later may succeed.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Unavailable(_) | StorageError::Contention(_)
+        )
+    }
+}
+
 impl std::error::Error for StorageError {}
 
 pub type StorageResult<T> = Result<T, StorageError>;

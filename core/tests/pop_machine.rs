@@ -354,6 +354,43 @@ fn stale_and_duplicate_storage_replies_are_ignored() {
     assert!(drain(&mut m).is_empty(), "done machines ignore everything");
 }
 
+/// Storage unreachable (a restart, lost connections): a long-poll is no failure of the client's;
+/// it parks and looks again with the backoff, and answers 204 at its deadline if storage is
+/// still away. A pop that does not wait answers 204 at once.
+#[test]
+fn unavailable_storage_parks_a_long_poll_and_empties_a_short_one() {
+    for wait in [true, false] {
+        let mut c = ctx();
+        let mut m = machine(
+            &[("wait", if wait { "true" } else { "false" })],
+            PopConfig::default(),
+        );
+        m.handle(PopInput::Start, T0, &mut c);
+        let _ = drain(&mut m);
+        m.handle(PopInput::PermitGranted, T0, &mut c);
+        let (id, _) = storage_id(&drain(&mut m));
+        let err = queen_core::storage::StorageError::Unavailable("connection reset".into());
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Err(err),
+            },
+            T0,
+            &mut c,
+        );
+        let fx = drain(&mut m);
+        assert_eq!(fx[0], PopEffect::ReleasePermit { rtt_us: None });
+        if wait {
+            assert!(
+                matches!(fx[1], PopEffect::Park { until } if until > T0),
+                "{fx:?}"
+            );
+        } else {
+            assert_eq!(fx[1], PopEffect::Reply(PopReply::Empty));
+        }
+    }
+}
+
 #[test]
 fn storage_failure_releases_the_permit_and_fails() {
     let mut c = ctx();
@@ -362,7 +399,7 @@ fn storage_failure_releases_the_permit_and_fails() {
     let _ = drain(&mut m);
     m.handle(PopInput::PermitGranted, T0, &mut c);
     let (id, _) = storage_id(&drain(&mut m));
-    let err = queen_core::storage::StorageError::Unavailable("connection reset".into());
+    let err = queen_core::storage::StorageError::Internal("relation does not exist".into());
     m.handle(
         PopInput::StorageDone {
             id,

@@ -5,6 +5,7 @@
 //! Payloads stay raw (`RawValue`): stored as the client's JSON text, never parsed into a tree.
 
 use queen_core::frames::Frame;
+use queen_core::params::MAX_LEASE_SECONDS;
 use queen_core::storage::{AckItem, AckStatus, QueueConfig, SeekTarget};
 use queen_core::time::parse_iso;
 use queen_core::types::{
@@ -241,15 +242,13 @@ pub struct ExtendBody {
 }
 
 impl ExtendBody {
-    pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
-
+    /// The extension asked for: 60 s when the body names none, at most a lease's longest.
     pub fn seconds(&self) -> Result<u32, Failure> {
         match self.seconds {
             None => Ok(60),
-            Some(s) if (1..=Self::MAX_SECONDS).contains(&s) => Ok(s as u32),
+            Some(s) if (1..=u64::from(MAX_LEASE_SECONDS)).contains(&s) => Ok(s as u32),
             Some(_) => Err(Failure::bad(format!(
-                "seconds must be a whole number from 1 to {}",
-                Self::MAX_SECONDS
+                "seconds must be a whole number from 1 to {MAX_LEASE_SECONDS}"
             ))),
         }
     }

@@ -1,7 +1,7 @@
 //! PostgreSQL going away under live traffic: every connection of two brokers terminated, again and
 //! again, while producers push through one broker and consumers long-poll and ack through the
-//! other. Meanwhile requests answer 503 with Retry-After (never a 500), pops park or answer
-//! 204; afterwards the pools and the LISTEN connections heal by themselves, and every push a
+//! other. Meanwhile pushes and acks answer 503 with Retry-After (never a 500), pops park or
+//! answer 204; afterwards the pools and the LISTEN connections heal by themselves, and every push a
 //! producer saw confirmed is delivered. Requires DATABASE_URL (`bash .ci/test`).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,19 +51,21 @@ fn note(seen: &Mutex<Seen>, kind: &'static str, r: &common::Response) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminated_connections_heal_and_lose_no_confirmed_push() {
-    let config = ServerConfig::default();
-    let (a, b) = start_pair("queen_faults_terminate", config).await;
-    let cfg = queen_storage_pg::testing::fresh_database_config_existing(&format!(
-        "queen_faults_terminate_{}",
-        std::process::id()
-    ));
+/// Runs the push, long-poll and ack load (producers on `push_at`, consumers of group g on
+/// `pop_at`) while `outage` runs, then waits for both brokers' health, drains the queue and
+/// checks: no 500, every 503 with Retry-After, no confirmed push lost, a message delivered
+/// twice only after a failed ack. Returns what was seen, for the caller's own checks.
+async fn under_load<F: std::future::Future<Output = ()>>(
+    push_at: std::net::SocketAddr,
+    pop_at: std::net::SocketAddr,
+    outage: F,
+) -> Seen {
+    let (a_addr, b_addr) = (push_at, pop_at);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = vec![];
     for producer in 0..2 {
-        let (seen, stop, addr) = (seen.clone(), stop.clone(), a.addr);
+        let (seen, stop, addr) = (seen.clone(), stop.clone(), a_addr);
         tasks.push(tokio::spawn(async move {
             let mut c = Client::connect(addr).await;
             let mut n = 0;
@@ -84,7 +86,7 @@ async fn terminated_connections_heal_and_lose_no_confirmed_push() {
         }));
     }
     for _ in 0..2 {
-        let (seen, stop, addr) = (seen.clone(), stop.clone(), b.addr);
+        let (seen, stop, addr) = (seen.clone(), stop.clone(), b_addr);
         tasks.push(tokio::spawn(async move {
             let mut c = Client::connect(addr).await;
             while !stop.load(Ordering::Relaxed) {
@@ -135,24 +137,18 @@ async fn terminated_connections_heal_and_lose_no_confirmed_push() {
             }
         }));
     }
-    // Three outages, a second apart, under the load.
-    let mut terminated = 0;
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        terminated += terminate_all(&cfg).await;
-    }
+    outage.await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
-    assert!(terminated > 0, "the outages terminated no connection");
     // The brokers heal by themselves: health, and a push through A reaching a consumer of B
     // (which needs B's LISTEN connection back, or B's re-checks).
     let healed = Instant::now();
     loop {
-        let ha = request(a.addr, "GET", "/health", None).await;
-        let hb = request(b.addr, "GET", "/health", None).await;
+        let ha = request(a_addr, "GET", "/health", None).await;
+        let hb = request(b_addr, "GET", "/health", None).await;
         if ha.status == 200 && hb.status == 200 {
             break;
         }
@@ -165,7 +161,7 @@ async fn terminated_connections_heal_and_lose_no_confirmed_push() {
     }
     // Drain what is left, then every confirmed push must have been delivered. A batch whose ack
     // failed comes back when its 2 s lease ends: the drain waits longer than that.
-    let mut c = Client::connect(b.addr).await;
+    let mut c = Client::connect(b_addr).await;
     loop {
         let r = c
             .get("/api/v1/pop/queue/faults?wait=true&timeout=3000&batch=100&consumerGroup=g&leaseSeconds=2")
@@ -199,9 +195,9 @@ async fn terminated_connections_heal_and_lose_no_confirmed_push() {
             .await;
         assert_eq!(r.status, 200);
     }
-    let s = seen.lock().unwrap();
+    let s = std::mem::take(&mut *seen.lock().unwrap());
     eprintln!(
-        "terminated {terminated} connections; answers {:?}; {} confirmed, {} failed acks",
+        "answers {:?}; {} confirmed, {} failed acks",
         s.statuses,
         s.confirmed.len(),
         s.failed_acks
@@ -212,6 +208,10 @@ async fn terminated_connections_heal_and_lose_no_confirmed_push() {
         s.statuses
     );
     assert_eq!(s.missing_retry_after, 0, "a 503 without Retry-After");
+    assert!(
+        !s.statuses.contains_key(&("pop", 503)),
+        "a pop answered 503: with storage away it parks, or answers 204 at its deadline"
+    );
     assert!(
         s.confirmed.len() > 10,
         "too little traffic to mean anything"
@@ -229,5 +229,145 @@ async fn terminated_connections_heal_and_lose_no_confirmed_push() {
     assert!(
         twice == 0 || s.failed_acks > 0,
         "{twice} messages delivered twice with every ack successful"
+    );
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_connections_heal_and_lose_no_confirmed_push() {
+    let (a, b) = start_pair("queen_faults_terminate", ServerConfig::default()).await;
+    let cfg = queen_storage_pg::testing::fresh_database_config_existing(&format!(
+        "queen_faults_terminate_{}",
+        std::process::id()
+    ));
+    let terminated = Arc::new(AtomicU64::new(0));
+    let outage = {
+        let terminated = terminated.clone();
+        async move {
+            // Three outages, 0.7 s apart, under the load.
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                terminated.fetch_add(terminate_all(&cfg).await, Ordering::Relaxed);
+            }
+        }
+    };
+    under_load(a.addr, b.addr, outage).await;
+    assert!(
+        terminated.load(Ordering::Relaxed) > 0,
+        "the outages terminated no connection"
+    );
+}
+
+/// A PostgreSQL of this test's own (the shared one serves every other test), started with the
+/// test command's own script so an outage can stop and restart it. Stopped and removed on drop.
+struct PrivatePg {
+    dir: String,
+    port: String,
+    bin: String,
+}
+
+impl PrivatePg {
+    fn script(&self, command: &str) -> std::process::Command {
+        let mut c = std::process::Command::new("bash");
+        c.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .arg("-c")
+            .arg(format!(". .ci/pg.sh && {command}"))
+            .env("PG_DIR", &self.dir)
+            .env("PG_PORT", &self.port)
+            .env("PG_BIN", &self.bin)
+            .env("PG_STARTED", "1");
+        c
+    }
+
+    fn start() -> PrivatePg {
+        let out = std::process::Command::new("bash")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .arg("-c")
+            .arg(". .ci/pg.sh && pg_start 2>/dev/null && echo \"$PG_DIR $PG_PORT $PG_BIN\"")
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run .ci/pg.sh");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let parts: Vec<&str> = text.split_whitespace().collect();
+        assert_eq!(parts.len(), 3, "pg_start printed {text:?}");
+        PrivatePg {
+            dir: parts[0].into(),
+            port: parts[1].into(),
+            bin: parts[2].into(),
+        }
+    }
+
+    fn config(&self) -> tokio_postgres::Config {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+            .parse()
+            .expect("url")
+    }
+
+    /// Stops the server, waits, starts it again on the same port (blocking: run it off the
+    /// runtime's workers).
+    fn pause(&self, secs: u32) {
+        let status = self
+            .script(&format!("pg_pause {secs}"))
+            .status()
+            .expect("pg_pause");
+        assert!(status.success(), "pg_pause failed");
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let _ = self.script("pg_stop").status();
+    }
+}
+
+/// PostgreSQL stopped for 3 s and started again under the load, with two brokers on it: they
+/// answer 503 meanwhile (health included), then heal by themselves, LISTEN included (the
+/// consumers are on the other broker), and no confirmed push is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
+    let pg = Arc::new(PrivatePg::start());
+    let mut brokers = vec![];
+    for seed in 0..2u64 {
+        let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            pg: pg.config(),
+            pool_size: 8,
+        })
+        .await
+        .expect("connect");
+        let app = queen_server::app::App::new(
+            ServerConfig::default(),
+            queen_core::storage::StorageSet::of(Arc::new(storage)),
+            seed,
+        );
+        queen_server::spawn_event_listener(app.clone(), pg.config());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+        brokers.push((app, addr));
+    }
+    let (a, b) = (brokers[0].1, brokers[1].1);
+    let unhealthy_meanwhile = Arc::new(AtomicBool::new(false));
+    let outage = {
+        let (pg, unhealthy) = (pg.clone(), unhealthy_meanwhile.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let paused = tokio::task::spawn_blocking(move || pg.pause(3));
+            // While it is down, health says so.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            if request(a, "GET", "/health", None).await.status == 503 {
+                unhealthy.store(true, Ordering::Relaxed);
+            }
+            paused.await.unwrap();
+        }
+    };
+    let seen = under_load(a, b, outage).await;
+    assert!(
+        unhealthy_meanwhile.load(Ordering::Relaxed),
+        "/health was not 503 while PostgreSQL was down"
+    );
+    assert!(
+        seen.statuses.get(&("push", 503)).copied().unwrap_or(0) > 0,
+        "no push met the outage: {:?}",
+        seen.statuses
     );
 }
