@@ -371,3 +371,317 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         seen.statuses
     );
 }
+
+/// More long-polls and pushes at once than the pool has connections (4): they queue for
+/// permits and connections, none deadlocks or fails, every push is stored and every long-poll
+/// answers by its deadline (the 60 s guard only tells a hang from an answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_requests_than_connections_queue_and_all_answer() {
+    let name = format!("queen_faults_pressure_{}", std::process::id());
+    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        pg: cfg.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("connect");
+    let app = queen_server::app::App::new(
+        ServerConfig::default(),
+        queen_core::storage::StorageSet::of(Arc::new(storage)),
+        9,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let guard = Duration::from_secs(60);
+    let mut polls = vec![];
+    for i in 0..200 {
+        polls.push(tokio::spawn(async move {
+            let path = format!(
+                "/api/v1/pop/queue/pressure-{}?wait=true&timeout=3000&consumerGroup=g{}",
+                i % 20,
+                i % 3
+            );
+            tokio::time::timeout(guard, request(addr, "GET", &path, None))
+                .await
+                .expect("a long-poll hung")
+                .status
+        }));
+    }
+    let mut pushes = vec![];
+    for i in 0..60 {
+        pushes.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            let mut statuses = vec![];
+            for k in 0..10 {
+                let body = json!({"items": [{"queue": format!("pressure-{}", (i + k) % 20),
+                                             "partition": format!("p{k}"),
+                                             "transactionId": format!("t{i}-{k}"), "payload": k}]});
+                let r = tokio::time::timeout(guard, c.post("/api/v1/push", &body))
+                    .await
+                    .expect("a push hung");
+                statuses.push(r.status);
+            }
+            statuses
+        }));
+    }
+    for p in pushes {
+        for s in p.await.unwrap() {
+            assert_eq!(s, 201, "a push under pressure");
+        }
+    }
+    for p in polls {
+        let s = p.await.unwrap();
+        assert!(
+            s == 200 || s == 204,
+            "a long-poll under pressure answered {s}"
+        );
+    }
+    let stored: u64 = app.metrics.messages_pushed.get();
+    assert_eq!(stored, 600, "every push stored");
+    app.shutting_down.send_replace(true);
+    queen_storage_pg::testing::drop_database(&name).await;
+}
+
+/// The `queen` binary on the database at `url`, listening on `port`.
+async fn spawn_broker(url: &str, port: u16) -> tokio::process::Child {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_queen"))
+        .env("DATABASE_URL", url)
+        .env("HOST", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start queen");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    for _ in 0..200 {
+        if let Ok(Ok(r)) = tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::spawn(async move {
+                let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .ok()?;
+                let mut out = vec![];
+                s.read_to_end(&mut out).await.ok()?;
+                Some(out.starts_with(b"HTTP/1.1 200"))
+            }),
+        )
+        .await
+        {
+            if r == Some(true) {
+                return child;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("queen did not become healthy");
+}
+
+/// One request on a fresh connection that may die with the broker: `None` when no answer came.
+async fn try_request(
+    addr: std::net::SocketAddr,
+    method: &'static str,
+    path: String,
+    body: Value,
+) -> Option<(u16, Value)> {
+    let attempt = tokio::spawn(async move {
+        let mut c = Client::connect(addr).await;
+        let r = c
+            .send(method, &path, Some(&serde_json::to_vec(&body).unwrap()))
+            .await;
+        (
+            r.status,
+            serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+        )
+    });
+    // A request to a killed broker fails inside the raw client (it panics on I/O errors).
+    tokio::time::timeout(Duration::from_secs(10), attempt)
+        .await
+        .ok()?
+        .ok()
+}
+
+/// The broker killed (SIGKILL) while pushes, transactions and acks are in flight, then started
+/// again; the clients retry every request that got no answer, with the same transactionIds.
+/// Nothing confirmed is lost and nothing is stored twice: an audit group reads every message of
+/// the queue exactly once per transactionId. PostgreSQL decides; the broker keeps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_broker_loses_nothing_and_applies_nothing_twice() {
+    let name = format!("queen_faults_kill_{}", std::process::id());
+    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let base = queen_storage_pg::testing::database_url();
+    let url = match base.rfind('/') {
+        Some(i) => format!("{}/{name}", &base[..i]),
+        None => panic!("DATABASE_URL has no database part: {base}"),
+    };
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut broker = spawn_broker(&url, port).await;
+    // Requests, each retried until answered: (method, path, body).
+    let mut requests: Vec<(&'static str, String, Value)> = vec![];
+    for i in 0..40 {
+        requests.push((
+            "POST",
+            "/api/v1/push".into(),
+            json!({"items": (0..5).map(|k| json!({"queue": "kill", "partition": format!("p{}", k % 3),
+                "transactionId": format!("push-{i}-{k}"), "payload": {"i": i, "k": k}})).collect::<Vec<_>>()}),
+        ));
+        requests.push((
+            "POST",
+            "/api/v1/transaction".into(),
+            json!({"operations": [{"type": "push", "items": [
+                {"queue": "kill", "partition": "tx", "transactionId": format!("tx-{i}-a"), "payload": i},
+                {"queue": "kill", "partition": "tx", "transactionId": format!("tx-{i}-b"), "payload": i}]}]}),
+        ));
+    }
+    let expected: Vec<String> = requests
+        .iter()
+        .flat_map(|(_, _, body)| {
+            let items = body["items"]
+                .as_array()
+                .cloned()
+                .or_else(|| body["operations"][0]["items"].as_array().cloned())
+                .unwrap_or_default();
+            items
+                .into_iter()
+                .map(|i| i["transactionId"].as_str().unwrap().to_string())
+        })
+        .collect();
+    // First pass: the requests go out a millisecond apart, and the broker is killed as soon as
+    // the first answer is back, with the others in flight or not yet sent.
+    let first_answer = Arc::new(tokio::sync::Notify::new());
+    let mut first = vec![];
+    for (m, p, b) in requests.iter().cloned() {
+        let first_answer = first_answer.clone();
+        first.push(tokio::spawn(async move {
+            let r = try_request(addr, m, p, b).await;
+            if r.is_some() {
+                first_answer.notify_one();
+            }
+            r
+        }));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), first_answer.notified()).await;
+    broker.kill().await.expect("SIGKILL");
+    let mut unanswered = vec![];
+    for (req, h) in requests.iter().zip(first) {
+        match h.await.unwrap() {
+            Some((s, _)) if (200..300).contains(&s) => {}
+            _ => unanswered.push(req.clone()),
+        }
+    }
+    assert!(
+        unanswered.len() < requests.len(),
+        "the kill came before any answer"
+    );
+    // Again, and the clients retry what got no answer.
+    let _broker = spawn_broker(&url, port).await;
+    for (m, p, b) in &unanswered {
+        let (s, answer) = try_request(addr, m, p.clone(), b.clone())
+            .await
+            .expect("the restarted broker answers");
+        assert!((200..300).contains(&s), "a retry answered {s}: {answer}");
+    }
+    // A consumer acks some of it; the broker is killed mid-ack; the ack is retried.
+    let popped = try_request(
+        addr,
+        "GET",
+        "/api/v1/pop/queue/kill/partition/tx?batch=10&consumerGroup=worker".into(),
+        Value::Null,
+    )
+    .await
+    .expect("pop");
+    assert_eq!(popped.0, 200);
+    let acks: Vec<Value> = popped.1["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}))
+        .collect();
+    let ack_body = json!({"consumerGroup": "worker", "acknowledgments": acks});
+    let pending_ack = tokio::spawn(try_request(
+        addr,
+        "POST",
+        "/api/v1/ack/batch".into(),
+        ack_body.clone(),
+    ));
+    drop(_broker); // kill_on_drop: SIGKILL
+    let _ = pending_ack.await;
+    let _broker = spawn_broker(&url, port).await;
+    let (s, answer) = try_request(addr, "POST", "/api/v1/ack/batch".into(), ack_body)
+        .await
+        .expect("ack retry");
+    assert_eq!(s, 200, "{answer}");
+    assert!(
+        answer
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["success"] == true),
+        "a retried ack is applied once and then answers success: {answer}"
+    );
+    // The audit: every message of the queue once, from the start.
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    loop {
+        let (s, body) = try_request(
+            addr,
+            "GET",
+            "/api/v1/pop/queue/kill?batch=1000&partitions=10&autoAck=true&consumerGroup=audit"
+                .into(),
+            Value::Null,
+        )
+        .await
+        .expect("audit pop");
+        if s == 204 {
+            break;
+        }
+        for m in body["messages"].as_array().unwrap() {
+            *seen
+                .entry(m["transactionId"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    let missing: Vec<&String> = expected.iter().filter(|t| !seen.contains_key(*t)).collect();
+    assert!(missing.is_empty(), "lost: {missing:?}");
+    let twice: Vec<(&String, &u32)> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "stored twice: {twice:?}");
+    assert_eq!(seen.len(), expected.len(), "stored something never pushed");
+    // The worker's acked batch is not delivered to it again.
+    let (s, body) = try_request(
+        addr,
+        "GET",
+        "/api/v1/pop/queue/kill/partition/tx?batch=10&consumerGroup=worker".into(),
+        Value::Null,
+    )
+    .await
+    .expect("pop after ack");
+    if s == 200 {
+        let again: Vec<&Value> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| {
+                popped.1["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["transactionId"] == m["transactionId"])
+            })
+            .collect();
+        assert!(again.is_empty(), "an acked message came back: {again:?}");
+    }
+    eprintln!(
+        "{} of {} requests unanswered at the kill and retried",
+        unanswered.len(),
+        requests.len()
+    );
+    drop(_broker);
+    drop(cfg);
+    queen_storage_pg::testing::drop_database(&name).await;
+}
