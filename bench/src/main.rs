@@ -9,7 +9,8 @@
 //! 5. partition scaling of the wildcard pop;
 //! 6. fan-out to 1, 5 and 10 consumer groups;
 //! 7. wake latency per deliverability event, on one broker and across two;
-//! 8. the serving limiter: Vegas against a fixed limit under the consume loads.
+//! 8. the serving limiter: Vegas against a fixed limit under the consume loads;
+//! 9. PostgreSQL restarted under load: throughput during and after, time to recover.
 //!
 //! Usage: DATABASE_URL=... queen-bench [--quick] [--json PATH]   (or `bash .ci/bench [--quick]`)
 
@@ -20,6 +21,7 @@ mod limiter;
 mod live;
 mod parked;
 mod push;
+mod restart;
 mod scaling;
 mod util;
 mod wake;
@@ -134,7 +136,7 @@ fn print_table(plan: &Plan, rows: &[Row]) {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::new(args.iter().any(|a| a == "--quick"));
-    // --only push|consume|steady|parked|scaling|fanout|wake|limiter: one scenario (for development).
+    // --only push|consume|steady|parked|scaling|fanout|wake|limiter|restart: one scenario.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -353,6 +355,12 @@ async fn main() {
     if runs("limiter") {
         rows.extend(limiter::limiter_scenario(&pg, plan.consume_total).await);
         eprintln!("measured the limiter");
+    }
+
+    // 9. Last: PostgreSQL restarted under load (every connection of this process is cut).
+    if runs("restart") {
+        rows.extend(restart::restart_scenario(addr, if plan.quick { 1 } else { 3 }).await);
+        eprintln!("measured a PostgreSQL restart");
     }
 
     print_table(&plan, &rows);
