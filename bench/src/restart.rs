@@ -1,5 +1,5 @@
 //! Scenario 9: PostgreSQL restarted under load. Producers push (batch 10) and consumers pop and
-//! ack through one broker; after a calm stretch PostgreSQL is stopped for 2 s and started again
+//! ack through one broker (an ack answered 503 is sent again, as clients do); after a calm stretch PostgreSQL is stopped for 2 s and started again
 //! (`.ci/bench` exports the server it started, and `.ci/pg.sh`'s `pg_pause` restarts it). Reported:
 //! delivered msg/s before, during and after; the time from PostgreSQL being back to the first
 //! stored push and the first delivery; push p99 before and after. Against a database the bench
@@ -22,6 +22,8 @@ struct Timeline {
     pushes: Vec<(Duration, u64)>,
     /// (time since start, messages) of every delivery.
     deliveries: Vec<(Duration, u64)>,
+    /// Times of pushes that were not stored (503 while PostgreSQL was away).
+    refused: Vec<Duration>,
 }
 
 fn rate(deliveries: &[(Duration, u64)], from: Duration, to: Duration) -> f64 {
@@ -71,6 +73,9 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
                         t.pushes.push((start.elapsed(), us));
                     }
                 } else {
+                    if let Ok(mut t) = timeline.lock() {
+                        t.refused.push(start.elapsed());
+                    }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
@@ -93,9 +98,14 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
                     .iter()
                     .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}))
                     .collect();
-                let a = c
-                    .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
-                    .await;
+                // As a client does: an ack that met the outage (503) is sent again after the
+                // Retry-After; dropped, its batch would stay leased for the queue's lease time.
+                let body = json!({ "acknowledgments": acks });
+                let mut a = c.post("/api/v1/ack/batch", &body).await;
+                while a.status == 503 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    a = c.post("/api/v1/ack/batch", &body).await;
+                }
                 if a.status == 200 {
                     if let Ok(mut t) = timeline.lock() {
                         t.deliveries.push((start.elapsed(), msgs.len() as u64));
@@ -119,6 +129,7 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
         Ok(t) if restarted => Timeline {
             pushes: t.pushes.clone(),
             deliveries: t.deliveries.clone(),
+            refused: t.refused.clone(),
         },
         _ => {
             eprintln!("PostgreSQL was not restarted (the bench did not start it): no figures");
@@ -132,6 +143,18 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
             .find(|(at, _)| *at >= up_at)
             .map_or(f64::NAN, |(at, _)| (*at - up_at).as_secs_f64() * 1000.0)
     };
+    // Per second, for reading the recovery: stored pushes (messages), deliveries, refusals.
+    let total = up_at + Duration::from_secs(calm_secs + 1);
+    for sec in 0..total.as_secs() + 1 {
+        let (from, to) = (Duration::from_secs(sec), Duration::from_secs(sec + 1));
+        let within = |at: &Duration| *at >= from && *at < to;
+        eprintln!(
+            "restart: second {sec}: pushed {} msgs, delivered {}, refused {} pushes",
+            t.pushes.iter().filter(|(at, _)| within(at)).count() * 10,
+            t.deliveries.iter().filter(|(at, _)| within(at)).map(|(_, n)| n).sum::<u64>(),
+            t.refused.iter().filter(|at| within(at)).count()
+        );
+    }
     let recovered = up_at + Duration::from_secs(1);
     let end = recovered + Duration::from_secs(calm_secs);
     let p99 = |from: Duration, to: Duration| {
