@@ -151,7 +151,11 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
         eprintln!(
             "restart: second {sec}: pushed {} msgs, delivered {}, refused {} pushes",
             t.pushes.iter().filter(|(at, _)| within(at)).count() * 10,
-            t.deliveries.iter().filter(|(at, _)| within(at)).map(|(_, n)| n).sum::<u64>(),
+            t.deliveries
+                .iter()
+                .filter(|(at, _)| within(at))
+                .map(|(_, n)| n)
+                .sum::<u64>(),
             t.refused.iter().filter(|at| within(at)).count()
         );
     }

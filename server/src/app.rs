@@ -132,8 +132,29 @@ pub enum WakeFate {
 /// Decides the fate of a queue's wake signal.
 pub type WakeFilter = Arc<dyn Fn(&str) -> WakeFate + Send + Sync>;
 
+/// A moment in a request where a simulation may kill the broker: after storage committed (or
+/// claimed) and before the client hears of it, or while a long-poll is parked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CrashPoint {
+    /// A pop claimed and leased a batch; the answer is not sent yet.
+    PopClaimed,
+    /// A push committed; the answer is not sent yet.
+    PushStored,
+    /// An ack committed; the answer is not sent yet.
+    AckStored,
+    /// A transaction committed; the answer is not sent yet.
+    TransactionStored,
+    /// A long-poll is parked.
+    LongPollParked,
+}
+
+/// Told of every crash point a request reaches; `true`: the broker is to die here, so the
+/// request goes no further (the simulation crashes the host next).
+pub type CrashHook = Arc<dyn Fn(CrashPoint) -> bool + Send + Sync>;
+
 /// What a deterministic simulation replaces in a broker: the clock, the wake signal (it may be
-/// dropped), and the historical-bug switches of the hot-list ring and the pop machine.
+/// dropped), the historical-bug switches of the hot-list ring and the pop machine, and the
+/// points where it may kill the broker.
 #[derive(Clone)]
 pub struct Hooks {
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
@@ -143,6 +164,7 @@ pub struct Hooks {
     pub pop_bugs: queen_core::pop::PopBugs,
     pub event_bugs: EventBugs,
     pub reseed_interval_ms: i64,
+    pub crash_points: Option<CrashHook>,
 }
 
 impl Default for Hooks {
@@ -154,6 +176,7 @@ impl Default for Hooks {
             pop_bugs: queen_core::pop::PopBugs::default(),
             event_bugs: EventBugs::default(),
             reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
+            crash_points: None,
         }
     }
 }
@@ -224,6 +247,14 @@ impl App {
 
     pub fn now(&self) -> Timestamp {
         (self.hooks.clock)()
+    }
+
+    /// A crash point: in production nothing happens; in a simulation that aimed a crash here,
+    /// the request stops for good (the host is about to be killed).
+    pub async fn crash_point(&self, point: CrashPoint) {
+        if self.hooks.crash_points.as_ref().is_some_and(|h| h(point)) {
+            std::future::pending::<()>().await;
+        }
     }
 
     pub fn mint_uuid(&self) -> uuid::Uuid {

@@ -10,7 +10,7 @@ use queen_core::storage::{
 };
 use queen_core::Timestamp;
 
-use crate::app::App;
+use crate::app::{App, CrashPoint};
 
 impl App {
     /// Stores a push request's groups in one transaction; the partitions that queued anything
@@ -30,6 +30,7 @@ impl App {
             };
             counter.inc();
         }
+        self.crash_point(CrashPoint::PushStored).await;
         self.publish_all(&pushed_events(&targets, &outcomes));
         Ok(outcomes)
     }
@@ -37,6 +38,7 @@ impl App {
     /// Acknowledges a client's items of one group; the leases they ended are published.
     pub async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
         let outcomes = self.ack_and_publish(group, items).await?;
+        self.crash_point(CrashPoint::AckStored).await;
         for o in &outcomes {
             self.metrics.acks.inc();
             if !o.success {
@@ -86,6 +88,7 @@ impl App {
             })
             .collect();
         let out = self.storage.delivery.transaction(ops).await?;
+        self.crash_point(CrashPoint::TransactionStored).await;
         if out.committed {
             let mut events = vec![];
             for (result, touched) in out.results.iter().zip(&touched) {

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 
-use crate::app::{lock, App};
+use crate::app::{lock, App, CrashPoint};
 use crate::http::{self, Failure, Reply};
 
 pub async fn pop(app: Arc<App>, shape: PopShape, pairs: Vec<(String, String)>) -> Reply {
@@ -131,6 +131,7 @@ async fn park(
     let now = app.now();
     let sleep = Duration::from_micros(u64::try_from(until.0 - now.0).unwrap_or(0));
     app.metrics.parked.inc();
+    app.crash_point(CrashPoint::LongPollParked).await;
     let woke = tokio::select! {
         biased;
         () = gate.changed() => Some(PopInput::Wake),
@@ -158,6 +159,7 @@ async fn finish(app: &Arc<App>, reply: PopReply, group: &str, tx: oneshot::Sende
             auto_ack,
             claims,
         } => {
+            app.crash_point(CrashPoint::PopClaimed).await;
             app.metrics.pops_messages.inc();
             let reply = match render(app, &claims, worker, auto_ack, group) {
                 Ok(bytes) => http::json_bytes(StatusCode::OK, bytes),

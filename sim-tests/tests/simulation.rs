@@ -170,6 +170,15 @@ fn seed_set_passes() {
         ] {
             at_least(Scenario::Faults, fault, 20);
         }
+        // Crashes aimed at the moments between a commit and its answer.
+        for point in [
+            "fault: crash after a claim, before its answer",
+            "fault: crash after a push committed, before its answer",
+            "fault: crash after an ack committed, before its answer",
+            "fault: crash with a long-poll parked",
+        ] {
+            at_least(Scenario::Faults, point, 3);
+        }
     }
 }
 

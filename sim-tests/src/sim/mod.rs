@@ -21,7 +21,7 @@ use queen_core::ring::RingBugs;
 use queen_core::rng::SeededRng;
 use queen_core::storage::StorageSet;
 use queen_core::Timestamp;
-use queen_server::app::{App, Hooks, WakeFate, WakeFilter};
+use queen_server::app::{App, CrashPoint, Hooks, WakeFate, WakeFilter};
 use queen_server::config::ServerConfig;
 use queen_storage_sim::{PauseKind, SimBugs, SimDb};
 
@@ -117,6 +117,9 @@ pub struct Faults {
     pub hold: f64,
     pub partition: f64,
     pub crash: f64,
+    /// Crashes aimed at a chosen point of a request (after a claim, push, ack or transaction
+    /// committed and before its answer, or in a parked long-poll), per second.
+    pub aimed_crash: f64,
     pub drop_wake: f64,
     pub delay_wake: f64,
     pub dying_consumer: bool,
@@ -132,6 +135,7 @@ impl Faults {
             hold: f(0.15),
             partition: f(0.1),
             crash: f(0.06),
+            aimed_crash: f(0.08),
             drop_wake: f(0.25),
             delay_wake: f(0.2),
             dying_consumer: level > 0 || rng.below(2) == 0,
@@ -149,6 +153,7 @@ impl Faults {
                     hold: 0.0,
                     partition: 0.0,
                     crash: 0.0,
+                    aimed_crash: 0.0,
                     drop_wake,
                     delay_wake: 0.0,
                     dying_consumer: false,
@@ -162,6 +167,7 @@ impl Faults {
                     hold: 0.0,
                     partition: 0.0,
                     crash: 0.0,
+                    aimed_crash: 0.0,
                     drop_wake: 0.0,
                     delay_wake: 0.0,
                     dying_consumer: true,
@@ -174,6 +180,7 @@ impl Faults {
                     hold: 0.0,
                     partition: 0.0,
                     crash: 0.0,
+                    aimed_crash: 0.0,
                     drop_wake: faults.drop_wake,
                     delay_wake: faults.delay_wake,
                     dying_consumer: false,
@@ -182,6 +189,39 @@ impl Faults {
             }
         }
         faults
+    }
+}
+
+/// An aimed crash of one broker: the point armed, and whether a request reached it.
+#[derive(Debug, Default)]
+struct Aim {
+    point: Option<CrashPoint>,
+    reached: bool,
+}
+
+const AIMED_POINTS: [CrashPoint; 5] = [
+    CrashPoint::PopClaimed,
+    CrashPoint::PushStored,
+    CrashPoint::AckStored,
+    CrashPoint::TransactionStored,
+    CrashPoint::LongPollParked,
+];
+
+trait CoverageLabel {
+    fn coverage_label(self) -> &'static str;
+}
+
+impl CoverageLabel for CrashPoint {
+    fn coverage_label(self) -> &'static str {
+        match self {
+            CrashPoint::PopClaimed => "fault: crash after a claim, before its answer",
+            CrashPoint::PushStored => "fault: crash after a push committed, before its answer",
+            CrashPoint::AckStored => "fault: crash after an ack committed, before its answer",
+            CrashPoint::TransactionStored => {
+                "fault: crash after a transaction committed, before its answer"
+            }
+            CrashPoint::LongPollParked => "fault: crash with a long-poll parked",
+        }
     }
 }
 
@@ -357,6 +397,7 @@ pub fn run(spec: Spec) -> Outcome {
     let delayed_wakes = Arc::new(AtomicU64::new(0));
     let restarts = Arc::new(AtomicU64::new(0));
     let lines: Vec<Arc<ListenLine>> = brokers.iter().map(|_| Arc::default()).collect();
+    let aims: Vec<Arc<Mutex<Aim>>> = brokers.iter().map(|_| Arc::default()).collect();
     // The prompt scenario runs one broker with the hot-list and one without, or both alike,
     // as the seed draws.
     let hotlist: Vec<bool> = {
@@ -387,6 +428,7 @@ pub fn run(spec: Spec) -> Outcome {
             restarts.clone(),
             lines[i].clone(),
         );
+        let aim = aims[i].clone();
         let (bugs, drop_p, delay_p, seed) =
             (spec.bugs, faults.drop_wake, faults.delay_wake, spec.seed);
         sim.host(name.as_str(), move || {
@@ -399,6 +441,7 @@ pub fn run(spec: Spec) -> Outcome {
             );
             let config = config.clone();
             let line = line.clone();
+            let aim = aim.clone();
             // A restart is a new process: a fresh ring, fresh parked pops; the database stays.
             let incarnation = restarts.fetch_add(1, Ordering::SeqCst);
             async move {
@@ -416,6 +459,16 @@ pub fn run(spec: Spec) -> Outcome {
                         WakeFate::Deliver
                     }
                 });
+                // An aimed crash: the first request to reach the armed point stops there, and
+                // the driver kills the host at its next step.
+                let crash_points: queen_server::app::CrashHook = Arc::new(move |point| {
+                    let Ok(mut a) = aim.lock() else { return false };
+                    if a.point == Some(point) && !a.reached {
+                        a.reached = true;
+                        return true;
+                    }
+                    false
+                });
                 let hooks = Hooks {
                     clock,
                     wake_fate: Some(wake_fate),
@@ -423,6 +476,7 @@ pub fn run(spec: Spec) -> Outcome {
                     pop_bugs: bugs.pop,
                     event_bugs: bugs.events,
                     reseed_interval_ms: SIM_RESEED_INTERVAL_MS,
+                    crash_points: Some(crash_points),
                 };
                 let app = App::with_hooks(
                     config.clone(),
@@ -486,7 +540,36 @@ pub fn run(spec: Spec) -> Outcome {
     let per_step = TICK.as_secs_f64();
     loop {
         let elapsed = sim.elapsed();
+        // Aimed crashes: a broker whose armed point was reached dies now.
+        for (i, b) in brokers.iter().enumerate() {
+            let reached = aims[i].lock().ok().and_then(|mut a| {
+                let point = a.point.filter(|_| a.reached);
+                if point.is_some() {
+                    *a = Aim::default();
+                }
+                point
+            });
+            if let Some(point) = reached {
+                sim.crash(b.as_str());
+                let back = elapsed + Duration::from_millis(200 + driver_rng.below(1500));
+                crashed.push((b.clone(), back));
+                *counts.entry(point.coverage_label()).or_default() += 1;
+            }
+        }
         if elapsed < work {
+            for (i, b) in brokers.iter().enumerate() {
+                if !crashed.iter().any(|(c, _)| c == b)
+                    && hit(&mut driver_rng, faults.aimed_crash * per_step)
+                {
+                    if let Ok(mut a) = aims[i].lock() {
+                        if a.point.is_none() {
+                            a.point = Some(
+                                AIMED_POINTS[driver_rng.below(AIMED_POINTS.len() as u64) as usize],
+                            );
+                        }
+                    }
+                }
+            }
             for b in &brokers {
                 if !crashed.iter().any(|(c, _)| c == b)
                     && hit(&mut driver_rng, faults.crash * per_step)
@@ -526,7 +609,14 @@ pub fn run(spec: Spec) -> Outcome {
                 }
             }
         } else if !shared.draining.swap(true, Ordering::SeqCst) {
-            // Heal everything.
+            // Heal everything; no more aimed crashes (one reached meanwhile was handled above).
+            for a in &aims {
+                if let Ok(mut a) = a.lock() {
+                    if !a.reached {
+                        *a = Aim::default();
+                    }
+                }
+            }
             for (c, b, _, _) in held.drain(..) {
                 sim.release(c.as_str(), b.as_str());
                 sim.repair(c.as_str(), b.as_str());
