@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
-use queen_sim_tests::sim::{run, Bugs, Outcome, Scenario, Spec};
+use queen_sim_tests::sim::{run, shrink, Bugs, FaultKinds, Outcome, Scenario, Spec, WORK_MS};
 use queen_storage_sim::SimBugs;
 
 const SCENARIOS: [Scenario; 5] = [
@@ -54,22 +54,52 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+fn scenario_arg(s: Scenario) -> &'static str {
+    match s {
+        Scenario::CreationRace => "creation",
+        Scenario::Contention => "contention",
+        Scenario::LostWakes => "wakes",
+        Scenario::Faults => "faults",
+        Scenario::Prompt => "prompt",
+    }
+}
+
+/// The environment that replays a spec exactly.
+fn replay(spec: &Spec) -> String {
+    let mut r = format!(
+        "SIM_SEED={} SIM_SCENARIO={}",
+        spec.seed,
+        scenario_arg(spec.scenario)
+    );
+    if spec.work_ms != WORK_MS {
+        r.push_str(&format!(" SIM_WORK_MS={}", spec.work_ms));
+    }
+    if spec.quiet != FaultKinds::NONE {
+        r.push_str(&format!(" SIM_QUIET={}", spec.quiet.names()));
+    }
+    r
+}
+
+/// A failure, shrunk first to the shortest, quietest schedule that still fails.
 fn report(spec: &Spec, o: &Outcome) -> String {
+    let shrunk = shrink(*spec, |o| !o.violations.is_empty());
+    let small = run(shrunk);
     format!(
-        "seed {} ({:?}, bugs {:?}) failed; replay with SIM_SEED={} SIM_SCENARIO={}:\n  {}\ntrace tail:\n  {}",
+        "seed {} ({:?}, bugs {:?}) failed; replay with {}\n  {}\nshrunk to a {} ms work phase{}: replay with {}\n  {}\ntrace tail (shrunk):\n  {}",
         spec.seed,
         spec.scenario,
         spec.bugs,
-        spec.seed,
-        match spec.scenario {
-            Scenario::CreationRace => "creation",
-            Scenario::Contention => "contention",
-            Scenario::LostWakes => "wakes",
-            Scenario::Faults => "faults",
-            Scenario::Prompt => "prompt",
-        },
+        replay(spec),
         o.violations.iter().take(8).cloned().collect::<Vec<_>>().join("\n  "),
-        o.trace_tail.join("\n  ")
+        shrunk.work_ms,
+        if shrunk.quiet == FaultKinds::NONE {
+            String::new()
+        } else {
+            format!(" without {}", shrunk.quiet.names())
+        },
+        replay(&shrunk),
+        small.violations.iter().take(8).cloned().collect::<Vec<_>>().join("\n  "),
+        small.trace_tail.join("\n  ")
     )
 }
 
@@ -95,25 +125,24 @@ fn seed_set_passes() {
     {
         match env_u64("SIM_SEED") {
             Some(seed) => specs.push(Spec {
-                seed,
-                scenario,
-                bugs,
+                work_ms: env_u64("SIM_WORK_MS").unwrap_or(WORK_MS),
+                quiet: match std::env::var("SIM_QUIET") {
+                    Ok(list) => FaultKinds::parse(&list).unwrap_or_else(|e| panic!("{e}")),
+                    Err(_) => FaultKinds::NONE,
+                },
+                ..Spec::new(seed, scenario, bugs)
             }),
             None => {
                 let n = env_u64("SIM_SEEDS").unwrap_or_else(|| default_seeds(scenario));
-                specs.extend((0..n).map(|i| Spec {
-                    seed: 1_000 + i,
-                    scenario,
-                    bugs,
-                }));
+                specs.extend((0..n).map(|i| Spec::new(1_000 + i, scenario, bugs)));
             }
         }
     }
-    specs.extend(REGRESSION_SEEDS.iter().map(|(scenario, seed)| Spec {
-        seed: *seed,
-        scenario: *scenario,
-        bugs,
-    }));
+    specs.extend(
+        REGRESSION_SEEDS
+            .iter()
+            .map(|(scenario, seed)| Spec::new(*seed, *scenario, bugs)),
+    );
     let mut coverage: BTreeMap<(Scenario, &'static str), u64> = BTreeMap::new();
     let mut failures = vec![];
     let mut simulated = 0.0;
@@ -182,15 +211,36 @@ fn seed_set_passes() {
     }
 }
 
+/// A failing run shrinks to a schedule no longer and no noisier that fails the same way: a bug
+/// switch the faults scenario catches, shrunk, still fails, and the shrunk spec replays.
+#[test]
+fn a_failure_shrinks_to_a_shorter_schedule_that_still_fails() {
+    let (name, scenario, bugs) = switches()
+        .into_iter()
+        .find(|(_, s, _)| *s == Scenario::Faults)
+        .expect("a switch caught in the faults scenario");
+    let failing = (0..40u64)
+        .map(|i| Spec::new(5_000 + i, scenario, bugs))
+        .find(|spec| !run(*spec).violations.is_empty())
+        .unwrap_or_else(|| panic!("'{name}' is never caught"));
+    let shrunk = shrink(failing, |o| !o.violations.is_empty());
+    assert!(shrunk.work_ms <= failing.work_ms);
+    assert!(
+        !run(shrunk).violations.is_empty(),
+        "the shrunk spec does not fail"
+    );
+    eprintln!(
+        "'{name}': {} shrank to {}",
+        replay(&failing),
+        replay(&shrunk)
+    );
+}
+
 /// The same seed twice gives the same trace, event for event.
 #[test]
 fn a_seed_replays_exactly() {
     for scenario in SCENARIOS {
-        let spec = Spec {
-            seed: 77,
-            scenario,
-            bugs: Bugs::default(),
-        };
+        let spec = Spec::new(77, scenario, Bugs::default());
         let a = run(spec);
         let b = run(spec);
         assert_eq!(
@@ -330,11 +380,7 @@ fn every_mutation_switch_is_caught() {
         // delivery-bound checker may count as catching them.
         let counts = |v: &String| scenario != Scenario::Prompt || v.starts_with("liveness: ");
         let caught = (0..40u64).find_map(|i| {
-            let o = run(Spec {
-                seed: 5_000 + i,
-                scenario,
-                bugs,
-            });
+            let o = run(Spec::new(5_000 + i, scenario, bugs));
             o.violations
                 .iter()
                 .find(|v| counts(v))

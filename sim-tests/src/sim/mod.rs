@@ -96,6 +96,136 @@ pub struct Spec {
     pub seed: u64,
     pub scenario: Scenario,
     pub bugs: Bugs,
+    /// The work phase (faults and traffic) in simulated milliseconds; the drain follows.
+    pub work_ms: u64,
+    /// Fault kinds switched off (a shrunk schedule); the seed draws the rest as always.
+    pub quiet: FaultKinds,
+}
+
+/// The default work phase.
+pub const WORK_MS: u64 = 12_000;
+
+impl Spec {
+    pub fn new(seed: u64, scenario: Scenario, bugs: Bugs) -> Spec {
+        Spec {
+            seed,
+            scenario,
+            bugs,
+            work_ms: WORK_MS,
+            quiet: FaultKinds::NONE,
+        }
+    }
+}
+
+/// A set of fault kinds, by name (`SIM_QUIET=hold,crash` switches those off in a replay).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultKinds(u8);
+
+impl FaultKinds {
+    pub const NONE: FaultKinds = FaultKinds(0);
+    pub const NAMES: [&'static str; 6] = [
+        "hold",
+        "partition",
+        "crash",
+        "aimed-crash",
+        "drop-wake",
+        "delay-wake",
+    ];
+
+    pub fn with(self, name: &str) -> FaultKinds {
+        match Self::NAMES.iter().position(|n| *n == name) {
+            Some(i) => FaultKinds(self.0 | 1 << i),
+            None => self,
+        }
+    }
+
+    pub fn has(self, name: &str) -> bool {
+        Self::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .is_some_and(|i| self.0 & 1 << i != 0)
+    }
+
+    /// Parses `SIM_QUIET`'s comma-separated names; an unknown name is an error.
+    pub fn parse(list: &str) -> Result<FaultKinds, String> {
+        list.split(',')
+            .filter(|n| !n.is_empty())
+            .try_fold(FaultKinds::NONE, |k, n| {
+                if Self::NAMES.contains(&n) {
+                    Ok(k.with(n))
+                } else {
+                    Err(format!(
+                        "SIM_QUIET: no fault kind {n:?}; kinds: {:?}",
+                        Self::NAMES
+                    ))
+                }
+            })
+    }
+
+    pub fn names(self) -> String {
+        Self::NAMES
+            .iter()
+            .filter(|n| self.has(n))
+            .copied()
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl Faults {
+    /// The plan with the quiet kinds switched off.
+    fn quieted(mut self, quiet: FaultKinds) -> Faults {
+        if quiet.has("hold") {
+            self.hold = 0.0;
+        }
+        if quiet.has("partition") {
+            self.partition = 0.0;
+        }
+        if quiet.has("crash") {
+            self.crash = 0.0;
+        }
+        if quiet.has("aimed-crash") {
+            self.aimed_crash = 0.0;
+        }
+        if quiet.has("drop-wake") {
+            self.drop_wake = 0.0;
+        }
+        if quiet.has("delay-wake") {
+            self.delay_wake = 0.0;
+        }
+        self
+    }
+}
+
+/// Shrinks a failing run to a shorter, quieter schedule that still fails (`fails` says whether
+/// an outcome is the failure being shrunk): the work phase halved while it still fails, then
+/// each fault kind switched off in turn when the failure survives without it. Same seed
+/// throughout, so every step is a deterministic replay. Returns the smallest failing spec.
+pub fn shrink(spec: Spec, fails: impl Fn(&Outcome) -> bool) -> Spec {
+    let mut best = spec;
+    while best.work_ms > 1_000 {
+        let shorter = Spec {
+            work_ms: best.work_ms / 2,
+            ..best
+        };
+        if !fails(&run(shorter)) {
+            break;
+        }
+        best = shorter;
+    }
+    for kind in FaultKinds::NAMES {
+        if best.quiet.has(kind) {
+            continue;
+        }
+        let quieter = Spec {
+            quiet: best.quiet.with(kind),
+            ..best
+        };
+        if fails(&run(quieter)) {
+            best = quieter;
+        }
+    }
+    best
 }
 
 /// What a run produced: the checkers' findings, coverage counters and a hash of the full trace.
@@ -336,7 +466,7 @@ fn configure_queues(db: &Arc<SimDb>) {
 pub fn run(spec: Spec) -> Outcome {
     let root = SeededRng::new(spec.seed);
     let mut driver_rng = root.child("driver");
-    let faults = Faults::draw(&mut root.child("faults"), spec.scenario);
+    let faults = Faults::draw(&mut root.child("faults"), spec.scenario).quieted(spec.quiet);
     let last = Arc::new(AtomicI64::new(Timestamp::from_secs(EPOCH_SECS as i64).0));
     let clock = sim_clock(last.clone());
     // The model's interleaving, drawn from the seed: before every statement the transaction
@@ -527,7 +657,7 @@ pub fn run(spec: Spec) -> Outcome {
     );
 
     // The driver: faults during the work phase, then heal and drain.
-    let work = Duration::from_secs(12);
+    let work = Duration::from_millis(spec.work_ms);
     let mut crashed: Vec<(String, Duration)> = vec![];
     let mut held: Vec<(String, String, Duration, bool)> = vec![];
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
