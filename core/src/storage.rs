@@ -117,7 +117,16 @@ pub trait PopStorage: Send + Sync {
 #[async_trait]
 pub trait MessageStorage: Send + Sync {
     /// One transaction for the whole request. Outcomes align with `groups`.
-    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>>;
+    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
+        self.push_accepted_at(groups, None).await
+    }
+    /// A push accepted earlier (drained from a broker's file buffer): stored with the time it was
+    /// accepted as its `created_at` (kept monotone per partition). `None`: now.
+    async fn push_accepted_at(
+        &self,
+        groups: Vec<PushGroup>,
+        accepted_at: Option<Timestamp>,
+    ) -> StorageResult<Vec<PushGroupResult>>;
     /// Positional cursor advances fenced by the lease; one outcome per item, in order.
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>>;
     /// Extends every live lease held under `lease_id` to at least now + `seconds`.

@@ -1608,6 +1608,57 @@ pub async fn retention_gap_starts_at_the_first_segment(b: &dyn Backend) -> CaseR
     Ok(())
 }
 
+/// A push replayed later (a broker's file buffer draining) keeps the time it was accepted as its
+/// `created_at`, unless the partition already holds a newer segment: created_at stays monotone in
+/// the offsets, which the window and delay rules rely on.
+pub async fn an_accepted_push_keeps_its_time(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(25);
+    push(&*s, &mut ids, "q", "old", "first", 0..1).await?;
+    let created = |r: &queen_core::storage::PopResult| {
+        r.claims
+            .iter()
+            .flat_map(|c| c.rows.iter().map(|x| x.created_at))
+            .collect::<Vec<_>>()
+    };
+    let first = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "old".into())
+        .await
+        .map_err(e)?;
+    let first_at = *created(&first).first().ok_or("first push not delivered")?;
+    b.advance_secs(60).await;
+    // Accepted 30 s after the first push, stored 60 s after it: it keeps its time.
+    let accepted = first_at.plus_secs(30);
+    s.push_accepted_at(
+        vec![group(&mut ids, "q", "new", "late", 0..1)],
+        Some(accepted),
+    )
+    .await
+    .map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "new".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(created(&r), vec![accepted], "the accepted time is kept");
+    // Older than the partition's newest segment: clamped to it.
+    s.push_accepted_at(
+        vec![group(&mut ids, "q", "old", "older", 0..1)],
+        Some(first_at.plus_secs(-10)),
+    )
+    .await
+    .map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("q", "g2", ids.worker(), 10), "old".into())
+        .await
+        .map_err(e)?;
+    let times = created(&r);
+    ensure!(
+        times.len() == 2 && times[1] >= times[0],
+        "created_at stays monotone in the offsets: {times:?}"
+    );
+    Ok(())
+}
+
 /// `next_pending`: now while something is claimable; the earliest lease end (a retryDelay hold
 /// counts as one) while every backlog is leased; nothing once no backlog is left.
 pub async fn next_pending_reports_when_leases_end(b: &dyn Backend) -> CaseResult {
@@ -1726,4 +1777,5 @@ cases!(
     ttl_expires_messages,
     retention_gap_starts_at_the_first_segment,
     next_pending_reports_when_leases_end,
+    an_accepted_push_keeps_its_time,
 );

@@ -124,7 +124,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
                         }
                         client
                             .query(
-                                "SELECT * FROM queen.push_v2('conc', $1, ARRAY[$2], $3, $4)",
+                                "SELECT * FROM queen.push_v3('conc', $1, ARRAY[$2], $3, $4, NULL)",
                                 &[&p, &format!("held{k}{tag}"), &vec![id], &blob],
                             )
                             .await

@@ -163,7 +163,7 @@ async fn a_late_committing_push_is_never_skipped() {
     .expect("blob");
     early
         .query(
-            "SELECT * FROM queen.push_v2('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2)",
+            "SELECT * FROM queen.push_v3('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2, NULL)",
             &[&uuid::Uuid::from_u128(77), &blob],
         )
         .await

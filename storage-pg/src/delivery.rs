@@ -143,6 +143,7 @@ impl DeliveryStorage for PgStorage {
                 partition: partition.clone(),
                 frames: vec![frame],
             }],
+            None,
         )
         .await?;
         tx.execute("DELETE FROM queen.dead_letters WHERE id = $1", &[&id])
@@ -168,7 +169,7 @@ impl PgStorage {
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
             let result = match op {
-                TxOp::Push(groups) => TxOpResult::Push(push_groups(&tx, groups).await?),
+                TxOp::Push(groups) => TxOpResult::Push(push_groups(&tx, groups, None).await?),
                 TxOp::Ack { group, item } => TxOpResult::Ack(
                     ack_items(&tx, group, std::slice::from_ref(item))
                         .await?

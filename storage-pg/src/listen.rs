@@ -6,7 +6,7 @@ use crate::PgStorage;
 
 impl PgStorage {
     /// Listens for deliverability events committed by any broker on this database (`NOTIFY
-    /// queen_push` from push_v2, `NOTIFY queen_event` from the triggers of migration 009) on a
+    /// queen_push` from push_v3, `NOTIFY queen_event` from the triggers of migration 009) on a
     /// dedicated connection, and sends each to `events`. Every (re)connection is followed by a
     /// `Resync`: notifications sent while nobody listened are lost, so the broker re-reads what
     /// it may have missed. Reconnects after a second; returns when the receiver is gone.
@@ -79,7 +79,7 @@ impl PgStorage {
     }
 }
 
-/// A notification as an event: push_v2's `queue\npartition\ncount` on `queen_push`, the
+/// A notification as an event: push_v3's `queue\npartition\ncount` on `queen_push`, the
 /// triggers' payloads on `queen_event`.
 fn notification_event(channel: &str, payload: &str) -> Option<DeliveryEvent> {
     match channel {

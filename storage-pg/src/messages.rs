@@ -1,4 +1,4 @@
-//! Push, ack and lease renewal on PostgreSQL (push_v2, ack_v1, renew_lease_v1).
+//! Push, ack and lease renewal on PostgreSQL (push_v3, ack_v1, renew_lease_v1).
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
@@ -9,8 +9,10 @@ use queen_core::storage::{
 };
 use std::time::SystemTime;
 
+use queen_core::Timestamp;
+
 use crate::error::{pg_err, pool_err, retry_contention};
-use crate::{from_system_time, int, PgStorage};
+use crate::{from_system_time, int, to_system_time, PgStorage};
 
 fn status_text(s: AckStatus) -> &'static str {
     match s {
@@ -25,11 +27,12 @@ fn status_text(s: AckStatus) -> &'static str {
 pub(crate) async fn push_groups(
     tx: &deadpool_postgres::Transaction<'_>,
     groups: &[PushGroup],
+    accepted_at: Option<SystemTime>,
 ) -> StorageResult<Vec<PushGroupResult>> {
     let stmt = tx
         .prepare_cached(
             "SELECT o_status, o_message_id, o_partition_id, o_offset, o_max_size, o_backlog
-               FROM queen.push_v2($1, $2, $3, $4, $5)",
+               FROM queen.push_v3($1, $2, $3, $4, $5, $6)",
         )
         .await
         .map_err(pg_err("push"))?;
@@ -56,12 +59,15 @@ pub(crate) async fn push_groups(
             let txids: Vec<&str> = frames.iter().map(|f| f.transaction_id.as_str()).collect();
             let ids: Vec<uuid::Uuid> = frames.iter().map(|f| f.message_id).collect();
             let rows = tx
-                .query(&stmt, &[&g.queue, &g.partition, &txids, &ids, &blob])
+                .query(
+                    &stmt,
+                    &[&g.queue, &g.partition, &txids, &ids, &blob, &accepted_at],
+                )
                 .await
                 .map_err(pg_err("push"))?;
             if rows.len() != candidates.len() {
                 return Err(StorageError::Internal(format!(
-                    "push_v2 answered {} rows for {} items",
+                    "push_v3 answered {} rows for {} items",
                     rows.len(),
                     candidates.len()
                 )));
@@ -95,7 +101,7 @@ pub(crate) async fn push_groups(
                     }
                     other => {
                         return Err(StorageError::Internal(format!(
-                            "push_v2 answered the unknown status {other:?}"
+                            "push_v3 answered the unknown status {other:?}"
                         )))
                     }
                 };
@@ -104,7 +110,7 @@ pub(crate) async fn push_groups(
         }
         if !candidates.is_empty() {
             return Err(StorageError::Internal(
-                "push_v2 reported duplicates twice under the partition lock".into(),
+                "push_v3 reported duplicates twice under the partition lock".into(),
             ));
         }
         results[i] = firsts
@@ -148,12 +154,17 @@ pub(crate) async fn ack_items(
 
 #[async_trait]
 impl MessageStorage for PgStorage {
-    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
+    async fn push_accepted_at(
+        &self,
+        groups: Vec<PushGroup>,
+        accepted_at: Option<Timestamp>,
+    ) -> StorageResult<Vec<PushGroupResult>> {
         let (this, groups) = (self, &groups);
+        let accepted_at = accepted_at.map(to_system_time);
         retry_contention(move || async move {
             let mut client = this.pool.get().await.map_err(pool_err)?;
             let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
-            let results = push_groups(&tx, groups).await?;
+            let results = push_groups(&tx, groups, accepted_at).await?;
             tx.commit().await.map_err(pg_err("push: commit"))?;
             Ok(results)
         })

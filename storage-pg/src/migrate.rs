@@ -7,7 +7,7 @@
 //!   was edited since (its effect on existing databases would silently differ from new ones).
 //! - `sql/functions/<name>.sql`: the one current definition of each function, `CREATE OR
 //!   REPLACE`, applied after the migrations whenever its content differs from what the database
-//!   holds. A changed signature is a new name (`push_v2`) plus a migration dropping the old one.
+//!   holds. A changed signature is a new name (`push_v3`) plus a migration dropping the old one.
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(8, "pop_retention_gap", "008_pop_retention_gap.sql"),
     migration!(9, "delivery_events", "009_delivery_events.sql"),
     migration!(10, "functions_apart", "010_functions_apart.sql"),
+    migration!(11, "push_created_at", "011_push_created_at.sql"),
 ];
 
 macro_rules! functions {
@@ -63,7 +64,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "log_pop_wildcard_v1",
     "log_pending_partitions_v1",
     "log_next_pending_v1",
-    "push_v2",
+    "push_v3",
     "ack_v1",
     "renew_lease_v1",
     "configure_queue_v1",

@@ -97,9 +97,18 @@ impl PopStorage for SimDb {
 
 #[async_trait]
 impl MessageStorage for SimDb {
-    async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
-        self.exec(messages::push(self.shared.clone(), self.cell(), groups))
-            .await
+    async fn push_accepted_at(
+        &self,
+        groups: Vec<PushGroup>,
+        accepted_at: Option<Timestamp>,
+    ) -> StorageResult<Vec<PushGroupResult>> {
+        self.exec(messages::push(
+            self.shared.clone(),
+            self.cell(),
+            groups,
+            accepted_at,
+        ))
+        .await
     }
 
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {

@@ -29,7 +29,7 @@ pub(crate) async fn transaction(
         let mut results = Vec::with_capacity(ops.len());
         for op in &ops {
             let result = match op {
-                TxOp::Push(groups) => TxOpResult::Push(push_body(&tx, groups).await?),
+                TxOp::Push(groups) => TxOpResult::Push(push_body(&tx, groups, None).await?),
                 TxOp::Ack { group, item } => TxOpResult::Ack(
                     ack_body(&tx, group, std::slice::from_ref(item))
                         .await?
@@ -344,7 +344,7 @@ pub(crate) async fn requeue_dead_letter(
             partition: d.partition.clone(),
             frames: vec![frame],
         };
-        let mut out = crate::messages::push_body(&tx, std::slice::from_ref(&group)).await?;
+        let mut out = crate::messages::push_body(&tx, std::slice::from_ref(&group), None).await?;
         tx.stmt("delete dead letter", |st, t| {
             st.dlq.delete(&key, t.id);
             Ok(())

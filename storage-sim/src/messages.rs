@@ -98,20 +98,24 @@ pub(crate) async fn push(
     shared: Arc<Shared>,
     cell: Arc<TaskCell>,
     groups: Vec<PushGroup>,
+    accepted_at: Option<Timestamp>,
 ) -> Result<Vec<PushGroupResult>, StorageError> {
     in_tx(&shared, "push", cell, |tx| async move {
-        push_body(&tx, &groups).await
+        push_body(&tx, &groups, accepted_at).await
     })
     .await
 }
 
-/// The push statements, inside a caller's transaction.
+/// The push statements, inside a caller's transaction. `accepted_at`: the time a replayed push
+/// was accepted (push_v3's p_created), else now.
 pub(crate) async fn push_body(
     tx: &TxHandle,
     groups: &[PushGroup],
+    accepted_at: Option<Timestamp>,
 ) -> Result<Vec<PushGroupResult>, StorageError> {
     {
         let now = tx.now();
+        let stamp = accepted_at.unwrap_or(now);
         // Lock partitions in one global order so concurrent multi-partition pushes never deadlock.
         let mut order: Vec<usize> = (0..groups.len()).collect();
         order.sort_by(|a, b| {
@@ -220,7 +224,7 @@ pub(crate) async fn push_body(
                         )
                         .next_back()
                         .map(|(_, s)| s.created_at);
-                    let created_at = newest.map_or(now, |n| n.max(now));
+                    let created_at = newest.map_or(stamp, |n| n.max(stamp));
                     insert_or_wait(
                         &mut st.segments,
                         (pid.clone(), base),

@@ -70,7 +70,9 @@ impl Interleaving {
         let c = cell.clone();
         let fut: TaskFuture = match op {
             Op::Push(groups) => {
-                Box::pin(async move { OpResult::Push(messages::push(shared, c, groups).await) })
+                Box::pin(
+                    async move { OpResult::Push(messages::push(shared, c, groups, None).await) },
+                )
             }
             Op::PopPartition(req, p) => {
                 Box::pin(async move { OpResult::Pop(pop::pop_partition(shared, c, req, p).await) })

@@ -6,10 +6,12 @@
 -- cannot change). The common case, no duplicates, is one call.
 -- maxSize: a push that would take the queue's backlog past it is refused whole: every item
 -- answers 'full' with the cap and the backlog it met (o_max_size, o_backlog).
+-- p_created: the time the push was accepted, when it is replayed later (NULL: now).
 -- Committed pushes are announced on queen_push (`queue\npartition\ncount`): every broker's
 -- parked consumers wake at once.
-CREATE OR REPLACE FUNCTION queen.push_v2(
-    p_queue text, p_partition text, p_txids text[], p_message_ids uuid[], p_blob bytea
+CREATE OR REPLACE FUNCTION queen.push_v3(
+    p_queue text, p_partition text, p_txids text[], p_message_ids uuid[], p_blob bytea,
+    p_created timestamptz
 ) RETURNS TABLE (
     o_status text, o_message_id uuid, o_partition_id uuid, o_offset bigint,
     o_max_size integer, o_backlog bigint
@@ -82,8 +84,10 @@ BEGIN
         END IF;
     END IF;
     -- created_at must be monotone in base_offset (the window probe and the delay filter rely on
-    -- it), but a push that began earlier may take the lock later: never go below the newest.
-    SELECT GREATEST(clock_timestamp() + (queen.now() - now()), max(s.created_at)) INTO v_created
+    -- it), but a push that began earlier may take the lock later: never go below the newest. A
+    -- push drained from a broker's file buffer brings the time it was accepted (p_created).
+    SELECT GREATEST(COALESCE(p_created, clock_timestamp() + (queen.now() - now())), max(s.created_at))
+      INTO v_created
       FROM (SELECT s.created_at FROM queen.log_segments s
              WHERE s.partition_id = v_pid ORDER BY s.base_offset DESC LIMIT 1) s;
     INSERT INTO queen.log_txids (partition_id, transaction_id, msg_offset, message_id)
