@@ -192,6 +192,10 @@ pub struct App {
     ids: Mutex<IdMinter>,
     pub metrics: Metrics,
     pub shutting_down: watch::Sender<bool>,
+    /// Push maintenance mode: pushes go to the file buffer, not to storage.
+    pub push_maintenance: std::sync::atomic::AtomicBool,
+    /// Told when the file buffer has something new to drain, or maintenance mode ended.
+    pub(crate) drain_wake: Arc<Notify>,
     /// Told when a ring scheduled a revisit earlier than the wheel ticker sleeps until.
     ticker_rearm: Arc<Notify>,
 }
@@ -233,11 +237,19 @@ impl App {
             ids: Mutex::new(IdMinter::new(rng.child("ids"))),
             metrics: Metrics::default(),
             shutting_down,
+            push_maintenance: std::sync::atomic::AtomicBool::new(false),
+            drain_wake: Arc::new(Notify::new()),
             ticker_rearm: Arc::new(Notify::new()),
         });
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(wheel_ticker(Arc::downgrade(&app), app.ticker_rearm.clone()));
+                if app.config.file_buffer.is_some() {
+                    rt.spawn(crate::operations::buffer_drain(
+                        Arc::downgrade(&app),
+                        app.drain_wake.clone(),
+                    ));
+                }
             }
             // Without a runtime nothing can be served either; only a misuse gets here.
             Err(e) => debug_assert!(false, "App built outside a tokio runtime: {e}"),

@@ -1,12 +1,16 @@
 //! Configuration from flags or the environment, with the variable names Queen's documentation
 //! uses. clap (with its env feature) reads both and generates `--help`.
 
+use std::sync::Arc;
+
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, CommandFactory, Parser};
 use queen_core::backoff::WaitBackoff;
 use queen_core::limiter::VegasConfig;
 use queen_core::params::DEFAULT_TIMEOUT_MS;
 use queen_storage_pg::{PgConfig, PgSettings};
+
+use crate::buffer::FileBuffer;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -17,6 +21,8 @@ pub struct ServerConfig {
     pub hotlist: bool,
     pub vegas: VegasConfig,
     pub max_body_bytes: usize,
+    /// The push failover buffer, when FILE_BUFFER_DIR is set.
+    pub file_buffer: Option<Arc<FileBuffer>>,
 }
 
 impl Default for ServerConfig {
@@ -29,6 +35,7 @@ impl Default for ServerConfig {
             hotlist: true,
             vegas: VegasConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
+            file_buffer: None,
         }
     }
 }
@@ -102,6 +109,11 @@ pub struct Settings {
     /// Largest accepted request body (bytes).
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = ServerConfig::default().max_body_bytes)]
     pub max_body_bytes: usize,
+    /// Push failover buffer directory: pushes accepted while PostgreSQL is unreachable (or in push
+    /// maintenance mode) are written here, fsync'd, answered `buffered` and stored once it is back.
+    /// Unset: no buffer (such pushes answer 503).
+    #[arg(long, env = "FILE_BUFFER_DIR")]
+    pub file_buffer_dir: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -156,6 +168,14 @@ impl Settings {
                 ..VegasConfig::default()
             },
             max_body_bytes: self.max_body_bytes,
+            file_buffer: match self.file_buffer_dir {
+                None => None,
+                Some(dir) => {
+                    Some(Arc::new(FileBuffer::open(&dir).map_err(|e| {
+                        format!("FILE_BUFFER_DIR {}: {e}", dir.display())
+                    })?))
+                }
+            },
         };
         Ok((server, pg))
     }

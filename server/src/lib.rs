@@ -1,6 +1,7 @@
 //! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
 
 pub mod app;
+pub mod buffer;
 pub mod config;
 mod delivery_routes;
 pub mod http;
@@ -159,6 +160,13 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
             let g = g.to_string();
             let b = body(&app, req).await?;
             delivery_routes::update_subscription(&app, &g, &b).await
+        }
+        (&Method::GET, ["api", "v1", "system", "maintenance"]) => {
+            Ok(routes::push_maintenance_state(&app))
+        }
+        (&Method::POST, ["api", "v1", "system", "maintenance"]) => {
+            let b = body(&app, req).await?;
+            routes::set_push_maintenance(&app, &b)
         }
         (&Method::GET, ["api", "v1", "system", "maintenance", "pop"]) => {
             Ok(routes::pop_maintenance_state(&app))

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub storage_calls: Counter,
     pub messages_delivered: Counter,
     pub pushes: Counter,
+    /// Push requests written to the file buffer.
+    pub pushes_buffered: Counter,
     pub messages_pushed: Counter,
     pub duplicates: Counter,
     pub acks: Counter,
@@ -103,6 +105,7 @@ impl Default for Metrics {
             storage_calls: Counter::default(),
             messages_delivered: Counter::default(),
             pushes: Counter::default(),
+            pushes_buffered: Counter::default(),
             messages_pushed: Counter::default(),
             duplicates: Counter::default(),
             acks: Counter::default(),
@@ -148,6 +151,11 @@ impl Default for Metrics {
             m.messages_delivered.clone(),
         );
         registry.register("pushes", "Push requests stored", m.pushes.clone());
+        registry.register(
+            "pushes_buffered",
+            "Push requests written to the file buffer",
+            m.pushes_buffered.clone(),
+        );
         registry.register(
             "messages_pushed",
             "Messages stored by pushes",
@@ -263,6 +271,7 @@ impl Snapshot<'_> {
             "storageCalls": m.storage_calls.get(),
             "messagesDelivered": delivered,
             "pushes": m.pushes.get(),
+            "pushesBuffered": m.pushes_buffered.get(),
             "messagesPushed": m.messages_pushed.get(),
             "duplicates": m.duplicates.get(),
             "acks": m.acks.get(),

@@ -2,11 +2,13 @@
 //! deliverability events it publishes, the metrics it counts). Routes parse, call one of these and
 //! render; the pop has its own driver (`pop_route`).
 
+use std::sync::atomic::Ordering;
+
 use queen_core::events::DeliveryEvent;
 use queen_core::storage::{
     AckItem, AckOutcome, ConfiguredQueue, DeadLetterPage, DlqQuery, GroupDeleted, PushGroup,
-    PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, Requeued, SeekTarget, StorageResult,
-    TxOp, TxOpResult, TxOutcome,
+    PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, Requeued, SeekTarget, StorageError,
+    StorageResult, TxOp, TxOpResult, TxOutcome,
 };
 use queen_core::Timestamp;
 
@@ -14,13 +16,59 @@ use crate::app::{App, CrashPoint};
 
 impl App {
     /// Stores a push request's groups in one transaction; the partitions that queued anything
-    /// are published.
-    pub async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Vec<PushGroupResult>> {
+    /// are published. With a file buffer, a push goes to the buffer instead while push
+    /// maintenance mode is on or earlier pushes wait there (so none overtakes them), and when
+    /// storage is unreachable.
+    pub async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Pushed> {
+        if let Some(buffer) = &self.config.file_buffer {
+            if self.push_maintenance.load(Ordering::SeqCst) || buffer.pending() > 0 {
+                return self.buffer_push(groups).await;
+            }
+            // Kept for the buffer in case storage turns out to be away.
+            let copy = groups.clone();
+            return match self.store_push(groups, None).await {
+                Err(e) if e.is_unavailable() => {
+                    tracing::warn!(error = %e, "storage unavailable: the push goes to the file buffer");
+                    self.buffer_push(copy).await
+                }
+                other => other.map(Pushed::Stored),
+            };
+        }
+        self.store_push(groups, None).await.map(Pushed::Stored)
+    }
+
+    async fn buffer_push(&self, groups: Vec<PushGroup>) -> StorageResult<Pushed> {
+        let Some(buffer) = self.config.file_buffer.clone() else {
+            return Err(StorageError::Internal("no file buffer".into()));
+        };
+        let accepted_at = self.now();
+        let written = tokio::task::spawn_blocking(move || {
+            buffer.append(accepted_at, &groups)?;
+            Ok::<_, std::io::Error>(groups)
+        })
+        .await
+        .map_err(|e| StorageError::Internal(format!("file buffer task: {e}")))?
+        .map_err(|e| StorageError::Unavailable(format!("the file buffer refused the push: {e}")))?;
+        self.metrics.pushes_buffered.inc();
+        self.drain_wake.notify_one();
+        Ok(Pushed::Buffered(written))
+    }
+
+    /// The storage half of a push: one transaction, then the events and counters.
+    async fn store_push(
+        &self,
+        groups: Vec<PushGroup>,
+        accepted_at: Option<Timestamp>,
+    ) -> StorageResult<Vec<PushGroupResult>> {
         let targets: Vec<(String, String)> = groups
             .iter()
             .map(|g| (g.queue.clone(), g.partition.clone()))
             .collect();
-        let outcomes = self.storage.messages.push(groups).await?;
+        let outcomes = self
+            .storage
+            .messages
+            .push_accepted_at(groups, accepted_at)
+            .await?;
         self.metrics.pushes.inc();
         for o in outcomes.iter().flatten() {
             let counter = match o {
@@ -73,7 +121,21 @@ impl App {
     }
 
     /// Runs a transaction; when it commits, what its operations queued and released is published.
+    /// A transaction that pushes waits while pushes sit in the file buffer (503): stored now, it
+    /// would overtake them.
     pub async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
+        let pushes = ops.iter().any(|op| matches!(op, TxOp::Push(_)));
+        if pushes
+            && self
+                .config
+                .file_buffer
+                .as_ref()
+                .is_some_and(|b| b.pending() > 0 || self.push_maintenance.load(Ordering::SeqCst))
+        {
+            return Err(StorageError::Unavailable(
+                "buffered pushes are waiting to be stored: retry the transaction".into(),
+            ));
+        }
         // What each operation touches, kept aside: the operations move into storage.
         let touched: Vec<Touched> = ops
             .iter()
@@ -190,6 +252,97 @@ impl App {
             self.publish_all(&pushed_events(&target, &[vec![r.outcome.clone()]]));
         }
         Ok(requeued)
+    }
+}
+
+/// How a push ended: stored (each item's outcome), or buffered to be stored later.
+pub enum Pushed {
+    Stored(Vec<PushGroupResult>),
+    /// Written to the file buffer; the groups as given (message ids included).
+    Buffered(Vec<PushGroup>),
+}
+
+/// Stores what the file buffer holds, oldest first, whenever there is something and storage
+/// answers; sleeps while push maintenance mode is on. A buffered push storage refuses for good
+/// (its data, not its availability) is set aside so the rest can go.
+pub(crate) async fn buffer_drain(
+    app: std::sync::Weak<App>,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+) {
+    const RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+    loop {
+        let Some(a) = app.upgrade() else { return };
+        if a.is_shutting_down() {
+            return;
+        }
+        let work = !a.push_maintenance.load(Ordering::SeqCst)
+            && a.config
+                .file_buffer
+                .as_ref()
+                .is_some_and(|b| b.pending() > 0);
+        let stalled = work && !a.drain_step().await;
+        let mut shutdown = a.shutting_down.subscribe();
+        drop(a);
+        if work && !stalled {
+            continue;
+        }
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            () = wake.notified() => {}
+            () = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
+impl App {
+    /// Stores the oldest buffered push; `false` when it could not (storage away, or the buffer
+    /// unreadable): the drain waits before trying again.
+    async fn drain_step(&self) -> bool {
+        let Some(buffer) = self.config.file_buffer.clone() else {
+            return false;
+        };
+        let reader = buffer.clone();
+        let next = match tokio::task::spawn_blocking(move || reader.next_batch(1)).await {
+            Ok(Ok(mut batch)) => batch.pop(),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot read the file buffer");
+                return false;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "file buffer task failed");
+                return false;
+            }
+        };
+        let Some(record) = next else { return false };
+        let groups = record.groups.clone();
+        let stored = self.store_push(groups, Some(record.accepted_at)).await;
+        let refused = match stored {
+            Ok(_) => false,
+            Err(e) if e.is_unavailable() => return false,
+            Err(e) => {
+                tracing::error!(error = %e, "storage refused a buffered push; it moves to failed.log");
+                true
+            }
+        };
+        let marked = tokio::task::spawn_blocking(move || {
+            if refused {
+                buffer.mark_failed(&record)
+            } else {
+                buffer.mark_stored(&record)
+            }
+        })
+        .await;
+        match marked {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot record the file buffer's progress");
+                false
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "file buffer task failed");
+                false
+            }
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use crate::app::{lock, App};
 use crate::http::{self, Failure, Reply};
 use crate::metrics::Snapshot;
+use crate::operations::Pushed;
 use crate::requests::{self, PushItem};
 
 /// Items grouped by (queue, partition) in first-appearance order, remembering each item's slot.
@@ -57,7 +58,25 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
         })
         .collect();
     let (groups, slots) = group_items(items);
-    let outcomes = app.push(groups).await?;
+    let outcomes = match app.push(groups).await? {
+        Pushed::Stored(outcomes) => outcomes,
+        Pushed::Buffered(groups) => {
+            // Stored later, in order; Queen's shape: no message id is promised yet.
+            let answer: Vec<Value> = slots
+                .iter()
+                .zip(&heads)
+                .enumerate()
+                .map(|(index, ((g, _), head))| {
+                    let (tx, queue) = (&head.transaction_id, &head.queue);
+                    let partition = groups.get(*g).map(|g| g.partition.as_str());
+                    json!({"index": index, "transaction_id": tx, "transactionId": tx,
+                           "status": "buffered", "queue": queue, "queueName": queue,
+                           "partition": partition})
+                })
+                .collect();
+            return Ok(http::json(StatusCode::CREATED, &Value::Array(answer)));
+        }
+    };
     let mut answer = Vec::with_capacity(slots.len());
     for (index, ((g, k), head)) in slots.iter().zip(&heads).enumerate() {
         let o = outcomes
@@ -159,6 +178,48 @@ pub async fn delete_queue(app: &Arc<App>, queue: &str) -> Result<Reply, Failure>
         StatusCode::OK,
         &json!({"deleted": true, "queue": queue, "existed": existed}),
     ))
+}
+
+fn push_maintenance_json(app: &App) -> Value {
+    let on = app
+        .push_maintenance
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let buffer = app.config.file_buffer.as_ref();
+    json!({"maintenanceMode": on,
+           "popMaintenanceMode": lock(&app.pop_ctx).pop_maintenance,
+           "bufferedMessages": buffer.map_or(0, |b| b.pending_messages()),
+           "bufferHealthy": buffer.is_some(),
+           "bufferStats": {"configured": buffer.is_some(),
+                           "pendingPushes": buffer.map_or(0, |b| b.pending()),
+                           "pendingMessages": buffer.map_or(0, |b| b.pending_messages()),
+                           "dir": buffer.map(|b| b.dir().display().to_string())}})
+}
+
+/// GET /api/v1/system/maintenance: push maintenance mode and the file buffer.
+pub fn push_maintenance_state(app: &App) -> Reply {
+    http::json(StatusCode::OK, &push_maintenance_json(app))
+}
+
+/// POST /api/v1/system/maintenance {"enabled": bool}: while on, pushes go to the file buffer
+/// (answered `buffered`) and are stored, in order, once it is switched off.
+pub fn set_push_maintenance(app: &App, body: &[u8]) -> Result<Reply, Failure> {
+    let request: requests::MaintenanceBody = requests::body(body, None)?;
+    if request.enabled && app.config.file_buffer.is_none() {
+        return Err(Failure {
+            status: StatusCode::CONFLICT,
+            message: "push maintenance mode needs a file buffer (FILE_BUFFER_DIR)".into(),
+        });
+    }
+    app.push_maintenance
+        .store(request.enabled, std::sync::atomic::Ordering::SeqCst);
+    app.drain_wake.notify_one();
+    let mut answer = push_maintenance_json(app);
+    answer["message"] = json!(if request.enabled {
+        "push maintenance is on: pushes are buffered"
+    } else {
+        "push maintenance is off: buffered pushes are being stored"
+    });
+    Ok(http::json(StatusCode::OK, &answer))
 }
 
 pub fn pop_maintenance_state(app: &App) -> Reply {
