@@ -192,7 +192,7 @@ fn rows(
     p99_before: f64,
     p99_after: f64,
 ) -> Vec<Row> {
-    let label = format!("PostgreSQL restart under load ({DOWN_SECS} s down)");
+    let label = format!("restart of PostgreSQL under load ({DOWN_SECS} s down)");
     vec![
         Row::new(
             label.clone(),
