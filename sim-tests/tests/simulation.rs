@@ -204,6 +204,7 @@ fn seed_set_passes() {
             "fault: crash after a claim, before its answer",
             "fault: crash after a push committed, before its answer",
             "fault: crash after an ack committed, before its answer",
+            "fault: crash after a transaction committed, before its answer",
             "fault: crash with a long-poll parked",
         ] {
             at_least(Scenario::Faults, point, 3);

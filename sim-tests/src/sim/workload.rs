@@ -204,6 +204,9 @@ struct Producer {
     prefix: &'static str,
     /// Stops after this many pushes (a queue that goes quiet).
     max_pushes: Option<u64>,
+    /// One push in four goes as a transaction's push operation (the faults scenario: a crash
+    /// aimed between a transaction's commit and its answer needs transactions to aim at).
+    transactions: bool,
 }
 
 fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
@@ -236,6 +239,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 burst: 0.0,
                 prefix: "p",
                 max_pushes: None,
+                transactions: false,
             }],
             (0..3)
                 .map(|i| Consumer {
@@ -262,6 +266,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                     burst: 0.0,
                     prefix: "p",
                     max_pushes: None,
+                    transactions: false,
                 }],
                 cs,
             )
@@ -276,6 +281,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 burst: 0.6,
                 prefix: "p",
                 max_pushes: None,
+                transactions: false,
             }],
             (0..4)
                 .map(|i| Consumer {
@@ -308,6 +314,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                         burst: 0.0,
                         prefix: "p",
                         max_pushes: None,
+                        transactions: true,
                     })
                     .collect(),
                 cs,
@@ -398,6 +405,7 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
             burst: 0.2,
             prefix,
             max_pushes: None,
+            transactions: false,
         })
         .collect();
     producers.push(Producer {
@@ -409,6 +417,7 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
         burst: 0.0,
         prefix: "q",
         max_pushes: Some(5),
+        transactions: false,
     });
     (producers, cs)
 }
@@ -515,29 +524,46 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
             .iter()
             .map(|t| json!({"queue": p.queue, "partition": partition, "payload": {"tx": t}, "transactionId": t}))
             .collect();
+        let as_transaction = p.transactions && rng.below(4) == 0;
+        let (path, request_body) = if as_transaction {
+            (
+                "/api/v1/transaction",
+                json!({"operations": [{"type": "push", "items": items}]}),
+            )
+        } else {
+            ("/api/v1/push", json!({ "items": items }))
+        };
         // A push without an answer may have been stored: retry it (same transactionIds, so a
         // stored one answers `duplicate`) until it is acknowledged.
         for attempt in 0..20 {
             let broker = &shared.brokers[(k as usize + attempt) % shared.brokers.len()];
-            match request(
+            let answer = match request(
                 broker,
                 "POST",
-                "/api/v1/push",
-                Some(&json!({ "items": items })),
+                path,
+                Some(&request_body),
                 Duration::from_secs(2),
             )
             .await
             {
-                Ok((201, body))
-                    if body.as_array().is_some_and(|a| {
-                        a.iter()
-                            .all(|i| i["status"] == "queued" || i["status"] == "duplicate")
-                    }) =>
+                // A push answers the items; a transaction answers them under `results`.
+                Ok((201, body)) if !as_transaction => body.as_array().cloned(),
+                Ok((200, body)) if as_transaction && body["success"] == true => {
+                    body["results"].as_array().cloned()
+                }
+                _ => None,
+            };
+            match answer {
+                Some(items)
+                    if items.len() == txids.len()
+                        && items
+                            .iter()
+                            .all(|i| i["status"] == "queued" || i["status"] == "duplicate") =>
                 {
-                    if body
-                        .as_array()
-                        .is_some_and(|a| a.iter().any(|i| i["status"] == "duplicate"))
-                    {
+                    if as_transaction {
+                        shared.bump("push: as a transaction");
+                    }
+                    if items.iter().any(|i| i["status"] == "duplicate") {
                         shared.bump("push: retried after a lost answer, answered duplicate");
                     }
                     shared.record(Event::Pushed {
