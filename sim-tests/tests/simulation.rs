@@ -3,15 +3,19 @@
 //!
 //! `SIM_SEEDS=N` runs N seeds per scenario (default below); `SIM_SEED=n` replays one seed (with
 //! `SIM_SCENARIO=creation|contention|wakes|faults|prompt` to pick one scenario). A failure prints its
-//! seed, the findings and the end of the trace.
+//! seed, the findings and the end of the trace, shrunk. Every run has a process of its own
+//! (`run_isolated`), so what the seed set ran is what a replay runs.
+
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 use std::collections::BTreeMap;
 
 use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
-use queen_sim_tests::sim::{run, shrink, Bugs, FaultKinds, Outcome, Scenario, Spec, WORK_MS};
+use queen_sim_tests::sim::{run, shrink, Bugs, FaultKinds, Scenario, Spec, WORK_MS};
 use queen_storage_sim::SimBugs;
+use serde_json::json;
 
 const SCENARIOS: [Scenario; 5] = [
     Scenario::CreationRace,
@@ -64,6 +68,125 @@ fn scenario_arg(s: Scenario) -> &'static str {
     }
 }
 
+/// What a run produced, as an isolated run reports it.
+#[derive(Debug, Default)]
+struct Finding {
+    violations: Vec<String>,
+    coverage: BTreeMap<String, u64>,
+    trace_hash: u64,
+    trace_tail: Vec<String>,
+    simulated_secs: f64,
+}
+
+/// The switches of a named mutation (`None`: the shipped code).
+fn bugs_named(name: Option<&str>) -> Bugs {
+    match name {
+        None => Bugs::default(),
+        Some(n) => match switches().into_iter().find(|(s, _, _)| *s == n) {
+            Some((_, _, bugs)) => bugs,
+            None => panic!("no mutation switch named {n:?}"),
+        },
+    }
+}
+
+/// Runs a spec in a process of its own (this test binary, running `isolated_run`). The async
+/// runtime numbers its tasks process-wide and shuts a crashed host's tasks down in an order that
+/// follows those numbers, so in a shared process a run's trace also depends on what the process
+/// ran before; alone in a process it depends on the spec only, and `SIM_SEED=<n>` (also a
+/// process of its own) replays exactly what the seed set ran.
+fn run_isolated(spec: Spec, bug: Option<&str>) -> Finding {
+    let one = format!(
+        "{}|{}|{}|{}|{}",
+        spec.seed,
+        scenario_arg(spec.scenario),
+        spec.work_ms,
+        spec.quiet.names(),
+        bug.unwrap_or("")
+    );
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "isolated_run",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+            "--quiet",
+        ])
+        .env("SIM_ONE", &one)
+        .output()
+        .expect("run the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(line) = stdout.lines().find_map(|l| l.strip_prefix("SIM_RESULT ")) else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+        return Finding {
+            violations: vec![format!(
+                "the run crashed: {}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
+            )],
+            ..Finding::default()
+        };
+    };
+    let v: serde_json::Value = serde_json::from_str(line).expect("SIM_RESULT is JSON");
+    let strings = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Finding {
+        violations: strings("violations"),
+        coverage: v["coverage"]
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        trace_hash: v["trace_hash"]
+            .as_str()
+            .and_then(|h| h.parse().ok())
+            .unwrap_or(0),
+        trace_tail: strings("trace_tail"),
+        simulated_secs: v["simulated_secs"].as_f64().unwrap_or(0.0),
+    }
+}
+
+/// The child side of `run_isolated`: runs the spec in `SIM_ONE` and prints its outcome. Without
+/// `SIM_ONE` (the ordinary test run) it does nothing.
+#[test]
+fn isolated_run() {
+    let Ok(one) = std::env::var("SIM_ONE") else {
+        return;
+    };
+    let parts: Vec<&str> = one.split('|').collect();
+    assert_eq!(parts.len(), 5, "SIM_ONE: {one}");
+    let scenario = scenario_named(parts[1]).expect("SIM_ONE scenario");
+    let spec = Spec {
+        work_ms: parts[2].parse().expect("SIM_ONE work_ms"),
+        quiet: FaultKinds::parse(parts[3]).expect("SIM_ONE quiet"),
+        ..Spec::new(
+            parts[0].parse().expect("SIM_ONE seed"),
+            scenario,
+            bugs_named(Some(parts[4]).filter(|b| !b.is_empty())),
+        )
+    };
+    let o = run(spec);
+    let doc = json!({
+        "violations": o.violations,
+        "coverage": o.coverage,
+        "trace_hash": o.trace_hash.to_string(),
+        "trace_tail": o.trace_tail,
+        "simulated_secs": o.simulated_secs,
+    });
+    println!("SIM_RESULT {doc}");
+}
+
 /// The environment that replays a spec exactly.
 fn replay(spec: &Spec) -> String {
     let mut r = format!(
@@ -81,9 +204,9 @@ fn replay(spec: &Spec) -> String {
 }
 
 /// A failure, shrunk first to the shortest, quietest schedule that still fails.
-fn report(spec: &Spec, o: &Outcome) -> String {
-    let shrunk = shrink(*spec, |o| !o.violations.is_empty());
-    let small = run(shrunk);
+fn report(spec: &Spec, bug: Option<&str>, o: &Finding) -> String {
+    let shrunk = shrink(*spec, |s| !run_isolated(s, bug).violations.is_empty());
+    let small = run_isolated(shrunk, bug);
     format!(
         "seed {} ({:?}, bugs {:?}) failed; replay with {}\n  {}\nshrunk to a {} ms work phase{}: replay with {}\n  {}\ntrace tail (shrunk):\n  {}",
         spec.seed,
@@ -111,13 +234,8 @@ fn seed_set_passes() {
         .and_then(|n| scenario_named(&n));
     // SIM_BUG=<switch name>: replays with one mutation switch on (a replay aid for the mutation
     // proof's findings).
-    let bugs = match std::env::var("SIM_BUG") {
-        Ok(name) => match switches().into_iter().find(|(n, _, _)| *n == name) {
-            Some((_, _, bugs)) => bugs,
-            None => panic!("SIM_BUG: no switch named {name:?}"),
-        },
-        Err(_) => Bugs::default(),
-    };
+    let bug = std::env::var("SIM_BUG").ok();
+    let bugs = bugs_named(bug.as_deref());
     let mut specs: Vec<Spec> = vec![];
     for scenario in SCENARIOS
         .into_iter()
@@ -143,17 +261,17 @@ fn seed_set_passes() {
             .iter()
             .map(|(scenario, seed)| Spec::new(*seed, *scenario, bugs)),
     );
-    let mut coverage: BTreeMap<(Scenario, &'static str), u64> = BTreeMap::new();
+    let mut coverage: BTreeMap<(Scenario, String), u64> = BTreeMap::new();
     let mut failures = vec![];
     let mut simulated = 0.0;
     for spec in &specs {
-        let o = run(*spec);
+        let o = run_isolated(*spec, bug.as_deref());
         simulated += o.simulated_secs;
         for (k, v) in &o.coverage {
-            *coverage.entry((spec.scenario, k)).or_default() += v;
+            *coverage.entry((spec.scenario, k.clone())).or_default() += v;
         }
         if !o.violations.is_empty() {
-            failures.push(report(spec, &o));
+            failures.push(report(spec, bug.as_deref(), &o));
         }
     }
     eprintln!(
@@ -167,7 +285,7 @@ fn seed_set_passes() {
     if env_u64("SIM_SEED").is_none() && only.is_none() {
         // Each race actually happened, and each fault, not only "nothing broke".
         let at_least = |s: Scenario, k: &str, n: u64| {
-            let got = coverage.get(&(s, k)).copied().unwrap_or(0);
+            let got = coverage.get(&(s, k.to_string())).copied().unwrap_or(0);
             assert!(
                 got >= n,
                 "coverage: {s:?} / {k} happened {got} times, expected at least {n}"
@@ -222,12 +340,14 @@ fn a_failure_shrinks_to_a_shorter_schedule_that_still_fails() {
         .expect("a switch caught in the faults scenario");
     let failing = (0..40u64)
         .map(|i| Spec::new(5_000 + i, scenario, bugs))
-        .find(|spec| !run(*spec).violations.is_empty())
+        .find(|spec| !run_isolated(*spec, Some(name)).violations.is_empty())
         .unwrap_or_else(|| panic!("'{name}' is never caught"));
-    let shrunk = shrink(failing, |o| !o.violations.is_empty());
+    let shrunk = shrink(failing, |s| {
+        !run_isolated(s, Some(name)).violations.is_empty()
+    });
     assert!(shrunk.work_ms <= failing.work_ms);
     assert!(
-        !run(shrunk).violations.is_empty(),
+        !run_isolated(shrunk, Some(name)).violations.is_empty(),
         "the shrunk spec does not fail"
     );
     eprintln!(
@@ -237,16 +357,24 @@ fn a_failure_shrinks_to_a_shorter_schedule_that_still_fails() {
     );
 }
 
-/// The same seed twice gives the same trace, event for event.
+/// The same seed twice, each in a process of its own, gives the same trace, event for event:
+/// seed 77 of every scenario, and faults seeds whose crashes once made runs in a shared process
+/// differ.
 #[test]
 fn a_seed_replays_exactly() {
-    for scenario in SCENARIOS {
-        let spec = Spec::new(77, scenario, Bugs::default());
-        let a = run(spec);
-        let b = run(spec);
+    let specs = SCENARIOS
+        .into_iter()
+        .map(|s| Spec::new(77, s, Bugs::default()))
+        .chain(
+            [1_003, 1_008, 1_020].map(|seed| Spec::new(seed, Scenario::Faults, Bugs::default())),
+        );
+    for spec in specs {
+        let a = run_isolated(spec, None);
+        let b = run_isolated(spec, None);
         assert_eq!(
             a.trace_hash, b.trace_hash,
-            "seed 77 ({scenario:?}) is not deterministic: the two runs' traces differ"
+            "seed {} ({:?}) is not deterministic: the two runs' traces differ",
+            spec.seed, spec.scenario
         );
     }
 }
@@ -381,7 +509,7 @@ fn every_mutation_switch_is_caught() {
         // delivery-bound checker may count as catching them.
         let counts = |v: &String| scenario != Scenario::Prompt || v.starts_with("liveness: ");
         let caught = (0..40u64).find_map(|i| {
-            let o = run(Spec::new(5_000 + i, scenario, bugs));
+            let o = run_isolated(Spec::new(5_000 + i, scenario, bugs), Some(name));
             o.violations
                 .iter()
                 .find(|v| counts(v))
