@@ -11,6 +11,7 @@ mod delivery;
 mod messages;
 mod pop;
 mod queue;
+mod retention;
 
 use std::fmt;
 use std::sync::Arc;
@@ -27,6 +28,10 @@ pub use messages::{
 };
 pub use pop::{Claim, PopRequest, PopResult, SegmentRow, Verdict};
 pub use queue::{ConfiguredQueue, QueueConfig};
+pub use retention::{
+    reads_from, removal, ConsumedFloor, Cutoffs, Removal, Removed, RetentionBatch, RetentionMark,
+    RetentionPass,
+};
 
 use crate::types::Timestamp;
 
@@ -170,6 +175,45 @@ pub trait DeliveryStorage: Send + Sync {
     ) -> StorageResult<Option<Requeued>>;
 }
 
+/// Retention and eviction (`retention.rs` holds the rules), and the cluster-wide lease that
+/// keeps one broker at a time doing it.
+#[async_trait]
+pub trait RetentionStorage: Send + Sync {
+    /// Takes (or renews) the maintenance lease `name` for `holder` until now + `seconds`. False:
+    /// another holder's lease is live, and this broker skips the cycle. A holder that dies loses
+    /// it when it runs out.
+    async fn claim_maintenance(
+        &self,
+        name: &str,
+        holder: &str,
+        seconds: u32,
+    ) -> StorageResult<bool>;
+    /// Ends `holder`'s lease early (nothing if it is not the holder).
+    async fn release_maintenance(&self, name: &str, holder: &str) -> StorageResult<()>;
+    /// Queues with something for the pass to do (retention enabled, or maxWaitTimeSeconds set).
+    async fn retention_queues(&self, pass: RetentionPass) -> StorageResult<Vec<String>>;
+    /// One batch of a queue's pass: up to `limit` partitions whose oldest segment is old
+    /// enough, after `after` in (oldest segment, id) order, each cleared of what the rules
+    /// allow. Partitions a push holds are skipped until the next cycle.
+    async fn retention_batch(
+        &self,
+        queue: &str,
+        pass: RetentionPass,
+        after: Option<RetentionMark>,
+        limit: u32,
+    ) -> StorageResult<RetentionBatch>;
+    /// Deletes up to `limit` partitions that hold no segment, had no push for `inactive_secs`
+    /// and no live lease (with their cursor rows); how many. A later push recreates one.
+    async fn remove_inactive_partitions(
+        &self,
+        inactive_secs: u64,
+        limit: u32,
+    ) -> StorageResult<u64>;
+    /// Deletes up to `limit` dead letters that failed more than `older_than_secs` ago.
+    async fn remove_old_dead_letters(&self, older_than_secs: u64, limit: u32)
+        -> StorageResult<u64>;
+}
+
 /// Whether the backend answers, and what the metrics report about it.
 #[async_trait]
 pub trait HealthStorage: Send + Sync {
@@ -197,12 +241,17 @@ pub struct StorageUsage {
 
 /// Every capability: what one broker serves from.
 pub trait Storage:
-    PopStorage + MessageStorage + AdminStorage + DeliveryStorage + HealthStorage
+    PopStorage + MessageStorage + AdminStorage + DeliveryStorage + RetentionStorage + HealthStorage
 {
 }
 
 impl<T> Storage for T where
-    T: PopStorage + MessageStorage + AdminStorage + DeliveryStorage + HealthStorage
+    T: PopStorage
+        + MessageStorage
+        + AdminStorage
+        + DeliveryStorage
+        + RetentionStorage
+        + HealthStorage
 {
 }
 
@@ -214,6 +263,7 @@ pub struct StorageSet {
     pub messages: Arc<dyn MessageStorage>,
     pub admin: Arc<dyn AdminStorage>,
     pub delivery: Arc<dyn DeliveryStorage>,
+    pub retention: Arc<dyn RetentionStorage>,
     pub health: Arc<dyn HealthStorage>,
 }
 
@@ -225,6 +275,7 @@ impl StorageSet {
             messages: backend.clone(),
             admin: backend.clone(),
             delivery: backend.clone(),
+            retention: backend.clone(),
             health: backend,
         }
     }

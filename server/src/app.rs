@@ -244,6 +244,13 @@ impl App {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(wheel_ticker(Arc::downgrade(&app), app.ticker_rearm.clone()));
+                if app.config.retention.enabled() {
+                    rt.spawn(crate::retention::retention_worker(
+                        Arc::downgrade(&app),
+                        app.config.retention,
+                        seed,
+                    ));
+                }
                 if app.config.file_buffer.is_some() {
                     rt.spawn(crate::operations::buffer_drain(
                         Arc::downgrade(&app),

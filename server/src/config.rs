@@ -11,6 +11,7 @@ use queen_core::params::DEFAULT_TIMEOUT_MS;
 use queen_storage_pg::{PgConfig, PgSettings};
 
 use crate::buffer::FileBuffer;
+use crate::retention::RetentionSettings;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -23,6 +24,7 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// The push failover buffer, when FILE_BUFFER_DIR is set.
     pub file_buffer: Option<Arc<FileBuffer>>,
+    pub retention: RetentionSettings,
 }
 
 impl Default for ServerConfig {
@@ -36,6 +38,7 @@ impl Default for ServerConfig {
             vegas: VegasConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
             file_buffer: None,
+            retention: RetentionSettings::default(),
         }
     }
 }
@@ -114,6 +117,25 @@ pub struct Settings {
     /// Unset: no buffer (such pushes answer 503).
     #[arg(long, env = "FILE_BUFFER_DIR")]
     pub file_buffer_dir: Option<std::path::PathBuf>,
+    /// Milliseconds between retention passes (retentionSeconds, completedRetentionSeconds,
+    /// inactive partitions, old dead letters). One broker at a time runs them. 0: none.
+    #[arg(long, env = "RETENTION_INTERVAL", default_value_t = RetentionSettings::default().interval_ms)]
+    pub retention_interval: u64,
+    /// Partitions per retention statement.
+    #[arg(long, env = "RETENTION_BATCH_SIZE", default_value_t = RetentionSettings::default().batch_size)]
+    pub retention_batch_size: u32,
+    /// Days an empty partition may go without a push before it is deleted. 0: never.
+    #[arg(long, env = "PARTITION_CLEANUP_DAYS", default_value_t = RetentionSettings::default().partition_cleanup_days)]
+    pub partition_cleanup_days: u32,
+    /// Milliseconds between eviction passes (maxWaitTimeSeconds). 0: none.
+    #[arg(long, env = "EVICTION_INTERVAL", default_value_t = RetentionSettings::default().eviction_interval_ms)]
+    pub eviction_interval: u64,
+    /// Partitions per eviction statement.
+    #[arg(long, env = "EVICTION_BATCH_SIZE", default_value_t = RetentionSettings::default().eviction_batch_size)]
+    pub eviction_batch_size: u32,
+    /// Seconds a dead letter is kept. 0: until its queue's retention removes its message.
+    #[arg(long, env = "DEAD_LETTER_RETENTION_SECONDS", default_value_t = RetentionSettings::default().dead_letter_retention_secs)]
+    pub dead_letter_retention_seconds: u64,
 }
 
 impl Settings {
@@ -155,7 +177,18 @@ impl Settings {
             db: self.pg_db,
             pool_size: self.db_pool_size,
         })?;
+        if self.retention_batch_size == 0 || self.eviction_batch_size == 0 {
+            return Err("RETENTION_BATCH_SIZE and EVICTION_BATCH_SIZE must be positive".into());
+        }
         let server = ServerConfig {
+            retention: RetentionSettings {
+                interval_ms: self.retention_interval,
+                batch_size: self.retention_batch_size,
+                partition_cleanup_days: self.partition_cleanup_days,
+                eviction_interval_ms: self.eviction_interval,
+                eviction_batch_size: self.eviction_batch_size,
+                dead_letter_retention_secs: self.dead_letter_retention_seconds,
+            },
             host: self.host,
             port: self.port,
             default_timeout_ms: self.default_timeout,
@@ -221,6 +254,9 @@ mod tests {
             "QUEEN_HOTLIST",
             "POP_WAIT_MAX_INTERVAL_MS",
             "MAX_BODY_BYTES",
+            "RETENTION_INTERVAL",
+            "PARTITION_CLEANUP_DAYS",
+            "EVICTION_BATCH_SIZE",
         ] {
             assert!(help.contains(var), "--help does not name {var}");
         }

@@ -9,6 +9,7 @@ pub mod metrics;
 mod operations;
 mod pop_route;
 mod requests;
+pub mod retention;
 mod routes;
 
 use std::panic::AssertUnwindSafe;

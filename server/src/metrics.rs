@@ -12,6 +12,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use queen_core::storage::{Removed, RetentionPass};
+
+fn pass_name(pass: RetentionPass) -> &'static str {
+    match pass {
+        RetentionPass::Retention => "retention",
+        RetentionPass::Eviction => "eviction",
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
@@ -20,6 +28,18 @@ struct OutcomeLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PassLabel {
+    pass: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RemovedLabel {
+    pass: &'static str,
     kind: &'static str,
 }
 
@@ -70,6 +90,8 @@ pub struct Metrics {
     limiter_in_flight: Gauge,
     pool_in_use: Gauge,
     pool_size: Gauge,
+    retention_runs: Family<PassLabel, Counter>,
+    retention_removed: Family<RemovedLabel, Counter>,
     registry: Registry,
 }
 
@@ -122,6 +144,8 @@ impl Default for Metrics {
             limiter_in_flight: Gauge::default(),
             pool_in_use: Gauge::default(),
             pool_size: Gauge::default(),
+            retention_runs: Family::default(),
+            retention_removed: Family::default(),
             registry: Registry::default(),
         };
         registry.register("pops", "Pop requests by outcome", pops);
@@ -207,6 +231,16 @@ impl Default for Metrics {
             "Database pool size",
             m.pool_size.clone(),
         );
+        registry.register(
+            "retention_runs",
+            "Retention and eviction passes, by outcome (skipped: another broker held the lease)",
+            m.retention_runs.clone(),
+        );
+        registry.register(
+            "retention_removed",
+            "Rows retention and eviction removed, by kind",
+            m.retention_removed.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -226,6 +260,44 @@ impl Metrics {
             .iter()
             .zip(&self.events)
             .map(|(k, c)| (*k, c.get()))
+    }
+
+    pub fn count_retention_run(&self, pass: RetentionPass, outcome: &'static str) {
+        self.retention_runs
+            .get_or_create(&PassLabel {
+                pass: pass_name(pass),
+                outcome,
+            })
+            .inc();
+    }
+
+    pub fn count_retention(&self, pass: RetentionPass, removed: &Removed, partitions: u64) {
+        let pass = pass_name(pass);
+        for (kind, n) in [
+            ("segments", removed.segments),
+            ("messages", removed.messages),
+            ("dedup_rows", removed.dedup_rows),
+            ("dead_letters", removed.dead_letters),
+            ("partitions", partitions),
+        ] {
+            if n > 0 {
+                self.retention_removed
+                    .get_or_create(&RemovedLabel { pass, kind })
+                    .inc_by(n);
+            }
+        }
+    }
+
+    /// Rows removed of one kind, over both passes.
+    pub fn retention_removed(&self, kind: &'static str) -> u64 {
+        ["retention", "eviction"]
+            .into_iter()
+            .map(|pass| {
+                self.retention_removed
+                    .get_or_create(&RemovedLabel { pass, kind })
+                    .get()
+            })
+            .sum()
     }
 
     pub fn record_lag(&self, lag_us: u64) {
@@ -280,6 +352,13 @@ impl Snapshot<'_> {
             "serverErrors": m.server_errors.get(),
             "limiter": { "limit": self.limiter_limit, "inFlight": self.limiter_in_flight },
             "pool": { "inUse": self.pool_in_use, "size": self.pool_size },
+            "retentionRemoved": {
+                "segments": m.retention_removed("segments"),
+                "messages": m.retention_removed("messages"),
+                "dedupRows": m.retention_removed("dedup_rows"),
+                "deadLetters": m.retention_removed("dead_letters"),
+                "partitions": m.retention_removed("partitions"),
+            },
             "deliveryLagMs": {
                 "avg": if delivered == 0 { 0.0 } else { lag_sum_us as f64 / delivered as f64 / 1000.0 },
                 "max": m.lag_max_us.load(Ordering::Relaxed) as f64 / 1000.0,

@@ -11,6 +11,7 @@ mod messages;
 mod migrate;
 mod pop;
 mod pop_rows;
+mod retention;
 #[cfg(feature = "testing")]
 pub mod testing;
 

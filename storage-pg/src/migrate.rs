@@ -45,6 +45,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(9, "delivery_events", "009_delivery_events.sql"),
     migration!(10, "functions_apart", "010_functions_apart.sql"),
     migration!(11, "push_created_at", "011_push_created_at.sql"),
+    migration!(12, "retention", "012_retention.sql"),
 ];
 
 macro_rules! functions {
@@ -70,6 +71,9 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "configure_queue_v1",
     "delete_queue_v1",
     "drop_segments_v1",
+    "claim_maintenance_v1",
+    "retention_batch_v1",
+    "remove_inactive_partitions_v1",
     "seek_group_v1",
     "delete_group_v1",
     "update_subscription_v1",

@@ -6,13 +6,14 @@ use async_trait::async_trait;
 use queen_core::storage::{
     AckItem, AckOutcome, AdminStorage, ConfiguredQueue, DeadLetterPage, DeliveryStorage, DlqQuery,
     GroupDeleted, HealthStorage, MessageStorage, PopRequest, PopResult, PopStorage, PushGroup,
-    PushGroupResult, QueueConfig, RenewOutcome, Requeued, SeekTarget, StorageHealth, StorageResult,
-    StorageUsage, TxOp, TxOutcome,
+    PushGroupResult, QueueConfig, RenewOutcome, Requeued, RetentionBatch, RetentionMark,
+    RetentionPass, RetentionStorage, SeekTarget, StorageHealth, StorageResult, StorageUsage, TxOp,
+    TxOutcome,
 };
 use queen_core::Timestamp;
 
 use crate::tx::lock;
-use crate::{delivery, messages, pop, queues, SimDb};
+use crate::{delivery, messages, pop, queues, retention, SimDb};
 
 #[async_trait]
 impl PopStorage for SimDb {
@@ -207,6 +208,86 @@ impl DeliveryStorage for SimDb {
             self.cell(),
             id,
             new_message_id,
+        ))
+        .await
+    }
+}
+
+#[async_trait]
+impl RetentionStorage for SimDb {
+    async fn claim_maintenance(
+        &self,
+        name: &str,
+        holder: &str,
+        seconds: u32,
+    ) -> StorageResult<bool> {
+        self.exec(retention::claim_maintenance(
+            self.shared.clone(),
+            self.cell(),
+            name.into(),
+            holder.into(),
+            seconds,
+        ))
+        .await
+    }
+
+    async fn release_maintenance(&self, name: &str, holder: &str) -> StorageResult<()> {
+        self.exec(retention::release_maintenance(
+            self.shared.clone(),
+            self.cell(),
+            name.into(),
+            holder.into(),
+        ))
+        .await
+    }
+
+    async fn retention_queues(&self, pass: RetentionPass) -> StorageResult<Vec<String>> {
+        self.pause_point().await;
+        Ok(retention::retention_queues(&lock(&self.shared.state), pass))
+    }
+
+    async fn retention_batch(
+        &self,
+        queue: &str,
+        pass: RetentionPass,
+        after: Option<RetentionMark>,
+        limit: u32,
+    ) -> StorageResult<RetentionBatch> {
+        self.exec(retention::retention_batch(
+            self.shared.clone(),
+            self.cell(),
+            queue.into(),
+            pass,
+            after,
+            limit,
+        ))
+        .await
+    }
+
+    async fn remove_inactive_partitions(
+        &self,
+        inactive_secs: u64,
+        limit: u32,
+    ) -> StorageResult<u64> {
+        self.exec(retention::remove_inactive_partitions(
+            self.shared.clone(),
+            self.cell(),
+            inactive_secs,
+            limit,
+        ))
+        .await
+    }
+
+    async fn remove_old_dead_letters(
+        &self,
+        older_than_secs: u64,
+        limit: u32,
+    ) -> StorageResult<u64> {
+        self.exec(retention::remove_old_dead_letters(
+            self.shared.clone(),
+            self.cell(),
+            older_than_secs,
+            limit,
         ))
         .await
     }

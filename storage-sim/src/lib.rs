@@ -11,6 +11,7 @@ mod delivery;
 mod messages;
 mod pop;
 mod queues;
+mod retention;
 pub mod sched;
 mod state;
 pub mod table;
@@ -26,6 +27,7 @@ use queen_core::storage::{StorageError, StorageResult};
 use queen_core::{Offset, Timestamp};
 
 pub use state::DlqRow as DeadLetter;
+pub use state::RemovedMessages;
 pub use tx::{Listener, Pause, PauseFn, PauseKind, SimEvents, TaskCell, WaitEvent};
 
 use tx::{lock, Shared};
@@ -206,6 +208,11 @@ impl SimDb {
     pub fn deliverable_now(&self, queue: &str, partition: &str, group: &str) -> bool {
         let now = self.now();
         pop::deliverable_now(&lock(&self.shared.state), queue, partition, group, now)
+    }
+
+    /// Every removal retention committed so far, in commit order.
+    pub fn removals(&self) -> Vec<RemovedMessages> {
+        lock(&self.shared.state).removals.clone()
     }
 
     /// Whether any transaction is open (every scheduled task finished cleanly).

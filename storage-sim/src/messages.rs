@@ -76,6 +76,7 @@ pub(crate) fn ensure_partition_locked(
             id: id.clone(),
             last_offset: -1,
             last_write_at: now.quantize_to_second(),
+            oldest_at: None,
         };
         if insert_or_wait(&mut st.partitions, key.clone(), row, tx)? {
             insert_or_wait(&mut st.partition_ids, id, key.clone(), tx)?;
@@ -237,6 +238,7 @@ pub(crate) async fn push_body(
                     )?;
                     part.last_offset = end;
                     part.last_write_at = created_at.quantize_to_second();
+                    part.oldest_at = part.oldest_at.or(Some(created_at));
                     st.partitions.update(&key, part, t.id);
                     st.notify(
                         t.id,

@@ -110,8 +110,22 @@ pub(crate) async fn drop_segments(
             for s in &segs {
                 lock_or_wait(st.segments.lock(s, t.id))?;
             }
+            let key = (queue.clone(), partition.clone());
+            lock_or_wait(st.partitions.lock(&key, t.id))?;
             for s in &segs {
                 st.segments.delete(s, t.id);
+            }
+            let oldest = st
+                .segments
+                .range(
+                    (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
+                    t.id,
+                )
+                .next()
+                .map(|(_, s)| s.created_at);
+            if let Some(mut part) = st.partitions.get(&key, t.id).cloned() {
+                part.oldest_at = oldest;
+                st.partitions.update(&key, part, t.id);
             }
             Ok(segs.len() as u32)
         })

@@ -23,6 +23,8 @@ pub struct PartitionRow {
     pub last_offset: Offset,
     /// Quantized to one second, as in PostgreSQL.
     pub last_write_at: Timestamp,
+    /// The created_at of the oldest segment (`None`: no segment): retention's candidate key.
+    pub oldest_at: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug)]
@@ -48,6 +50,28 @@ pub struct MetaRow {
 pub struct WatermarkRow {
     pub watermark: Timestamp,
     pub last_checked: Timestamp,
+}
+
+/// The cluster-wide maintenance lease (`queen.maintenance_leases`).
+#[derive(Clone, Debug)]
+pub struct MaintenanceLease {
+    pub holder: String,
+    pub until: Timestamp,
+}
+
+/// Messages retention removed, as a committed fact (for the simulation's checkers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemovedMessages {
+    pub queue: String,
+    pub partition: String,
+    pub base_offset: Offset,
+    pub end_offset: Offset,
+    pub created_at: Timestamp,
+    pub reason: queen_core::storage::Removal,
+    /// The transactionIds of the removed messages.
+    pub transaction_ids: Vec<String>,
+    /// When the removal committed (set at commit).
+    pub committed_at: Timestamp,
 }
 
 #[derive(Clone, Debug)]
@@ -77,6 +101,11 @@ pub struct DbState {
     pub watermarks: Table<(String, String), WatermarkRow>,
     pub dlq: Table<(String, u64), DlqRow>,
     pub dlq_seq: u64,
+    pub maintenance: Table<String, MaintenanceLease>,
+    /// Committed removals, in commit order.
+    pub removals: Vec<RemovedMessages>,
+    /// Removals of open transactions, published at commit.
+    removals_pending: BTreeMap<TxId, Vec<RemovedMessages>>,
     /// Transaction-scoped advisory locks: key → holder.
     pub advisory: BTreeMap<i64, TxId>,
     pub advisory_held: BTreeMap<TxId, Vec<i64>>,
@@ -101,6 +130,9 @@ impl DbState {
             watermarks: Table::default(),
             dlq: Table::default(),
             dlq_seq: 0,
+            maintenance: Table::default(),
+            removals: Vec::new(),
+            removals_pending: BTreeMap::new(),
             advisory: BTreeMap::new(),
             advisory_held: BTreeMap::new(),
             rng: SeededRng::new(seed).child("db"),
@@ -112,6 +144,11 @@ impl DbState {
     /// `pg_notify`: queued with the transaction, sent if it commits.
     pub fn notify(&mut self, tx: TxId, event: DeliveryEvent) {
         self.outbox.entry(tx).or_default().push(event);
+    }
+
+    /// Records messages a transaction removes; they become a fact if it commits.
+    pub fn note_removal(&mut self, tx: TxId, removed: RemovedMessages) {
+        self.removals_pending.entry(tx).or_default().push(removed);
     }
 
     /// The notifying triggers of migration 009, over the transaction's writes (the model's
@@ -202,9 +239,15 @@ impl DbState {
 
     /// Ends a transaction; a commit answers the notifications it sends (each distinct one once,
     /// in order, as PostgreSQL folds identical notifications of one transaction).
-    pub fn end(&mut self, tx: TxId, commit: bool) -> Vec<DeliveryEvent> {
+    pub fn end(&mut self, tx: TxId, commit: bool, now: Timestamp) -> Vec<DeliveryEvent> {
         let mut sent = vec![];
+        let removed = self.removals_pending.remove(&tx).unwrap_or_default();
         if commit {
+            self.removals
+                .extend(removed.into_iter().map(|r| RemovedMessages {
+                    committed_at: now,
+                    ..r
+                }));
             let explicit = self.outbox.remove(&tx).unwrap_or_default();
             for e in explicit.into_iter().chain(self.triggers(tx)) {
                 if !sent.contains(&e) {
@@ -226,7 +269,8 @@ impl DbState {
             consumers,
             metadata,
             watermarks,
-            dlq
+            dlq,
+            maintenance
         );
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);

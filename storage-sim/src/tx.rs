@@ -293,7 +293,8 @@ impl Tx {
             return;
         }
         self.ended = true;
-        let sent = lock(&self.shared.state).end(self.id, commit);
+        let now = (self.shared.clock)();
+        let sent = lock(&self.shared.state).end(self.id, commit, now);
         lock(&self.shared.active).remove(&self.id);
         self.shared.publish(sent);
     }

@@ -96,7 +96,8 @@ BEGIN
     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
     VALUES (v_pid, v_last + 1, v_last + v_n, v_n, v_created, p_blob);
     UPDATE queen.log_partitions p
-       SET last_offset = v_last + v_n, last_write_at = date_trunc('second', v_created)
+       SET last_offset = v_last + v_n, last_write_at = date_trunc('second', v_created),
+           oldest_at = COALESCE(p.oldest_at, v_created)
      WHERE p.id = v_pid;
     -- Delivered at commit to every broker listening: their parked consumers wake at once
     -- instead of at the next ring reseed.

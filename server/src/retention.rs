@@ -1,0 +1,216 @@
+//! The retention worker: every broker runs one, and the cluster-wide maintenance lease lets one
+//! at a time work (the others skip the cycle). What may be removed is storage's rule
+//! (`queen_core::storage::retention`); this decides when, in bounded batches.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use queen_core::rng::SeededRng;
+use queen_core::storage::{Removed, RetentionPass, StorageResult};
+
+use crate::app::App;
+
+/// Queen's settings, with its defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionSettings {
+    /// RETENTION_INTERVAL: milliseconds between retention passes (0: no retention worker).
+    pub interval_ms: u64,
+    /// RETENTION_BATCH_SIZE: partitions per retention statement.
+    pub batch_size: u32,
+    /// PARTITION_CLEANUP_DAYS: an empty partition with no push for this long is deleted (0: never).
+    pub partition_cleanup_days: u32,
+    /// EVICTION_INTERVAL: milliseconds between eviction passes (maxWaitTimeSeconds; 0: none).
+    pub eviction_interval_ms: u64,
+    /// EVICTION_BATCH_SIZE: partitions per eviction statement.
+    pub eviction_batch_size: u32,
+    /// DEAD_LETTER_RETENTION_SECONDS: dead letters older than this are deleted (0: kept until
+    /// their queue's retention removes their message).
+    pub dead_letter_retention_secs: u64,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        RetentionSettings {
+            interval_ms: 300_000,
+            batch_size: 100,
+            partition_cleanup_days: 30,
+            eviction_interval_ms: 60_000,
+            eviction_batch_size: 1000,
+            dead_letter_retention_secs: 0,
+        }
+    }
+}
+
+impl RetentionSettings {
+    /// No worker at all.
+    pub const OFF: RetentionSettings = RetentionSettings {
+        interval_ms: 0,
+        batch_size: 100,
+        partition_cleanup_days: 0,
+        eviction_interval_ms: 0,
+        eviction_batch_size: 1000,
+        dead_letter_retention_secs: 0,
+    };
+
+    pub fn enabled(&self) -> bool {
+        self.interval_ms > 0 || self.eviction_interval_ms > 0
+    }
+}
+
+/// The lease's name in `queen.maintenance_leases` (eviction shares it, as in Queen).
+pub const MAINTENANCE_LEASE: &str = "retention";
+/// How long a claimed lease lasts; renewed before every batch, so only a broker that died (or
+/// lost its database) lets it run out.
+const LEASE_SECS: u32 = 30;
+
+/// What one pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub partitions_visited: u64,
+    pub removed: Removed,
+    pub partitions_deleted: u64,
+    /// False: another broker held the lease, or this one lost it mid-pass.
+    pub held_lease: bool,
+}
+
+/// Runs one pass now, under the lease (`holder` names this broker).
+pub async fn run_pass(
+    app: &App,
+    holder: &str,
+    pass: RetentionPass,
+    settings: &RetentionSettings,
+) -> StorageResult<PassReport> {
+    let store = &app.storage.retention;
+    let mut report = PassReport::default();
+    if !store
+        .claim_maintenance(MAINTENANCE_LEASE, holder, LEASE_SECS)
+        .await?
+    {
+        return Ok(report);
+    }
+    let result = pass_under_lease(app, holder, pass, settings, &mut report).await;
+    // Released whatever happened: a failed pass must not keep the others out for LEASE_SECS.
+    let released = store.release_maintenance(MAINTENANCE_LEASE, holder).await;
+    result?;
+    released?;
+    Ok(report)
+}
+
+async fn pass_under_lease(
+    app: &App,
+    holder: &str,
+    pass: RetentionPass,
+    settings: &RetentionSettings,
+    report: &mut PassReport,
+) -> StorageResult<()> {
+    let store = &app.storage.retention;
+    let limit = match pass {
+        RetentionPass::Retention => settings.batch_size,
+        RetentionPass::Eviction => settings.eviction_batch_size,
+    };
+    for queue in store.retention_queues(pass).await? {
+        let mut after = None;
+        loop {
+            if !store
+                .claim_maintenance(MAINTENANCE_LEASE, holder, LEASE_SECS)
+                .await?
+            {
+                return Ok(());
+            }
+            let batch = store.retention_batch(&queue, pass, after, limit).await?;
+            report.partitions_visited += u64::from(batch.partitions_visited);
+            report.removed += batch.removed;
+            app.metrics.count_retention(pass, &batch.removed, 0);
+            match batch.next {
+                Some(mark) => after = Some(mark),
+                None => break,
+            }
+        }
+    }
+    if pass == RetentionPass::Retention {
+        if settings.partition_cleanup_days > 0 {
+            let inactive = u64::from(settings.partition_cleanup_days) * 86_400;
+            loop {
+                let n = store
+                    .remove_inactive_partitions(inactive, settings.batch_size)
+                    .await?;
+                report.partitions_deleted += n;
+                app.metrics.count_retention(pass, &Removed::default(), n);
+                if n < u64::from(settings.batch_size.max(1)) {
+                    break;
+                }
+            }
+        }
+        if settings.dead_letter_retention_secs > 0 {
+            loop {
+                let n = store
+                    .remove_old_dead_letters(
+                        settings.dead_letter_retention_secs,
+                        settings.batch_size,
+                    )
+                    .await?;
+                let removed = Removed {
+                    dead_letters: n,
+                    ..Removed::default()
+                };
+                report.removed += removed;
+                app.metrics.count_retention(pass, &removed, 0);
+                if n < u64::from(settings.batch_size.max(1)) {
+                    break;
+                }
+            }
+        }
+    }
+    report.held_lease = true;
+    Ok(())
+}
+
+/// The worker: a retention pass every `interval_ms` and an eviction pass every
+/// `eviction_interval_ms`, the first of each at a seeded fraction of its interval (brokers
+/// started together do not fire in lockstep). Stops when the broker does.
+pub async fn retention_worker(app: Weak<App>, settings: RetentionSettings, seed: u64) {
+    let Some(holder) = app.upgrade().map(|a| a.mint_uuid().to_string()) else {
+        return;
+    };
+    let mut rng = SeededRng::new(seed).child("retention");
+    let mut schedule: Vec<(RetentionPass, u64, u64)> = [
+        (RetentionPass::Retention, settings.interval_ms),
+        (RetentionPass::Eviction, settings.eviction_interval_ms),
+    ]
+    .into_iter()
+    .filter(|(_, every)| *every > 0)
+    .map(|(pass, every)| (pass, every, rng.below(every)))
+    .collect();
+    let start = tokio::time::Instant::now();
+    loop {
+        let Some(&(pass, every, due)) = schedule.iter().min_by_key(|(_, _, due)| *due) else {
+            return;
+        };
+        let shutdown = match app.upgrade() {
+            Some(a) => a.shutting_down.subscribe(),
+            None => return,
+        };
+        if *shutdown.borrow() {
+            return;
+        }
+        tokio::time::sleep_until(start + Duration::from_millis(due)).await;
+        for entry in schedule.iter_mut().filter(|e| e.0 == pass) {
+            entry.2 = due + every;
+        }
+        let Some(app) = app.upgrade() else { return };
+        if *app.shutting_down.borrow() {
+            return;
+        }
+        match run_pass(&app, &holder, pass, &settings).await {
+            Ok(r) if r.held_lease => {
+                tracing::debug!(?pass, ?r, "retention pass");
+                app.metrics.count_retention_run(pass, "ran");
+            }
+            Ok(_) => app.metrics.count_retention_run(pass, "skipped"),
+            Err(e) => {
+                tracing::warn!(?pass, error = %e, "retention pass failed; next cycle retries");
+                app.metrics.count_retention_run(pass, "failed");
+            }
+        }
+    }
+}
