@@ -10,7 +10,8 @@
 //! 6. fan-out to 1, 5 and 10 consumer groups;
 //! 7. wake latency per deliverability event, on one broker and across two;
 //! 8. the serving limiter: Vegas against a fixed limit under the consume loads;
-//! 9. PostgreSQL restarted under load: throughput during and after, time to recover.
+//! 9. retention: storage and p99 over a soak with completed retention, and the cost of one pass;
+//! 10. PostgreSQL restarted under load: throughput during and after, time to recover.
 //!
 //! Usage: DATABASE_URL=... queen-bench [--quick] [--json PATH]   (or `bash .ci/bench [--quick]`)
 
@@ -22,6 +23,7 @@ mod live;
 mod parked;
 mod push;
 mod restart;
+mod retention;
 mod scaling;
 mod util;
 mod wake;
@@ -42,6 +44,8 @@ struct Plan {
     parked: [usize; 2],
     parked_secs: u64,
     sizes: [usize; 3],
+    soak_secs: u64,
+    retention_sizes: [usize; 2],
 }
 
 impl Plan {
@@ -56,6 +60,8 @@ impl Plan {
                 parked: [500, 2_000],
                 parked_secs: 2,
                 sizes: [100, 1_000, 10_000],
+                soak_secs: 8,
+                retention_sizes: [1_000, 10_000],
             }
         } else {
             Plan {
@@ -66,6 +72,8 @@ impl Plan {
                 parked: [1_000, 10_000],
                 parked_secs: 30,
                 sizes: [100, 10_000, 100_000],
+                soak_secs: 240,
+                retention_sizes: [10_000, 100_000],
             }
         }
     }
@@ -136,7 +144,7 @@ fn print_table(plan: &Plan, rows: &[Row]) {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::new(args.iter().any(|a| a == "--quick"));
-    // --only push|consume|steady|parked|scaling|fanout|wake|limiter|restart: one scenario.
+    // --only push|consume|steady|parked|scaling|fanout|wake|limiter|retention|restart: one scenario.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -357,7 +365,15 @@ async fn main() {
         eprintln!("measured the limiter");
     }
 
-    // 9. Last: PostgreSQL restarted under load (every connection of this process is cut).
+    // 9. Retention: a soak, and the cost of one pass.
+    if runs("retention") {
+        rows.extend(
+            retention::retention_scenario(&pg, &cfg, plan.soak_secs, plan.retention_sizes).await,
+        );
+        eprintln!("measured retention");
+    }
+
+    // 10. Last: PostgreSQL restarted under load (every connection of this process is cut).
     if runs("restart") {
         rows.extend(restart::restart_scenario(addr, if plan.quick { 1 } else { 3 }).await);
         eprintln!("measured a PostgreSQL restart");

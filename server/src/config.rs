@@ -188,6 +188,7 @@ impl Settings {
                 eviction_interval_ms: self.eviction_interval,
                 eviction_batch_size: self.eviction_batch_size,
                 dead_letter_retention_secs: self.dead_letter_retention_seconds,
+                ..RetentionSettings::default()
             },
             host: self.host,
             port: self.port,

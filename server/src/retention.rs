@@ -26,6 +26,9 @@ pub struct RetentionSettings {
     /// DEAD_LETTER_RETENTION_SECONDS: dead letters older than this are deleted (0: kept until
     /// their queue's retention removes their message).
     pub dead_letter_retention_secs: u64,
+    /// How long a claimed maintenance lease lasts: renewed before every batch, so only a broker
+    /// that died (or lost its database) lets it run out, and the others wait this long.
+    pub lease_secs: u32,
 }
 
 impl Default for RetentionSettings {
@@ -37,6 +40,7 @@ impl Default for RetentionSettings {
             eviction_interval_ms: 60_000,
             eviction_batch_size: 1000,
             dead_letter_retention_secs: 0,
+            lease_secs: 30,
         }
     }
 }
@@ -50,6 +54,7 @@ impl RetentionSettings {
         eviction_interval_ms: 0,
         eviction_batch_size: 1000,
         dead_letter_retention_secs: 0,
+        lease_secs: 30,
     };
 
     pub fn enabled(&self) -> bool {
@@ -59,9 +64,6 @@ impl RetentionSettings {
 
 /// The lease's name in `queen.maintenance_leases` (eviction shares it, as in Queen).
 pub const MAINTENANCE_LEASE: &str = "retention";
-/// How long a claimed lease lasts; renewed before every batch, so only a broker that died (or
-/// lost its database) lets it run out.
-const LEASE_SECS: u32 = 30;
 
 /// What one pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -83,13 +85,13 @@ pub async fn run_pass(
     let store = &app.storage.retention;
     let mut report = PassReport::default();
     if !store
-        .claim_maintenance(MAINTENANCE_LEASE, holder, LEASE_SECS)
+        .claim_maintenance(MAINTENANCE_LEASE, holder, settings.lease_secs)
         .await?
     {
         return Ok(report);
     }
     let result = pass_under_lease(app, holder, pass, settings, &mut report).await;
-    // Released whatever happened: a failed pass must not keep the others out for LEASE_SECS.
+    // Released whatever happened: a failed pass must not keep the others out for the lease.
     let released = store.release_maintenance(MAINTENANCE_LEASE, holder).await;
     result?;
     released?;
@@ -112,7 +114,7 @@ async fn pass_under_lease(
         let mut after = None;
         loop {
             if !store
-                .claim_maintenance(MAINTENANCE_LEASE, holder, LEASE_SECS)
+                .claim_maintenance(MAINTENANCE_LEASE, holder, settings.lease_secs)
                 .await?
             {
                 return Ok(());

@@ -2,7 +2,7 @@
 //! model database, every run reproducible from one seed.
 //!
 //! `SIM_SEEDS=N` runs N seeds per scenario (default below); `SIM_SEED=n` replays one seed (with
-//! `SIM_SCENARIO=creation|contention|wakes|faults|prompt` to pick one scenario). A failure prints its
+//! `SIM_SCENARIO=creation|contention|wakes|faults|prompt|retention` to pick one scenario). A failure prints its
 //! seed, the findings and the end of the trace, shrunk. Every run has a process of its own
 //! (`run_isolated`), so what the seed set ran is what a replay runs.
 
@@ -17,12 +17,13 @@ use queen_sim_tests::sim::{run, shrink, Bugs, FaultKinds, Scenario, Spec, WORK_M
 use queen_storage_sim::SimBugs;
 use serde_json::json;
 
-const SCENARIOS: [Scenario; 5] = [
+const SCENARIOS: [Scenario; 6] = [
     Scenario::CreationRace,
     Scenario::Contention,
     Scenario::LostWakes,
     Scenario::Faults,
     Scenario::Prompt,
+    Scenario::Retention,
 ];
 
 /// Seeds that once failed during development, replayed on every run: contention 1 hung the
@@ -38,7 +39,7 @@ const REGRESSION_SEEDS: [(Scenario, u64); 3] = [
 fn default_seeds(s: Scenario) -> u64 {
     match s {
         Scenario::Faults => 24,
-        Scenario::Prompt => 6,
+        Scenario::Prompt | Scenario::Retention => 6,
         _ => 8,
     }
 }
@@ -50,6 +51,7 @@ fn scenario_named(name: &str) -> Option<Scenario> {
         "wakes" => Some(Scenario::LostWakes),
         "faults" => Some(Scenario::Faults),
         "prompt" => Some(Scenario::Prompt),
+        "retention" => Some(Scenario::Retention),
         _ => None,
     }
 }
@@ -65,6 +67,7 @@ fn scenario_arg(s: Scenario) -> &'static str {
         Scenario::LostWakes => "wakes",
         Scenario::Faults => "faults",
         Scenario::Prompt => "prompt",
+        Scenario::Retention => "retention",
     }
 }
 
@@ -317,6 +320,13 @@ fn seed_set_passes() {
         ] {
             at_least(Scenario::Faults, fault, 20);
         }
+        for what in [
+            "retention: messages removed as completed",
+            "retention: messages removed as expired",
+            "fault: broker crash",
+        ] {
+            at_least(Scenario::Retention, what, 5);
+        }
         // Crashes aimed at the moments between a commit and its answer.
         for point in [
             "fault: crash after a claim, before its answer",
@@ -482,6 +492,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
                 ring: RingBugs {
                     reseed_keeps_waiting: true,
                     ..RingBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "completed retention ignores groups without a cursor row",
+            Scenario::Retention,
+            Bugs {
+                sim: SimBugs {
+                    retention_ignores_groups_without_rows: true,
+                    ..SimBugs::default()
                 },
                 ..Bugs::default()
             },

@@ -77,6 +77,10 @@ pub struct SimBugs {
     /// The cursor trigger sends nothing: an ack, nack or failed ack on one broker frees a
     /// partition that consumers parked on another broker never hear of.
     pub no_release_notify: bool,
+    /// Completed retention counts cursor rows only (Queen 0.15's rule): a group subscribed to the
+    /// queue but not yet on a partition holds nothing back there, so retention removes what it
+    /// has not read.
+    pub retention_ignores_groups_without_rows: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.

@@ -6,6 +6,7 @@ use queen_core::storage::{ConfiguredQueue, QueueConfig, StorageError};
 use queen_core::Offset;
 
 use crate::messages::{ensure_partition_locked, ensure_queue, lock_or_wait};
+use crate::state::RemovedMessages;
 use crate::tx::{in_tx, Shared, StmtError, TaskCell};
 
 pub(crate) async fn configure(
@@ -113,7 +114,31 @@ pub(crate) async fn drop_segments(
             let key = (queue.clone(), partition.clone());
             lock_or_wait(st.partitions.lock(&key, t.id))?;
             for s in &segs {
+                let Some(seg) = st.segments.get(s, t.id).cloned() else {
+                    continue;
+                };
+                let txids: Vec<String> = st
+                    .txids
+                    .range((pid.clone(), String::new()).., t.id)
+                    .take_while(|((p, _), _)| *p == pid)
+                    .filter(|(_, r)| (s.1..=seg.end_offset).contains(&r.offset))
+                    .map(|((_, tx), _)| tx.clone())
+                    .collect();
                 st.segments.delete(s, t.id);
+                // A removal like retention's (the driver calls this only on consumed data).
+                st.note_removal(
+                    t.id,
+                    RemovedMessages {
+                        queue: queue.clone(),
+                        partition: partition.clone(),
+                        base_offset: s.1,
+                        end_offset: seg.end_offset,
+                        created_at: seg.created_at,
+                        reason: queen_core::storage::Removal::Completed,
+                        transaction_ids: txids,
+                        committed_at: queen_core::Timestamp::EPOCH,
+                    },
+                );
             }
             let oldest = st
                 .segments

@@ -93,6 +93,7 @@ pub(crate) async fn retention_batch(
     after: Option<RetentionMark>,
     limit: u32,
 ) -> Result<RetentionBatch, StorageError> {
+    let bugs = shared.bugs;
     in_tx(&shared, "retention_batch_v1", cell, |tx| async move {
         let now = tx.now();
         let Some(config) = tx
@@ -154,7 +155,7 @@ pub(crate) async fn retention_batch(
                 .stmt("consumed floor", |st, t| {
                     Ok(cutoffs
                         .completed_before
-                        .map(|_| consumed_floor(st, &queue, &pid, t.id)))
+                        .map(|_| consumed_floor(st, &queue, &pid, t.id, bugs)))
                 })
                 .await?;
             let removed = tx
@@ -170,7 +171,13 @@ pub(crate) async fn retention_batch(
 }
 
 /// What the partition's readers have consumed (`queen_core::storage::ConsumedFloor`).
-fn consumed_floor(st: &DbState, queue: &str, pid: &str, tx: TxId) -> ConsumedFloor {
+fn consumed_floor(
+    st: &DbState,
+    queue: &str,
+    pid: &str,
+    tx: TxId,
+    bugs: crate::SimBugs,
+) -> ConsumedFloor {
     let rows: Vec<(String, Offset)> = st
         .consumers
         .range((pid.to_string(), String::new()).., tx)
@@ -181,6 +188,7 @@ fn consumed_floor(st: &DbState, queue: &str, pid: &str, tx: TxId) -> ConsumedFlo
         .metadata
         .range((queue.to_string(), String::new()).., tx)
         .take_while(|((q, _), _)| q == queue)
+        .filter(|_| !bugs.retention_ignores_groups_without_rows)
         .filter(|((_, g), _)| !rows.iter().any(|(r, _)| r == g))
         .map(|((_, g), m)| reads_from(g, m.subscription_timestamp));
     ConsumedFloor::of(rows.iter().map(|(_, c)| *c).min(), without_row)

@@ -17,8 +17,9 @@ pub struct Msg {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// A push the broker acknowledged (every item queued or duplicate).
+    /// A push the broker acknowledged (every item queued or duplicate): first sent at `invoked`.
     Pushed {
+        invoked: Micros,
         at: Micros,
         queue: String,
         partition: String,
@@ -133,8 +134,13 @@ pub fn at_most_once_groups(events: &[Event]) -> BTreeSet<String> {
         .collect()
 }
 
-/// Every acknowledged push is delivered to every group (after the final heal-and-drain).
-pub fn nothing_lost(events: &[Event], groups: &[&str]) -> Vec<Violation> {
+/// Every acknowledged push is delivered to every group (after the final heal-and-drain), but
+/// what retention removed (`removed`: transactionIds; `retention_entitled` judges each removal).
+pub fn nothing_lost(
+    events: &[Event],
+    groups: &[&str],
+    removed: &BTreeSet<String>,
+) -> Vec<Violation> {
     let exempt = at_most_once_groups(events);
     let groups: Vec<&str> = groups
         .iter()
@@ -155,7 +161,9 @@ pub fn nothing_lost(events: &[Event], groups: &[&str]) -> Vec<Violation> {
         if let Event::Pushed { txids, at, .. } = e {
             for g in &groups {
                 for t in txids {
-                    if !delivered.get(g).is_some_and(|s| s.contains(t.as_str())) {
+                    if !removed.contains(t)
+                        && !delivered.get(g).is_some_and(|s| s.contains(t.as_str()))
+                    {
                         out.push(format!(
                             "lost: {t} (pushed at {at} us) never delivered to group {g}"
                         ));
@@ -281,8 +289,9 @@ pub fn batches_well_formed(events: &[Event]) -> Vec<Violation> {
 }
 
 /// No delivery past the committed cursor + 1: a batch never starts beyond one past everything
-/// the group had acknowledged (or taken with autoAck) on that partition before it.
-pub fn no_skips(events: &[Event]) -> Vec<Violation> {
+/// the group had acknowledged (or taken with autoAck) on that partition before it, unless
+/// retention removed what lies between before the pop was sent (a gap the pop steps over).
+pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
     let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     let mut out = vec![];
     for e in events {
@@ -310,8 +319,13 @@ pub fn no_skips(events: &[Event]) -> Vec<Violation> {
                     .entry((group.as_str(), partition.as_str()))
                     .or_insert(-1);
                 if let Some(first) = msgs.first() {
+                    let invoked = match e {
+                        Event::Delivered { invoked, .. } => *invoked,
+                        _ => 0,
+                    };
+                    let removed_below = removed_through(removals, partition, *c + 1, invoked);
                     // Failed acks dead-letter past a message: allow the retry budget's worth.
-                    if first.offset > *c + 1 + RETRY_SLACK {
+                    if first.offset > removed_below.max(*c) + 1 + RETRY_SLACK {
                         out.push(format!(
                             "skip: {group} got {partition} from offset {} with only {} consumed",
                             first.offset, *c
@@ -325,6 +339,163 @@ pub fn no_skips(events: &[Event]) -> Vec<Violation> {
                 }
             }
             _ => {}
+        }
+    }
+    out
+}
+
+/// The last offset of the run of removed offsets starting at `from` on the partition, removed
+/// before `before` (`from - 1` when `from` itself was not removed by then).
+fn removed_through(removals: &[Removal], partition: &str, from: i64, before: Micros) -> i64 {
+    let mut through = from - 1;
+    loop {
+        let next = removals.iter().find(|r| {
+            r.partition == partition
+                && r.committed_at < before
+                && r.base <= through + 1
+                && r.end > through
+        });
+        match next {
+            Some(r) => through = r.end,
+            None => return through,
+        }
+    }
+}
+
+/// A removal retention committed, as the checkers see it.
+#[derive(Clone, Debug)]
+pub struct Removal {
+    pub partition: String,
+    pub base: i64,
+    pub end: i64,
+    /// Removed for its age (retentionSeconds), consumed or not; else as completed.
+    pub expired: bool,
+    pub txids: Vec<String>,
+    pub committed_at: Micros,
+}
+
+/// Each removal was one retention was entitled to make, judged from what the clients saw:
+/// - expired: the push was sent at least `pending_us` before the removal committed;
+/// - completed: every group that must read it had sent a completed ack covering each message
+///   before the removal committed. `groups` must read every message; a `late` group reads from
+///   the start once its first contact committed, so it must have acked what is removed after
+///   its first pop was answered.
+///
+/// And no pop sent after a removal committed delivers a removed message.
+pub fn retention_entitled(
+    events: &[Event],
+    removals: &[Removal],
+    groups: &[&str],
+    late: &[&str],
+    pending_us: Micros,
+) -> Vec<Violation> {
+    let mut pushed_at: BTreeMap<&str, Micros> = BTreeMap::new();
+    let mut deliveries: BTreeMap<(&str, &str), Vec<&Msg>> = BTreeMap::new();
+    let mut first_answer: BTreeMap<&str, Micros> = BTreeMap::new();
+    for e in events {
+        match e {
+            Event::Pushed { invoked, txids, .. } => {
+                for t in txids {
+                    pushed_at.entry(t.as_str()).or_insert(*invoked);
+                }
+            }
+            Event::Delivered {
+                group,
+                lease,
+                msgs,
+                at,
+                ..
+            } => {
+                deliveries
+                    .entry((group.as_str(), lease.as_str()))
+                    .or_default()
+                    .extend(msgs.iter());
+                first_answer.entry(group.as_str()).or_insert(*at);
+            }
+            Event::Empty { group, at, .. } => {
+                first_answer.entry(group.as_str()).or_insert(*at);
+            }
+            _ => {}
+        }
+    }
+    // (group, transactionId) -> when a completed ack covering it was first sent.
+    let mut completed: BTreeMap<(&str, &str), Micros> = BTreeMap::new();
+    for e in events {
+        if let Event::AckSent {
+            group,
+            lease,
+            last_offset,
+            failed: false,
+            at,
+            ..
+        } = e
+        {
+            for m in deliveries
+                .get(&(group.as_str(), lease.as_str()))
+                .into_iter()
+                .flatten()
+                .filter(|m| m.offset <= *last_offset)
+            {
+                completed
+                    .entry((group.as_str(), m.txid.as_str()))
+                    .or_insert(*at);
+            }
+        }
+    }
+    let mut out = vec![];
+    for r in removals {
+        for t in &r.txids {
+            let Some(sent) = pushed_at.get(t.as_str()).copied() else {
+                continue;
+            };
+            if r.expired {
+                if r.committed_at < sent + pending_us {
+                    out.push(format!(
+                        "retention removed {t} of {} as expired at {} us, pushed at {sent} us",
+                        r.partition, r.committed_at
+                    ));
+                }
+                continue;
+            }
+            let readers = groups.iter().chain(
+                late.iter()
+                    .filter(|g| first_answer.get(**g).is_some_and(|a| *a < r.committed_at)),
+            );
+            for g in readers {
+                if completed
+                    .get(&(*g, t.as_str()))
+                    .is_none_or(|at| *at >= r.committed_at)
+                {
+                    out.push(format!(
+                        "retention removed {t} of {} as completed at {} us, but {g} had not acked it",
+                        r.partition, r.committed_at
+                    ));
+                }
+            }
+        }
+    }
+    for e in events {
+        if let Event::Delivered {
+            group,
+            partition,
+            invoked,
+            msgs,
+            ..
+        } = e
+        {
+            for m in msgs {
+                if let Some(r) = removals.iter().find(|r| {
+                    r.partition == *partition
+                        && (r.base..=r.end).contains(&m.offset)
+                        && r.committed_at < *invoked
+                }) {
+                    out.push(format!(
+                        "{group} got {partition}@{} from a pop sent at {invoked} us, after \
+                         retention removed it at {} us",
+                        m.offset, r.committed_at
+                    ));
+                }
+            }
         }
     }
     out

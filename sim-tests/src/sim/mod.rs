@@ -23,6 +23,7 @@ use queen_core::storage::StorageSet;
 use queen_core::Timestamp;
 use queen_server::app::{App, CrashPoint, Hooks, WakeFate, WakeFilter};
 use queen_server::config::ServerConfig;
+use queen_server::retention::RetentionSettings;
 use queen_storage_sim::{PauseKind, SimBugs, SimDb};
 
 use history::{Event, History};
@@ -70,6 +71,10 @@ pub enum Scenario {
     /// consumers parked on every pop route wait on events and time-based revisits, and are
     /// held to the one-second delivery bound.
     Prompt,
+    /// Two brokers running the retention worker (one at a time, under the maintenance lease)
+    /// on a queue with completed and pending retention, while a group lags, a group makes first
+    /// contact mid-run and new partitions keep appearing; brokers crash.
+    Retention,
 }
 
 /// The historical bugs a run may re-introduce.
@@ -304,6 +309,17 @@ impl Faults {
                     lease_boundary: false,
                 };
             }
+            Scenario::Retention => {
+                faults = Faults {
+                    max_latency_ms: 2,
+                    hold: 0.0,
+                    partition: 0.0,
+                    aimed_crash: 0.0,
+                    dying_consumer: false,
+                    lease_boundary: false,
+                    ..faults
+                };
+            }
             Scenario::CreationRace | Scenario::Contention => {
                 faults = Faults {
                     max_latency_ms: 2,
@@ -495,7 +511,7 @@ pub fn run(spec: Spec) -> Outcome {
     });
     let db = SimDb::interleaved(spec.seed, clock.clone(), spec.bugs.sim, pause);
     let brokers: Vec<String> = match spec.scenario {
-        Scenario::Faults | Scenario::Contention | Scenario::Prompt => {
+        Scenario::Faults | Scenario::Contention | Scenario::Prompt | Scenario::Retention => {
             vec!["broker0".into(), "broker1".into()]
         }
         _ => vec!["broker0".into()],
@@ -546,6 +562,21 @@ pub fn run(spec: Spec) -> Outcome {
                 PRODUCTION_BACKOFF
             } else {
                 WaitBackoff::default()
+            },
+            // The retention scenario's worker runs often, in small batches (marks get used),
+            // with a short maintenance lease (a crashed holder's runs out within the run).
+            // Elsewhere it is off: those scenarios' removals are the driver's.
+            retention: if spec.scenario == Scenario::Retention {
+                RetentionSettings {
+                    interval_ms: 700,
+                    batch_size: 2,
+                    partition_cleanup_days: 0,
+                    eviction_interval_ms: 0,
+                    lease_secs: 3,
+                    ..RetentionSettings::default()
+                }
+            } else {
+                RetentionSettings::OFF
             },
             ..ServerConfig::default()
         };
@@ -870,7 +901,40 @@ pub fn run(spec: Spec) -> Outcome {
         .collect();
     let ev = db.events();
     let groups = workload::groups_of(spec.scenario);
-    violations.extend(history::nothing_lost(&events, &groups));
+    let epoch = Timestamp::from_secs(EPOCH_SECS as i64).0;
+    let removals: Vec<history::Removal> = db
+        .removals()
+        .into_iter()
+        .map(|r| history::Removal {
+            partition: r.partition,
+            base: r.base_offset,
+            end: r.end_offset,
+            expired: r.reason == queen_core::storage::Removal::Expired,
+            txids: r.transaction_ids,
+            committed_at: r.committed_at.0 - epoch,
+        })
+        .collect();
+    let removed: std::collections::BTreeSet<String> =
+        removals.iter().flat_map(|r| r.txids.clone()).collect();
+    if spec.scenario == Scenario::Retention {
+        violations.extend(history::retention_entitled(
+            &events,
+            &removals,
+            &["g1", workload::LAGGING_GROUP],
+            &[workload::LATE_GROUP],
+            i64::from(workload::RETENTION_PENDING_SECS) * 1_000_000,
+        ));
+        for r in &removals {
+            *counts
+                .entry(if r.expired {
+                    "retention: messages removed as expired"
+                } else {
+                    "retention: messages removed as completed"
+                })
+                .or_default() += r.txids.len() as u64;
+        }
+    }
+    violations.extend(history::nothing_lost(&events, &groups, &removed));
     violations.extend(history::leases_exclusive(&events, LEASE_SECS));
     violations.extend(history::batches_well_formed(&events));
     // The prompt scenario's retry queue dead-letters often by design (retryLimit 1), which moves
@@ -884,7 +948,7 @@ pub fn run(spec: Spec) -> Outcome {
         })
         .cloned()
         .collect();
-    violations.extend(history::no_skips(&skip_judged));
+    violations.extend(history::no_skips(&skip_judged, &removals));
     violations.extend(history::attempts_count_up(&events));
     violations.extend(history::auto_ack_once(&events));
     // Pushes serialize on their partition row and acks on the cursor row, by design; a pop never

@@ -13,8 +13,9 @@ use super::history::{Event, Msg};
 use super::http::request;
 use super::{hit, Scenario, Shared};
 
-pub const QUEUES: [&str; 10] = [
+pub const QUEUES: [&str; 11] = [
     PROMPT_RESET,
+    RETENTION_QUEUE,
     "c",
     "k",
     "w",
@@ -55,6 +56,14 @@ pub const SEEK_GROUP: &str = "gs";
 pub const PARTITION_GROUP: &str = "gp";
 pub const DELETED_GROUP: &str = "gd";
 
+/// The retention scenario's queue: completed retention after 1 s, everything after 8 s.
+pub const RETENTION_QUEUE: &str = "r";
+pub const RETENTION_COMPLETED_SECS: u32 = 1;
+pub const RETENTION_PENDING_SECS: u32 = 8;
+/// The retention scenario's lagging group: it falls seconds behind, so completed retention must
+/// wait for it and pending retention takes what it did not reach in time.
+pub const LAGGING_GROUP: &str = "g2";
+
 /// A queue's options in every scenario: a 2 s lease (expiries happen inside a run) and a 200 ms
 /// retryDelay, plus what each prompt queue exercises.
 pub fn queue_options(q: &str) -> queen_core::storage::QueueConfig {
@@ -81,6 +90,12 @@ pub fn queue_options(q: &str) -> queen_core::storage::QueueConfig {
             lease_time_secs: 30,
             ..base
         },
+        RETENTION_QUEUE => queen_core::storage::QueueConfig {
+            retention_enabled: true,
+            retention_seconds: RETENTION_PENDING_SECS,
+            completed_retention_seconds: RETENTION_COMPLETED_SECS,
+            ..base
+        },
         _ => base,
     }
 }
@@ -89,6 +104,7 @@ pub fn queue_options(q: &str) -> queen_core::storage::QueueConfig {
 pub fn groups_of(scenario: Scenario) -> Vec<&'static str> {
     match scenario {
         Scenario::Contention | Scenario::Faults => vec!["g1", "g2"],
+        Scenario::Retention => vec!["g1", LAGGING_GROUP, LATE_GROUP],
         Scenario::Prompt => vec!["g1", "g2", PARTITION_GROUP],
         _ => vec!["g1"],
     }
@@ -122,6 +138,7 @@ pub fn queue_of(scenario: Scenario) -> &'static str {
         Scenario::LostWakes => "w",
         Scenario::Faults => "f",
         Scenario::Prompt => PROMPT_LEASE,
+        Scenario::Retention => RETENTION_QUEUE,
     }
 }
 
@@ -188,6 +205,8 @@ struct Consumer {
     ack_elsewhere: bool,
     /// Chance that an ack reports the batch's first message failed.
     fail_p: f64,
+    /// Works this long on every delivery before acking it (a group that falls behind).
+    work_ms: u64,
 }
 
 struct Producer {
@@ -226,9 +245,45 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
         late: false,
         ack_elsewhere: false,
         fail_p: 0.08,
+        work_ms: 0,
     };
     match scenario {
         Scenario::Prompt => prompt_plan(brokers),
+        Scenario::Retention => {
+            // g1 keeps up; g2 falls behind (completed retention waits for it, pending retention
+            // takes what it reaches too late); g3 makes first contact mid-run. producer1 makes
+            // a new partition with every push: groups meet it without a cursor row there.
+            let cs = vec![
+                consumer(0, RETENTION_QUEUE, "g1", PopPath::Queue, false),
+                consumer(1, RETENTION_QUEUE, "g1", PopPath::Queue, false),
+                Consumer {
+                    work_ms: 350,
+                    ..consumer(2, RETENTION_QUEUE, LAGGING_GROUP, PopPath::Queue, false)
+                },
+                Consumer {
+                    start_ms: 5_000,
+                    ..consumer(3, RETENTION_QUEUE, LATE_GROUP, PopPath::Queue, false)
+                },
+            ];
+            let producer = |i: usize, partitions, fresh_partitions, gap_ms| Producer {
+                name: format!("producer{i}"),
+                queue: RETENTION_QUEUE,
+                partitions,
+                fresh_partitions,
+                gap_ms,
+                burst: 0.0,
+                prefix: "p",
+                max_pushes: None,
+                transactions: false,
+            };
+            (
+                vec![
+                    producer(0, 3, false, (20, 150)),
+                    producer(1, 0, true, (300, 900)),
+                ],
+                cs,
+            )
+        }
         Scenario::CreationRace => (
             vec![Producer {
                 name: "producer0".into(),
@@ -349,6 +404,7 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
             late: false,
             ack_elsewhere: true,
             fail_p: 0.0,
+            work_ms: 0,
         }
     };
     let prefixes = ["l", "d", "w", RETRY_PREFIX, "n"];
@@ -535,6 +591,7 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
         };
         // A push without an answer may have been stored: retry it (same transactionIds, so a
         // stored one answers `duplicate`) until it is acknowledged.
+        let invoked = shared.now();
         for attempt in 0..20 {
             let broker = &shared.brokers[(k as usize + attempt) % shared.brokers.len()];
             let answer = match request(
@@ -567,6 +624,7 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
                         shared.bump("push: retried after a lost answer, answered duplicate");
                     }
                     shared.record(Event::Pushed {
+                        invoked,
                         at: shared.now(),
                         queue: p.queue.into(),
                         partition: partition.clone(),
@@ -707,6 +765,9 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
                     }
                     tokio::time::sleep(Duration::from_millis(300 + rng.below(500))).await;
                     continue;
+                }
+                if c.work_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(c.work_ms)).await;
                 }
                 if shared.faults.lease_boundary && hit(&mut rng, 0.1) {
                     // Works until about the lease's end, so the ack races the expiry.
