@@ -1,11 +1,18 @@
--- One batch of a queue's retention pass (the rules: core/src/storage/retention.rs). Takes up to
--- p_limit partitions whose oldest segment is older than the pass's later cutoff, after the mark
--- (p_after_at, p_after_id) in (oldest_at, id) order (an index range: never a scan of the queue's
--- partitions), and removes from each the segments the rules allow, with the transactionId rows
--- of their messages and, for expired segments, their dead letters.
--- Each partition row is locked FOR NO KEY UPDATE SKIP LOCKED: a partition a push holds is left
--- for the next cycle, pushes to a cleared one wait for the batch to commit, and pops (which take
--- at most FOR KEY SHARE on it) never wait. Under the lock, oldest_at is recomputed exactly.
+-- One batch of a queue's retention pass (the rules: core/src/storage/retention.rs), set-based:
+-- a handful of statements per batch, whatever its size.
+-- 1. Candidates: up to p_limit partitions whose oldest segment is older than the pass's later
+--    cutoff, after the mark (p_after_at, p_after_id) in (oldest_at, id) order: an index range,
+--    never a scan of the queue's partitions. Each is locked FOR NO KEY UPDATE SKIP LOCKED: a
+--    partition a push holds is left for the next cycle, pushes to a locked one wait for the
+--    batch to commit, and pops (which take at most FOR KEY SHARE on it) never wait.
+-- 2. Completed retention's floor per partition: the slowest cursor row, and the groups with a
+--    record on the queue but no row there (they hold back what they will read: from their
+--    subscription timestamp; everything without one, and always for queue mode).
+-- 3. The removal: per partition, the end of the removable prefix is found by an index walk over
+--    the prefix alone (created_at and end_offset both grow with base_offset; only segments a
+--    dead letter pins are skipped inside it), so a partition pinned by a lagging group costs one
+--    index step, not its backlog. The segments go with their transactionId rows, expired ones
+--    with their dead letters, and oldest_at is recomputed under the partition lock.
 -- p_eviction_only: the eviction pass, maxWaitTimeSeconds alone.
 CREATE OR REPLACE FUNCTION queen.retention_batch_v1(
     p_queue text, p_eviction_only boolean, p_after_at timestamptz, p_after_id uuid, p_limit integer
@@ -16,134 +23,128 @@ CREATE OR REPLACE FUNCTION queen.retention_batch_v1(
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q record;
-    p record;
     v_now timestamptz := queen.now();
     v_retention boolean;
     v_expire timestamptz;
     v_completed timestamptz;
     v_scan timestamptz;
-    v_floor bigint;
-    v_all_held boolean;
-    v_held_from timestamptz;
-    v_done_at timestamptz;
-    v_visited integer := 0;
-    v_segments bigint := 0;
-    v_messages bigint := 0;
-    v_txids bigint := 0;
-    v_dlq bigint := 0;
-    v_n bigint;
-    v_stop bigint;
-    v_bases bigint[];
-    v_ends bigint[];
-    v_counts integer[];
-    v_expired bigint[];
-    v_last_at timestamptz;
-    v_last_id uuid;
+    v_pids uuid[];
+    v_oldest timestamptz[];
+    v_floor bigint[];
+    v_done_at timestamptz[];
+    v_visited integer;
+    v_segments bigint;
+    v_messages bigint;
+    v_txids bigint;
+    v_dlq bigint;
 BEGIN
     SELECT * INTO q FROM queen.queues WHERE name = p_queue;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 0, 0::bigint, 0::bigint, 0::bigint, 0::bigint, NULL::timestamptz, NULL::uuid;
-        RETURN;
+    IF FOUND THEN
+        v_retention := q.retention_enabled AND NOT p_eviction_only;
+        IF v_retention AND q.retention_seconds > 0 THEN
+            v_expire := v_now - make_interval(secs => q.retention_seconds);
+        END IF;
+        IF q.max_wait_time_seconds > 0 THEN
+            v_expire := GREATEST(v_expire, v_now - make_interval(secs => q.max_wait_time_seconds));
+        END IF;
+        IF v_retention AND q.completed_retention_seconds > 0 THEN
+            v_completed := v_now - make_interval(secs => q.completed_retention_seconds);
+        END IF;
+        v_scan := GREATEST(v_expire, v_completed);
     END IF;
-    v_retention := q.retention_enabled AND NOT p_eviction_only;
-    IF v_retention AND q.retention_seconds > 0 THEN
-        v_expire := v_now - make_interval(secs => q.retention_seconds);
-    END IF;
-    IF q.max_wait_time_seconds > 0 THEN
-        v_expire := GREATEST(v_expire, v_now - make_interval(secs => q.max_wait_time_seconds));
-    END IF;
-    IF v_retention AND q.completed_retention_seconds > 0 THEN
-        v_completed := v_now - make_interval(secs => q.completed_retention_seconds);
-    END IF;
-    v_scan := GREATEST(v_expire, v_completed);
     IF v_scan IS NULL THEN
         RETURN QUERY SELECT 0, 0::bigint, 0::bigint, 0::bigint, 0::bigint, NULL::timestamptz, NULL::uuid;
         RETURN;
     END IF;
 
-    FOR p IN
-        SELECT lp.id, lp.oldest_at
-          FROM queen.log_partitions lp
-         WHERE lp.queue_id = q.id AND lp.oldest_at < v_scan
-           AND (p_after_id IS NULL OR (lp.oldest_at, lp.id) > (p_after_at, p_after_id))
-         ORDER BY lp.oldest_at, lp.id
-         LIMIT p_limit
-    LOOP
-        v_visited := v_visited + 1;
-        v_last_at := p.oldest_at;
-        v_last_id := p.id;
-        PERFORM 1 FROM queen.log_partitions lp WHERE lp.id = p.id FOR NO KEY UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
+    SELECT array_agg(c.id ORDER BY c.oldest_at, c.id), array_agg(c.oldest_at ORDER BY c.oldest_at, c.id)
+      INTO v_pids, v_oldest
+      FROM (SELECT lp.id, lp.oldest_at
+              FROM queen.log_partitions lp
+             WHERE lp.queue_id = q.id AND lp.oldest_at < v_scan
+               AND (p_after_id IS NULL OR (lp.oldest_at, lp.id) > (p_after_at, p_after_id))
+             ORDER BY lp.oldest_at, lp.id
+             LIMIT p_limit
+               FOR NO KEY UPDATE SKIP LOCKED) c;
+    v_visited := COALESCE(cardinality(v_pids), 0);
+    IF v_visited = 0 THEN
+        RETURN QUERY SELECT 0, 0::bigint, 0::bigint, 0::bigint, 0::bigint, NULL::timestamptz, NULL::uuid;
+        RETURN;
+    END IF;
 
-        -- Completed retention's floor: the slowest cursor row, and the groups with a record on
-        -- the queue but no row here (they hold back what they will read: from their
-        -- subscription timestamp; everything without one, and always for queue mode).
-        v_floor := -1;
-        v_done_at := NULL;
-        IF v_completed IS NOT NULL THEN
-            SELECT COALESCE(min(c.committed), -1) INTO v_floor
-              FROM queen.log_consumers c WHERE c.partition_id = p.id;
-            SELECT COALESCE(bool_or(m.subscription_timestamp IS NULL OR m.consumer_group = '__QUEUE_MODE__'), false),
-                   min(m.subscription_timestamp)
-              INTO v_all_held, v_held_from
-              FROM queen.consumer_groups_metadata m
-             WHERE m.queue_name = p_queue
-               AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
-                                WHERE c.partition_id = p.id AND c.consumer_group = m.consumer_group);
-            IF NOT v_all_held THEN
-                v_done_at := LEAST(v_completed, v_held_from);
-            END IF;
-        END IF;
+    IF v_completed IS NOT NULL THEN
+        SELECT array_agg(COALESCE(f.floor, -1) ORDER BY f.ord),
+               array_agg(CASE WHEN NOT COALESCE(h.all_held, false)
+                              THEN LEAST(v_completed, h.held_from) END ORDER BY f.ord)
+          INTO v_floor, v_done_at
+          FROM (SELECT u.pid, u.ord,
+                       (SELECT min(c.committed) FROM queen.log_consumers c WHERE c.partition_id = u.pid) AS floor
+                  FROM unnest(v_pids) WITH ORDINALITY AS u (pid, ord)) f
+          LEFT JOIN LATERAL (
+                SELECT bool_or(m.subscription_timestamp IS NULL OR m.consumer_group = '__QUEUE_MODE__') AS all_held,
+                       min(m.subscription_timestamp) AS held_from
+                  FROM queen.consumer_groups_metadata m
+                 WHERE m.queue_name = p_queue
+                   AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                    WHERE c.partition_id = f.pid AND c.consumer_group = m.consumer_group)) h ON true;
+    END IF;
 
-        -- The removable segments are a prefix but for the ones a dead letter pins (created_at
-        -- and end_offset both grow with base_offset): find its end with a walk over the prefix
-        -- alone, so a partition pinned by a lagging group costs one index step, not its backlog.
-        SELECT s.base_offset INTO v_stop
-          FROM queen.log_segments s
-         WHERE s.partition_id = p.id
-           AND (v_expire IS NULL OR s.created_at >= v_expire)
-           AND (v_done_at IS NULL OR s.created_at >= v_done_at OR s.end_offset > v_floor)
-         ORDER BY s.base_offset
-         LIMIT 1;
-        WITH gone AS (
-            DELETE FROM queen.log_segments s
-             WHERE s.partition_id = p.id
-               AND (v_stop IS NULL OR s.base_offset < v_stop)
-               AND (s.created_at < v_expire
-                    OR (s.created_at < v_done_at AND s.end_offset <= v_floor
-                        AND NOT EXISTS (SELECT 1 FROM queen.dead_letters d
-                                         WHERE d.partition_id = p.id
-                                           AND d.msg_offset BETWEEN s.base_offset AND s.end_offset)))
-            RETURNING s.base_offset, s.end_offset, s.msg_count, s.created_at < v_expire AS expired)
-        SELECT array_agg(g.base_offset), array_agg(g.end_offset), array_agg(g.msg_count),
-               array_agg(g.base_offset) FILTER (WHERE g.expired)
-          INTO v_bases, v_ends, v_counts, v_expired
-          FROM gone g;
-        CONTINUE WHEN v_bases IS NULL;
-
-        v_segments := v_segments + cardinality(v_bases);
-        v_messages := v_messages + (SELECT sum(c) FROM unnest(v_counts) c);
+    WITH part AS (
+        SELECT u.pid, u.floor, u.done_at
+          FROM unnest(v_pids, COALESCE(v_floor, array_fill(-1::bigint, ARRAY[v_visited])),
+                      COALESCE(v_done_at, array_fill(NULL::timestamptz, ARRAY[v_visited])))
+               AS u (pid, floor, done_at)),
+    bound AS (
+        SELECT p.pid, p.floor, p.done_at,
+               (SELECT s.base_offset
+                  FROM queen.log_segments s
+                 WHERE s.partition_id = p.pid
+                   AND (v_expire IS NULL OR s.created_at >= v_expire)
+                   AND (p.done_at IS NULL OR s.created_at >= p.done_at OR s.end_offset > p.floor)
+                 ORDER BY s.base_offset
+                 LIMIT 1) AS stop
+          FROM part p),
+    gone AS (
+        DELETE FROM queen.log_segments s
+         USING bound b
+         WHERE s.partition_id = b.pid
+           AND (b.stop IS NULL OR s.base_offset < b.stop)
+           AND (s.created_at < v_expire
+                OR (s.created_at < b.done_at AND s.end_offset <= b.floor
+                    AND NOT EXISTS (SELECT 1 FROM queen.dead_letters d
+                                     WHERE d.partition_id = b.pid
+                                       AND d.msg_offset BETWEEN s.base_offset AND s.end_offset)))
+        RETURNING s.partition_id, s.base_offset, s.end_offset, s.msg_count,
+                  COALESCE(s.created_at < v_expire, false) AS expired),
+    txids AS (
         DELETE FROM queen.log_txids t
-         WHERE t.partition_id = p.id
-           AND EXISTS (SELECT 1 FROM unnest(v_bases, v_ends) r (b, e) WHERE t.msg_offset BETWEEN r.b AND r.e);
-        GET DIAGNOSTICS v_n = ROW_COUNT;
-        v_txids := v_txids + v_n;
-        IF v_expired IS NOT NULL THEN
-            DELETE FROM queen.dead_letters d
-             WHERE d.partition_id = p.id
-               AND EXISTS (SELECT 1 FROM unnest(v_bases, v_ends) r (b, e)
-                            WHERE r.b = ANY (v_expired) AND d.msg_offset BETWEEN r.b AND r.e);
-            GET DIAGNOSTICS v_n = ROW_COUNT;
-            v_dlq := v_dlq + v_n;
-        END IF;
+         USING gone g
+         WHERE t.partition_id = g.partition_id AND t.msg_offset BETWEEN g.base_offset AND g.end_offset
+        RETURNING 1),
+    letters AS (
+        DELETE FROM queen.dead_letters d
+         USING gone g
+         WHERE g.expired AND d.partition_id = g.partition_id
+           AND d.msg_offset BETWEEN g.base_offset AND g.end_offset
+        RETURNING 1),
+    gone_by_partition AS (
+        SELECT g.partition_id, array_agg(g.base_offset) AS bases FROM gone g GROUP BY g.partition_id),
+    heads AS (
+        -- The statement still sees the deleted rows: the new oldest is the first one not gone.
+        -- (A data-modifying WITH runs to completion whether or not it is read.)
         UPDATE queen.log_partitions lp
            SET oldest_at = (SELECT s.created_at FROM queen.log_segments s
-                             WHERE s.partition_id = p.id ORDER BY s.base_offset LIMIT 1)
-         WHERE lp.id = p.id;
-    END LOOP;
+                             WHERE s.partition_id = lp.id AND s.base_offset <> ALL (g.bases)
+                             ORDER BY s.base_offset LIMIT 1)
+          FROM gone_by_partition g
+         WHERE lp.id = g.partition_id
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM gone), (SELECT COALESCE(sum(g.msg_count), 0) FROM gone g),
+           (SELECT count(*) FROM txids), (SELECT count(*) FROM letters)
+      INTO v_segments, v_messages, v_txids, v_dlq;
 
     RETURN QUERY SELECT v_visited, v_segments, v_messages, v_txids, v_dlq,
-        CASE WHEN v_visited = p_limit THEN v_last_at END,
-        CASE WHEN v_visited = p_limit THEN v_last_id END;
+        CASE WHEN v_visited = p_limit THEN v_oldest[v_visited] END,
+        CASE WHEN v_visited = p_limit THEN v_pids[v_visited] END;
 END
 $$;
