@@ -64,6 +64,23 @@ async fn soak(
     };
     let (app, addr) = crate::start_with(pg, config, 11).await;
     let db = pg_connect(cfg).await;
+    // BENCH_AUTOVACUUM_DEFAULTS=1: the soak with PostgreSQL's default autovacuum settings, to
+    // compare with migration 012's (docs/benchmarks.md).
+    if std::env::var_os("BENCH_AUTOVACUUM_DEFAULTS").is_some() {
+        db.batch_execute(
+            "ALTER TABLE queen.log_segments RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+                 autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_insert_threshold, autovacuum_analyze_scale_factor, vacuum_truncate);
+             ALTER TABLE queen.log_txids RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+                 autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_insert_threshold, autovacuum_analyze_scale_factor, vacuum_truncate);
+             ALTER TABLE queen.log_consumers RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+                 autovacuum_vacuum_cost_delay, fillfactor);
+             ALTER TABLE queen.log_partitions RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+                 autovacuum_vacuum_cost_delay, fillfactor);",
+        )
+        .await
+        .expect("reset autovacuum settings");
+        eprintln!("soak with PostgreSQL's default autovacuum settings");
+    }
     let mut c = Client::connect(addr).await;
     let r = c
         .post(

@@ -2174,6 +2174,49 @@ pub async fn the_maintenance_lease_admits_one_holder(b: &dyn Backend) -> CaseRes
     Ok(())
 }
 
+/// Dead letters have a retention of their own: older than the limit, they go (oldest first, a
+/// batch at a time); their messages stay for the queue's own rules.
+pub async fn old_dead_letters_are_removed(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(47);
+    push(&*s, &mut ids, "q", "p", "t", 0..3).await?;
+    let w = ids.worker();
+    let r = s.pop_wildcard(pop_req("q", "g", w, 1)).await.map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    s.ack(
+        "g",
+        vec![ack("t-0", &pid, AckStatus::Dlq, Some(w.to_string()))],
+    )
+    .await
+    .map_err(e)?;
+    b.advance_secs(100).await;
+    let w = ids.worker();
+    s.pop_wildcard(pop_req("q", "g", w, 1)).await.map_err(e)?;
+    s.ack(
+        "g",
+        vec![ack("t-1", &pid, AckStatus::Dlq, Some(w.to_string()))],
+    )
+    .await
+    .map_err(e)?;
+    ensure_eq!(b.filed_dead_letters("q").await.len(), 2, "two dead letters");
+    ensure_eq!(
+        s.remove_old_dead_letters(50, 10).await.map_err(e)?,
+        1,
+        "the old one"
+    );
+    ensure_eq!(
+        b.filed_dead_letters("q").await,
+        vec![(1, "t-1".to_string())],
+        "the recent one stays"
+    );
+    ensure_eq!(
+        consume_all(&*s, &mut ids, "q", "g").await?,
+        vec![2],
+        "the rest is untouched"
+    );
+    Ok(())
+}
+
 macro_rules! cases {
     ($($name:ident),* $(,)?) => {
         /// Every conformance case, by name.
@@ -2218,4 +2261,5 @@ cases!(
     retention_batches_continue_from_the_mark,
     inactive_partitions_are_deleted,
     the_maintenance_lease_admits_one_holder,
+    old_dead_letters_are_removed,
 );
