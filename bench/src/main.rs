@@ -368,7 +368,17 @@ async fn main() {
     // 9. Retention: a soak, and the cost of one pass.
     if runs("retention") {
         rows.extend(
-            retention::retention_scenario(&pg, &cfg, plan.soak_secs, plan.retention_sizes).await,
+            retention::retention_scenario(
+                &pg,
+                &cfg,
+                // BENCH_SOAK_SECS: another soak length (a profiling aid).
+                std::env::var("BENCH_SOAK_SECS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(plan.soak_secs),
+                plan.retention_sizes,
+            )
+            .await,
         );
         eprintln!("measured retention");
     }

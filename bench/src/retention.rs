@@ -81,6 +81,32 @@ async fn soak(
         .expect("reset autovacuum settings");
         eprintln!("soak with PostgreSQL's default autovacuum settings");
     }
+    // BENCH_SOAK_BALLAST=<n>: n messages held by another queue without retention (one segment
+    // and one transactionId row each), as a deployment's backlog makes the tables large: the
+    // default autovacuum trigger grows with the table (20% of its rows), fixed thresholds do not.
+    if let Some(n) = std::env::var("BENCH_SOAK_BALLAST")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        db.batch_execute(&format!(
+            "INSERT INTO queen.queues (name) VALUES ('ballast');
+             INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at, oldest_at)
+                  SELECT gen_random_uuid(), q.id, 'b' || g, {n} / 100 - 1, now(), now()
+                    FROM generate_series(0, 99) g, queen.queues q WHERE q.name = 'ballast';
+             INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
+                  SELECT p.id, o, o, 1, now(), '\\x00'::bytea
+                    FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id, generate_series(0, {n} / 100 - 1) o
+                   WHERE q.name = 'ballast';
+             INSERT INTO queen.log_txids (partition_id, transaction_id, msg_offset, message_id)
+                  SELECT s.partition_id, 'b' || s.base_offset, s.base_offset, gen_random_uuid()
+                    FROM queen.log_segments s JOIN queen.log_partitions p ON p.id = s.partition_id
+                    JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'ballast';
+             ANALYZE queen.log_segments; ANALYZE queen.log_txids;"
+        ))
+        .await
+        .expect("ballast");
+        eprintln!("soak with {n} messages of ballast");
+    }
     let mut c = Client::connect(addr).await;
     let r = c
         .post(

@@ -1925,6 +1925,23 @@ pub async fn a_group_without_a_cursor_row_holds_back(b: &dyn Backend) -> CaseRes
     );
     let (removed, _) = retention_pass(&*s, RetentionPass::Retention, 10).await?;
     ensure_eq!(removed.messages, 2, "p2 once wide consumed it");
+    // A group deleted with its record kept (cursors gone) holds nothing back.
+    push(&*s, &mut ids, "ret", "p3", "c", 0..2).await?;
+    ensure_eq!(
+        consume_all(&*s, &mut ids, "ret", "named").await?,
+        vec![0, 1],
+        "named on p3"
+    );
+    s.delete_group("wide", Some("ret"), false)
+        .await
+        .map_err(e)?;
+    b.advance_secs(11).await;
+    let (removed, _) = retention_pass(&*s, RetentionPass::Retention, 10).await?;
+    ensure_eq!(
+        removed.messages,
+        2,
+        "p3: the deleted group's record pins nothing"
+    );
     Ok(())
 }
 

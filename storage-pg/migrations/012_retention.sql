@@ -21,6 +21,9 @@ CREATE INDEX IF NOT EXISTS log_partitions_empty
 CREATE INDEX IF NOT EXISTS dead_letters_message ON queen.dead_letters (partition_id, msg_offset);
 CREATE INDEX IF NOT EXISTS dead_letters_failed ON queen.dead_letters (failed_at);
 
+-- Whether a subscribed group still reads a queue (a cursor row on it): retention asks per group.
+CREATE INDEX IF NOT EXISTS log_consumers_group ON queen.log_consumers (consumer_group);
+
 -- One broker at a time runs retention: it holds this lease (renewed while it works; a broker
 -- that dies loses it when it runs out).
 CREATE TABLE IF NOT EXISTS queen.maintenance_leases (

@@ -9,6 +9,7 @@ use queen_core::Timestamp;
 
 use crate::error::{pg_err, pool_err, retry_contention};
 use crate::{from_system_time, int, pop_rows, to_system_time, PgStorage};
+use queen_core::storage::StorageError;
 
 impl PgStorage {
     async fn pop_query(
@@ -22,7 +23,15 @@ impl PgStorage {
         retry_contention(move || async move {
             let client = this.pool.get().await.map_err(pool_err)?;
             let stmt = client.prepare_cached(sql).await.map_err(pg_err(context))?;
-            let rows = client.query(&stmt, params).await.map_err(pg_err(context))?;
+            let rows = client.query(&stmt, params).await.map_err(|e| {
+                // A cursor row inserted for a partition the retention worker deleted in the
+                // meantime (an empty, inactive one): the pop looks again and finds it gone.
+                if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) {
+                    StorageError::Contention(format!("{context}: partition removed meanwhile: {e}"))
+                } else {
+                    pg_err(context)(e)
+                }
+            })?;
             let mut result = pop_rows::decode(&rows, context)?;
             for c in &mut result.claims {
                 c.queue = queue.to_string();

@@ -107,6 +107,7 @@ impl SimDb {
     fn build(seed: u64, clock: SimClock, bugs: SimBugs, pause: Option<Pause>) -> Arc<SimDb> {
         let mut state = state::DbState::new(seed);
         state.no_release_notify = bugs.no_release_notify;
+        state.record_removals = pause.is_some();
         Arc::new(SimDb {
             pause,
             shared: Arc::new(Shared {
@@ -214,7 +215,8 @@ impl SimDb {
         pop::deliverable_now(&lock(&self.shared.state), queue, partition, group, now)
     }
 
-    /// Every removal retention committed so far, in commit order.
+    /// Every removal retention committed so far, in commit order (recorded in interleaved mode,
+    /// for a simulation's checkers; empty otherwise).
     pub fn removals(&self) -> Vec<RemovedMessages> {
         lock(&self.shared.state).removals.clone()
     }

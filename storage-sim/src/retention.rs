@@ -1,6 +1,7 @@
 //! Retention, eviction and the maintenance lease in the model: `retention_batch_v1` and its
 //! siblings, one statement at a time, with the rules of `queen_core::storage::retention`.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use queen_core::storage::{
@@ -138,6 +139,16 @@ pub(crate) async fn retention_batch(
                 }),
             ..RetentionBatch::default()
         };
+        // The groups that read the queue: a subscription record and a cursor row somewhere on
+        // it (a record without any is a deleted group's, and holds nothing back).
+        let readers: BTreeSet<String> = if cutoffs.completed_before.is_some() {
+            tx.stmt("reading groups", |st, t| {
+                Ok(reading_groups(st, &queue, t.id))
+            })
+            .await?
+        } else {
+            BTreeSet::new()
+        };
         for (_, pid, key) in candidates {
             // FOR NO KEY UPDATE SKIP LOCKED: a partition a push holds waits for the next cycle.
             let locked = tx
@@ -155,7 +166,7 @@ pub(crate) async fn retention_batch(
                 .stmt("consumed floor", |st, t| {
                     Ok(cutoffs
                         .completed_before
-                        .map(|_| consumed_floor(st, &queue, &pid, t.id, bugs)))
+                        .map(|_| consumed_floor(st, &queue, &pid, &readers, t.id, bugs)))
                 })
                 .await?;
             let removed = tx
@@ -170,11 +181,34 @@ pub(crate) async fn retention_batch(
     .await
 }
 
+fn reading_groups(st: &DbState, queue: &str, tx: TxId) -> BTreeSet<String> {
+    let subscribed: BTreeSet<String> = st
+        .metadata
+        .range((queue.to_string(), String::new()).., tx)
+        .take_while(|((q, _), _)| q == queue)
+        .map(|((_, g), _)| g.clone())
+        .collect();
+    let mut reading = BTreeSet::new();
+    for (_, p) in st.partitions_of(queue, tx) {
+        for ((_, g), _) in st
+            .consumers
+            .range((p.id.clone(), String::new()).., tx)
+            .take_while(|((pid, _), _)| *pid == p.id)
+        {
+            if subscribed.contains(g) {
+                reading.insert(g.clone());
+            }
+        }
+    }
+    reading
+}
+
 /// What the partition's readers have consumed (`queen_core::storage::ConsumedFloor`).
 fn consumed_floor(
     st: &DbState,
     queue: &str,
     pid: &str,
+    readers: &BTreeSet<String>,
     tx: TxId,
     bugs: crate::SimBugs,
 ) -> ConsumedFloor {
@@ -189,7 +223,7 @@ fn consumed_floor(
         .range((queue.to_string(), String::new()).., tx)
         .take_while(|((q, _), _)| q == queue)
         .filter(|_| !bugs.retention_ignores_groups_without_rows)
-        .filter(|((_, g), _)| !rows.iter().any(|(r, _)| r == g))
+        .filter(|((_, g), _)| readers.contains(g) && !rows.iter().any(|(r, _)| r == g))
         .map(|((_, g), m)| reads_from(g, m.subscription_timestamp));
     ConsumedFloor::of(rows.iter().map(|(_, c)| *c).min(), without_row)
 }

@@ -102,8 +102,10 @@ pub struct DbState {
     pub dlq: Table<(String, u64), DlqRow>,
     pub dlq_seq: u64,
     pub maintenance: Table<String, MaintenanceLease>,
-    /// Committed removals, in commit order.
+    /// Committed removals, in commit order, when `record_removals` (a simulation's checkers
+    /// read them; the embedded backend must not grow).
     pub removals: Vec<RemovedMessages>,
+    pub record_removals: bool,
     /// Removals of open transactions, published at commit.
     removals_pending: BTreeMap<TxId, Vec<RemovedMessages>>,
     /// Transaction-scoped advisory locks: key → holder.
@@ -132,6 +134,7 @@ impl DbState {
             dlq_seq: 0,
             maintenance: Table::default(),
             removals: Vec::new(),
+            record_removals: false,
             removals_pending: BTreeMap::new(),
             advisory: BTreeMap::new(),
             advisory_held: BTreeMap::new(),
@@ -148,6 +151,9 @@ impl DbState {
 
     /// Records messages a transaction removes; they become a fact if it commits.
     pub fn note_removal(&mut self, tx: TxId, removed: RemovedMessages) {
+        if !self.record_removals {
+            return;
+        }
         self.removals_pending.entry(tx).or_default().push(removed);
     }
 

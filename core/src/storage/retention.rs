@@ -6,10 +6,12 @@
 //!   before the cutoff, consumed or not. A dead letter pointing into it goes with it;
 //! - **completed** (`completedRetentionSeconds`, when retention is enabled): created before the
 //!   cutoff, and consumed by every group that reads the partition: every cursor row on it, and
-//!   every group with a subscription record on the queue but no cursor row there yet (it will
-//!   start at its subscription timestamp, so it holds back what was created from then on;
-//!   everything when it has none). A segment holding a dead-lettered message stays while its
-//!   dead letter does (a requeue needs the payload).
+//!   every group with a subscription record on the queue and a cursor row on some partition of
+//!   it but not on this one yet (it will start at its subscription timestamp, so it holds back
+//!   what was created from then on; everything when it has none). A record without any cursor
+//!   row on the queue is a deleted group's (its cursors were deleted, its record kept): it holds
+//!   nothing back, or one deleted group would pin the queue forever. A segment holding a
+//!   dead-lettered message stays while its dead letter does (a requeue needs the payload).
 //!
 //! A removed message's transactionId is forgotten with it: pushing it again stores a new
 //! message. What retention removed below a cursor is a gap the pop steps over (seed step 5); a

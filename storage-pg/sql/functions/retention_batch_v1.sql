@@ -6,8 +6,9 @@
 --    partition a push holds is left for the next cycle, pushes to a locked one wait for the
 --    batch to commit, and pops (which take at most FOR KEY SHARE on it) never wait.
 -- 2. Completed retention's floor per partition: the slowest cursor row, and the groups with a
---    record on the queue but no row there (they hold back what they will read: from their
---    subscription timestamp; everything without one, and always for queue mode).
+--    record on the queue and a cursor row elsewhere on it but not there (they hold back what
+--    they will read: from their subscription timestamp; everything without one, and always for
+--    queue mode).
 -- 3. The removal: per partition, the end of the removable prefix is found by an index walk over
 --    the prefix alone (created_at and end_offset both grow with base_offset; only segments a
 --    dead letter pins are skipped inside it), so a partition pinned by a lagging group costs one
@@ -20,7 +21,17 @@ CREATE OR REPLACE FUNCTION queen.retention_batch_v1(
     o_partitions integer, o_segments bigint, o_messages bigint, o_txids bigint,
     o_dead_letters bigint, o_next_at timestamptz, o_next_id uuid
 )
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- Every join here is a batch of partitions against a large table by partition id: nested loops
+-- over the primary keys. A hash or merge join is what the planner picks for an unnest or a CTE
+-- of unknown size, and it read the whole of a million-row log_segments and log_txids on every
+-- batch (docs/benchmarks.md), holding the batch's partition locks meanwhile.
+-- The estimates of those unknown sizes are huge, so the planner also JIT-compiled the statement:
+-- 630 ms of a 700 ms batch. The work itself is milliseconds.
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
 DECLARE
     q record;
     v_now timestamptz := queen.now();
@@ -32,6 +43,8 @@ DECLARE
     v_oldest timestamptz[];
     v_floor bigint[];
     v_done_at timestamptz[];
+    v_groups text[];
+    v_group_from timestamptz[];
     v_visited integer;
     v_segments bigint;
     v_messages bigint;
@@ -73,6 +86,17 @@ BEGIN
     END IF;
 
     IF v_completed IS NOT NULL THEN
+        -- The groups that read the queue: a subscription record and a cursor row somewhere on
+        -- it (a record without any is a deleted group's, and holds nothing back).
+        SELECT array_agg(m.consumer_group),
+               array_agg(CASE WHEN m.consumer_group = '__QUEUE_MODE__' THEN NULL
+                              ELSE m.subscription_timestamp END)
+          INTO v_groups, v_group_from
+          FROM queen.consumer_groups_metadata m
+         WHERE m.queue_name = p_queue
+           AND EXISTS (SELECT 1 FROM queen.log_consumers c
+                         JOIN queen.log_partitions lp ON lp.id = c.partition_id
+                        WHERE c.consumer_group = m.consumer_group AND lp.queue_id = q.id);
         SELECT array_agg(COALESCE(f.floor, -1) ORDER BY f.ord),
                array_agg(CASE WHEN NOT COALESCE(h.all_held, false)
                               THEN LEAST(v_completed, h.held_from) END ORDER BY f.ord)
@@ -81,12 +105,10 @@ BEGIN
                        (SELECT min(c.committed) FROM queen.log_consumers c WHERE c.partition_id = u.pid) AS floor
                   FROM unnest(v_pids) WITH ORDINALITY AS u (pid, ord)) f
           LEFT JOIN LATERAL (
-                SELECT bool_or(m.subscription_timestamp IS NULL OR m.consumer_group = '__QUEUE_MODE__') AS all_held,
-                       min(m.subscription_timestamp) AS held_from
-                  FROM queen.consumer_groups_metadata m
-                 WHERE m.queue_name = p_queue
-                   AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
-                                    WHERE c.partition_id = f.pid AND c.consumer_group = m.consumer_group)) h ON true;
+                SELECT bool_or(g.reads_from IS NULL) AS all_held, min(g.reads_from) AS held_from
+                  FROM unnest(v_groups, v_group_from) AS g (name, reads_from)
+                 WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                    WHERE c.partition_id = f.pid AND c.consumer_group = g.name)) h ON true;
     END IF;
 
     WITH part AS (
@@ -116,6 +138,8 @@ BEGIN
                                        AND d.msg_offset BETWEEN s.base_offset AND s.end_offset)))
         RETURNING s.partition_id, s.base_offset, s.end_offset, s.msg_count,
                   COALESCE(s.created_at < v_expire, false) AS expired),
+    gone_by_partition AS (
+        SELECT g.partition_id, array_agg(g.base_offset) AS bases FROM gone g GROUP BY g.partition_id),
     txids AS (
         DELETE FROM queen.log_txids t
          USING gone g
@@ -127,8 +151,6 @@ BEGIN
          WHERE g.expired AND d.partition_id = g.partition_id
            AND d.msg_offset BETWEEN g.base_offset AND g.end_offset
         RETURNING 1),
-    gone_by_partition AS (
-        SELECT g.partition_id, array_agg(g.base_offset) AS bases FROM gone g GROUP BY g.partition_id),
     heads AS (
         -- The statement still sees the deleted rows: the new oldest is the first one not gone.
         -- (A data-modifying WITH runs to completion whether or not it is read.)
