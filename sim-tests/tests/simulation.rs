@@ -323,6 +323,7 @@ fn seed_set_passes() {
         for what in [
             "retention: messages removed as completed",
             "retention: messages removed as expired",
+            "retention: a pop stepped over removed messages",
             "fault: broker crash",
         ] {
             at_least(Scenario::Retention, what, 5);

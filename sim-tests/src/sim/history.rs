@@ -290,7 +290,7 @@ pub fn batches_well_formed(events: &[Event]) -> Vec<Violation> {
 
 /// No delivery past the committed cursor + 1: a batch never starts beyond one past everything
 /// the group had acknowledged (or taken with autoAck) on that partition before it, unless
-/// retention removed what lies between before the pop was sent (a gap the pop steps over).
+/// retention removed what lies between before the pop answered (a gap the pop steps over).
 pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
     let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     let mut out = vec![];
@@ -319,11 +319,12 @@ pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
                     .entry((group.as_str(), partition.as_str()))
                     .or_insert(-1);
                 if let Some(first) = msgs.first() {
-                    let invoked = match e {
-                        Event::Delivered { invoked, .. } => *invoked,
+                    // A parked pop reads storage any time until it answers.
+                    let answered = match e {
+                        Event::Delivered { at, .. } => *at,
                         _ => 0,
                     };
-                    let removed_below = removed_through(removals, partition, *c + 1, invoked);
+                    let removed_below = removed_through(removals, partition, *c + 1, answered);
                     // Failed acks dead-letter past a message: allow the retry budget's worth.
                     if first.offset > removed_below.max(*c) + 1 + RETRY_SLACK {
                         out.push(format!(
@@ -342,6 +343,47 @@ pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
         }
     }
     out
+}
+
+/// Deliveries whose batch started past removed messages (a pop stepping over a retention gap),
+/// for coverage.
+pub fn gap_steps(events: &[Event], removals: &[Removal]) -> u64 {
+    let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    let mut steps = 0;
+    for e in events {
+        match e {
+            Event::AckSent {
+                group,
+                partition,
+                last_offset,
+                failed: false,
+                ..
+            } => {
+                let c = consumed
+                    .entry((group.as_str(), partition.as_str()))
+                    .or_insert(-1);
+                *c = (*c).max(*last_offset);
+            }
+            Event::Delivered {
+                group,
+                partition,
+                msgs,
+                at,
+                ..
+            } => {
+                let c = *consumed
+                    .entry((group.as_str(), partition.as_str()))
+                    .or_insert(-1);
+                if msgs.first().is_some_and(|m| {
+                    m.offset > c + 1 && removed_through(removals, partition, c + 1, *at) > c
+                }) {
+                    steps += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    steps
 }
 
 /// The last offset of the run of removed offsets starting at `from` on the partition, removed
@@ -390,7 +432,8 @@ pub fn retention_entitled(
     pending_us: Micros,
 ) -> Vec<Violation> {
     let mut pushed_at: BTreeMap<&str, Micros> = BTreeMap::new();
-    let mut deliveries: BTreeMap<(&str, &str), Vec<&Msg>> = BTreeMap::new();
+    // (group, lease, partition) -> the messages of that delivery, in order.
+    let mut deliveries: BTreeMap<(&str, &str, &str), Vec<&Msg>> = BTreeMap::new();
     let mut first_answer: BTreeMap<&str, Micros> = BTreeMap::new();
     for e in events {
         match e {
@@ -402,12 +445,13 @@ pub fn retention_entitled(
             Event::Delivered {
                 group,
                 lease,
+                partition,
                 msgs,
                 at,
                 ..
             } => {
                 deliveries
-                    .entry((group.as_str(), lease.as_str()))
+                    .entry((group.as_str(), lease.as_str(), partition.as_str()))
                     .or_default()
                     .extend(msgs.iter());
                 first_answer.entry(group.as_str()).or_insert(*at);
@@ -418,23 +462,26 @@ pub fn retention_entitled(
             _ => {}
         }
     }
-    // (group, transactionId) -> when a completed ack covering it was first sent.
+    // (group, transactionId) -> when a completed ack of it was first sent. An ack request that
+    // reports a batch's first message failed acks the others completed (they count once that
+    // failed message is gone: a removed message is no barrier).
     let mut completed: BTreeMap<(&str, &str), Micros> = BTreeMap::new();
     for e in events {
         if let Event::AckSent {
             group,
             lease,
+            partition,
             last_offset,
-            failed: false,
+            failed,
             at,
-            ..
         } = e
         {
-            for m in deliveries
-                .get(&(group.as_str(), lease.as_str()))
+            for (_, m) in deliveries
+                .get(&(group.as_str(), lease.as_str(), partition.as_str()))
                 .into_iter()
                 .flatten()
-                .filter(|m| m.offset <= *last_offset)
+                .enumerate()
+                .filter(|(i, m)| m.offset <= *last_offset && !(*failed && *i == 0))
             {
                 completed
                     .entry((group.as_str(), m.txid.as_str()))

@@ -924,6 +924,10 @@ pub fn run(spec: Spec) -> Outcome {
             &[workload::LATE_GROUP],
             i64::from(workload::RETENTION_PENDING_SECS) * 1_000_000,
         ));
+        counts.insert(
+            "retention: a pop stepped over removed messages",
+            history::gap_steps(&events, &removals),
+        );
         for r in &removals {
             *counts
                 .entry(if r.expired {
