@@ -139,11 +139,17 @@ BEGIN
         RETURNING s.partition_id, s.base_offset, s.end_offset, s.msg_count,
                   COALESCE(s.created_at < v_expire, false) AS expired),
     gone_by_partition AS (
-        SELECT g.partition_id, array_agg(g.base_offset) AS bases FROM gone g GROUP BY g.partition_id),
+        SELECT g.partition_id, array_agg(g.base_offset) AS bases, array_agg(g.end_offset) AS ends,
+               min(g.base_offset) AS first, max(g.end_offset) AS last
+          FROM gone g GROUP BY g.partition_id),
+    -- Once per partition, not per removed segment: the transactionId rows are keyed by
+    -- (partition, transactionId), so each lookup reads the partition's rows.
     txids AS (
         DELETE FROM queen.log_txids t
-         USING gone g
-         WHERE t.partition_id = g.partition_id AND t.msg_offset BETWEEN g.base_offset AND g.end_offset
+         USING gone_by_partition g
+         WHERE t.partition_id = g.partition_id AND t.msg_offset BETWEEN g.first AND g.last
+           AND EXISTS (SELECT 1 FROM unnest(g.bases, g.ends) r (b, e)
+                        WHERE t.msg_offset BETWEEN r.b AND r.e)
         RETURNING 1),
     letters AS (
         DELETE FROM queen.dead_letters d
