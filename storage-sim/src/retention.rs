@@ -95,6 +95,7 @@ pub(crate) async fn retention_batch(
     limit: u32,
 ) -> Result<RetentionBatch, StorageError> {
     let bugs = shared.bugs;
+    let events = shared.clone();
     in_tx(&shared, "retention_batch_v1", cell, |tx| async move {
         let now = tx.now();
         let Some(config) = tx
@@ -160,6 +161,7 @@ pub(crate) async fn retention_batch(
                 })
                 .await?;
             if !locked {
+                crate::tx::lock(&events.events).retention_skips += 1;
                 continue;
             }
             let floor = tx

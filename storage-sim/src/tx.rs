@@ -45,6 +45,8 @@ pub struct SimEvents {
     pub seals: u32,
     pub skip_locked: u32,
     pub advisory_skips: u32,
+    /// Partitions a retention batch skipped because a push held them.
+    pub retention_skips: u32,
 }
 
 /// Shared by everything that touches the model.

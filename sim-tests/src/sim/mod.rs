@@ -1009,6 +1009,12 @@ pub fn run(spec: Spec) -> Outcome {
     );
     counts.insert("race: SKIP LOCKED skip", u64::from(ev.skip_locked));
     counts.insert("race: advisory try-lock skip", u64::from(ev.advisory_skips));
+    if spec.scenario == Scenario::Retention {
+        counts.insert(
+            "race: retention skipped a partition a push held",
+            u64::from(ev.retention_skips),
+        );
+    }
     counts.insert("fault: wake dropped", dropped_wakes.load(Ordering::Relaxed));
     counts.insert(
         "fault: notification lost",
