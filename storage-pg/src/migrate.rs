@@ -72,6 +72,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "delete_queue_v1",
     "drop_segments_v1",
     "claim_maintenance_v1",
+    "release_maintenance_v1",
     "retention_batch_v1",
     "remove_inactive_partitions_v1",
     "seek_group_v1",
