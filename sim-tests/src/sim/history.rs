@@ -292,6 +292,36 @@ pub fn batches_well_formed(events: &[Event]) -> Vec<Violation> {
 /// the group had acknowledged (or taken with autoAck) on that partition before it, unless
 /// retention removed what lies between before the pop answered (a gap the pop steps over).
 pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
+    let mut out = vec![];
+    for (e, c) in deliveries_with_consumed(events) {
+        let Event::Delivered {
+            group,
+            partition,
+            msgs,
+            at,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        if let Some(first) = msgs.first() {
+            // A parked pop reads storage any time until it answers.
+            let removed_below = removed_through(removals, partition, c + 1, *at);
+            // Failed acks dead-letter past a message: allow the retry budget's worth.
+            if first.offset > removed_below.max(c) + 1 + RETRY_SLACK {
+                out.push(format!(
+                    "skip: {group} got {partition} from offset {} with only {c} consumed",
+                    first.offset
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Each delivery, with the highest offset its group had consumed of that partition before it: by
+/// a completed ack sent, or an autoAck delivery, earlier in the history (-1: nothing).
+fn deliveries_with_consumed(events: &[Event]) -> Vec<(&Event, i64)> {
     let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     let mut out = vec![];
     for e in events {
@@ -318,21 +348,7 @@ pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
                 let c = consumed
                     .entry((group.as_str(), partition.as_str()))
                     .or_insert(-1);
-                if let Some(first) = msgs.first() {
-                    // A parked pop reads storage any time until it answers.
-                    let answered = match e {
-                        Event::Delivered { at, .. } => *at,
-                        _ => 0,
-                    };
-                    let removed_below = removed_through(removals, partition, *c + 1, answered);
-                    // Failed acks dead-letter past a message: allow the retry budget's worth.
-                    if first.offset > removed_below.max(*c) + 1 + RETRY_SLACK {
-                        out.push(format!(
-                            "skip: {group} got {partition} from offset {} with only {} consumed",
-                            first.offset, *c
-                        ));
-                    }
-                }
+                out.push((e, *c));
                 if *auto_ack {
                     if let Some(last) = msgs.last() {
                         *c = (*c).max(last.offset);
@@ -348,42 +364,20 @@ pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
 /// Deliveries whose batch started past removed messages (a pop stepping over a retention gap),
 /// for coverage.
 pub fn gap_steps(events: &[Event], removals: &[Removal]) -> u64 {
-    let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-    let mut steps = 0;
-    for e in events {
-        match e {
-            Event::AckSent {
-                group,
-                partition,
-                last_offset,
-                failed: false,
-                ..
-            } => {
-                let c = consumed
-                    .entry((group.as_str(), partition.as_str()))
-                    .or_insert(-1);
-                *c = (*c).max(*last_offset);
-            }
+    deliveries_with_consumed(events)
+        .into_iter()
+        .filter(|(e, c)| match e {
             Event::Delivered {
-                group,
                 partition,
                 msgs,
                 at,
                 ..
-            } => {
-                let c = *consumed
-                    .entry((group.as_str(), partition.as_str()))
-                    .or_insert(-1);
-                if msgs.first().is_some_and(|m| {
-                    m.offset > c + 1 && removed_through(removals, partition, c + 1, *at) > c
-                }) {
-                    steps += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    steps
+            } => msgs.first().is_some_and(|m| {
+                m.offset > c + 1 && removed_through(removals, partition, c + 1, *at) > *c
+            }),
+            _ => false,
+        })
+        .count() as u64
 }
 
 /// The last offset of the run of removed offsets starting at `from` on the partition, removed
