@@ -133,19 +133,17 @@ async fn pass_under_lease(
     if pass == RetentionPass::Retention {
         if settings.partition_cleanup_days > 0 {
             let inactive = u64::from(settings.partition_cleanup_days) * 86_400;
-            loop {
+            report.partitions_deleted += until_short(settings.batch_size, || async {
                 let n = store
                     .remove_inactive_partitions(inactive, settings.batch_size)
                     .await?;
-                report.partitions_deleted += n;
                 app.metrics.count_retention(pass, &Removed::default(), n);
-                if n < u64::from(settings.batch_size.max(1)) {
-                    break;
-                }
-            }
+                Ok(n)
+            })
+            .await?;
         }
         if settings.dead_letter_retention_secs > 0 {
-            loop {
+            report.removed.dead_letters += until_short(settings.batch_size, || async {
                 let n = store
                     .remove_old_dead_letters(
                         settings.dead_letter_retention_secs,
@@ -156,16 +154,31 @@ async fn pass_under_lease(
                     dead_letters: n,
                     ..Removed::default()
                 };
-                report.removed += removed;
                 app.metrics.count_retention(pass, &removed, 0);
-                if n < u64::from(settings.batch_size.max(1)) {
-                    break;
-                }
-            }
+                Ok(n)
+            })
+            .await?;
         }
     }
     report.held_lease = true;
     Ok(())
+}
+
+/// Runs `batch` (which removes up to `limit` rows and says how many) until one comes back short;
+/// the total.
+async fn until_short<F, Fut>(limit: u32, mut batch: F) -> StorageResult<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = StorageResult<u64>>,
+{
+    let mut total = 0;
+    loop {
+        let n = batch().await?;
+        total += n;
+        if n < u64::from(limit.max(1)) {
+            return Ok(total);
+        }
+    }
 }
 
 /// The worker: a retention pass every `interval_ms` and an eviction pass every

@@ -140,18 +140,7 @@ pub(crate) async fn drop_segments(
                     },
                 );
             }
-            let oldest = st
-                .segments
-                .range(
-                    (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
-                    t.id,
-                )
-                .next()
-                .map(|(_, s)| s.created_at);
-            if let Some(mut part) = st.partitions.get(&key, t.id).cloned() {
-                part.oldest_at = oldest;
-                st.partitions.update(&key, part, t.id);
-            }
+            crate::retention::refresh_oldest_at(st, &key, &pid, t.id)?;
             Ok(segs.len() as u32)
         })
         .await

@@ -323,6 +323,18 @@ fn remove_segments(
             },
         );
     }
+    refresh_oldest_at(st, key, pid, tx)?;
+    Ok(removed)
+}
+
+/// Sets a partition's `oldest_at` to its first remaining segment's time (`None`: none left), as
+/// every removal does under the partition's lock.
+pub(crate) fn refresh_oldest_at(
+    st: &mut DbState,
+    key: &PartitionKey,
+    pid: &str,
+    tx: TxId,
+) -> Result<(), StmtError> {
     let oldest = st
         .segments
         .range(
@@ -335,7 +347,7 @@ fn remove_segments(
         part.oldest_at = oldest;
         lock_or_wait(st.partitions.update(key, part, tx))?;
     }
-    Ok(removed)
+    Ok(())
 }
 
 fn wait_if_held(holder: Option<TxId>) -> Result<(), StmtError> {
