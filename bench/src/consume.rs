@@ -58,6 +58,7 @@ pub(crate) async fn broker_rate(
                     queue: queue.into(),
                     partition: format!("p{p}"),
                     frames: frames(&mut i, n),
+                    blob: None,
                 }])
                 .await
                 .expect("prefill");

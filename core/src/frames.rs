@@ -147,6 +147,35 @@ pub fn decode_frames(
     Ok(out)
 }
 
+/// The bytes of frames `[start, start + take)` of an uncompressed frame buffer holding `count`
+/// frames, as they are (a framed pop answer ships them without decoding).
+pub fn raw_frames(
+    raw: &[u8],
+    start: usize,
+    take_n: usize,
+    count: usize,
+) -> Result<&[u8], FrameError> {
+    if start.checked_add(take_n).is_none_or(|e| e > count) {
+        return Err(FrameError::SliceOutOfRange {
+            start,
+            take: take_n,
+            count,
+        });
+    }
+    let mut pos = 0usize;
+    let mut from = 0usize;
+    for idx in 0..start + take_n {
+        if idx == start {
+            from = pos;
+        }
+        let len_bytes = take(raw, &mut pos, 4)?;
+        let body_len =
+            u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
+        take(raw, &mut pos, body_len)?;
+    }
+    Ok(&raw[from..pos])
+}
+
 /// Compresses encoded frames into a segment blob (zstd level 1 with the content size, like the
 /// 2.x client's pre-framed pushes).
 pub fn compress_blob(raw: &[u8]) -> Result<Vec<u8>, FrameError> {

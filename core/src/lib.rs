@@ -19,6 +19,7 @@ pub mod rng;
 pub mod storage;
 pub mod time;
 pub mod types;
+pub mod wire;
 
 pub use storage::Storage;
 pub use types::{Offset, Timestamp, WorkerId};

@@ -62,6 +62,8 @@ pub struct PopParams {
     pub subscription_from: SubscriptionFrom,
     /// `None` means COALESCE(queue lease_time, 60), resolved by storage.
     pub lease_seconds: Option<u32>,
+    /// `frames=true`: answer with Queen 2.x's framed pop answer (`QPF1`) where one can carry it.
+    pub frames: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,6 +161,7 @@ impl PopParams {
             subscription_mode: SubscriptionMode::All,
             subscription_from: SubscriptionFrom::Unset,
             lease_seconds: None,
+            frames: false,
         };
         let (mut namespace, mut task) = (None, None);
         for (k, v) in pairs {
@@ -169,6 +172,7 @@ impl PopParams {
                 }
                 "autoAck" => p.auto_ack = parse_bool("autoAck", v)?,
                 "wait" => p.wait = parse_bool("wait", v)?,
+                "frames" => p.frames = parse_bool("frames", v)?,
                 "timeout" => p.timeout_ms = parse_u64("timeout", v, 0, MAX_TIMEOUT_MS)?,
                 "leaseSeconds" | "leaseTime" => {
                     p.lease_seconds =

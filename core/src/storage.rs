@@ -116,6 +116,9 @@ pub trait PopStorage: Send + Sync {
         group: &str,
         limit: u32,
     ) -> StorageResult<Vec<String>>;
+    /// The numbers of partitions named by id, in order (`None`: no such partition). A number
+    /// never changes, so callers may keep it.
+    async fn partition_numbers(&self, partition_ids: &[String]) -> StorageResult<Vec<Option<u64>>>;
 }
 
 /// Messages in and cursors forward.
@@ -224,6 +227,17 @@ pub trait HealthStorage: Send + Sync {
 }
 
 /// The answer of a health check.
+/// A partition named by its number (1 to 18 digits, as ack_v1 reads it: a framed pop's `partitionId`), not its id.
+pub fn partition_number(reference: &str) -> Option<u64> {
+    if reference.is_empty()
+        || reference.len() > 18
+        || !reference.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    reference.parse().ok()
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StorageHealth {
     pub reachable: bool,

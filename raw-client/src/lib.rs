@@ -6,6 +6,8 @@
 
 #![allow(clippy::expect_used)] // test and benchmark support: an I/O failure ends the run
 
+pub mod wire;
+
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -81,6 +83,17 @@ impl Client {
         } else {
             req.extend_from_slice(b"content-length: 0\r\n\r\n");
         }
+        self.raw(&req).await
+    }
+
+    /// A POST of a binary body with its content type.
+    pub async fn post_bytes(&mut self, path: &str, content_type: &str, body: &[u8]) -> Response {
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
         self.raw(&req).await
     }
 

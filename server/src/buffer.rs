@@ -241,6 +241,7 @@ impl FileBuffer {
                                     })
                                 })
                                 .collect::<io::Result<_>>()?,
+                            blob: None,
                         })
                     })
                     .collect::<io::Result<_>>()?,
@@ -300,6 +301,7 @@ mod tests {
                 trace_id: None,
                 payload: br#"{"a": 1}"#.to_vec(),
             }],
+            blob: None,
         }
     }
 

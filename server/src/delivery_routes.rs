@@ -6,27 +6,43 @@ use hyper::StatusCode;
 use queen_core::frames::slice_blob;
 use queen_core::storage::{DlqQuery, PushOutcome, SeekTarget, TxOp, TxOpResult};
 use queen_core::time::format_iso_micros;
+use queen_core::wire;
 use serde_json::{json, Value};
 
 use crate::app::App;
 use crate::http::{self, Failure, Reply};
 use crate::requests;
-use crate::routes::group_items;
+use crate::routes::{group_items, merge_wire_groups};
 
-/// POST /api/v1/transaction: acks and pushes commit together or not at all.
+/// `POST /api/v1/transaction`: acks and pushes commit together or not at all. A JSON body, or Queen 2.x's binary one (`QTB1`: a JSON head
+/// without the pushes, then the pushes as framed groups; the answer lists the head's operations
+/// first, then the pushes in wire order).
 pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
-    let request: requests::TransactionBody = requests::body(body, None)?;
-    if request.operations.is_empty() {
+    let (request, pushes, counts) = if wire::is_binary_transaction(body) {
+        let decoded = wire::decode_transaction(body, app.config.max_body_bytes)
+            .map_err(|e| Failure::bad(format!("binary transaction: {e}")))?;
+        app.metrics.binary_transactions.inc();
+        let head: requests::TransactionBody = requests::body(&decoded.head, Some("{}"))?;
+        (head, Some(decoded.groups), decoded.counts)
+    } else {
+        let request: requests::TransactionBody = requests::body(body, None)?;
+        if request.operations.is_none() {
+            return Err(Failure::bad("operations array required"));
+        }
+        (request, None, false)
+    };
+    let operations = request.operations.unwrap_or_default();
+    if operations.is_empty() && pushes.as_ref().is_none_or(|g| g.is_empty()) {
         return Err(Failure::bad("operations array cannot be empty"));
     }
     let required = request.required_leases.unwrap_or_default();
     for lease in &required {
         requests::check_name("requiredLeases", lease)?;
     }
-    let mut tx_ops = Vec::with_capacity(request.operations.len());
+    let mut tx_ops = Vec::with_capacity(operations.len() + 1);
     // Per push op: each item's (transactionId, queue), to render the flat result list.
     let mut shapes: Vec<Vec<(String, String)>> = Vec::with_capacity(tx_ops.capacity());
-    for (i, raw) in request.operations.iter().enumerate() {
+    for (i, raw) in operations.iter().enumerate() {
         let kind: requests::OperationKind = requests::operation(raw, i)?;
         match kind.kind.as_deref() {
             Some("push") => {
@@ -59,6 +75,19 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
                 )))
             }
         }
+    }
+    if let Some(groups) = pushes.filter(|g| !g.is_empty()) {
+        shapes.push(
+            groups
+                .iter()
+                .flat_map(|g| {
+                    g.frames
+                        .iter()
+                        .map(|f| (f.transaction_id.clone(), g.queue.clone()))
+                })
+                .collect(),
+        );
+        tx_ops.push(TxOp::Push(merge_wire_groups(groups).0));
     }
     // The ack items' transaction ids and the push groups, for the answer.
     let rendered_ops: Vec<TxOp> = tx_ops.clone();
@@ -105,6 +134,27 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
         }
     }
     let id = app.mint_uuid().to_string();
+    if counts {
+        // Flag 2: the pushes' and acks' results are counted, not listed.
+        let count = |kind: &str, status: Option<&str>| {
+            results
+                .iter()
+                .filter(|r| r["type"] == kind && r["success"] == true)
+                .filter(|r| status.is_none_or(|s| r["status"] == s))
+                .count()
+        };
+        let (pushed, duplicate, acked) = (
+            count("push", Some("queued")),
+            count("push", Some("duplicate")),
+            count("ack", None),
+        );
+        let mut answer = json!({"transactionId": id, "success": out.committed, "pushed": pushed,
+                                "duplicate": duplicate, "acked": acked, "results": []});
+        if !out.committed {
+            answer["error"] = json!(out.error);
+        }
+        return Ok(http::json(StatusCode::OK, &answer));
+    }
     let answer = if out.committed {
         json!({"transactionId": id, "success": true, "results": results})
     } else {

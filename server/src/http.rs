@@ -92,6 +92,15 @@ pub fn text(status: StatusCode, body: String, content_type: &'static str) -> Rep
     with_headers(r, false)
 }
 
+/// A binary answer with its content type.
+pub fn bytes(status: StatusCode, body: Vec<u8>, content_type: &'static str) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    with_headers(r, false)
+}
+
 /// 204 with no body at all (no Content-Length announcing one either).
 pub fn no_content() -> Reply {
     let mut r = Response::new(Full::new(Bytes::new()));

@@ -22,6 +22,11 @@ fn pass_name(pass: RetentionPass) -> &'static str {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FormLabel {
+    form: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
 }
@@ -78,6 +83,10 @@ pub struct Metrics {
     pub acks_refused: Counter,
     pub bad_requests: Counter,
     pub server_errors: Counter,
+    /// Requests and answers in Queen 2.x's binary forms.
+    pub binary_pushes: Counter,
+    pub binary_transactions: Counter,
+    pub framed_pops: Counter,
     /// Deliverability events applied, by `EVENT_KINDS` index.
     events: [Counter; EVENT_KINDS.len()],
     delivery_lag: Histogram,
@@ -116,7 +125,14 @@ impl Default for Metrics {
         let server_errors = failed
             .get_or_create(&ClassLabel { class: "server" })
             .clone();
+        let forms = Family::<FormLabel, Counter>::default();
+        let form = |form| forms.get_or_create(&FormLabel { form }).clone();
+        let (binary_pushes, binary_transactions, framed_pops) =
+            (form("QPB1"), form("QTB1"), form("QPF1"));
         let m = Metrics {
+            binary_pushes,
+            binary_transactions,
+            framed_pops,
             pops_messages,
             pops_empty,
             pops_error,
@@ -195,6 +211,11 @@ impl Default for Metrics {
             "acks_refused",
             "Ack items storage refused",
             m.acks_refused.clone(),
+        );
+        registry.register(
+            "binary_requests",
+            "Binary push and transaction requests, and framed pop answers, by form",
+            forms,
         );
         registry.register(
             "requests_failed",
@@ -350,6 +371,11 @@ impl Snapshot<'_> {
             "acksRefused": m.acks_refused.get(),
             "badRequests": m.bad_requests.get(),
             "serverErrors": m.server_errors.get(),
+            "binary": {
+                "pushes": m.binary_pushes.get(),
+                "transactions": m.binary_transactions.get(),
+                "framedPops": m.framed_pops.get(),
+            },
             "limiter": { "limit": self.limiter_limit, "inFlight": self.limiter_in_flight },
             "pool": { "inUse": self.pool_in_use, "size": self.pool_size },
             "retentionRemoved": {

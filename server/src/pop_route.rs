@@ -11,6 +11,7 @@ use queen_core::params::{PopParams, PopShape};
 use queen_core::pop::{execute, PopEffect, PopInput, PopMachine, PopReply};
 use queen_core::storage::{AckItem, AckStatus, Claim};
 use queen_core::time::format_iso_micros;
+use queen_core::wire::{encode_pop_frames, FramedAnswer, FramedClaim, POP_FRAMES_CONTENT_TYPE};
 use queen_core::WorkerId;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -92,8 +93,9 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                     }
                 }
                 PopEffect::Reply(reply) => {
-                    let group = machine.params().consumer_group.clone();
-                    finish(&app, reply, &group, tx).await;
+                    let params = machine.params();
+                    let (group, framed) = (params.consumer_group.clone(), params.frames);
+                    finish(&app, reply, &group, framed, tx).await;
                     return;
                 }
             }
@@ -143,7 +145,13 @@ async fn park(
     woke
 }
 
-async fn finish(app: &Arc<App>, reply: PopReply, group: &str, tx: oneshot::Sender<Reply>) {
+async fn finish(
+    app: &Arc<App>,
+    reply: PopReply,
+    group: &str,
+    framed: bool,
+    tx: oneshot::Sender<Reply>,
+) {
     match reply {
         PopReply::Empty => {
             app.metrics.pops_empty.inc();
@@ -161,8 +169,20 @@ async fn finish(app: &Arc<App>, reply: PopReply, group: &str, tx: oneshot::Sende
         } => {
             app.crash_point(CrashPoint::PopClaimed).await;
             app.metrics.pops_messages.inc();
-            let reply = match render(app, &claims, worker, auto_ack, group) {
-                Ok(bytes) => http::json_bytes(StatusCode::OK, bytes),
+            let framed = if framed {
+                render_framed(app, &claims, worker, auto_ack, group).await
+            } else {
+                Ok(None)
+            };
+            let reply = match framed {
+                Ok(Some(bytes)) => http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE),
+                Ok(None) => match render(app, &claims, worker, auto_ack, group) {
+                    Ok(bytes) => http::json_bytes(StatusCode::OK, bytes),
+                    Err(f) => {
+                        app.metrics.server_errors.inc();
+                        http::error(&f)
+                    }
+                },
                 Err(f) => {
                     app.metrics.server_errors.inc();
                     http::error(&f)
@@ -249,7 +269,6 @@ fn render(
     } else {
         worker.to_string()
     };
-    let now = app.now();
     let payloads: Vec<Box<RawValue>> = delivered
         .iter()
         .map(|m| {
@@ -259,10 +278,9 @@ fn render(
                 .map_err(|e| Failure::server(format!("stored payload is not JSON: {e}")))
         })
         .collect::<Result<_, _>>()?;
+    record_delivery(app, claims);
     let mut messages = Vec::with_capacity(delivered.len());
     for (m, data) in delivered.iter().zip(payloads.iter()) {
-        app.metrics
-            .record_lag(u64::try_from(now.0 - m.created_at.0).unwrap_or(0));
         messages.push(Message {
             id: m.frame.message_id.to_string(),
             transaction_id: &m.frame.transaction_id,
@@ -280,7 +298,6 @@ fn render(
             delivery_attempt: m.attempt_count.max(1),
         });
     }
-    app.metrics.messages_delivered.inc_by(messages.len() as u64);
     let first = claims.first();
     let answer = Answer {
         success: true,
@@ -293,4 +310,67 @@ fn render(
         messages,
     };
     serde_json::to_vec(&answer).map_err(|e| Failure::server(format!("rendering the answer: {e}")))
+}
+
+/// Counts what an answer delivers, and each message's lag (a segment's messages share their
+/// created_at).
+fn record_delivery(app: &App, claims: &[Claim]) {
+    let now = app.now();
+    for row in claims.iter().flat_map(|c| c.rows.iter()) {
+        let lag = u64::try_from(now.0 - row.created_at.0).unwrap_or(0);
+        for _ in 0..row.take {
+            app.metrics.record_lag(lag);
+        }
+        app.metrics.messages_delivered.inc_by(u64::from(row.take));
+    }
+}
+
+/// The framed answer (`QPF1`), or `None` where it cannot carry this answer and JSON must: claims
+/// in more than one queue (the frame names one), or partition numbers storage could not give.
+async fn render_framed(
+    app: &App,
+    claims: &[Claim],
+    worker: WorkerId,
+    auto_ack: bool,
+    group: &str,
+) -> Result<Option<Vec<u8>>, Failure> {
+    let Some(queue) = claims.first().map(|c| c.queue.as_str()) else {
+        return Ok(None);
+    };
+    if claims.iter().any(|c| c.queue != queue) {
+        return Ok(None);
+    }
+    let ids: Vec<String> = claims.iter().map(|c| c.partition_id.clone()).collect();
+    let numbers = match app.storage.pops.partition_numbers(&ids).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "partition numbers unavailable; answering JSON");
+            return Ok(None);
+        }
+    };
+    let mut framed = Vec::with_capacity(claims.len());
+    for (claim, number) in claims.iter().zip(numbers) {
+        let Some(partition_number) = number else {
+            return Ok(None);
+        };
+        framed.push(FramedClaim {
+            claim,
+            partition_number,
+        });
+    }
+    let lease_id = if auto_ack {
+        String::new()
+    } else {
+        worker.to_string()
+    };
+    let bytes = encode_pop_frames(&FramedAnswer {
+        queue,
+        lease_id: &lease_id,
+        consumer_group: group,
+        claims: framed,
+    })
+    .map_err(|e| Failure::server(format!("framing the answer: {e}")))?;
+    record_delivery(app, claims);
+    app.metrics.framed_pops.inc();
+    Ok(Some(bytes))
 }

@@ -332,7 +332,8 @@ impl ConfigureBody {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TransactionBody {
-    pub operations: Vec<Box<RawValue>>,
+    /// Required in a JSON body; a binary body's head may leave it out (pushes only).
+    pub operations: Option<Vec<Box<RawValue>>>,
     /// Stands in for acks without their own leaseId when it names exactly one lease.
     #[serde(default)]
     pub required_leases: Option<Vec<String>>,

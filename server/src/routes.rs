@@ -13,6 +13,7 @@ use crate::http::{self, Failure, Reply};
 use crate::metrics::Snapshot;
 use crate::operations::Pushed;
 use crate::requests::{self, PushItem};
+use queen_core::wire::{self, WireGroup};
 
 /// Items grouped by (queue, partition) in first-appearance order, remembering each item's slot.
 pub(crate) fn group_items(items: Vec<PushItem>) -> (Vec<PushGroup>, Vec<(usize, usize)>) {
@@ -26,11 +27,42 @@ pub(crate) fn group_items(items: Vec<PushItem>) -> (Vec<PushGroup>, Vec<(usize, 
                 queue: it.queue.clone(),
                 partition: it.partition.clone(),
                 frames: vec![],
+                blob: None,
             });
             groups.len() - 1
         });
         slots.push((g, groups[g].frames.len()));
         groups[g].frames.push(it.frame);
+    }
+    (groups, slots)
+}
+
+/// Binary groups merged by (queue, partition) in first-appearance order, remembering each
+/// message's slot. A merged group loses its client blob: storage builds the segment.
+pub(crate) fn merge_wire_groups(wire: Vec<WireGroup>) -> (Vec<PushGroup>, Vec<(usize, usize)>) {
+    let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut groups: Vec<PushGroup> = vec![];
+    let mut slots = vec![];
+    for w in wire {
+        match index.entry((w.queue.clone(), w.partition.clone())) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(groups.len());
+                slots.extend((0..w.frames.len()).map(|k| (groups.len(), k)));
+                groups.push(PushGroup {
+                    queue: w.queue,
+                    partition: w.partition,
+                    frames: w.frames,
+                    blob: w.blob,
+                });
+            }
+            std::collections::btree_map::Entry::Occupied(e) => {
+                let g = *e.get();
+                let group = &mut groups[g];
+                slots.extend((0..w.frames.len()).map(|k| (g, group.frames.len() + k)));
+                group.frames.extend(w.frames);
+                group.blob = None;
+            }
+        }
     }
     (groups, slots)
 }
@@ -42,25 +74,58 @@ struct ItemHead {
     trace_id: Option<uuid::Uuid>,
 }
 
+/// `POST /api/v1/push`: a JSON body, or Queen 2.x's binary one (`QPB1`, told by its magic).
 pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
+    if wire::is_binary_push(body) {
+        let decoded = wire::decode_push(body, app.config.max_body_bytes, || app.mint_uuid())
+            .map_err(|e| Failure::bad(format!("binary push: {e}")))?;
+        app.metrics.binary_pushes.inc();
+        let (groups, slots) = merge_wire_groups(decoded.groups);
+        return store_and_answer(app, groups, slots, decoded.counts).await;
+    }
     let request: requests::PushBody = requests::body(body, None)?;
     let items = requests::push_items(&request.items, "items", || app.mint_uuid())?;
-    if items.is_empty() {
-        return Ok(http::json(StatusCode::CREATED, &json!([])));
+    let (groups, slots) = group_items(items);
+    store_and_answer(app, groups, slots, false).await
+}
+
+/// Stores a push and answers one object per item in request order (`slots`: each item's group
+/// and place in it), or, for a binary push with flag 2, the counts.
+async fn store_and_answer(
+    app: &Arc<App>,
+    groups: Vec<PushGroup>,
+    slots: Vec<(usize, usize)>,
+    counts: bool,
+) -> Result<Reply, Failure> {
+    if slots.is_empty() {
+        let answer = if counts {
+            json!({"count": 0, "queued": 0, "duplicate": 0, "error": 0})
+        } else {
+            json!([])
+        };
+        return Ok(http::json(StatusCode::CREATED, &answer));
     }
     // Kept aside so the payloads move into storage uncopied.
-    let heads: Vec<ItemHead> = items
+    let heads: Vec<ItemHead> = slots
         .iter()
-        .map(|it| ItemHead {
-            queue: it.queue.clone(),
-            transaction_id: it.frame.transaction_id.clone(),
-            trace_id: it.frame.trace_id,
+        .map(|(g, k)| {
+            let (group, frame) = (&groups[*g], &groups[*g].frames[*k]);
+            ItemHead {
+                queue: group.queue.clone(),
+                transaction_id: frame.transaction_id.clone(),
+                trace_id: frame.trace_id,
+            }
         })
         .collect();
-    let (groups, slots) = group_items(items);
     let outcomes = match app.push(groups).await? {
         Pushed::Stored(outcomes) => outcomes,
         Pushed::Buffered(groups) => {
+            if counts {
+                let n = slots.len();
+                let answer =
+                    json!({"count": n, "queued": 0, "buffered": n, "duplicate": 0, "error": 0});
+                return Ok(http::json(StatusCode::CREATED, &answer));
+            }
             // Stored later, in order; Queen's shape: no message id is promised yet.
             let answer: Vec<Value> = slots
                 .iter()
@@ -77,12 +142,25 @@ pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
             return Ok(http::json(StatusCode::CREATED, &Value::Array(answer)));
         }
     };
+    let mut found = Vec::with_capacity(slots.len());
+    for (g, k) in &slots {
+        found.push(
+            outcomes
+                .get(*g)
+                .and_then(|o| o.get(*k))
+                .ok_or_else(|| Failure::server("push outcome missing"))?,
+        );
+    }
+    if counts {
+        let count = |f: fn(&PushOutcome) -> bool| found.iter().filter(|o| f(o)).count();
+        let answer = json!({"count": found.len(),
+            "queued": count(|o| matches!(o, PushOutcome::Queued { .. })),
+            "duplicate": count(|o| matches!(o, PushOutcome::Duplicate { .. })),
+            "error": count(|o| matches!(o, PushOutcome::Rejected { .. }))});
+        return Ok(http::json(StatusCode::CREATED, &answer));
+    }
     let mut answer = Vec::with_capacity(slots.len());
-    for (index, ((g, k), head)) in slots.iter().zip(&heads).enumerate() {
-        let o = outcomes
-            .get(*g)
-            .and_then(|o| o.get(*k))
-            .ok_or_else(|| Failure::server("push outcome missing"))?;
+    for (index, (o, head)) in found.into_iter().zip(&heads).enumerate() {
         let (tx, queue) = (&head.transaction_id, &head.queue);
         answer.push(match o {
             PushOutcome::Queued { message_id, partition_id, .. } => {

@@ -932,6 +932,7 @@ async fn a_drain_cut_short_stores_nothing_twice() {
                     trace_id: None,
                     payload: format!("{i}").into_bytes(),
                 }],
+                blob: None,
             };
             buffer
                 .append(queen_server::app::wall_now(), std::slice::from_ref(&group))

@@ -535,6 +535,12 @@ impl queen_core::storage::PopStorage for HeldPartitionPop {
     ) -> queen_core::storage::StorageResult<Option<queen_core::Timestamp>> {
         self.inner.next_pending(queues, group).await
     }
+    async fn partition_numbers(
+        &self,
+        partition_ids: &[String],
+    ) -> queen_core::storage::StorageResult<Vec<Option<u64>>> {
+        self.inner.partition_numbers(partition_ids).await
+    }
     async fn pending_partitions(
         &self,
         queue: &str,

@@ -8,11 +8,13 @@ mod common;
 use common::{start, Store};
 use queen_server::config::ServerConfig;
 
-async fn run_client(store: Store) {
-    run_script(
+/// The compatibility script in one of its wire modes (json, binary, compressed).
+async fn run_client(store: Store, mode: &str) {
+    run_script_with(
         store,
         ServerConfig::default(),
         "client_compat.py",
+        &[mode],
         "client compatibility",
     )
     .await;
@@ -21,6 +23,16 @@ async fn run_client(store: Store) {
 /// Runs one script of tests/python against a fresh broker; it must print "<marker>: all checks
 /// passed".
 async fn run_script(store: Store, config: ServerConfig, script: &str, marker: &str) {
+    run_script_with(store, config, script, &[], marker).await
+}
+
+async fn run_script_with(
+    store: Store,
+    config: ServerConfig,
+    script: &str,
+    args: &[&str],
+    marker: &str,
+) {
     let python = std::env::var("QUEEN_PYTHON").expect(
         "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
     );
@@ -29,6 +41,7 @@ async fn run_script(store: Store, config: ServerConfig, script: &str, marker: &s
     let out = tokio::process::Command::new(&python)
         .arg(script)
         .arg(format!("http://{}", b.addr))
+        .args(args)
         .output()
         .await
         .expect("run the Python client");
@@ -81,10 +94,33 @@ async fn python_client_is_served_by_revisits_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_against_the_memory_backend() {
-    run_client(Store::Memory).await;
+    run_client(Store::Memory, "json").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_against_postgres() {
-    run_client(Store::Postgres("queen_pyclient")).await;
+    run_client(Store::Postgres("queen_pyclient"), "json").await;
+}
+
+/// `Queen(url, binary_push=True, framed_pop=True)`: QPB1 with transactionIds (flag 4), QPF1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_binary_wire_memory() {
+    run_client(Store::Memory, "binary").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_binary_wire_postgres() {
+    run_client(Store::Postgres("queen_pybinary"), "binary").await;
+}
+
+/// `Queen(url, binary_push=True, push_compression=True, framed_pop=True)`: client-compressed
+/// frames stored as they came (flag 8), QTB1 transactions, QPF1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_compressed_wire_memory() {
+    run_client(Store::Memory, "compressed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_compressed_wire_postgres() {
+    run_client(Store::Postgres("queen_pycompressed"), "compressed").await;
 }

@@ -60,6 +60,7 @@ pub fn group(
                 payload: format!("{{\"n\":{i}}}").into_bytes(),
             })
             .collect(),
+        blob: None,
     }
 }
 

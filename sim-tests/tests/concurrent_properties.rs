@@ -31,6 +31,7 @@ fn push(partition: &str, tag: &str, n: u32) -> PushGroup {
                 payload: b"{}".to_vec(),
             })
             .collect(),
+        blob: None,
     }
 }
 

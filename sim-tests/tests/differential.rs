@@ -144,6 +144,7 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                     queue: "q".into(),
                     partition: PARTS[*part].into(),
                     frames,
+                    blob: None,
                 }])
                 .await
                 .expect("push");

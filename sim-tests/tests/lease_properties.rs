@@ -575,6 +575,7 @@ impl StateMachineTest for LeaseModel {
                     queue: "q".into(),
                     partition: PARTS[*part].into(),
                     frames,
+                    blob: None,
                 }]));
                 assert!(out.is_ok(), "push failed: {out:?}");
             }

@@ -37,6 +37,7 @@ fn group(p: usize, tag: &str, n: usize) -> PushGroup {
                 payload: b"{}".to_vec(),
             })
             .collect(),
+        blob: None,
     }
 }
 

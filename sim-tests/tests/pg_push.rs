@@ -19,6 +19,7 @@ fn one(partition: &str, txid: &str, id: u128) -> PushGroup {
             trace_id: None,
             payload: b"{}".to_vec(),
         }],
+        blob: None,
     }
 }
 

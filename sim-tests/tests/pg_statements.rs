@@ -60,6 +60,7 @@ async fn statements_per_delivered_batch() {
                     payload: b"{}".to_vec(),
                 })
                 .collect(),
+            blob: None,
         })
         .collect();
     pg.push(groups).await.expect("push");
@@ -130,6 +131,7 @@ async fn statements_per_delivered_batch() {
         queue: "stm".into(),
         partition: "ackp".into(),
         frames,
+        blob: None,
     }])
     .await
     .expect("push");

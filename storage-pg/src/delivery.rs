@@ -142,6 +142,7 @@ impl DeliveryStorage for PgStorage {
                 queue: queue.clone(),
                 partition: partition.clone(),
                 frames: vec![frame],
+                blob: None,
             }],
             None,
         )

@@ -50,7 +50,12 @@ pub(crate) fn from_system_time(t: SystemTime) -> Timestamp {
 #[derive(Clone)]
 pub struct PgStorage {
     pool: Pool,
+    /// Partition id → number, which never changes (framed pop answers name partitions by it).
+    partition_numbers: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, u64>>>,
 }
+
+/// Entries the partition-number cache holds before it starts over (about 40 bytes each).
+const PARTITION_NUMBERS_CACHED: usize = 1 << 20;
 
 impl PgStorage {
     /// Builds the pool and applies pending migrations.
@@ -66,10 +71,27 @@ impl PgStorage {
             .max_size(config.pool_size)
             .build()
             .map_err(|e| StorageError::Internal(format!("building the connection pool: {e}")))?;
-        let storage = PgStorage { pool };
+        let storage = PgStorage {
+            pool,
+            partition_numbers: Default::default(),
+        };
         let mut client = storage.pool.get().await.map_err(pool_err)?;
         migrate::migrate(&mut client).await?;
         Ok(storage)
+    }
+
+    /// The partition-number cache, emptied when full (refilling is one query per pop).
+    pub(crate) fn partition_numbers_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<uuid::Uuid, u64>> {
+        let mut cache = self
+            .partition_numbers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.len() >= PARTITION_NUMBERS_CACHED {
+            cache.clear();
+        }
+        cache
     }
 
     pub fn pool(&self) -> &Pool {

@@ -2,7 +2,6 @@
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
-use queen_core::frames::build_blob;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, MessageStorage, PushGroup, PushGroupResult, PushOutcome,
     QueueFull, RenewOutcome, StorageError, StorageResult,
@@ -55,7 +54,9 @@ pub(crate) async fn push_groups(
                 break;
             }
             let frames: Vec<_> = candidates.iter().map(|k| g.frames[*k].clone()).collect();
-            let blob = build_blob(&frames).map_err(|e| StorageError::Invalid(e.to_string()))?;
+            let blob = g
+                .segment_blob(&frames)
+                .map_err(|e| StorageError::Invalid(e.to_string()))?;
             let txids: Vec<&str> = frames.iter().map(|f| f.transaction_id.as_str()).collect();
             let ids: Vec<uuid::Uuid> = frames.iter().map(|f| f.message_id).collect();
             let rows = tx

@@ -46,6 +46,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(10, "functions_apart", "010_functions_apart.sql"),
     migration!(11, "push_created_at", "011_push_created_at.sql"),
     migration!(12, "retention", "012_retention.sql"),
+    migration!(13, "partition numbers", "013_partition_numbers.sql"),
 ];
 
 macro_rules! functions {

@@ -219,4 +219,49 @@ impl PopStorage for PgStorage {
             .map_err(pg_err("pending partitions"))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
+
+    async fn partition_numbers(&self, partition_ids: &[String]) -> StorageResult<Vec<Option<u64>>> {
+        let ids: Vec<Option<uuid::Uuid>> = partition_ids
+            .iter()
+            .map(|id| uuid::Uuid::parse_str(id).ok())
+            .collect();
+        let mut known: Vec<Option<u64>> = {
+            let cache = self.partition_numbers_cache();
+            ids.iter()
+                .map(|id| id.and_then(|id| cache.get(&id).copied()))
+                .collect()
+        };
+        let missing: Vec<uuid::Uuid> = ids
+            .iter()
+            .zip(&known)
+            .filter_map(|(id, n)| if n.is_none() { *id } else { None })
+            .collect();
+        if missing.is_empty() {
+            return Ok(known);
+        }
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached("SELECT id, seq FROM queen.log_partitions WHERE id = ANY ($1)")
+            .await
+            .map_err(pg_err("partition numbers"))?;
+        let rows = client
+            .query(&stmt, &[&missing])
+            .await
+            .map_err(pg_err("partition numbers"))?;
+        let mut cache = self.partition_numbers_cache();
+        for row in &rows {
+            let id: uuid::Uuid = row.get(0);
+            let seq: i64 = row.get(1);
+            let seq = u64::try_from(seq).map_err(|_| {
+                StorageError::Internal(format!("partition {id} has the negative number {seq}"))
+            })?;
+            cache.insert(id, seq);
+        }
+        for (n, id) in known.iter_mut().zip(&ids) {
+            if n.is_none() {
+                *n = id.and_then(|id| cache.get(&id).copied());
+            }
+        }
+        Ok(known)
+    }
 }

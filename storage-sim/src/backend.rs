@@ -94,6 +94,18 @@ impl PopStorage for SimDb {
         self.pause_point().await;
         Ok(names)
     }
+
+    async fn partition_numbers(&self, partition_ids: &[String]) -> StorageResult<Vec<Option<u64>>> {
+        self.pause_point().await;
+        let st = lock(&self.shared.state);
+        Ok(partition_ids
+            .iter()
+            .map(|id| {
+                let key = st.partition_ids.get(id, 0)?;
+                st.partitions.get(key, 0).map(|p| p.number)
+            })
+            .collect())
+    }
 }
 
 #[async_trait]

@@ -343,6 +343,7 @@ pub(crate) async fn requeue_dead_letter(
             queue: key.0.clone(),
             partition: d.partition.clone(),
             frames: vec![frame],
+            blob: None,
         };
         let mut out = crate::messages::push_body(&tx, std::slice::from_ref(&group), None).await?;
         tx.stmt("delete dead letter", |st, t| {

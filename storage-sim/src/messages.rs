@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
-use queen_core::frames::build_blob;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
     QueueFull, RenewOutcome, StorageError,
@@ -72,14 +71,18 @@ pub(crate) fn ensure_partition_locked(
     let key = (queue.to_string(), partition.to_string());
     if st.partitions.get(&key, tx).is_none() {
         let id = st.mint_uuid(now).to_string();
+        st.partition_seq += 1;
+        let number = st.partition_seq;
         let row = PartitionRow {
             id: id.clone(),
             last_offset: -1,
             last_write_at: now.quantize_to_second(),
             oldest_at: None,
+            number,
         };
         if insert_or_wait(&mut st.partitions, key.clone(), row, tx)? {
-            insert_or_wait(&mut st.partition_ids, id, key.clone(), tx)?;
+            insert_or_wait(&mut st.partition_ids, id.clone(), key.clone(), tx)?;
+            insert_or_wait(&mut st.partition_numbers, number, id, tx)?;
         }
     }
     if !lock_or_wait(st.partitions.lock(&key, tx))? {
@@ -199,7 +202,8 @@ pub(crate) async fn push_body(
                             return resolve(refuse_new(outcomes, &full));
                         }
                     }
-                    let blob = build_blob(&fresh)
+                    let blob = g
+                        .segment_blob(&fresh)
                         .map_err(|e| StmtError::Abort(StorageError::Invalid(e.to_string())))?;
                     let base = part.last_offset + 1;
                     for (i, f) in fresh.iter().enumerate() {
@@ -335,6 +339,30 @@ pub(crate) async fn ack_body(
     items: &[AckItem],
 ) -> Result<Vec<AckOutcome>, StorageError> {
     let group = group.to_string();
+    // Items naming their partition by number (a framed pop's partitionId) name it by id from here
+    // on; an unknown number names no partition, so the ack answers "Message not found".
+    let resolved;
+    let items = if items
+        .iter()
+        .any(|i| queen_core::storage::partition_number(&i.partition_id).is_some())
+    {
+        resolved = tx
+            .stmt("resolve partition numbers", |st, t| {
+                Ok(items
+                    .iter()
+                    .map(|i| AckItem {
+                        partition_id: st
+                            .partition_by_ref(&i.partition_id, t.id)
+                            .unwrap_or_default(),
+                        ..i.clone()
+                    })
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        resolved.as_slice()
+    } else {
+        items
+    };
     {
         let now = tx.now();
         let mut calls: BTreeMap<String, CallState> = BTreeMap::new();

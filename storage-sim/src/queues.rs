@@ -72,6 +72,9 @@ pub(crate) async fn delete_queue(
                 st.segments.delete_all_of(pid, Offset::MIN, t.id);
                 st.txids.delete_all_of(pid, String::new(), t.id);
                 st.consumers.delete_all_of(pid, String::new(), t.id);
+                if let Some(n) = st.partitions.get(k, t.id).map(|p| p.number) {
+                    st.partition_numbers.delete(&n, t.id);
+                }
                 st.partition_ids.delete(pid, t.id);
                 st.partitions.delete(k, t.id);
             }

@@ -409,6 +409,9 @@ pub(crate) async fn remove_inactive_partitions(
                     for k in &txids {
                         st.txids.delete(k, t.id);
                     }
+                    if let Some(n) = st.partitions.get(&key, t.id).map(|p| p.number) {
+                        st.partition_numbers.delete(&n, t.id);
+                    }
                     st.partition_ids.delete(&pid, t.id);
                     st.partitions.delete(&key, t.id);
                     n += 1;

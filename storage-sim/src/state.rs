@@ -25,6 +25,8 @@ pub struct PartitionRow {
     pub last_write_at: Timestamp,
     /// The created_at of the oldest segment (`None`: no segment): retention's candidate key.
     pub oldest_at: Option<Timestamp>,
+    /// The partition's number (PostgreSQL's `seq`): the u64 `partitionId` of framed pop answers.
+    pub number: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -94,6 +96,10 @@ pub struct DbState {
     pub queues: Table<String, QueueRow>,
     pub partitions: Table<PartitionKey, PartitionRow>,
     pub partition_ids: Table<String, PartitionKey>,
+    /// Partition number → partition id.
+    pub partition_numbers: Table<u64, String>,
+    /// The last partition number handed out (a sequence: not rolled back, as in PostgreSQL).
+    pub partition_seq: u64,
     pub segments: Table<(String, Offset), SegmentData>,
     pub txids: Table<(String, String), TxidRow>,
     pub consumers: Table<(String, String), CursorRow>,
@@ -125,6 +131,8 @@ impl DbState {
             queues: Table::default(),
             partitions: Table::default(),
             partition_ids: Table::default(),
+            partition_numbers: Table::default(),
+            partition_seq: 0,
             segments: Table::default(),
             txids: Table::default(),
             consumers: Table::default(),
@@ -270,6 +278,7 @@ impl DbState {
             queues,
             partitions,
             partition_ids,
+            partition_numbers,
             segments,
             txids,
             consumers,
@@ -294,6 +303,14 @@ impl DbState {
             .range((queue.to_string(), String::new()).., tx)
             .take_while(move |((q, _), _)| q == queue)
             .map(|((_, n), p)| (n.as_str(), p))
+    }
+
+    /// The partition id an ack names, by its id or by its number (a framed pop's `partitionId`).
+    pub fn partition_by_ref(&self, reference: &str, tx: TxId) -> Option<String> {
+        match queen_core::storage::partition_number(reference) {
+            Some(n) => self.partition_numbers.get(&n, tx).cloned(),
+            None => Some(reference.to_string()),
+        }
     }
 
     pub fn mint_uuid(&mut self, now: Timestamp) -> uuid::Uuid {

@@ -53,6 +53,7 @@ fn push_group(ids: &mut IdMinter, queue: &str, partition: &str, n: u32) -> PushG
                 payload: b"{}".to_vec(),
             })
             .collect(),
+        blob: None,
     }
 }
 

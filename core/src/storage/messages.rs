@@ -12,6 +12,20 @@ pub struct PushGroup {
     /// Frames with broker-minted message ids. Duplicates (by transactionId) are filtered by
     /// storage, under the partition row's lock, before the segment is written.
     pub frames: Vec<Frame>,
+    /// The client's zstd frame of exactly `frames` (a framed binary push), stored as it came
+    /// when every frame is kept.
+    pub blob: Option<Vec<u8>>,
+}
+
+impl PushGroup {
+    /// The segment blob of the frames a push keeps (the group's frames minus duplicates, in
+    /// order): the client's own blob when every frame is kept, else built here.
+    pub fn segment_blob(&self, kept: &[Frame]) -> Result<Vec<u8>, crate::frames::FrameError> {
+        match &self.blob {
+            Some(blob) if kept.len() == self.frames.len() => Ok(blob.clone()),
+            _ => crate::frames::build_blob(kept),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -60,7 +60,10 @@ BEGIN
         RETURN;
     END IF;
     v_pids := ARRAY(
-        SELECT CASE WHEN u.x ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN u.x::uuid END
+        SELECT CASE WHEN u.x ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN u.x::uuid
+                    -- A partition's number, as a framed pop answer names it.
+                    WHEN u.x ~ '^[0-9]{1,18}$' THEN (SELECT p.id FROM queen.log_partitions p WHERE p.seq = u.x::bigint)
+               END
           FROM unnest(p_partition_ids) WITH ORDINALITY AS u (x, o) ORDER BY u.o);
     v_offs := ARRAY(
         SELECT t.msg_offset
