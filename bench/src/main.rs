@@ -13,7 +13,7 @@
 //! 9. retention: storage and p99 over a soak with completed retention, and the cost of one pass;
 //! 10. PostgreSQL restarted under load: throughput during and after, time to recover.
 //!
-//! Usage: DATABASE_URL=... queen-bench [--quick] [--json PATH]   (or `bash .ci/bench [--quick]`)
+//! Usage: DATABASE_URL=... queen-bench [--quick] [--only push,consume,...] [--json PATH]   (or `bash .ci/bench [--quick]`)
 
 #![allow(clippy::expect_used)] // a benchmark that cannot set up has nothing to report
 
@@ -144,12 +144,46 @@ fn print_table(plan: &Plan, rows: &[Row]) {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::new(args.iter().any(|a| a == "--quick"));
-    // --only push|consume|steady|parked|scaling|fanout|wake|limiter|retention|restart: one scenario.
-    let only = args
+    // --only <names>: comma-separated scenarios, each at its full length, the rest skipped.
+    const SCENARIOS: [&str; 10] = [
+        "push",
+        "consume",
+        "steady",
+        "parked",
+        "scaling",
+        "fan-out",
+        "wake",
+        "limiter",
+        "retention",
+        "restart",
+    ];
+    let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1).cloned());
-    let runs = |name: &str| only.as_deref().is_none_or(|o| o == name);
+        .and_then(|i| args.get(i + 1))
+        .map(|list| {
+            list.split(',')
+                .map(|n| {
+                    if n == "fanout" {
+                        "fan-out".to_string()
+                    } else {
+                        n.trim().to_string()
+                    }
+                })
+                .collect()
+        });
+    if let Some(unknown) = only
+        .iter()
+        .flatten()
+        .find(|n| !SCENARIOS.contains(&n.as_str()))
+    {
+        eprintln!(
+            "--only: unknown scenario {unknown:?}; the names are {}",
+            SCENARIOS.join(", ")
+        );
+        std::process::exit(2);
+    }
+    let runs = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
     let json_path = args
         .iter()
         .position(|a| a == "--json")
@@ -202,7 +236,7 @@ async fn main() {
     // 3. Steady state: the maximum first, then 10% of it, each against the raw pipeline.
     let mut offered = 1000.0;
     let mut calm_p99 = f64::NAN;
-    if runs("steady") || runs("fanout") {
+    if runs("steady") || runs("fan-out") {
         let max = live::run(addr, "steady-max", 1, 4, None, plan.steady_secs).await;
         offered = (max.delivered * 0.1).max(100.0);
         let calm = live::run(addr, "steady-10pct", 1, 4, Some(offered), plan.steady_secs).await;
@@ -313,7 +347,7 @@ async fn main() {
     }
 
     // 6. Fan-out at the calm offered rate: every group must receive every message.
-    for groups in [1usize, 5, 10].into_iter().filter(|_| runs("fanout")) {
+    for groups in [1usize, 5, 10].into_iter().filter(|_| runs("fan-out")) {
         let r = live::run(
             addr,
             &format!("fanout-{groups}"),

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use queen_core::frames::{build_blob, Frame};
-use queen_raw_client::Client;
+use queen_raw_client::{wire, Client};
 use serde_json::{json, Value};
 
 use crate::util::{measure, payload, pg_connect, Row};
@@ -18,24 +18,22 @@ pub async fn push_scenario(
     batch: usize,
     secs: u64,
 ) -> Vec<Row> {
-    let broker = measure(PRODUCERS, secs, move |t, stop, count| async move {
-        let mut c = Client::connect(addr).await;
-        let mut i = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            // One partition per request, rotating, as the segment baseline writes.
-            let partition = format!("p{}", (t + i as usize) % PARTITIONS);
-            let items: Vec<Value> = (0..batch)
-                .map(|_| {
-                    i += 1;
-                    json!({"queue": format!("push{batch}"), "partition": partition, "payload": payload(i), "transactionId": format!("{t}-{i}")})
-                })
-                .collect();
-            let r = c.post("/api/v1/push", &json!({ "items": items })).await;
-            assert_eq!(r.status, 201, "push failed: {}", String::from_utf8_lossy(&r.body));
-            count.fetch_add(batch as u64, Ordering::Relaxed);
-        }
-    })
-    .await;
+    let broker = broker_push(addr, batch, secs, PushForm::Json).await;
+    // Queen 2.x's binary push where batches are large enough for it to matter.
+    let binary = if batch >= 100 {
+        vec![
+            (
+                PushForm::Binary,
+                broker_push(addr, batch, secs, PushForm::Binary).await,
+            ),
+            (
+                PushForm::Framed,
+                broker_push(addr, batch, secs, PushForm::Framed).await,
+            ),
+        ]
+    } else {
+        vec![]
+    };
     // (a) one row per message, multi-row INSERT.
     let cfg_a = cfg.clone();
     let rows = measure(PRODUCERS, secs, move |t, stop, count| {
@@ -113,8 +111,74 @@ pub async fn push_scenario(
     })
     .await;
     let scenario = format!("push, batch {batch}, {PRODUCERS} producers, {PARTITIONS} partitions");
-    vec![
+    let mut out = vec![
         Row::new(scenario.clone(), "msg/s", broker, "(a) rows", rows),
-        Row::new(scenario, "msg/s", broker, "(b) segments", segs),
-    ]
+        Row::new(scenario.clone(), "msg/s", broker, "(b) segments", segs),
+    ];
+    for (form, rate) in binary {
+        let scenario = format!("{scenario}, {}", form.name());
+        out.push(Row::new(scenario.clone(), "msg/s", rate, "(a) rows", rows));
+        out.push(Row::new(scenario, "msg/s", rate, "(b) segments", segs));
+    }
+    out
+}
+
+/// How the benchmark's producers send a push.
+#[derive(Clone, Copy)]
+enum PushForm {
+    Json,
+    /// QPB1 with transactionIds (flag 4), as `binary_push=True` sends.
+    Binary,
+    /// QPB1 with client-compressed frames (flag 8), as `push_compression=True` sends.
+    Framed,
+}
+
+impl PushForm {
+    fn name(self) -> &'static str {
+        match self {
+            PushForm::Json => "JSON",
+            PushForm::Binary => "QPB1",
+            PushForm::Framed => "QPB1 compressed frames",
+        }
+    }
+}
+
+/// Messages per second the broker stores from `PRODUCERS` producers pushing `batch` at a time.
+async fn broker_push(addr: std::net::SocketAddr, batch: usize, secs: u64, form: PushForm) -> f64 {
+    measure(PRODUCERS, secs, move |t, stop, count| async move {
+        let mut c = Client::connect(addr).await;
+        let mut i = 0u64;
+        let mut ids = (t as u64) << 40;
+        let queue = format!("push{batch}-{}", form.name().replace(' ', "-"));
+        while !stop.load(Ordering::Relaxed) {
+            // One partition per request, rotating, as the segment baseline writes.
+            let partition = format!("p{}", (t + i as usize) % PARTITIONS);
+            let start = i;
+            i += batch as u64;
+            let r = match form {
+                PushForm::Json => {
+                    let items: Vec<Value> = (start + 1..=i)
+                        .map(|k| json!({"queue": queue, "partition": partition, "payload": payload(k), "transactionId": format!("{t}-{k}")}))
+                        .collect();
+                    c.post("/api/v1/push", &json!({ "items": items })).await
+                }
+                PushForm::Binary | PushForm::Framed => {
+                    let b = wire::Batch {
+                        queue: queue.clone(),
+                        partition,
+                        payloads: (start + 1..=i).map(|k| payload(k).to_string().into_bytes()).collect(),
+                        transaction_ids: Some((start + 1..=i).map(|k| format!("{t}-{k}")).collect()),
+                    };
+                    let body = match form {
+                        PushForm::Framed => wire::push_frames(&[b], false, &mut ids).0,
+                        _ => wire::push_plain(&[b], 0),
+                    };
+                    c.post_bytes("/api/v1/push", wire::PUSH_CONTENT_TYPE, &body).await
+                }
+            };
+            assert_eq!(r.status, 201, "push failed: {}", String::from_utf8_lossy(&r.body));
+            count.fetch_add(batch as u64, Ordering::Relaxed);
+        }
+    })
+    .await
 }
