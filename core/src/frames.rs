@@ -108,23 +108,14 @@ pub fn decode_frames(
     take_n: usize,
     count: usize,
 ) -> Result<Vec<Frame>, FrameError> {
-    if start.checked_add(take_n).is_none_or(|e| e > count) {
-        return Err(FrameError::SliceOutOfRange {
-            start,
-            take: take_n,
-            count,
-        });
-    }
+    let slice = raw_frames(raw, start, take_n, count)?;
     let mut pos = 0usize;
     let mut out = Vec::with_capacity(take_n);
-    for idx in 0..start + take_n {
-        let len_bytes = take(raw, &mut pos, 4)?;
+    for _ in 0..take_n {
+        let len_bytes = take(slice, &mut pos, 4)?;
         let body_len =
             u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
-        let body = take(raw, &mut pos, body_len)?;
-        if idx < start {
-            continue;
-        }
+        let body = take(slice, &mut pos, body_len)?;
         let mut p = 0usize;
         let flags = take(body, &mut p, 1)?[0];
         let message_id = uuid_at(body, &mut p)?;
