@@ -18,6 +18,8 @@ fn frames(i: &mut u64, n: usize) -> Vec<Frame> {
         .map(|_| {
             *i += 1;
             Frame {
+                producer: None,
+                encrypted: false,
                 message_id: uuid::Uuid::from_u128(u128::from(*i)),
                 transaction_id: format!("c{i}"),
                 trace_id: None,

@@ -182,7 +182,7 @@ pub async fn raw_run(cfg: &tokio_postgres::Config, rate: Option<f64>, secs: u64)
                     let frames: Vec<Frame> = (0..PUSH_BATCH)
                         .map(|_| {
                             i += 1;
-                            Frame { message_id: uuid::Uuid::from_u128(u128::from(i)), transaction_id: format!("{i}"), trace_id: None, payload: payload(i).to_string().into_bytes() }
+                            Frame { producer: None, encrypted: false, message_id: uuid::Uuid::from_u128(u128::from(i)), transaction_id: format!("{i}"), trace_id: None, payload: payload(i).to_string().into_bytes() }
                         })
                         .collect();
                     let blob = build_blob(&frames).expect("blob");

@@ -91,7 +91,7 @@ pub async fn push_scenario(
                 let frames: Vec<Frame> = (0..batch)
                     .map(|_| {
                         i += 1;
-                        Frame { message_id: uuid::Uuid::from_u128(u128::from(i)), transaction_id: format!("{t}-{i}"), trace_id: None, payload: payload(i).to_string().into_bytes() }
+                        Frame { producer: None, encrypted: false, message_id: uuid::Uuid::from_u128(u128::from(i)), transaction_id: format!("{t}-{i}"), trace_id: None, payload: payload(i).to_string().into_bytes() }
                     })
                     .collect();
                 let blob = build_blob(&frames).expect("blob");

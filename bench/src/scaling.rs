@@ -33,6 +33,8 @@ pub async fn prefill(
         .queue_id;
     let frames: Vec<Frame> = (0..SEGMENT as u64)
         .map(|i| Frame {
+            producer: None,
+            encrypted: false,
             message_id: uuid::Uuid::from_u128(u128::from(i) + 1),
             transaction_id: format!("s{i}"),
             trace_id: None,

@@ -62,6 +62,8 @@ mod tests {
 
     fn frame(tx: &str, id: u128) -> Frame {
         Frame {
+            producer: None,
+            encrypted: false,
             message_id: uuid::Uuid::from_u128(id),
             transaction_id: tx.into(),
             trace_id: None,

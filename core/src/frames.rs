@@ -4,13 +4,16 @@
 //! with zstd by the broker. Storage never looks inside a blob: it returns `(start_idx, take)` and
 //! the broker slices. The frame layout is the one of Queen 2.x's framed records, so a framed pop
 //! answer can later ship stored blobs as they are:
-//! `u32 body_len | u8 flags | 16 B message id | [16 B trace id if flags & 1] | str16 transactionId | payload`.
+//! `u32 body_len | u8 flags | 16 B message id | [16 B trace id if flags & 1] | str16 transactionId
+//! | [str16 producer if flags & 2] | payload` (flags & 4: the payload is sealed, see `Frame::encrypted`).
 //! Hand-written because the layout is the wire's, byte for byte, and slicing without copying
 //! payloads is on the measured hot path; zstd (the crate) does the compression.
 
 use std::fmt;
 
 const FLAG_TRACE: u8 = 1;
+const FLAG_PRODUCER: u8 = 2;
+const FLAG_ENCRYPTED: u8 = 4;
 
 /// One message as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,7 +21,11 @@ pub struct Frame {
     pub message_id: uuid::Uuid,
     pub transaction_id: String,
     pub trace_id: Option<uuid::Uuid>,
-    /// The JSON payload, as UTF-8 text.
+    /// The producer's identity (the `sub` of the token that pushed it), when auth is on.
+    pub producer: Option<String>,
+    /// `payload` is sealed (the broker's payload encryption): not JSON until opened.
+    pub encrypted: bool,
+    /// The JSON payload, as UTF-8 text (or, when `encrypted`, its sealed form).
     pub payload: Vec<u8>,
 }
 
@@ -28,6 +35,7 @@ pub enum FrameError {
         at: usize,
     },
     TransactionIdTooLong(usize),
+    ProducerTooLong(usize),
     Compression(String),
     SliceOutOfRange {
         start: usize,
@@ -42,6 +50,9 @@ impl fmt::Display for FrameError {
             FrameError::Truncated { at } => write!(f, "segment blob truncated at byte {at}"),
             FrameError::TransactionIdTooLong(n) => {
                 write!(f, "transactionId of {n} bytes does not fit a frame")
+            }
+            FrameError::ProducerTooLong(n) => {
+                write!(f, "producer identity of {n} bytes does not fit a frame")
             }
             FrameError::Compression(e) => write!(f, "segment blob codec: {e}"),
             FrameError::SliceOutOfRange { start, take, count } => {
@@ -67,18 +78,42 @@ pub fn encode_frames(frames: &[Frame]) -> Result<Vec<u8>, FrameError> {
         let txid = f.transaction_id.as_bytes();
         let txid_len =
             u16::try_from(txid.len()).map_err(|_| FrameError::TransactionIdTooLong(txid.len()))?;
+        let producer = f.producer.as_deref().map(str::as_bytes);
+        let producer_len = producer
+            .map(|p| u16::try_from(p.len()).map_err(|_| FrameError::ProducerTooLong(p.len())))
+            .transpose()?;
         let trace_len = if f.trace_id.is_some() { 16 } else { 0 };
-        let body_len = 1 + 16 + trace_len + 2 + txid.len() + f.payload.len();
+        let body_len = 1
+            + 16
+            + trace_len
+            + 2
+            + txid.len()
+            + producer.map_or(0, |p| 2 + p.len())
+            + f.payload.len();
         let body_len =
             u32::try_from(body_len).map_err(|_| FrameError::TransactionIdTooLong(body_len))?;
+        let mut flags = 0;
+        if f.trace_id.is_some() {
+            flags |= FLAG_TRACE;
+        }
+        if producer.is_some() {
+            flags |= FLAG_PRODUCER;
+        }
+        if f.encrypted {
+            flags |= FLAG_ENCRYPTED;
+        }
         out.extend_from_slice(&body_len.to_le_bytes());
-        out.push(if f.trace_id.is_some() { FLAG_TRACE } else { 0 });
+        out.push(flags);
         out.extend_from_slice(f.message_id.as_bytes());
         if let Some(t) = f.trace_id {
             out.extend_from_slice(t.as_bytes());
         }
         out.extend_from_slice(&txid_len.to_le_bytes());
         out.extend_from_slice(txid);
+        if let (Some(p), Some(n)) = (producer, producer_len) {
+            out.extend_from_slice(&n.to_le_bytes());
+            out.extend_from_slice(p);
+        }
         out.extend_from_slice(&f.payload);
     }
     Ok(out)
@@ -128,10 +163,19 @@ pub fn decode_frames(
         let txid_len = u16::from_le_bytes([l[0], l[1]]) as usize;
         let txid = take(body, &mut p, txid_len)?;
         let transaction_id = String::from_utf8_lossy(txid).into_owned();
+        let producer = if flags & FLAG_PRODUCER != 0 {
+            let l = take(body, &mut p, 2)?;
+            let n = u16::from_le_bytes([l[0], l[1]]) as usize;
+            Some(String::from_utf8_lossy(take(body, &mut p, n)?).into_owned())
+        } else {
+            None
+        };
         out.push(Frame {
             message_id,
             transaction_id,
             trace_id,
+            producer,
+            encrypted: flags & FLAG_ENCRYPTED != 0,
             payload: body[p..].to_vec(),
         });
     }
@@ -210,13 +254,20 @@ mod tests {
             message_id: uuid::Uuid::from_bytes([i; 16]),
             transaction_id: format!("tx-{i}"),
             trace_id: trace.then(|| uuid::Uuid::from_bytes([i + 100; 16])),
+            producer: (i % 3 == 1).then(|| format!("svc-{i}")),
+            encrypted: i % 4 == 3,
             payload: format!("{{\"n\":{i}}}").into_bytes(),
         }
     }
 
     #[test]
     fn round_trip_and_slice() {
+        // Every combination of the optional parts: trace id, producer, sealed payload.
         let frames: Vec<Frame> = (0..5).map(|i| frame(i, i % 2 == 0)).collect();
+        assert!(frames
+            .iter()
+            .any(|f| f.producer.is_some() && f.trace_id.is_none()));
+        assert!(frames.iter().any(|f| f.encrypted));
         let blob = build_blob(&frames).expect("encode");
         assert_eq!(slice_blob(&blob, 0, 5, 5).expect("all"), frames);
         assert_eq!(

@@ -24,7 +24,7 @@ pub use delivery::{
 };
 pub use messages::{
     AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueFull,
-    RenewOutcome,
+    RenewOutcome, SealCheck,
 };
 pub use pop::{Claim, PopRequest, PopResult, SegmentRow, Verdict};
 pub use queue::{ConfiguredQueue, QueueConfig};
@@ -47,6 +47,10 @@ pub enum StorageError {
     /// A serialization failure or deadlock: the transaction rolled back and running it again
     /// may succeed. Storage retries these itself a few times before answering with it (503).
     Contention(String),
+    /// A push of plaintext payloads to a queue whose `encryptionEnabled` is set: nothing was
+    /// stored. The broker seals the queue's payloads and pushes again (storage checks the flag in
+    /// the push's own transaction, so no broker's stale view of the queue stores plaintext).
+    EncryptionRequired { queue: String },
     /// Anything else the backend reported (5xx).
     Internal(String),
 }
@@ -58,6 +62,12 @@ impl fmt::Display for StorageError {
             StorageError::Invalid(e) => write!(f, "invalid request: {e}"),
             StorageError::Conflict(e) => write!(f, "conflict: {e}"),
             StorageError::Contention(e) => write!(f, "storage contention: {e}"),
+            StorageError::EncryptionRequired { queue } => {
+                write!(
+                    f,
+                    "queue {queue} has encryptionEnabled: its payloads must be encrypted"
+                )
+            }
             StorageError::Internal(e) => write!(f, "storage error: {e}"),
         }
     }
@@ -159,6 +169,13 @@ pub trait AdminStorage: Send + Sync {
     ) -> StorageResult<GroupDeleted>;
     /// Sets the subscription timestamp of every record of a group; returns rows updated.
     async fn update_subscription(&self, group: &str, timestamp: Timestamp) -> StorageResult<u32>;
+    /// A setting every broker of the cluster shares: stores `proposed` (if any) when the setting
+    /// has no value yet, and returns the stored value (the first broker's, for all later ones).
+    async fn cluster_setting(
+        &self,
+        name: &str,
+        proposed: Option<Vec<u8>>,
+    ) -> StorageResult<Option<Vec<u8>>>;
 }
 
 /// The delivery contract beyond the pop: transactions and dead letters.

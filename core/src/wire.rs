@@ -223,6 +223,8 @@ fn groups(
                     None => message_id.to_string(),
                 };
                 frames.push(Frame {
+                    producer: None,
+                    encrypted: false,
                     message_id,
                     transaction_id,
                     trace_id: None,
@@ -265,6 +267,8 @@ fn client_frames(raw: &[u8], n: usize, place: &str) -> Result<Vec<Frame>, WireEr
         let payload = body.rest();
         check_payload(payload, &place)?;
         out.push(Frame {
+            producer: None,
+            encrypted: false,
             message_id,
             transaction_id,
             trace_id: None,

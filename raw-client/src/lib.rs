@@ -41,13 +41,22 @@ impl Response {
 /// One keep-alive connection.
 pub struct Client {
     reader: BufReader<TcpStream>,
+    /// Sent with every request (`Authorization`, say), as `name: value` lines.
+    extra_headers: String,
 }
 
 impl Client {
     pub async fn connect(addr: SocketAddr) -> Client {
         Client {
             reader: BufReader::new(TcpStream::connect(addr).await.expect("connect")),
+            extra_headers: String::new(),
         }
+    }
+
+    /// Every later request carries this header too.
+    pub fn with_header(mut self, name: &str, value: &str) -> Client {
+        self.extra_headers.push_str(&format!("{name}: {value}\r\n"));
+        self
     }
 
     /// Sends bytes without waiting for an answer.
@@ -70,7 +79,11 @@ impl Client {
     }
 
     pub async fn send(&mut self, method: &str, path: &str, body: Option<&[u8]>) -> Response {
-        let mut req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n").into_bytes();
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: test\r\n{}",
+            self.extra_headers
+        )
+        .into_bytes();
         if let Some(b) = body {
             req.extend_from_slice(
                 format!(
@@ -89,7 +102,8 @@ impl Client {
     /// A POST of a binary body with its content type.
     pub async fn post_bytes(&mut self, path: &str, content_type: &str, body: &[u8]) -> Response {
         let mut req = format!(
-            "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            "POST {path} HTTP/1.1\r\nhost: test\r\n{}content-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            self.extra_headers,
             body.len()
         )
         .into_bytes();

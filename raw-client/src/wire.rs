@@ -152,6 +152,8 @@ pub struct Record {
 pub struct FramedMessage {
     pub id: uuid::Uuid,
     pub transaction_id: String,
+    /// The producer identity (frame flags & 2).
+    pub producer: Option<String>,
     pub payload: Vec<u8>,
     pub offset: u64,
 }
@@ -245,12 +247,15 @@ pub fn read_pop_frames(data: &[u8]) -> FramedAnswer {
                     b.take(16);
                 }
                 let transaction_id = b.text();
+                let producer = (flags & 2 != 0).then(|| b.text());
+                assert!(flags & 4 == 0, "a sealed frame reached the client");
                 let payload = b.0[b.1..].to_vec();
                 let offset = base_offset + u64::from(i);
                 if (start..=end).contains(&offset) {
                     messages.push(FramedMessage {
                         id,
                         transaction_id,
+                        producer,
                         payload,
                         offset,
                     });

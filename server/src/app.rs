@@ -198,6 +198,9 @@ pub struct App {
     pub(crate) drain_wake: Arc<Notify>,
     /// Told when a ring scheduled a revisit earlier than the wheel ticker sleeps until.
     ticker_rearm: Arc<Notify>,
+    /// Queues known to have encryptionEnabled: their pushes are sealed before storage sees
+    /// them (storage refuses plaintext for the others it turns out to encrypt).
+    pub(crate) encrypted_queues: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The gate of discovery pops (they span queues): every push opens it too.
@@ -240,6 +243,7 @@ impl App {
             push_maintenance: std::sync::atomic::AtomicBool::new(false),
             drain_wake: Arc::new(Notify::new()),
             ticker_rearm: Arc::new(Notify::new()),
+            encrypted_queues: Mutex::new(std::collections::BTreeSet::new()),
         });
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

@@ -41,8 +41,15 @@ struct RecordFrame {
     message_id: String,
     transaction_id: String,
     trace_id: Option<String>,
-    /// The payload's JSON text, as the client sent it.
+    /// The producer identity the push was authenticated as (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    producer: Option<String>,
+    /// The payload's JSON text, as the client sent it (empty when `sealed`).
     payload: String,
+    /// The sealed payload in hex, for a queue with encryptionEnabled (the plaintext never
+    /// reaches the buffer file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sealed: Option<String>,
 }
 
 /// One buffered push, read back for the drain.
@@ -170,13 +177,22 @@ impl FileBuffer {
                             .frames
                             .iter()
                             .map(|f| {
+                                let (payload, sealed) = if f.encrypted {
+                                    (String::new(), Some(hex::encode(&f.payload)))
+                                } else {
+                                    let text =
+                                        String::from_utf8(f.payload.clone()).map_err(|e| {
+                                            io::Error::new(io::ErrorKind::InvalidData, e)
+                                        })?;
+                                    (text, None)
+                                };
                                 Ok(RecordFrame {
                                     message_id: f.message_id.to_string(),
                                     transaction_id: f.transaction_id.clone(),
                                     trace_id: f.trace_id.map(|t| t.to_string()),
-                                    payload: String::from_utf8(f.payload.clone()).map_err(|e| {
-                                        io::Error::new(io::ErrorKind::InvalidData, e)
-                                    })?,
+                                    producer: f.producer.clone(),
+                                    payload,
+                                    sealed,
                                 })
                             })
                             .collect::<io::Result<_>>()?,
@@ -233,11 +249,22 @@ impl FileBuffer {
                                             io::Error::new(io::ErrorKind::InvalidData, e)
                                         })
                                     };
+                                    let (payload, encrypted) = match f.sealed {
+                                        Some(hex) => (
+                                            hex::decode(hex).map_err(|e| {
+                                                io::Error::new(io::ErrorKind::InvalidData, e)
+                                            })?,
+                                            true,
+                                        ),
+                                        None => (f.payload.into_bytes(), false),
+                                    };
                                     Ok(Frame {
                                         message_id: uuid(&f.message_id)?,
                                         transaction_id: f.transaction_id,
                                         trace_id: f.trace_id.as_deref().map(uuid).transpose()?,
-                                        payload: f.payload.into_bytes(),
+                                        producer: f.producer,
+                                        encrypted,
+                                        payload,
                                     })
                                 })
                                 .collect::<io::Result<_>>()?,
@@ -296,6 +323,8 @@ mod tests {
             queue: "q".into(),
             partition: partition.into(),
             frames: vec![Frame {
+                producer: None,
+                encrypted: false,
                 message_id: uuid::Uuid::from_u128(7),
                 transaction_id: tx.into(),
                 trace_id: None,
@@ -309,6 +338,21 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("queen-buffer-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn producer_and_sealed_payloads_survive_the_file() {
+        let dir = scratch("sealed");
+        let b = FileBuffer::open(&dir).unwrap();
+        let mut g = group("p", "t1");
+        g.frames[0].producer = Some("svc-a".into());
+        g.frames[0].encrypted = true;
+        g.frames[0].payload = vec![1, 0, 255, 7];
+        let plain = group("p", "t2");
+        b.append(Timestamp(1), &[g.clone(), plain.clone()]).unwrap();
+        let back = b.next_batch(1).unwrap().pop().unwrap();
+        assert_eq!(back.groups, vec![g, plain]);
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

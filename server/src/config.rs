@@ -10,8 +10,10 @@ use queen_core::limiter::VegasConfig;
 use queen_core::params::DEFAULT_TIMEOUT_MS;
 use queen_storage_pg::{PgConfig, PgSettings};
 
+use crate::auth::{self, AuthSettings, Authenticator, JwtAlgorithm};
 use crate::buffer::FileBuffer;
 use crate::retention::RetentionSettings;
+use crate::sealing::PayloadCipher;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -25,6 +27,10 @@ pub struct ServerConfig {
     /// The push failover buffer, when FILE_BUFFER_DIR is set.
     pub file_buffer: Option<Arc<FileBuffer>>,
     pub retention: RetentionSettings,
+    /// JWT authentication, when JWT_ENABLED.
+    pub auth: Option<Arc<Authenticator>>,
+    /// The payload key, when QUEEN_ENCRYPTION_KEY is set.
+    pub cipher: Option<Arc<PayloadCipher>>,
 }
 
 impl Default for ServerConfig {
@@ -39,6 +45,8 @@ impl Default for ServerConfig {
             max_body_bytes: 32 * 1024 * 1024,
             file_buffer: None,
             retention: RetentionSettings::default(),
+            auth: None,
+            cipher: None,
         }
     }
 }
@@ -136,6 +144,55 @@ pub struct Settings {
     /// Seconds a dead letter is kept. 0: until its queue's retention removes its message.
     #[arg(long, env = "DEAD_LETTER_RETENTION_SECONDS", default_value_t = RetentionSettings::default().dead_letter_retention_secs)]
     pub dead_letter_retention_seconds: u64,
+    /// JWT authentication of every route but JWT_SKIP_PATHS.
+    #[arg(long, env = "JWT_ENABLED", default_value = "false",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
+    pub jwt_enabled: bool,
+    /// HS256, RS256, EdDSA, or auto (the token's own, among those with a configured key).
+    #[arg(long, env = "JWT_ALGORITHM", default_value = "HS256")]
+    pub jwt_algorithm: JwtAlgorithm,
+    /// HS256 shared secret.
+    #[arg(long, env = "JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// RS256 or EdDSA public key (PEM).
+    #[arg(long, env = "JWT_PUBLIC_KEY", hide_env_values = true)]
+    pub jwt_public_key: Option<String>,
+    /// JWKS endpoint (RS256 and EdDSA keys by kid; fetched again for an unknown kid).
+    #[arg(long, env = "JWT_JWKS_URL")]
+    pub jwt_jwks_url: Option<String>,
+    /// Seconds between JWKS refreshes.
+    #[arg(long, env = "JWT_JWKS_REFRESH_INTERVAL", default_value_t = auth::DEFAULT_JWKS_REFRESH_SECS)]
+    pub jwt_jwks_refresh_interval: u64,
+    /// Required `iss` claim.
+    #[arg(long, env = "JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// Required `aud` claim.
+    #[arg(long, env = "JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// Seconds of tolerance on exp and nbf.
+    #[arg(long, env = "JWT_CLOCK_SKEW", default_value_t = auth::DEFAULT_CLOCK_SKEW_SECS)]
+    pub jwt_clock_skew: u64,
+    /// Comma-separated paths served without a token.
+    #[arg(long, env = "JWT_SKIP_PATHS", default_value = auth::DEFAULT_SKIP_PATHS)]
+    pub jwt_skip_paths: String,
+    /// Claim holding one role.
+    #[arg(long, env = "JWT_ROLES_CLAIM", default_value = auth::DEFAULT_ROLES_CLAIM)]
+    pub jwt_roles_claim: String,
+    /// Claim holding an array of roles.
+    #[arg(long, env = "JWT_ROLES_ARRAY_CLAIM", default_value = auth::DEFAULT_ROLES_ARRAY_CLAIM)]
+    pub jwt_roles_array_claim: String,
+    /// Role name of the admin level.
+    #[arg(long, env = "JWT_ROLE_ADMIN", default_value = auth::DEFAULT_ROLE_ADMIN)]
+    pub jwt_role_admin: String,
+    /// Role name of the read-write level.
+    #[arg(long, env = "JWT_ROLE_READ_WRITE", default_value = auth::DEFAULT_ROLE_READ_WRITE)]
+    pub jwt_role_read_write: String,
+    /// Role name of the read-only level.
+    #[arg(long, env = "JWT_ROLE_READ_ONLY", default_value = auth::DEFAULT_ROLE_READ_ONLY)]
+    pub jwt_role_read_only: String,
+    /// Payload key for queues with encryptionEnabled: 64 hex characters (AES-256-GCM).
+    #[arg(long, env = "QUEEN_ENCRYPTION_KEY", hide_env_values = true)]
+    pub queen_encryption_key: Option<String>,
 }
 
 impl Settings {
@@ -180,7 +237,41 @@ impl Settings {
         if self.retention_batch_size == 0 || self.eviction_batch_size == 0 {
             return Err("RETENTION_BATCH_SIZE and EVICTION_BATCH_SIZE must be positive".into());
         }
+        let auth = if self.jwt_enabled {
+            Some(Arc::new(Authenticator::new(AuthSettings {
+                algorithm: self.jwt_algorithm,
+                secret: self.jwt_secret,
+                public_key_pem: self.jwt_public_key,
+                jwks_url: self.jwt_jwks_url,
+                jwks_refresh: std::time::Duration::from_secs(self.jwt_jwks_refresh_interval.max(1)),
+                issuer: self.jwt_issuer,
+                audience: self.jwt_audience,
+                clock_skew_secs: self.jwt_clock_skew,
+                skip_paths: self
+                    .jwt_skip_paths
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                roles_claim: self.jwt_roles_claim,
+                roles_array_claim: self.jwt_roles_array_claim,
+                role_admin: self.jwt_role_admin,
+                role_read_write: self.jwt_role_read_write,
+                role_read_only: self.jwt_role_read_only,
+            })?))
+        } else {
+            None
+        };
+        let cipher = self
+            .queen_encryption_key
+            .as_deref()
+            .map(PayloadCipher::from_hex)
+            .transpose()?
+            .map(Arc::new);
         let server = ServerConfig {
+            auth,
+            cipher,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,
@@ -258,6 +349,9 @@ mod tests {
             "RETENTION_INTERVAL",
             "PARTITION_CLEANUP_DAYS",
             "EVICTION_BATCH_SIZE",
+            "JWT_ENABLED",
+            "JWT_SKIP_PATHS",
+            "QUEEN_ENCRYPTION_KEY",
         ] {
             assert!(help.contains(var), "--help does not name {var}");
         }

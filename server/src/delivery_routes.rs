@@ -17,7 +17,11 @@ use crate::routes::{group_items, merge_wire_groups};
 /// `POST /api/v1/transaction`: acks and pushes commit together or not at all. A JSON body, or Queen 2.x's binary one (`QTB1`: a JSON head
 /// without the pushes, then the pushes as framed groups; the answer lists the head's operations
 /// first, then the pushes in wire order).
-pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
+pub async fn transaction(
+    app: &Arc<App>,
+    body: &[u8],
+    producer: Option<&str>,
+) -> Result<Reply, Failure> {
     let (request, pushes, counts) = if wire::is_binary_transaction(body) {
         let decoded = wire::decode_transaction(body, app.config.max_body_bytes)
             .map_err(|e| Failure::bad(format!("binary transaction: {e}")))?;
@@ -91,7 +95,7 @@ pub async fn transaction(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> 
     }
     // The ack items' transaction ids and the push groups, for the answer.
     let rendered_ops: Vec<TxOp> = tx_ops.clone();
-    let out = app.transaction(tx_ops).await?;
+    let out = app.transaction(tx_ops, producer).await?;
     let mut results = vec![];
     for (k, r) in out.results.iter().enumerate() {
         match (r, &rendered_ops[k]) {
@@ -211,17 +215,27 @@ pub async fn dead_letters(app: &Arc<App>, pairs: &[(String, String)]) -> Result<
             .as_ref()
             .and_then(|s| slice_blob(&s.blob, s.start_idx as usize, 1, s.msg_count as usize).ok())
             .and_then(|mut f| f.pop());
-        let data = frame
-            .as_ref()
-            .and_then(|f| serde_json::from_slice::<Value>(&f.payload).ok())
-            .unwrap_or(Value::Null);
-        messages.push(json!({
+        let data = match &frame {
+            Some(f) => {
+                let payload = crate::sealing::plaintext(app.config.cipher.as_deref(), f)
+                    .map_err(Failure::server)?;
+                serde_json::from_slice::<Value>(&payload).unwrap_or(Value::Null)
+            }
+            None => Value::Null,
+        };
+        let producer = frame.as_ref().and_then(|f| f.producer.clone());
+        let mut entry = json!({
             "id": frame.as_ref().map(|f| f.message_id.to_string()),
             "dlqId": r.id,
             "transactionId": r.transaction_id, "partitionId": r.partition_id, "queue": r.queue, "partition": r.partition,
-            "consumerGroup": r.group, "errorMessage": r.error, "retryCount": r.retry_count, "data": data, "producerSub": null,
+            "consumerGroup": r.group, "errorMessage": r.error, "retryCount": r.retry_count, "data": data,
             "createdAt": r.segment.as_ref().map(|s| format_iso_micros(s.created_at)), "failedAt": format_iso_micros(r.failed_at),
-        }));
+        });
+        // Omitted for messages pushed without auth, as on pops.
+        if let Some(p) = producer {
+            entry["producerSub"] = json!(p);
+        }
+        messages.push(entry);
     }
     Ok(http::json(
         StatusCode::OK,

@@ -48,6 +48,9 @@ impl From<queen_core::storage::StorageError> for Failure {
                 message: m,
             },
             E::Unavailable(m) | E::Contention(m) => Failure::unavailable(m),
+            e @ E::EncryptionRequired { .. } => Failure::server(format!(
+                "{e}, and this broker has no QUEEN_ENCRYPTION_KEY: nothing was stored"
+            )),
             E::Internal(m) => Failure::server(m),
         }
     }
@@ -117,6 +120,10 @@ pub fn error(f: &Failure) -> Reply {
     if f.status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut()
             .insert("retry-after", HeaderValue::from_static(RETRY_AFTER_SECS));
+    }
+    if f.status == StatusCode::UNAUTHORIZED {
+        r.headers_mut()
+            .insert("www-authenticate", HeaderValue::from_static("Bearer"));
     }
     r
 }

@@ -1,6 +1,7 @@
 //! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
 
 pub mod app;
+pub mod auth;
 pub mod buffer;
 pub mod config;
 mod delivery_routes;
@@ -11,6 +12,7 @@ mod pop_route;
 mod requests;
 pub mod retention;
 mod routes;
+pub mod sealing;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -25,6 +27,8 @@ use queen_core::params::PopShape;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
+use crate::auth::Access::{Admin, ReadOnly, ReadWrite};
+use crate::auth::Caller;
 use crate::http::{Failure, Reply};
 
 /// Answers one request. A panic anywhere below becomes a 500 for this request only.
@@ -72,25 +76,40 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
         .map(|s| http::percent_decode(s, false))
         .collect::<Result<_, _>>()?;
     let seg: Vec<&str> = segments.iter().map(String::as_str).collect();
+    // A CORS preflight carries no credentials.
+    if method == Method::OPTIONS {
+        return Ok(http::no_content());
+    }
+    let caller = match &app.config.auth {
+        None => Caller::Open,
+        Some(auth) => auth.authenticate(req.uri().path(), req.headers()).await?,
+    };
+    // Each route states the level it requires (auth::Access); a public path's caller is Open.
+    let need = |level| caller.require(level);
     match (&method, seg.as_slice()) {
-        (&Method::OPTIONS, _) => Ok(http::no_content()),
-        (&Method::GET, ["health"]) => Ok(routes::health(&app).await),
-        (&Method::GET, ["metrics"]) => Ok(http::json(
-            StatusCode::OK,
-            &routes::metrics_snapshot(&app).json(),
-        )),
-        (&Method::GET, ["metrics", "prometheus"]) => Ok(http::text(
-            StatusCode::OK,
-            routes::metrics_snapshot(&app)
-                .prometheus()
-                .map_err(|e| Failure::server(format!("encoding the metrics: {e}")))?,
-            metrics::OPENMETRICS_CONTENT_TYPE,
-        )),
+        (&Method::GET, ["health"]) => {
+            need(ReadOnly)?;
+            Ok(routes::health(&app).await)
+        }
+        (&Method::GET, ["metrics"]) => need(ReadOnly)
+            .map(|()| http::json(StatusCode::OK, &routes::metrics_snapshot(&app).json())),
+        (&Method::GET, ["metrics", "prometheus"]) => {
+            need(ReadOnly)?;
+            Ok(http::text(
+                StatusCode::OK,
+                routes::metrics_snapshot(&app)
+                    .prometheus()
+                    .map_err(|e| Failure::server(format!("encoding the metrics: {e}")))?,
+                metrics::OPENMETRICS_CONTENT_TYPE,
+            ))
+        }
         (&Method::POST, ["api", "v1", "push"]) => {
+            need(ReadWrite)?;
             let b = body(&app, req).await?;
-            routes::push(&app, &b).await
+            routes::push(&app, &b, caller.producer()).await
         }
         (&Method::GET, ["api", "v1", "pop", "queue", q, "partition", p]) => {
+            need(ReadWrite)?;
             let shape = PopShape::Partition {
                 queue: q.to_string(),
                 partition: p.to_string(),
@@ -98,12 +117,14 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
             Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
         }
         (&Method::GET, ["api", "v1", "pop", "queue", q]) => {
+            need(ReadWrite)?;
             let shape = PopShape::Queue {
                 queue: q.to_string(),
             };
             Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
         }
         (&Method::GET, ["api", "v1", "pop"]) => {
+            need(ReadWrite)?;
             let shape = PopShape::Discovery {
                 namespace: None,
                 task: None,
@@ -111,68 +132,84 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
             Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
         }
         (&Method::POST, ["api", "v1", "ack"]) => {
+            need(ReadWrite)?;
             let b = body(&app, req).await?;
             routes::ack(&app, &b).await
         }
         (&Method::POST, ["api", "v1", "ack", "batch"]) => {
+            need(ReadWrite)?;
             let b = body(&app, req).await?;
             routes::ack_batch(&app, &b).await
         }
         (&Method::POST, ["api", "v1", "lease", id, "extend"]) => {
+            need(ReadWrite)?;
             let id = id.to_string();
             let b = body(&app, req).await?;
             routes::extend_lease(&app, &id, &b).await
         }
         (&Method::POST, ["api", "v1", "configure"]) => {
+            need(ReadWrite)?;
             let b = body(&app, req).await?;
             routes::configure(&app, &b).await
         }
         (&Method::DELETE, ["api", "v1", "resources", "queues", q]) => {
+            need(Admin)?;
             let q = q.to_string();
             routes::delete_queue(&app, &q).await
         }
         (&Method::POST, ["api", "v1", "transaction"]) => {
+            need(ReadWrite)?;
             let b = body(&app, req).await?;
-            delivery_routes::transaction(&app, &b).await
+            delivery_routes::transaction(&app, &b, caller.producer()).await
         }
         (&Method::POST, ["api", "v1", "dlq", id, "requeue"]) => {
+            need(ReadWrite)?;
             let id = id.to_string();
             delivery_routes::requeue(&app, &id).await
         }
         (&Method::GET, ["api", "v1", "dlq"]) => {
+            need(ReadOnly)?;
             delivery_routes::dead_letters(&app, &http::query_pairs(query.as_deref())?).await
         }
         (&Method::DELETE, ["api", "v1", "consumer-groups", g]) => {
+            need(Admin)?;
             let g = g.to_string();
             delivery_routes::delete_group(&app, &g, None, &http::query_pairs(query.as_deref())?)
                 .await
         }
         (&Method::DELETE, ["api", "v1", "consumer-groups", g, "queues", q]) => {
+            need(Admin)?;
             let (g, q) = (g.to_string(), q.to_string());
             delivery_routes::delete_group(&app, &g, Some(&q), &http::query_pairs(query.as_deref())?)
                 .await
         }
         (&Method::POST, ["api", "v1", "consumer-groups", g, "queues", q, "seek"]) => {
+            need(ReadWrite)?;
             let (g, q) = (g.to_string(), q.to_string());
             let b = body(&app, req).await?;
             delivery_routes::seek(&app, &g, &q, &b).await
         }
         (&Method::POST, ["api", "v1", "consumer-groups", g, "subscription"]) => {
+            need(ReadWrite)?;
             let g = g.to_string();
             let b = body(&app, req).await?;
             delivery_routes::update_subscription(&app, &g, &b).await
         }
         (&Method::GET, ["api", "v1", "system", "maintenance"]) => {
+            need(Admin)?;
             Ok(routes::push_maintenance_state(&app))
         }
         (&Method::POST, ["api", "v1", "system", "maintenance"]) => {
+            need(Admin)?;
             let b = body(&app, req).await?;
             routes::set_push_maintenance(&app, &b)
         }
         (&Method::GET, ["api", "v1", "system", "maintenance", "pop"]) => {
+            need(Admin)?;
             Ok(routes::pop_maintenance_state(&app))
         }
         (&Method::POST, ["api", "v1", "system", "maintenance", "pop"]) => {
+            need(Admin)?;
             let b = body(&app, req).await?;
             routes::set_pop_maintenance(&app, &b)
         }

@@ -55,6 +55,10 @@ async fn run(settings: Settings) -> Result<(), String> {
             StorageSet::of(SimDb::new(seed, Arc::new(wall_now), SimBugs::default()))
         }
     };
+    queen_server::sealing::check_cluster_key(&*storage.admin, config.cipher.as_deref()).await?;
+    if config.auth.is_some() {
+        tracing::info!("JWT authentication on");
+    }
     let addr = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&addr)
         .await

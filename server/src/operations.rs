@@ -12,14 +12,21 @@ use queen_core::storage::{
 };
 use queen_core::Timestamp;
 
-use crate::app::{App, CrashPoint};
+use crate::app::{lock, App, CrashPoint};
 
 impl App {
     /// Stores a push request's groups in one transaction; the partitions that queued anything
     /// are published. With a file buffer, a push goes to the buffer instead while push
     /// maintenance mode is on or earlier pushes wait there (so none overtakes them), and when
     /// storage is unreachable.
-    pub async fn push(&self, groups: Vec<PushGroup>) -> StorageResult<Pushed> {
+    /// `producer`: the authenticated caller's identity, stamped on every message (whatever the
+    /// request said).
+    pub async fn push(
+        &self,
+        mut groups: Vec<PushGroup>,
+        producer: Option<&str>,
+    ) -> StorageResult<Pushed> {
+        stamp_producer(&mut groups, producer);
         if let Some(buffer) = &self.config.file_buffer {
             if self.push_maintenance.load(Ordering::SeqCst) || buffer.pending() > 0 {
                 return self.buffer_push(groups).await;
@@ -37,10 +44,13 @@ impl App {
         self.store_push(groups, None).await.map(Pushed::Stored)
     }
 
-    async fn buffer_push(&self, groups: Vec<PushGroup>) -> StorageResult<Pushed> {
+    async fn buffer_push(&self, mut groups: Vec<PushGroup>) -> StorageResult<Pushed> {
         let Some(buffer) = self.config.file_buffer.clone() else {
             return Err(StorageError::Internal("no file buffer".into()));
         };
+        // Queues known to encrypt are sealed before the file; the drain seals any other that
+        // turns out to (store_push).
+        self.seal_known(&mut groups)?;
         let accepted_at = self.now();
         let written = tokio::task::spawn_blocking(move || {
             buffer.append(accepted_at, &groups)?;
@@ -54,21 +64,32 @@ impl App {
         Ok(Pushed::Buffered(written))
     }
 
-    /// The storage half of a push: one transaction, then the events and counters.
+    /// The storage half of a push: one transaction, then the events and counters. A queue
+    /// storage says must encrypt is learned, and the push sealed and sent again.
     async fn store_push(
         &self,
-        groups: Vec<PushGroup>,
+        mut groups: Vec<PushGroup>,
         accepted_at: Option<Timestamp>,
     ) -> StorageResult<Vec<PushGroupResult>> {
         let targets: Vec<(String, String)> = groups
             .iter()
             .map(|g| (g.queue.clone(), g.partition.clone()))
             .collect();
-        let outcomes = self
-            .storage
-            .messages
-            .push_accepted_at(groups, accepted_at)
-            .await?;
+        self.seal_known(&mut groups)?;
+        let outcomes = loop {
+            let again = self.may_need_sealing(&groups).then(|| groups.clone());
+            match self
+                .storage
+                .messages
+                .push_accepted_at(groups, accepted_at)
+                .await
+            {
+                Err(StorageError::EncryptionRequired { queue }) if again.is_some() => {
+                    groups = self.learned_encrypted(queue, again)?;
+                }
+                other => break other?,
+            }
+        };
         self.metrics.pushes.inc();
         for o in outcomes.iter().flatten() {
             let counter = match o {
@@ -123,7 +144,11 @@ impl App {
     /// Runs a transaction; when it commits, what its operations queued and released is published.
     /// A transaction that pushes waits while pushes sit in the file buffer (503): stored now, it
     /// would overtake them.
-    pub async fn transaction(&self, ops: Vec<TxOp>) -> StorageResult<TxOutcome> {
+    pub async fn transaction(
+        &self,
+        mut ops: Vec<TxOp>,
+        producer: Option<&str>,
+    ) -> StorageResult<TxOutcome> {
         let pushes = ops.iter().any(|op| matches!(op, TxOp::Push(_)));
         if pushes
             && self
@@ -149,7 +174,35 @@ impl App {
                 TxOp::Ack { group, .. } => Touched::Group(group.clone()),
             })
             .collect();
-        let out = self.storage.delivery.transaction(ops).await?;
+        for op in &mut ops {
+            if let TxOp::Push(groups) = op {
+                stamp_producer(groups, producer);
+                self.seal_known(groups)?;
+            }
+        }
+        let out = loop {
+            let groups = |ops: &[TxOp]| -> Vec<PushGroup> {
+                ops.iter()
+                    .flat_map(|op| match op {
+                        TxOp::Push(g) => g.clone(),
+                        TxOp::Ack { .. } => vec![],
+                    })
+                    .collect()
+            };
+            let again = self.may_need_sealing(&groups(&ops)).then(|| ops.clone());
+            match self.storage.delivery.transaction(ops).await {
+                Err(StorageError::EncryptionRequired { queue }) if again.is_some() => {
+                    self.learned_encrypted(queue, None)?;
+                    ops = again.unwrap_or_default();
+                    for op in &mut ops {
+                        if let TxOp::Push(groups) = op {
+                            self.seal_known(groups)?;
+                        }
+                    }
+                }
+                other => break other?,
+            }
+        };
         self.crash_point(CrashPoint::TransactionStored).await;
         if out.committed {
             let mut events = vec![];
@@ -170,11 +223,64 @@ impl App {
         Ok(out)
     }
 
+    /// Seals the groups of queues this broker knows to encrypt.
+    fn seal_known(&self, groups: &mut [PushGroup]) -> StorageResult<()> {
+        let known = lock(&self.encrypted_queues);
+        for g in groups.iter_mut().filter(|g| known.contains(&g.queue)) {
+            let cipher =
+                self.config
+                    .cipher
+                    .as_ref()
+                    .ok_or_else(|| StorageError::EncryptionRequired {
+                        queue: g.queue.clone(),
+                    })?;
+            cipher.seal_group(g).map_err(StorageError::Internal)?;
+        }
+        Ok(())
+    }
+
+    /// Whether storage could still refuse these groups for want of sealing: this broker has a
+    /// key and some group is plaintext (then a push keeps a copy to seal and send again).
+    fn may_need_sealing(&self, groups: &[PushGroup]) -> bool {
+        self.config.cipher.is_some() && groups.iter().any(|g| !g.is_sealed())
+    }
+
+    /// Storage refused plaintext for `queue`: remember that it encrypts, and give back `again`
+    /// sealed. Refused twice for the same queue (impossible once it is sealed) is an error,
+    /// so the retry loop ends.
+    fn learned_encrypted(
+        &self,
+        queue: String,
+        again: Option<Vec<PushGroup>>,
+    ) -> StorageResult<Vec<PushGroup>> {
+        if !lock(&self.encrypted_queues).insert(queue.clone()) {
+            return Err(StorageError::Internal(format!(
+                "queue {queue} refused sealed payloads as plaintext"
+            )));
+        }
+        let mut groups = again.unwrap_or_default();
+        self.seal_known(&mut groups)?;
+        Ok(groups)
+    }
+
     /// Creates or overwrites a queue's configuration. Every broker's cached options and beliefs
-    /// about the queue are stale now.
+    /// about the queue are stale now. encryptionEnabled needs this broker's key (400 without).
     pub async fn configure_queue(&self, config: QueueConfig) -> StorageResult<ConfiguredQueue> {
+        if config.encryption_enabled && self.config.cipher.is_none() {
+            return Err(StorageError::Invalid(
+                "encryptionEnabled needs QUEEN_ENCRYPTION_KEY set on the broker".into(),
+            ));
+        }
         let queue = config.name.clone();
+        let encrypted = config.encryption_enabled;
         let configured = self.storage.admin.configure_queue(config).await?;
+        // Other brokers learn it from push_v4's refusal; a queue no longer encrypting is
+        // harmless to seal for (pops open any sealed frame).
+        if encrypted {
+            lock(&self.encrypted_queues).insert(queue.clone());
+        } else {
+            lock(&self.encrypted_queues).remove(&queue);
+        }
         self.publish(&DeliveryEvent::QueueChanged { queue });
         Ok(configured)
     }
@@ -252,6 +358,19 @@ impl App {
             self.publish_all(&pushed_events(&target, &[vec![r.outcome.clone()]]));
         }
         Ok(requeued)
+    }
+}
+
+/// Every message of a push carries the caller's identity, or none: a client never sets it.
+fn stamp_producer(groups: &mut [PushGroup], producer: Option<&str>) {
+    for g in groups.iter_mut() {
+        if g.frames.iter().any(|f| f.producer.as_deref() != producer) {
+            for f in &mut g.frames {
+                f.producer = producer.map(str::to_string);
+            }
+            // The client's compressed blob holds the frames without it.
+            g.blob = None;
+        }
     }
 }
 

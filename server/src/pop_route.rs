@@ -174,22 +174,22 @@ async fn finish(
             } else {
                 Ok(None)
             };
-            let reply = match framed {
-                Ok(Some(bytes)) => http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE),
-                Ok(None) => match render(app, &claims, worker, auto_ack, group) {
-                    Ok(bytes) => http::json_bytes(StatusCode::OK, bytes),
-                    Err(f) => {
-                        app.metrics.server_errors.inc();
-                        http::error(&f)
-                    }
-                },
+            let rendered = match framed {
+                Ok(Some(bytes)) => Ok(http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE)),
+                Ok(None) => render(app, &claims, worker, auto_ack, group)
+                    .map(|bytes| http::json_bytes(StatusCode::OK, bytes)),
+                Err(f) => Err(f),
+            };
+            let (reply, delivered) = match rendered {
+                Ok(reply) => (reply, true),
                 Err(f) => {
                     app.metrics.server_errors.inc();
-                    http::error(&f)
+                    tracing::warn!(error = %f.message, "a claimed batch could not be rendered; its leases are given back");
+                    (http::error(&f), false)
                 }
             };
-            if tx.send(reply).is_err() && !auto_ack {
-                // The client left before the answer: give the leases back now.
+            if (tx.send(reply).is_err() || !delivered) && !auto_ack {
+                // The client left before the answer, or got none: give the leases back now.
                 release(app, &claims, worker, group).await;
             }
         }
@@ -228,7 +228,9 @@ struct Message<'a> {
     transaction_id: &'a str,
     trace_id: Option<String>,
     data: &'a RawValue,
-    producer_sub: Option<()>,
+    /// Omitted for messages pushed without auth, as Queen 2.x does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_sub: Option<&'a str>,
     created_at: String,
     queue: &'a str,
     partition: &'a str,
@@ -269,10 +271,12 @@ fn render(
     } else {
         worker.to_string()
     };
+    let cipher = app.config.cipher.as_deref();
     let payloads: Vec<Box<RawValue>> = delivered
         .iter()
         .map(|m| {
-            let text = String::from_utf8(m.frame.payload.clone())
+            let payload = crate::sealing::plaintext(cipher, &m.frame).map_err(Failure::server)?;
+            let text = String::from_utf8(payload.into_owned())
                 .map_err(|_| Failure::server("stored payload is not UTF-8"))?;
             RawValue::from_string(text)
                 .map_err(|e| Failure::server(format!("stored payload is not JSON: {e}")))
@@ -286,7 +290,7 @@ fn render(
             transaction_id: &m.frame.transaction_id,
             trace_id: m.frame.trace_id.map(|t| t.to_string()),
             data,
-            producer_sub: None,
+            producer_sub: m.frame.producer.as_deref(),
             created_at: format_iso_micros(m.created_at),
             queue: &m.queue,
             partition: &m.partition,
@@ -337,7 +341,9 @@ async fn render_framed(
     let Some(queue) = claims.first().map(|c| c.queue.as_str()) else {
         return Ok(None);
     };
-    if claims.iter().any(|c| c.queue != queue) {
+    // A broker with a payload key answers JSON, as Queen 2.x's does: the client refuses
+    // sealed frames, and opening them means re-framing every record.
+    if claims.iter().any(|c| c.queue != queue) || app.config.cipher.is_some() {
         return Ok(None);
     }
     let ids: Vec<String> = claims.iter().map(|c| c.partition_id.clone()).collect();

@@ -139,6 +139,8 @@ pub fn push_items(
                 queue,
                 partition,
                 frame: Frame {
+                    producer: None,
+                    encrypted: false,
                     message_id,
                     transaction_id: transaction_id.unwrap_or_else(|| message_id.to_string()),
                     trace_id,

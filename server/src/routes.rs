@@ -75,18 +75,18 @@ struct ItemHead {
 }
 
 /// `POST /api/v1/push`: a JSON body, or Queen 2.x's binary one (`QPB1`, told by its magic).
-pub async fn push(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
+pub async fn push(app: &Arc<App>, body: &[u8], producer: Option<&str>) -> Result<Reply, Failure> {
     if wire::is_binary_push(body) {
         let decoded = wire::decode_push(body, app.config.max_body_bytes, || app.mint_uuid())
             .map_err(|e| Failure::bad(format!("binary push: {e}")))?;
         app.metrics.binary_pushes.inc();
         let (groups, slots) = merge_wire_groups(decoded.groups);
-        return store_and_answer(app, groups, slots, decoded.counts).await;
+        return store_and_answer(app, groups, slots, decoded.counts, producer).await;
     }
     let request: requests::PushBody = requests::body(body, None)?;
     let items = requests::push_items(&request.items, "items", || app.mint_uuid())?;
     let (groups, slots) = group_items(items);
-    store_and_answer(app, groups, slots, false).await
+    store_and_answer(app, groups, slots, false, producer).await
 }
 
 /// Stores a push and answers one object per item in request order (`slots`: each item's group
@@ -96,6 +96,7 @@ async fn store_and_answer(
     groups: Vec<PushGroup>,
     slots: Vec<(usize, usize)>,
     counts: bool,
+    producer: Option<&str>,
 ) -> Result<Reply, Failure> {
     if slots.is_empty() {
         let answer = if counts {
@@ -117,7 +118,7 @@ async fn store_and_answer(
             }
         })
         .collect();
-    let outcomes = match app.push(groups).await? {
+    let outcomes = match app.push(groups, producer).await? {
         Pushed::Stored(outcomes) => outcomes,
         Pushed::Buffered(groups) => {
             if counts {

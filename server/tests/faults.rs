@@ -927,6 +927,8 @@ async fn a_drain_cut_short_stores_nothing_twice() {
                 queue: "cut".into(),
                 partition: "p".into(),
                 frames: vec![queen_core::frames::Frame {
+                    producer: None,
+                    encrypted: false,
                     message_id: uuid::Uuid::from_u128(1000 + i),
                     transaction_id: format!("c{i}"),
                     trace_id: None,

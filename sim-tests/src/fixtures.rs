@@ -54,6 +54,8 @@ pub fn group(
         partition: partition.into(),
         frames: range
             .map(|i| Frame {
+                producer: None,
+                encrypted: false,
                 message_id: ids.uuid(),
                 transaction_id: format!("{prefix}-{i}"),
                 trace_id: None,

@@ -25,6 +25,8 @@ fn push(partition: &str, tag: &str, n: u32) -> PushGroup {
         partition: partition.into(),
         frames: (0..n)
             .map(|i| Frame {
+                producer: None,
+                encrypted: false,
                 message_id: uuid::Uuid::from_u128(u128::from(i) + 1),
                 transaction_id: format!("{tag}-{i}"),
                 trace_id: None,

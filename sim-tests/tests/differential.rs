@@ -129,6 +129,8 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
         Op::Push { part, n, dup } => {
             let frames = (0..*n)
                 .map(|i| Frame {
+                    producer: None,
+                    encrypted: false,
                     message_id: uuid::Uuid::from_u128(seq * 100 + u128::from(i)),
                     transaction_id: if *dup {
                         format!("dup-{i}")

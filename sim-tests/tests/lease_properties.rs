@@ -565,6 +565,8 @@ impl StateMachineTest for LeaseModel {
                 let base = before.last[*part] + 1;
                 let frames = (0..*n)
                     .map(|i| Frame {
+                        producer: None,
+                        encrypted: false,
                         message_id: uuid::Uuid::from_u128(u128::from(i) + 1),
                         transaction_id: format!("{}-{}", PARTS[*part], base + i64::from(i)),
                         trace_id: None,

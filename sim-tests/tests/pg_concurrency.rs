@@ -31,6 +31,8 @@ fn group(p: usize, tag: &str, n: usize) -> PushGroup {
         partition: format!("p{p:04}"),
         frames: (0..n)
             .map(|i| Frame {
+                producer: None,
+                encrypted: false,
                 message_id: uuid::Uuid::from_u128((p * 1_000_000 + i) as u128 + 1),
                 transaction_id: format!("{tag}-{i}"),
                 trace_id: None,
@@ -114,6 +116,8 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
                         let id =
                             uuid::Uuid::from_u128(1_000_000_000 + u128::from(k as u32) * 2 + round);
                         let blob = queen_core::frames::build_blob(&[Frame {
+                            producer: None,
+                            encrypted: false,
                             message_id: id,
                             transaction_id: format!("held{k}{tag}"),
                             trace_id: None,
@@ -125,7 +129,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
                         }
                         client
                             .query(
-                                "SELECT * FROM queen.push_v3('conc', $1, ARRAY[$2], $3, $4, NULL)",
+                                "SELECT * FROM queen.push_v4('conc', $1, ARRAY[$2], $3, $4, NULL, false)",
                                 &[&p, &format!("held{k}{tag}"), &vec![id], &blob],
                             )
                             .await

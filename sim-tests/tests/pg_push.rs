@@ -14,6 +14,8 @@ fn one(partition: &str, txid: &str, id: u128) -> PushGroup {
         queue: "dedup".into(),
         partition: partition.into(),
         frames: vec![Frame {
+            producer: None,
+            encrypted: false,
             message_id: uuid::Uuid::from_u128(id),
             transaction_id: txid.into(),
             trace_id: None,
@@ -156,6 +158,8 @@ async fn a_late_committing_push_is_never_skipped() {
     tokio::spawn(conn);
     early.batch_execute("BEGIN").await.expect("begin");
     let blob = queen_core::frames::build_blob(&[Frame {
+        producer: None,
+        encrypted: false,
         message_id: uuid::Uuid::from_u128(77),
         transaction_id: "early".into(),
         trace_id: None,
@@ -164,7 +168,7 @@ async fn a_late_committing_push_is_never_skipped() {
     .expect("blob");
     early
         .query(
-            "SELECT * FROM queen.push_v3('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2, NULL)",
+            "SELECT * FROM queen.push_v4('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2, NULL, false)",
             &[&uuid::Uuid::from_u128(77), &blob],
         )
         .await

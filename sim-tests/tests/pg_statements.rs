@@ -54,6 +54,8 @@ async fn statements_per_delivered_batch() {
             partition: p.clone(),
             frames: (0..10)
                 .map(|i| Frame {
+                    producer: None,
+                    encrypted: false,
                     message_id: uuid::Uuid::from_u128(i + 1),
                     transaction_id: format!("{p}-{i}"),
                     trace_id: None,
@@ -121,6 +123,8 @@ async fn statements_per_delivered_batch() {
     // The ack that completes a batch, for the record.
     let frames = (0..10)
         .map(|i| Frame {
+            producer: None,
+            encrypted: false,
             message_id: uuid::Uuid::from_u128(i + 1),
             transaction_id: format!("ackp-{i}"),
             trace_id: None,

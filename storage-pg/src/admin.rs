@@ -104,4 +104,30 @@ impl AdminStorage for PgStorage {
             .map_err(pg_err("update subscription"))?;
         Ok(u32::try_from(row.get::<_, i32>(0)).unwrap_or(0))
     }
+
+    async fn cluster_setting(
+        &self,
+        name: &str,
+        proposed: Option<Vec<u8>>,
+    ) -> StorageResult<Option<Vec<u8>>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        if let Some(value) = proposed {
+            client
+                .execute(
+                    "INSERT INTO queen.cluster_settings (name, value) VALUES ($1, $2)
+                     ON CONFLICT (name) DO NOTHING",
+                    &[&name, &value],
+                )
+                .await
+                .map_err(pg_err("cluster setting: insert"))?;
+        }
+        let row = client
+            .query_opt(
+                "SELECT value FROM queen.cluster_settings WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .map_err(pg_err("cluster setting: read"))?;
+        Ok(row.map(|r| r.get(0)))
+    }
 }

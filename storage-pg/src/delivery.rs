@@ -4,8 +4,8 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use queen_core::storage::{
-    DeadLetterEntry, DeadLetterPage, DeliveryStorage, DlqQuery, PushGroup, Requeued, StorageError,
-    StorageResult, TxOp, TxOpResult, TxOutcome,
+    DeadLetterEntry, DeadLetterPage, DeliveryStorage, DlqQuery, PushGroup, Requeued, SealCheck,
+    StorageError, StorageResult, TxOp, TxOpResult, TxOutcome,
 };
 
 use crate::error::{pg_err, pool_err, retry_contention};
@@ -145,6 +145,7 @@ impl DeliveryStorage for PgStorage {
                 blob: None,
             }],
             None,
+            SealCheck::AsStored,
         )
         .await?;
         tx.execute("DELETE FROM queen.dead_letters WHERE id = $1", &[&id])
@@ -170,7 +171,9 @@ impl PgStorage {
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
             let result = match op {
-                TxOp::Push(groups) => TxOpResult::Push(push_groups(&tx, groups, None).await?),
+                TxOp::Push(groups) => {
+                    TxOpResult::Push(push_groups(&tx, groups, None, SealCheck::Enforce).await?)
+                }
                 TxOp::Ack { group, item } => TxOpResult::Ack(
                     ack_items(&tx, group, std::slice::from_ref(item))
                         .await?

@@ -40,8 +40,15 @@ fn class(code: &str) -> Class {
     }
 }
 
+/// push_v4's refusal of plaintext payloads for a queue with encryptionEnabled (its message is
+/// the queue's name).
+const ENCRYPTION_REQUIRED: &str = "QE001";
+
 pub fn pg_err(context: &str) -> impl Fn(tokio_postgres::Error) -> StorageError + '_ {
     move |e| match e.as_db_error() {
+        Some(db) if db.code().code() == ENCRYPTION_REQUIRED => StorageError::EncryptionRequired {
+            queue: db.message().to_string(),
+        },
         Some(db) => {
             let text = format!("{context}: {} ({})", db.message(), db.code().code());
             match class(db.code().code()) {

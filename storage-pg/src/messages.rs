@@ -1,10 +1,10 @@
-//! Push, ack and lease renewal on PostgreSQL (push_v3, ack_v1, renew_lease_v1).
+//! Push, ack and lease renewal on PostgreSQL (push_v4, ack_v1, renew_lease_v1).
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, MessageStorage, PushGroup, PushGroupResult, PushOutcome,
-    QueueFull, RenewOutcome, StorageError, StorageResult,
+    QueueFull, RenewOutcome, SealCheck, StorageError, StorageResult,
 };
 use std::time::SystemTime;
 
@@ -27,11 +27,12 @@ pub(crate) async fn push_groups(
     tx: &deadpool_postgres::Transaction<'_>,
     groups: &[PushGroup],
     accepted_at: Option<SystemTime>,
+    seal: SealCheck,
 ) -> StorageResult<Vec<PushGroupResult>> {
     let stmt = tx
         .prepare_cached(
             "SELECT o_status, o_message_id, o_partition_id, o_offset, o_max_size, o_backlog
-               FROM queen.push_v3($1, $2, $3, $4, $5, $6)",
+               FROM queen.push_v4($1, $2, $3, $4, $5, $6, $7)",
         )
         .await
         .map_err(pg_err("push"))?;
@@ -44,6 +45,7 @@ pub(crate) async fn push_groups(
     let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
     for i in order {
         let g = &groups[i];
+        let sealed = (seal == SealCheck::Enforce).then(|| g.is_sealed());
         let firsts = FirstOccurrences::of(&g.frames);
         let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
         let mut candidates: Vec<usize> = firsts.firsts().collect();
@@ -62,13 +64,21 @@ pub(crate) async fn push_groups(
             let rows = tx
                 .query(
                     &stmt,
-                    &[&g.queue, &g.partition, &txids, &ids, &blob, &accepted_at],
+                    &[
+                        &g.queue,
+                        &g.partition,
+                        &txids,
+                        &ids,
+                        &blob,
+                        &accepted_at,
+                        &sealed,
+                    ],
                 )
                 .await
                 .map_err(pg_err("push"))?;
             if rows.len() != candidates.len() {
                 return Err(StorageError::Internal(format!(
-                    "push_v3 answered {} rows for {} items",
+                    "push_v4 answered {} rows for {} items",
                     rows.len(),
                     candidates.len()
                 )));
@@ -102,7 +112,7 @@ pub(crate) async fn push_groups(
                     }
                     other => {
                         return Err(StorageError::Internal(format!(
-                            "push_v3 answered the unknown status {other:?}"
+                            "push_v4 answered the unknown status {other:?}"
                         )))
                     }
                 };
@@ -111,7 +121,7 @@ pub(crate) async fn push_groups(
         }
         if !candidates.is_empty() {
             return Err(StorageError::Internal(
-                "push_v3 reported duplicates twice under the partition lock".into(),
+                "push_v4 reported duplicates twice under the partition lock".into(),
             ));
         }
         results[i] = firsts
@@ -165,7 +175,7 @@ impl MessageStorage for PgStorage {
         retry_contention(move || async move {
             let mut client = this.pool.get().await.map_err(pool_err)?;
             let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
-            let results = push_groups(&tx, groups, accepted_at).await?;
+            let results = push_groups(&tx, groups, accepted_at, SealCheck::Enforce).await?;
             tx.commit().await.map_err(pg_err("push: commit"))?;
             Ok(results)
         })

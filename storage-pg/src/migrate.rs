@@ -47,6 +47,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(11, "push_created_at", "011_push_created_at.sql"),
     migration!(12, "retention", "012_retention.sql"),
     migration!(13, "partition numbers", "013_partition_numbers.sql"),
+    migration!(14, "encryption", "014_encryption.sql"),
 ];
 
 macro_rules! functions {
@@ -66,7 +67,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "log_pop_wildcard_v1",
     "log_pending_partitions_v1",
     "log_next_pending_v1",
-    "push_v3",
+    "push_v4",
     "ack_v1",
     "renew_lease_v1",
     "configure_queue_v1",

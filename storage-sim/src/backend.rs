@@ -197,6 +197,20 @@ impl AdminStorage for SimDb {
         ))
         .await
     }
+
+    async fn cluster_setting(
+        &self,
+        name: &str,
+        proposed: Option<Vec<u8>>,
+    ) -> StorageResult<Option<Vec<u8>>> {
+        self.exec(delivery::cluster_setting(
+            self.shared.clone(),
+            self.cell(),
+            name.into(),
+            proposed,
+        ))
+        .await
+    }
 }
 
 #[async_trait]

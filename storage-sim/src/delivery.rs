@@ -3,12 +3,12 @@
 use std::sync::{Arc, Mutex};
 
 use queen_core::storage::{
-    DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued, SeekTarget, SegmentRow,
-    StorageError, TxOp, TxOpResult, TxOutcome,
+    DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued, SealCheck, SeekTarget,
+    SegmentRow, StorageError, TxOp, TxOpResult, TxOutcome,
 };
 use queen_core::{Offset, Timestamp};
 
-use crate::messages::{ack_body, push_body};
+use crate::messages::{ack_body, insert_or_wait, push_body};
 use crate::state::DbState;
 use crate::table::Lock;
 use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell};
@@ -29,7 +29,9 @@ pub(crate) async fn transaction(
         let mut results = Vec::with_capacity(ops.len());
         for op in &ops {
             let result = match op {
-                TxOp::Push(groups) => TxOpResult::Push(push_body(&tx, groups, None).await?),
+                TxOp::Push(groups) => {
+                    TxOpResult::Push(push_body(&tx, groups, None, SealCheck::Enforce).await?)
+                }
                 TxOp::Ack { group, item } => TxOpResult::Ack(
                     ack_body(&tx, group, std::slice::from_ref(item))
                         .await?
@@ -345,7 +347,13 @@ pub(crate) async fn requeue_dead_letter(
             frames: vec![frame],
             blob: None,
         };
-        let mut out = crate::messages::push_body(&tx, std::slice::from_ref(&group), None).await?;
+        let mut out = crate::messages::push_body(
+            &tx,
+            std::slice::from_ref(&group),
+            None,
+            SealCheck::AsStored,
+        )
+        .await?;
         tx.stmt("delete dead letter", |st, t| {
             st.dlq.delete(&key, t.id);
             Ok(())
@@ -356,6 +364,29 @@ pub(crate) async fn requeue_dead_letter(
             partition: d.partition.clone(),
             outcome,
         }))
+    })
+    .await
+}
+
+/// The stored value of a cluster setting, `proposed` when none was stored yet (INSERT ... ON
+/// CONFLICT DO NOTHING, then the row).
+pub(crate) async fn cluster_setting(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    name: String,
+    proposed: Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, StorageError> {
+    in_tx(&shared, "cluster_setting", cell, |tx| async move {
+        tx.stmt("insert or read the setting", |st, t| {
+            if let Some(v) = st.cluster_settings.get(&name, t.id) {
+                return Ok(Some(v.clone()));
+            }
+            if let Some(value) = &proposed {
+                insert_or_wait(&mut st.cluster_settings, name.clone(), value.clone(), t.id)?;
+            }
+            Ok(proposed.clone())
+        })
+        .await
     })
     .await
 }

@@ -8,7 +8,7 @@ use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
-    QueueFull, RenewOutcome, StorageError,
+    QueueFull, RenewOutcome, SealCheck, StorageError,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
 
@@ -105,17 +105,18 @@ pub(crate) async fn push(
     accepted_at: Option<Timestamp>,
 ) -> Result<Vec<PushGroupResult>, StorageError> {
     in_tx(&shared, "push", cell, |tx| async move {
-        push_body(&tx, &groups, accepted_at).await
+        push_body(&tx, &groups, accepted_at, SealCheck::Enforce).await
     })
     .await
 }
 
 /// The push statements, inside a caller's transaction. `accepted_at`: the time a replayed push
-/// was accepted (push_v3's p_created), else now.
+/// was accepted (push_v4's p_created), else now.
 pub(crate) async fn push_body(
     tx: &TxHandle,
     groups: &[PushGroup],
     accepted_at: Option<Timestamp>,
+    seal: SealCheck,
 ) -> Result<Vec<PushGroupResult>, StorageError> {
     {
         let now = tx.now();
@@ -135,12 +136,12 @@ pub(crate) async fn push_body(
             .await?;
             // maxSize: capped queues serialize their pushes on the queue row, taken before the
             // partition row (the order every push uses, so no deadlock).
+            // encryptionEnabled is read in the push's own statement, as push_v4 reads it.
             let cap = tx
                 .stmt("lock capped queue", |st, t| {
-                    let cap = st
-                        .queues
-                        .get(&g.queue, t.id)
-                        .map_or(0, |q| q.config.max_size);
+                    let config = st.queues.get(&g.queue, t.id).map(|q| &q.config);
+                    g.seal_check(config.is_some_and(|c| c.encryption_enabled), seal)?;
+                    let cap = config.map_or(0, |c| c.max_size);
                     if cap > 0 {
                         lock_or_wait(st.queues.lock(&g.queue, t.id))?;
                     }

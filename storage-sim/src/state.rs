@@ -108,6 +108,8 @@ pub struct DbState {
     pub dlq: Table<(String, u64), DlqRow>,
     pub dlq_seq: u64,
     pub maintenance: Table<String, MaintenanceLease>,
+    /// queen.cluster_settings: name → value.
+    pub cluster_settings: Table<String, Vec<u8>>,
     /// Committed removals, in commit order, when `record_removals` (a simulation's checkers
     /// read them; the embedded backend must not grow).
     pub removals: Vec<RemovedMessages>,
@@ -141,6 +143,7 @@ impl DbState {
             dlq: Table::default(),
             dlq_seq: 0,
             maintenance: Table::default(),
+            cluster_settings: Table::default(),
             removals: Vec::new(),
             record_removals: false,
             removals_pending: BTreeMap::new(),

@@ -47,6 +47,8 @@ fn push_group(ids: &mut IdMinter, queue: &str, partition: &str, n: u32) -> PushG
         partition: partition.into(),
         frames: (0..n)
             .map(|i| Frame {
+                producer: None,
+                encrypted: false,
                 message_id: ids.mint(T0),
                 transaction_id: format!("{partition}-{i}"),
                 trace_id: None,

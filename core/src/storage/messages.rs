@@ -17,7 +17,33 @@ pub struct PushGroup {
     pub blob: Option<Vec<u8>>,
 }
 
+/// Whether a push honours its queue's `encryptionEnabled`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SealCheck {
+    /// Plaintext payloads to an encrypted queue are refused (`StorageError::EncryptionRequired`).
+    Enforce,
+    /// The frames are stored as they are: a requeue pushes a stored message again, admitted
+    /// under the queue's options of its time.
+    AsStored,
+}
+
 impl PushGroup {
+    /// Every payload of the group is sealed (what an encrypted queue accepts).
+    pub fn is_sealed(&self) -> bool {
+        self.frames.iter().all(|f| f.encrypted)
+    }
+
+    /// `Err(EncryptionRequired)` when `check` enforces and the queue (`encrypted`: its
+    /// `encryptionEnabled`) needs sealed payloads this group does not have.
+    pub fn seal_check(&self, encrypted: bool, check: SealCheck) -> Result<(), super::StorageError> {
+        if encrypted && check == SealCheck::Enforce && !self.is_sealed() {
+            return Err(super::StorageError::EncryptionRequired {
+                queue: self.queue.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// The segment blob of the frames a push keeps (the group's frames minus duplicates, in
     /// order): the client's own blob when every frame is kept, else built here.
     pub fn segment_blob(&self, kept: &[Frame]) -> Result<Vec<u8>, crate::frames::FrameError> {

@@ -7,11 +7,15 @@
 -- maxSize: a push that would take the queue's backlog past it is refused whole: every item
 -- answers 'full' with the cap and the backlog it met (o_max_size, o_backlog).
 -- p_created: the time the push was accepted, when it is replayed later (NULL: now).
+-- p_sealed: every payload of the blob is encrypted by the broker. A queue with encryptionEnabled
+-- refuses anything else (SQLSTATE QE001, the queue's name as the message): read here, in the
+-- push's own transaction, so a broker with a stale view of the queue cannot store plaintext.
+-- NULL: stored as it is (a requeue re-pushes a message admitted under the options of its time).
 -- Committed pushes are announced on queen_push (`queue\npartition\ncount`): every broker's
 -- parked consumers wake at once.
-CREATE OR REPLACE FUNCTION queen.push_v3(
+CREATE OR REPLACE FUNCTION queen.push_v4(
     p_queue text, p_partition text, p_txids text[], p_message_ids uuid[], p_blob bytea,
-    p_created timestamptz
+    p_created timestamptz, p_sealed boolean
 ) RETURNS TABLE (
     o_status text, o_message_id uuid, o_partition_id uuid, o_offset bigint,
     o_max_size integer, o_backlog bigint
@@ -25,8 +29,13 @@ DECLARE
     v_created timestamptz;
     v_cap integer := 0;
     v_backlog bigint;
+    v_encrypted boolean := false;
 BEGIN
-    SELECT q.id, q.max_size INTO v_qid, v_cap FROM queen.queues q WHERE q.name = p_queue;
+    SELECT q.id, q.max_size, q.encryption_enabled INTO v_qid, v_cap, v_encrypted
+      FROM queen.queues q WHERE q.name = p_queue;
+    IF COALESCE(v_encrypted, false) AND p_sealed IS NOT NULL AND NOT p_sealed THEN
+        RAISE EXCEPTION USING ERRCODE = 'QE001', MESSAGE = p_queue;
+    END IF;
     IF NOT FOUND THEN
         -- Created on first use: namespace is the text before the first '.', task the second
         -- '.'-segment.
