@@ -15,7 +15,78 @@ async fn run_client(store: Store, mode: &str) {
         ServerConfig::default(),
         "client_compat.py",
         &[mode],
+        &[],
         "client compatibility",
+    )
+    .await;
+}
+
+const SECRET: &str = "the-python-client-tests-shared-secret";
+const KEY: &str = "9f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0";
+
+fn token(sub: &str, role: &str) -> String {
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &serde_json::json!({"sub": sub, "role": role, "exp": exp}),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// JWT auth (HS256).
+fn with_auth() -> ServerConfig {
+    use queen_server::auth::{AuthSettings, Authenticator, JwtAlgorithm};
+    ServerConfig {
+        auth: Some(std::sync::Arc::new(
+            Authenticator::new(AuthSettings {
+                secret: Some(SECRET.into()),
+                ..AuthSettings::new(JwtAlgorithm::Hs256)
+            })
+            .unwrap(),
+        )),
+        ..ServerConfig::default()
+    }
+}
+
+/// JWT auth and a payload key (a broker with a key answers framed pops as JSON).
+fn secured() -> ServerConfig {
+    ServerConfig {
+        cipher: Some(std::sync::Arc::new(
+            queen_server::sealing::PayloadCipher::from_hex(KEY).unwrap(),
+        )),
+        ..with_auth()
+    }
+}
+
+/// The whole compatibility script with auth on, every request carrying an admin token.
+async fn run_client_with_auth(store: Store, mode: &str) {
+    let admin = token("py-admin", "admin");
+    run_script_with(
+        store,
+        with_auth(),
+        "client_compat.py",
+        &[mode],
+        &[("QUEEN_BEARER_TOKEN", &admin)],
+        "client compatibility",
+    )
+    .await;
+}
+
+/// Roles, producer identity and an encrypted queue through the client.
+async fn run_security(store: Store, mode: &str) {
+    let (admin, reader) = (token("py-admin", "admin"), token("py-reader", "read-only"));
+    run_script_with(
+        store,
+        secured(),
+        "security.py",
+        &[mode, &admin, &reader],
+        &[],
+        "security",
     )
     .await;
 }
@@ -23,7 +94,7 @@ async fn run_client(store: Store, mode: &str) {
 /// Runs one script of tests/python against a fresh broker; it must print "<marker>: all checks
 /// passed".
 async fn run_script(store: Store, config: ServerConfig, script: &str, marker: &str) {
-    run_script_with(store, config, script, &[], marker).await
+    run_script_with(store, config, script, &[], &[], marker).await
 }
 
 async fn run_script_with(
@@ -31,6 +102,7 @@ async fn run_script_with(
     config: ServerConfig,
     script: &str,
     args: &[&str],
+    env: &[(&str, &str)],
     marker: &str,
 ) {
     let python = std::env::var("QUEEN_PYTHON").expect(
@@ -42,6 +114,7 @@ async fn run_script_with(
         .arg(script)
         .arg(format!("http://{}", b.addr))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .await
         .expect("run the Python client");
@@ -123,4 +196,35 @@ async fn python_client_compressed_wire_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_compressed_wire_postgres() {
     run_client(Store::Postgres("queen_pycompressed"), "compressed").await;
+}
+
+/// `Queen(url, bearer_token=...)`: the whole compatibility suite with JWT auth on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_with_auth_memory() {
+    run_client_with_auth(Store::Memory, "json").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_with_auth_compressed_postgres() {
+    run_client_with_auth(Store::Postgres("queen_pyauth"), "compressed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_security_json_memory() {
+    run_security(Store::Memory, "json").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_security_binary_memory() {
+    run_security(Store::Memory, "binary").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_security_json_postgres() {
+    run_security(Store::Postgres("queen_pysecure"), "json").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_security_compressed_postgres() {
+    run_security(Store::Postgres("queen_pysecure_z"), "compressed").await;
 }

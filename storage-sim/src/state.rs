@@ -288,7 +288,8 @@ impl DbState {
             metadata,
             watermarks,
             dlq,
-            maintenance
+            maintenance,
+            cluster_settings
         );
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);

@@ -1,11 +1,14 @@
 """Drives a running broker through Queen's real Python client (queen-mq 2.6.0), unchanged.
 
 Usage: python client_compat.py http://127.0.0.1:PORT [json|binary|compressed]
+With QUEEN_BEARER_TOKEN set (a broker with JWT auth on), every request carries it: the client's
+through `bearer_token`, the script's own raw httpx calls as an Authorization header.
 The mode picks the client's wire: JSON (the default); binary pushes (QPB1) and framed pop answers
 (QPF1); or those with client-compressed frames and binary transactions (QTB1). Every check is the
 same in every mode. Exits non-zero with a message on the first failed expectation.
 """
 import asyncio
+import os
 import sys
 import uuid
 
@@ -19,6 +22,10 @@ CLIENT_OPTIONS = {
     "binary": {"binary_push": True, "framed_pop": True},
     "compressed": {"binary_push": True, "push_compression": True, "framed_pop": True},
 }[MODE]
+TOKEN = os.environ.get("QUEEN_BEARER_TOKEN")
+if TOKEN:
+    CLIENT_OPTIONS["bearer_token"] = TOKEN
+HEADERS = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else {}
 
 
 def check(cond, what):
@@ -151,7 +158,7 @@ async def nack_retry_dlq(queen):
     check(dlq.get("total") == 1 and len(dlq["messages"]) == 1, f"one dead letter, with a total ({dlq.get('total')})")
     m = dlq["messages"][0]
     check(m["data"] == {"message": "poison"} and "Test error" in (m.get("errorMessage") or ""), "the dead letter carries the message and the error")
-    dlq_rows = (await httpx.AsyncClient(base_url=URL).get("/api/v1/dlq", params={"queue": q})).json()["messages"]
+    dlq_rows = (await httpx.AsyncClient(base_url=URL, headers=HEADERS).get("/api/v1/dlq", params={"queue": q})).json()["messages"]
     check(len(dlq_rows) == 1, "the raw DLQ listing agrees")
 
 
@@ -183,7 +190,7 @@ async def transaction_pop_process_push_ack(queen):
 async def seek_and_replay(queen):
     q = unique("compat-seek")
     await queen.queue(q).create()
-    before = (await httpx.AsyncClient(base_url=URL).get("/health")).headers.get("date")
+    before = (await httpx.AsyncClient(base_url=URL, headers=HEADERS).get("/health")).headers.get("date")
     await asyncio.sleep(1.1)
     await queen.queue(q).push([{"data": {"i": i}} for i in range(3)])
     first = await queen.queue(q).group("replayer").batch(10).wait(False).pop()
@@ -205,7 +212,7 @@ async def seek_and_replay(queen):
 async def js_pop_shape():
     # js 0.15: client.queue(q).batch(1).wait(true).pop() sends batch, wait, timeout first.
     q = unique("compat-js")
-    async with httpx.AsyncClient(base_url=URL, timeout=20) as http:
+    async with httpx.AsyncClient(base_url=URL, timeout=20, headers=HEADERS) as http:
         r = await http.post("/api/v1/push", json={"items": [{"queue": q, "partition": "Default", "payload": {"js": 1}}]})
         check(r.status_code == 201, "raw JSON push answers 201")
         r = await http.get(f"/api/v1/pop/queue/{q}", params={"batch": 1, "wait": "true", "timeout": 5000}, headers={"Content-Type": "application/json"})
@@ -239,7 +246,7 @@ async def large_batches(queen):
 async def wire_was_used():
     # The client falls back to JSON silently where it must: the broker's counters say whether the
     # binary forms were really spoken.
-    async with httpx.AsyncClient(base_url=URL, timeout=20) as http:
+    async with httpx.AsyncClient(base_url=URL, timeout=20, headers=HEADERS) as http:
         binary = (await http.get("/metrics")).json()["binary"]
     if MODE == "json":
         check(binary == {"pushes": 0, "transactions": 0, "framedPops": 0}, f"JSON mode spoke JSON only ({binary})")
