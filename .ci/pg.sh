@@ -54,17 +54,42 @@ pg_start() {
   pg_as_owner "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust --no-sync -E UTF8 >"$PG_DIR/initdb.log" 2>&1 \
     || { cat "$PG_DIR/initdb.log" >&2; return 1; }
   PG_BIN=$bin
+  PG_TLS_OPTS=""
+  if [ "${PG_WITH_TLS:-0}" = "1" ]; then
+    pg_make_certs || return 1
+    PG_TLS_OPTS="-c ssl=on -c ssl_cert_file=$PG_DIR/tls/server.crt -c ssl_key_file=$PG_DIR/tls/server.key"
+  fi
   pg_launch || return 1
   PG_STARTED=1
   export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
   echo "Started PostgreSQL on port $PG_PORT (data in $PG_DIR)" >&2
 }
 
+# TLS for the server (PG_WITH_TLS=1, the test command): a throwaway CA, a server certificate it
+# signs for the name localhost only, and an unrelated CA. Exports PG_TLS_CA and PG_TLS_OTHER_CA
+# for the TLS tests (server/tests/pg_tls.rs).
+pg_make_certs() {
+  local d="$PG_DIR/tls"
+  mkdir -p "$d"
+  local ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+  local ca_ext="-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"
+  openssl req -x509 $ec -days 2 -subj "/CN=queen test CA" -keyout "$d/ca.key" -out "$d/ca.crt" $ca_ext 2>/dev/null \
+    && openssl req -x509 $ec -days 2 -subj "/CN=another CA" -keyout "$d/other_ca.key" -out "$d/other_ca.crt" $ca_ext 2>/dev/null \
+    && openssl req $ec -subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" 2>/dev/null \
+    && printf 'subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n' >"$d/server.ext" \
+    && openssl x509 -req -in "$d/server.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+         -extfile "$d/server.ext" -out "$d/server.crt" 2>/dev/null \
+    || { echo "cannot make the TLS certificates (openssl)" >&2; return 1; }
+  chmod 600 "$d/server.key"
+  if [ "$(id -u)" = "0" ]; then chown -R postgres "$d"; fi
+  export PG_TLS_CA="$d/ca.crt" PG_TLS_OTHER_CA="$d/other_ca.crt"
+}
+
 # Starts the server of PG_DIR on PG_PORT (first start, or again after pg_pause stopped it).
 pg_launch() {
   # Durability settings off: this database is thrown away after the run.
   pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start \
-    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c shared_preload_libraries=pg_stat_statements" >/dev/null \
+    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c shared_preload_libraries=pg_stat_statements ${PG_TLS_OPTS:-}" >/dev/null \
     || { cat "$PG_DIR/server.log" >&2; return 1; }
 }
 

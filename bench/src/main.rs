@@ -379,8 +379,8 @@ async fn main() {
     // 7. Wake latency per event: the consumer parks on broker B; the event happens on B (one
     // broker) or on A (across two). Re-checks are 60 s apart there: only events deliver.
     if runs("wake") {
-        let (_a, a_addr) = wake::start_broker(&pg, &cfg, 11).await;
-        let (_b, b_addr) = wake::start_broker(&pg, &cfg, 12).await;
+        let (_a, a_addr) = wake::start_broker(&pg, 11).await;
+        let (_b, b_addr) = wake::start_broker(&pg, 12).await;
         let samples = if plan.quick { 10 } else { 100 };
         for kind in wake::KINDS {
             for across in [false, true] {

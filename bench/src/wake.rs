@@ -54,11 +54,7 @@ impl Kind {
 }
 
 /// A broker with re-checks 60 s apart, listening for the other brokers' events.
-pub async fn start_broker(
-    pg: &queen_storage_pg::PgStorage,
-    cfg: &tokio_postgres::Config,
-    seed: u64,
-) -> (Arc<App>, SocketAddr) {
+pub async fn start_broker(pg: &queen_storage_pg::PgStorage, seed: u64) -> (Arc<App>, SocketAddr) {
     let config = ServerConfig {
         backoff: WaitBackoff {
             initial_ms: 60_000,
@@ -69,7 +65,7 @@ pub async fn start_broker(
         ..ServerConfig::default()
     };
     let (app, addr) = crate::start_with(pg, config, seed).await;
-    queen_server::spawn_event_listener(app.clone(), cfg.clone());
+    queen_server::spawn_event_listener(app.clone(), pg);
     (app, addr)
 }
 

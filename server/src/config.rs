@@ -86,6 +86,20 @@ pub struct Settings {
     /// PostgreSQL database, when no URL is given (default postgres).
     #[arg(long, env = "PG_DB")]
     pub pg_db: Option<String>,
+    /// TLS to PostgreSQL required, when DATABASE_URL names no sslmode (else libpq's default,
+    /// prefer: TLS when the server offers it).
+    #[arg(long, env = "PG_USE_SSL", default_value = "false",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
+    pub pg_use_ssl: bool,
+    /// With PG_USE_SSL: the server's certificate must chain to a trusted root and name the host
+    /// (sslmode verify-full); false: any certificate (require).
+    #[arg(long, env = "PG_SSL_REJECT_UNAUTHORIZED", default_value = "true",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
+    pub pg_ssl_reject_unauthorized: bool,
+    /// PEM file of the roots PostgreSQL's certificate must chain to (libpq's sslrootcert, which
+    /// DATABASE_URL may also name); unset: the webpki roots.
+    #[arg(long, env = "PG_SSL_ROOT_CERT")]
+    pub pg_ssl_root_cert: Option<String>,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -233,6 +247,9 @@ impl Settings {
             password: self.pg_password,
             db: self.pg_db,
             pool_size: self.db_pool_size,
+            use_ssl: self.pg_use_ssl,
+            ssl_reject_unauthorized: self.pg_ssl_reject_unauthorized,
+            ssl_root_cert: self.pg_ssl_root_cert,
         })?;
         if self.retention_batch_size == 0 || self.eviction_batch_size == 0 {
             return Err("RETENTION_BATCH_SIZE and EVICTION_BATCH_SIZE must be positive".into());
@@ -352,6 +369,7 @@ mod tests {
             "JWT_ENABLED",
             "JWT_SKIP_PATHS",
             "QUEEN_ENCRYPTION_KEY",
+            "PG_USE_SSL",
         ] {
             assert!(help.contains(var), "--help does not name {var}");
         }

@@ -263,10 +263,10 @@ pub async fn serve_listener(app: Arc<App>, listener: tokio::net::TcpListener) {
 /// once, not at the next reseed. A (re)connected listener publishes a `Resync` first.
 pub fn spawn_event_listener(
     app: Arc<App>,
-    pg: tokio_postgres::Config,
+    pg: &queen_storage_pg::PgStorage,
 ) -> tokio::task::JoinHandle<()> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(queen_storage_pg::PgStorage::listen_events(pg, tx));
+    tokio::spawn(pg.listen_events(tx));
     tokio::spawn(forward_events(app, rx))
 }
 

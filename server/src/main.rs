@@ -39,20 +39,22 @@ async fn run(settings: Settings) -> Result<(), String> {
     let (config, pg_config) = settings.into_configs()?;
     let seed =
         u64::try_from(wall_now().0).unwrap_or(0) ^ u64::from(std::process::id()).rotate_left(32);
-    let storage = match pg_config.clone() {
+    let (storage, pg) = match pg_config {
         Some(pg) => {
             let storage = PgStorage::connect(&pg)
                 .await
                 .map_err(|e| format!("cannot use PostgreSQL: {e}"))?;
             tracing::info!(
                 pool = pg.pool_size,
+                sslmode = ?pg.tls.mode,
                 "storage: PostgreSQL (schema queen, migrations applied)"
             );
-            StorageSet::of(Arc::new(storage))
+            (StorageSet::of(Arc::new(storage.clone())), Some(storage))
         }
         None => {
             tracing::warn!("storage: in-memory backend (no DATABASE_URL or PG_* set): nothing survives a restart");
-            StorageSet::of(SimDb::new(seed, Arc::new(wall_now), SimBugs::default()))
+            let db = SimDb::new(seed, Arc::new(wall_now), SimBugs::default());
+            (StorageSet::of(db), None)
         }
     };
     queen_server::sealing::check_cluster_key(&*storage.admin, config.cipher.as_deref()).await?;
@@ -65,8 +67,8 @@ async fn run(settings: Settings) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
     let app = App::new(config, storage, seed);
-    if let Some(pg) = pg_config {
-        queen_server::spawn_event_listener(app.clone(), pg.pg);
+    if let Some(pg) = &pg {
+        queen_server::spawn_event_listener(app.clone(), pg);
     }
 
     let janitor = {

@@ -262,6 +262,7 @@ async fn two_brokers(name: &str, a: ServerConfig, b: ServerConfig) -> (Broker, B
     let mut out = vec![];
     for (seed, config) in [a, b].into_iter().enumerate() {
         let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            tls: Default::default(),
             pg: cfg.clone(),
             pool_size: 4,
         })
@@ -270,7 +271,7 @@ async fn two_brokers(name: &str, a: ServerConfig, b: ServerConfig) -> (Broker, B
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = App::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
-        queen_server::spawn_event_listener(app.clone(), cfg.clone());
+        queen_server::spawn_event_listener(app.clone(), &pg);
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
         out.push(Broker {
             app,

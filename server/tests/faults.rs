@@ -329,6 +329,7 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
     let mut brokers = vec![];
     for seed in 0..2u64 {
         let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            tls: Default::default(),
             pg: pg.config(),
             pool_size: 8,
         })
@@ -336,10 +337,10 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         .expect("connect");
         let app = queen_server::app::App::new(
             ServerConfig::default(),
-            queen_core::storage::StorageSet::of(Arc::new(storage)),
+            queen_core::storage::StorageSet::of(Arc::new(storage.clone())),
             seed,
         );
-        queen_server::spawn_event_listener(app.clone(), pg.config());
+        queen_server::spawn_event_listener(app.clone(), &storage);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
@@ -380,6 +381,7 @@ async fn more_requests_than_connections_queue_and_all_answer() {
     let name = format!("queen_faults_pressure_{}", std::process::id());
     let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
     let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
         pg: cfg.clone(),
         pool_size: 4,
     })
@@ -849,6 +851,7 @@ async fn pushes_during_an_outage_are_buffered_and_stored_once_in_order() {
     let dir = buffer_dir("outage");
     let pg = Arc::new(PrivatePg::start());
     let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
         pg: pg.config(),
         pool_size: 4,
     })

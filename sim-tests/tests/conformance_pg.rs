@@ -67,6 +67,7 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         let cfg = cfg.clone();
         handles.push(tokio::spawn(async move {
             PgStorage::connect(&PgConfig {
+                tls: Default::default(),
                 pg: cfg,
                 pool_size: 2,
             })
@@ -94,6 +95,7 @@ async fn an_edited_applied_migration_refuses_start_up() {
     let name = format!("queen_mig_sum_{}", std::process::id());
     let cfg = testing::fresh_database_config(&name).await;
     let config = PgConfig {
+        tls: Default::default(),
         pg: cfg.clone(),
         pool_size: 2,
     };
@@ -142,6 +144,7 @@ async fn changed_function_definitions_are_reapplied_at_start_up() {
     let name = format!("queen_mig_fn_{}", std::process::id());
     let cfg = testing::fresh_database_config(&name).await;
     let config = PgConfig {
+        tls: Default::default(),
         pg: cfg.clone(),
         pool_size: 2,
     };

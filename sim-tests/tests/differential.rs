@@ -322,6 +322,7 @@ async fn run(ops: Vec<Op>, opts: Options, case: usize) -> Result<(), TestCaseErr
     let name = format!("queen_diff_{}_{case}", std::process::id());
     let cfg = testing::fresh_database_config(&name).await;
     let pg = PgStorage::connect(&PgConfig {
+        tls: Default::default(),
         pg: cfg,
         pool_size: 2,
     })

@@ -54,6 +54,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
         .expect("connect");
     tokio::spawn(conn);
     let writer = PgStorage::connect(&PgConfig {
+        tls: Default::default(),
         pg: cfg.clone(),
         pool_size: 8,
     })
@@ -63,6 +64,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
     pop_cfg.options("-c lock_timeout=100ms");
     let popper = Arc::new(
         PgStorage::connect(&PgConfig {
+            tls: Default::default(),
             pg: pop_cfg,
             pool_size: CONSUMERS,
         })

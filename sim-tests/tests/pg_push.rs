@@ -119,6 +119,7 @@ async fn a_late_committing_push_is_never_skipped() {
     let cfg = testing::fresh_database_config(&name).await;
     let pg = Arc::new(
         queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            tls: Default::default(),
             pg: cfg.clone(),
             pool_size: 8,
         })

@@ -31,6 +31,7 @@ async fn statements_per_delivered_batch() {
         testing::fresh_database_config(&format!("queen_stm_{}", std::process::id())).await;
     cfg.options("-c pg_stat_statements.track=all");
     let pg = PgStorage::connect(&PgConfig {
+        tls: Default::default(),
         pg: cfg.clone(),
         pool_size: 1,
     })

@@ -14,6 +14,7 @@ mod pop_rows;
 mod retention;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tls;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,7 +24,6 @@ use queen_core::storage::{
     HealthStorage, StorageError, StorageHealth, StorageResult, StorageUsage,
 };
 use queen_core::{Offset, Timestamp};
-use tokio_postgres::NoTls;
 
 pub use config::{PgConfig, PgSettings, DEFAULT_POOL_SIZE};
 pub use error::pg_err;
@@ -50,6 +50,11 @@ pub(crate) fn from_system_time(t: SystemTime) -> Timestamp {
 #[derive(Clone)]
 pub struct PgStorage {
     pool: Pool,
+    /// The connection settings and TLS connector, for the LISTEN connection.
+    listen: (
+        tokio_postgres::Config,
+        tokio_postgres_rustls::MakeRustlsConnect,
+    ),
     /// Partition id → number, which never changes (framed pop answers name partitions by it).
     partition_numbers: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, u64>>>,
 }
@@ -60,9 +65,10 @@ const PARTITION_NUMBERS_CACHED: usize = 1 << 20;
 impl PgStorage {
     /// Builds the pool and applies pending migrations.
     pub async fn connect(config: &PgConfig) -> StorageResult<PgStorage> {
+        let tls = tls::connector(&config.tls).map_err(StorageError::Internal)?;
         let manager = Manager::from_config(
             config.pg.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -73,6 +79,7 @@ impl PgStorage {
             .map_err(|e| StorageError::Internal(format!("building the connection pool: {e}")))?;
         let storage = PgStorage {
             pool,
+            listen: (config.pg.clone(), tls),
             partition_numbers: Default::default(),
         };
         let mut client = storage.pool.get().await.map_err(pool_err)?;

@@ -10,12 +10,22 @@ impl PgStorage {
     /// dedicated connection, and sends each to `events`. Every (re)connection is followed by a
     /// `Resync`: notifications sent while nobody listened are lost, so the broker re-reads what
     /// it may have missed. Reconnects after a second; returns when the receiver is gone.
-    pub async fn listen_events(
+    /// The connection uses the pool's settings and TLS.
+    pub fn listen_events(
+        &self,
+        events: tokio::sync::mpsc::UnboundedSender<DeliveryEvent>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (config, tls) = self.listen.clone();
+        Self::listen_with(config, tls, events)
+    }
+
+    async fn listen_with(
         config: tokio_postgres::Config,
+        tls: tokio_postgres_rustls::MakeRustlsConnect,
         events: tokio::sync::mpsc::UnboundedSender<DeliveryEvent>,
     ) {
         loop {
-            match config.connect(tokio_postgres::NoTls).await {
+            match config.connect(tls.clone()).await {
                 Ok((client, mut connection)) => {
                     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
                     let forward = events.clone();

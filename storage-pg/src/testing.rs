@@ -41,7 +41,13 @@ pub async fn fresh_database_config(name: &str) -> tokio_postgres::Config {
 /// A fresh database with the schema applied, behind a pool of `pool_size`.
 pub async fn fresh_database(name: &str, pool_size: usize) -> PgStorage {
     let cfg = fresh_database_config(name).await;
-    match PgStorage::connect(&PgConfig { pg: cfg, pool_size }).await {
+    match PgStorage::connect(&PgConfig {
+        tls: Default::default(),
+        pg: cfg,
+        pool_size,
+    })
+    .await
+    {
         Ok(s) => s,
         Err(e) => panic!("connecting to and migrating {name}: {e}"),
     }

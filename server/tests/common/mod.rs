@@ -54,6 +54,7 @@ pub async fn start_pair(name: &str, config: ServerConfig) -> (Broker, Broker) {
     let mut brokers = vec![];
     for seed in 0..2 {
         let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            tls: Default::default(),
             pg: cfg.clone(),
             pool_size: 8,
         })
@@ -64,7 +65,7 @@ pub async fn start_pair(name: &str, config: ServerConfig) -> (Broker, Broker) {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = App::new(config.clone(), StorageSet::of(Arc::new(pg.clone())), seed);
-        queen_server::spawn_event_listener(app.clone(), cfg.clone());
+        queen_server::spawn_event_listener(app.clone(), &pg);
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
         brokers.push(Broker {
             app,
