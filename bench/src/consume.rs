@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use queen_core::frames::{build_blob, slice_blob, Frame};
 use queen_core::storage::PushGroup;
-use queen_raw_client::Client;
 use queen_server::app::App;
 use serde_json::{json, Value};
 
@@ -49,6 +48,7 @@ pub(crate) async fn broker_rate(
     consumers: usize,
     auto_ack: bool,
     total: usize,
+    token: Option<String>,
 ) -> f64 {
     let per_partition = total / partitions;
     let mut i = 0u64;
@@ -72,9 +72,9 @@ pub(crate) async fn broker_rate(
     let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=false&autoAck={auto_ack}");
     let handles: Vec<_> = (0..consumers)
         .map(|_| {
-            let (done, path) = (done.clone(), path.clone());
+            let (done, path, token) = (done.clone(), path.clone(), token.clone());
             tokio::spawn(async move {
-                let mut c = Client::connect(addr).await;
+                let mut c = crate::util::client(addr, token.as_deref()).await;
                 let mut empty = 0;
                 while done.load(Ordering::Relaxed) < total && empty < 200 {
                     let r = c.get(&path).await;
@@ -199,6 +199,7 @@ pub async fn consume_scenario(
         consumers,
         false,
         total,
+        None,
     )
     .await;
     let auto = broker_rate(
@@ -209,6 +210,7 @@ pub async fn consume_scenario(
         consumers,
         true,
         total,
+        None,
     )
     .await;
     let claim = claim_loop_rate(cfg, partitions, consumers, total).await;

@@ -115,6 +115,7 @@ async fn run(
         load.consumers,
         load.auto_ack,
         total,
+        None,
     )
     .await;
     stop.store(true, Ordering::Relaxed);

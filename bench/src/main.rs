@@ -11,12 +11,14 @@
 //! 7. wake latency per deliverability event, on one broker and across two;
 //! 8. the serving limiter: Vegas against a fixed limit under the consume loads;
 //! 9. retention: storage and p99 over a soak with completed retention, and the cost of one pass;
-//! 10. PostgreSQL restarted under load: throughput during and after, time to recover.
+//! 10. PostgreSQL restarted under load: throughput during and after, time to recover;
+//! 11. push and consume with JWT auth on, against auth off.
 //!
 //! Usage: DATABASE_URL=... queen-bench [--quick] [--only push,consume,...] [--json PATH]   (or `bash .ci/bench [--quick]`)
 
 #![allow(clippy::expect_used)] // a benchmark that cannot set up has nothing to report
 
+mod auth;
 mod consume;
 mod limiter;
 mod live;
@@ -145,7 +147,7 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::new(args.iter().any(|a| a == "--quick"));
     // --only <names>: comma-separated scenarios, each at its full length, the rest skipped.
-    const SCENARIOS: [&str; 10] = [
+    const SCENARIOS: [&str; 11] = [
         "push",
         "consume",
         "steady",
@@ -156,6 +158,7 @@ async fn main() {
         "limiter",
         "retention",
         "restart",
+        "auth",
     ];
     let only: Option<Vec<String>> = args
         .iter()
@@ -415,6 +418,12 @@ async fn main() {
             .await,
         );
         eprintln!("measured retention");
+    }
+
+    // 11. JWT auth on against off.
+    if runs("auth") {
+        rows.extend(auth::auth_scenario(&pg, plan.secs, plan.consume_total).await);
+        eprintln!("measured auth");
     }
 
     // 10. Last: PostgreSQL restarted under load (every connection of this process is cut).

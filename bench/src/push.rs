@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use queen_core::frames::{build_blob, Frame};
-use queen_raw_client::{wire, Client};
+use queen_raw_client::wire;
 use serde_json::{json, Value};
 
 use crate::util::{measure, payload, pg_connect, Row};
@@ -18,17 +18,17 @@ pub async fn push_scenario(
     batch: usize,
     secs: u64,
 ) -> Vec<Row> {
-    let broker = broker_push(addr, batch, secs, PushForm::Json).await;
+    let broker = broker_push(addr, batch, secs, PushForm::Json, None).await;
     // Queen 2.x's binary push where batches are large enough for it to matter.
     let binary = if batch >= 100 {
         vec![
             (
                 PushForm::Binary,
-                broker_push(addr, batch, secs, PushForm::Binary).await,
+                broker_push(addr, batch, secs, PushForm::Binary, None).await,
             ),
             (
                 PushForm::Framed,
-                broker_push(addr, batch, secs, PushForm::Framed).await,
+                broker_push(addr, batch, secs, PushForm::Framed, None).await,
             ),
         ]
     } else {
@@ -143,10 +143,28 @@ impl PushForm {
     }
 }
 
+/// JSON pushes of `batch`, each carrying `token` when given (the auth scenario).
+pub(crate) async fn json_push_rate(
+    addr: std::net::SocketAddr,
+    batch: usize,
+    secs: u64,
+    token: Option<String>,
+) -> f64 {
+    broker_push(addr, batch, secs, PushForm::Json, token).await
+}
+
 /// Messages per second the broker stores from `PRODUCERS` producers pushing `batch` at a time.
-async fn broker_push(addr: std::net::SocketAddr, batch: usize, secs: u64, form: PushForm) -> f64 {
-    measure(PRODUCERS, secs, move |t, stop, count| async move {
-        let mut c = Client::connect(addr).await;
+async fn broker_push(
+    addr: std::net::SocketAddr,
+    batch: usize,
+    secs: u64,
+    form: PushForm,
+    token: Option<String>,
+) -> f64 {
+    measure(PRODUCERS, secs, move |t, stop, count| {
+        let token = token.clone();
+        async move {
+        let mut c = crate::util::client(addr, token.as_deref()).await;
         let mut i = 0u64;
         let mut ids = (t as u64) << 40;
         let queue = format!("push{batch}-{}", form.name().replace(' ', "-"));
@@ -178,6 +196,7 @@ async fn broker_push(addr: std::net::SocketAddr, batch: usize, secs: u64, form: 
             };
             assert_eq!(r.status, 201, "push failed: {}", String::from_utf8_lossy(&r.body));
             count.fetch_add(batch as u64, Ordering::Relaxed);
+        }
         }
     })
     .await

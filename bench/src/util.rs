@@ -115,3 +115,12 @@ pub fn joined(r: Result<(), tokio::task::JoinError>) {
         eprintln!("a load task failed: {e}");
     }
 }
+
+/// A keep-alive connection to the broker, sending `token` as a bearer token when given.
+pub async fn client(addr: std::net::SocketAddr, token: Option<&str>) -> queen_raw_client::Client {
+    let c = queen_raw_client::Client::connect(addr).await;
+    match token {
+        Some(t) => c.with_header("authorization", &format!("Bearer {t}")),
+        None => c,
+    }
+}

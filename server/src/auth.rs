@@ -8,7 +8,8 @@
 //! `JWT_ROLE_ADMIN` / `JWT_ROLE_READ_WRITE` / `JWT_ROLE_READ_ONLY` counts; a token with none of
 //! them reaches no protected route.
 //!
-//! A verified token is cached under its SHA-256 digest until it expires (at most a minute, so a
+//! HS256 signatures are compared in constant time (RustCrypto's `hmac` verify_slice, under
+//! jsonwebtoken). A verified token is cached under its SHA-256 digest until it expires (at most a minute, so a
 //! key rotated out of the JWKS stops working soon): a client on one connection, or many sending
 //! the same service token, pays one signature check a minute rather than one a request. A token
 //! never appears in a log or an error.
@@ -593,6 +594,19 @@ mod tests {
         assert_eq!(bearer_token(&headers("abc.def")), Some("abc.def"));
         assert_eq!(bearer_token(&headers("Bearer ")), None);
         assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let secret = "do-not-print-this-secret";
+        let auth = Authenticator::new(AuthSettings {
+            secret: Some(secret.into()),
+            ..AuthSettings::new(JwtAlgorithm::Hs256)
+        })
+        .unwrap();
+        let shown = format!("{auth:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("<set>"));
     }
 
     #[test]
