@@ -1,6 +1,6 @@
 //! Scenario 11: push and leased consume with JWT auth on (HS256, every request carrying a
 //! read-write token), each against the same load on a broker with auth off, in the same run on
-//! the same database. A broker verifies a token's signature once and then finds it in its cache
+//! the same database, alternating (off, on, on, off; the mean of each side). A broker verifies a token's signature once and then finds it in its cache
 //! of verified tokens (by SHA-256 digest), so auth should cost a digest per request.
 
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use queen_server::auth::{AuthSettings, Authenticator, JwtAlgorithm};
 use queen_server::config::ServerConfig;
 
-use crate::util::Row;
+use crate::util::{Endpoint, Row};
 
 const SECRET: &str = "queen-bench-auth-scenario-secret";
 
@@ -43,24 +43,46 @@ pub async fn auth_scenario(
     };
     let (secured_app, secured) = crate::start_with(pg, secured_config, 32).await;
     let t = token();
-    let push_off = crate::push::json_push_rate(open, 100, secs, None).await;
-    let push_on = crate::push::json_push_rate(secured, 100, secs, Some(t.clone())).await;
+    // Off, on, on, off: each side's mean cancels a drift over the run (a database warming up).
+    let (mut push_off, mut push_on) = (0.0, 0.0);
+    for on in [false, true, true, false] {
+        if on {
+            push_on += crate::push::json_push_rate(secured, 100, secs, Some(t.clone())).await / 2.0;
+        } else {
+            push_off += crate::push::json_push_rate(open, 100, secs, None).await / 2.0;
+        }
+    }
     let (partitions, consumers) = (10, 4);
-    let consume = |app, addr, tag: &'static str, token: Option<String>| async move {
-        crate::consume::broker_rate(
+    let (mut consume_off, mut consume_on) = (0.0, 0.0);
+    for (round, on) in [false, true, true, false].into_iter().enumerate() {
+        let (app, broker) = if on {
+            let token = Some(t.clone());
+            (
+                &secured_app,
+                Endpoint {
+                    addr: secured,
+                    token,
+                },
+            )
+        } else {
+            (&open_app, Endpoint::open(open))
+        };
+        let rate = crate::consume::broker_rate(
             app,
-            addr,
-            &format!("auth-consume-{tag}"),
+            &broker,
+            &format!("auth-consume-{round}"),
             partitions,
             consumers,
             false,
             consume_total,
-            token,
         )
-        .await
-    };
-    let consume_off = consume(&open_app, open, "off", None).await;
-    let consume_on = consume(&secured_app, secured, "on", Some(t)).await;
+        .await;
+        if on {
+            consume_on += rate / 2.0;
+        } else {
+            consume_off += rate / 2.0;
+        }
+    }
     for app in [&open_app, &secured_app] {
         app.shutting_down.send_replace(true);
     }

@@ -10,7 +10,7 @@ use queen_core::storage::PushGroup;
 use queen_server::app::App;
 use serde_json::{json, Value};
 
-use crate::util::{payload, pg_connect, Row};
+use crate::util::{payload, pg_connect, Endpoint, Row};
 
 fn frames(i: &mut u64, n: usize) -> Vec<Frame> {
     (0..n)
@@ -42,13 +42,12 @@ fn segment_sizes(per_partition: usize) -> Vec<usize> {
 /// The broker: `consumers` HTTP consumers drain `total` messages spread over `partitions`.
 pub(crate) async fn broker_rate(
     app: &Arc<App>,
-    addr: std::net::SocketAddr,
+    broker: &Endpoint,
     queue: &str,
     partitions: usize,
     consumers: usize,
     auto_ack: bool,
     total: usize,
-    token: Option<String>,
 ) -> f64 {
     let per_partition = total / partitions;
     let mut i = 0u64;
@@ -72,9 +71,9 @@ pub(crate) async fn broker_rate(
     let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=false&autoAck={auto_ack}");
     let handles: Vec<_> = (0..consumers)
         .map(|_| {
-            let (done, path, token) = (done.clone(), path.clone(), token.clone());
+            let (done, path, broker) = (done.clone(), path.clone(), broker.clone());
             tokio::spawn(async move {
-                let mut c = crate::util::client(addr, token.as_deref()).await;
+                let mut c = broker.client().await;
                 let mut empty = 0;
                 while done.load(Ordering::Relaxed) < total && empty < 200 {
                     let r = c.get(&path).await;
@@ -191,26 +190,25 @@ pub async fn consume_scenario(
     consumers: usize,
     total: usize,
 ) -> Vec<Row> {
+    let broker = Endpoint::open(addr);
     let leased = broker_rate(
         app,
-        addr,
+        &broker,
         &format!("consume-{partitions}-{consumers}-leased"),
         partitions,
         consumers,
         false,
         total,
-        None,
     )
     .await;
     let auto = broker_rate(
         app,
-        addr,
+        &broker,
         &format!("consume-{partitions}-{consumers}-auto"),
         partitions,
         consumers,
         true,
         total,
-        None,
     )
     .await;
     let claim = claim_loop_rate(cfg, partitions, consumers, total).await;

@@ -109,13 +109,12 @@ async fn run(
     );
     let rate = crate::consume::broker_rate(
         &app,
-        addr,
+        &crate::util::Endpoint::open(addr),
         &queue,
         load.partitions,
         load.consumers,
         load.auto_ack,
         total,
-        None,
     )
     .await;
     stop.store(true, Ordering::Relaxed);

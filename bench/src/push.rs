@@ -164,7 +164,7 @@ async fn broker_push(
     measure(PRODUCERS, secs, move |t, stop, count| {
         let token = token.clone();
         async move {
-        let mut c = crate::util::client(addr, token.as_deref()).await;
+        let mut c = crate::util::Endpoint { addr, token }.client().await;
         let mut i = 0u64;
         let mut ids = (t as u64) << 40;
         let queue = format!("push{batch}-{}", form.name().replace(' ', "-"));

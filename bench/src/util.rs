@@ -116,11 +116,24 @@ pub fn joined(r: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// A keep-alive connection to the broker, sending `token` as a bearer token when given.
-pub async fn client(addr: std::net::SocketAddr, token: Option<&str>) -> queen_raw_client::Client {
-    let c = queen_raw_client::Client::connect(addr).await;
-    match token {
-        Some(t) => c.with_header("authorization", &format!("Bearer {t}")),
-        None => c,
+/// A broker to load, and the bearer token its clients send (auth on), if any.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub addr: std::net::SocketAddr,
+    pub token: Option<String>,
+}
+
+impl Endpoint {
+    pub fn open(addr: std::net::SocketAddr) -> Endpoint {
+        Endpoint { addr, token: None }
+    }
+
+    /// A keep-alive connection to the broker, sending the token with every request.
+    pub async fn client(&self) -> queen_raw_client::Client {
+        let c = queen_raw_client::Client::connect(self.addr).await;
+        match &self.token {
+            Some(t) => c.with_header("authorization", &format!("Bearer {t}")),
+            None => c,
+        }
     }
 }

@@ -180,17 +180,22 @@ async fn finish(
                     .map(|bytes| http::json_bytes(StatusCode::OK, bytes)),
                 Err(f) => Err(f),
             };
-            let (reply, delivered) = match rendered {
-                Ok(reply) => (reply, true),
+            match rendered {
+                Ok(reply) => {
+                    if tx.send(reply).is_err() && !auto_ack {
+                        // The client left before the answer: give the leases back now.
+                        release(app, &claims, worker, group).await;
+                    }
+                }
                 Err(f) => {
                     app.metrics.server_errors.inc();
                     tracing::warn!(error = %f.message, "a claimed batch could not be rendered; its leases are given back");
-                    (http::error(&f), false)
+                    // Given back before the error is sent, so the client's next pop finds them.
+                    if !auto_ack {
+                        release(app, &claims, worker, group).await;
+                    }
+                    let _ = tx.send(http::error(&f));
                 }
-            };
-            if (tx.send(reply).is_err() || !delivered) && !auto_ack {
-                // The client left before the answer, or got none: give the leases back now.
-                release(app, &claims, worker, group).await;
             }
         }
     }

@@ -11,9 +11,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{request, start, Broker, Client, Store};
-use queen_core::storage::StorageSet;
-use queen_server::app::App;
+use common::{request, start, start_pair_with, Broker, Client, Store};
 use queen_server::config::ServerConfig;
 use queen_server::sealing::{check_cluster_key, PayloadCipher};
 use serde_json::{json, Value};
@@ -254,35 +252,6 @@ async fn plaintext_never_reaches_the_database_files() {
     assert_eq!(seen.values().next(), Some(&json!({"marker": secret})));
 }
 
-/// Two brokers on one database, with the configs given (a key each, or none).
-async fn two_brokers(name: &str, a: ServerConfig, b: ServerConfig) -> (Broker, Broker) {
-    let cfg =
-        queen_storage_pg::testing::fresh_database_config(&format!("{name}_{}", std::process::id()))
-            .await;
-    let mut out = vec![];
-    for (seed, config) in [a, b].into_iter().enumerate() {
-        let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-            tls: Default::default(),
-            pg: cfg.clone(),
-            pool_size: 4,
-        })
-        .await
-        .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = App::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
-        queen_server::spawn_event_listener(app.clone(), &pg);
-        tokio::spawn(queen_server::serve_listener(app.clone(), listener));
-        out.push(Broker {
-            app,
-            addr,
-            pg: Some(pg),
-        });
-    }
-    let second = out.pop().unwrap();
-    (out.pop().unwrap(), second)
-}
-
 /// The frames of every segment of a queue, as stored.
 async fn stored_frames(b: &Broker, queue: &str) -> Vec<queen_core::frames::Frame> {
     let client = b.pg.as_ref().unwrap().pool().get().await.unwrap();
@@ -306,7 +275,7 @@ async fn stored_frames(b: &Broker, queue: &str) -> Vec<queen_core::frames::Frame
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_switched_on_another_broker_is_sealed() {
-    let (a, b) = two_brokers("enc_switch", keyed(KEY), keyed(KEY)).await;
+    let (a, b) = start_pair_with("enc_switch", keyed(KEY), keyed(KEY)).await;
     let q = "switched";
     configure(&a, q, json!({})).await;
     let push =
@@ -344,7 +313,7 @@ async fn a_queue_switched_on_another_broker_is_sealed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_without_the_key_refuses_and_loses_nothing() {
     let (keyed_broker, keyless) =
-        two_brokers("enc_keyless", keyed(KEY), ServerConfig::default()).await;
+        start_pair_with("enc_keyless", keyed(KEY), ServerConfig::default()).await;
     let q = "locked";
     let refused = configure(&keyless, q, json!({"encryptionEnabled": true})).await;
     assert_eq!(refused.status, 400);

@@ -48,11 +48,16 @@ pub async fn start(store: Store, config: ServerConfig) -> Broker {
 
 /// Two brokers on one fresh PostgreSQL database, each listening for the other's events.
 pub async fn start_pair(name: &str, config: ServerConfig) -> (Broker, Broker) {
+    start_pair_with(name, config.clone(), config).await
+}
+
+/// Two brokers on one fresh PostgreSQL database with configs of their own (a key each, say).
+pub async fn start_pair_with(name: &str, a: ServerConfig, b: ServerConfig) -> (Broker, Broker) {
     let cfg =
         queen_storage_pg::testing::fresh_database_config(&format!("{name}_{}", std::process::id()))
             .await;
     let mut brokers = vec![];
-    for seed in 0..2 {
+    for (seed, config) in [a, b].into_iter().enumerate() {
         let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
             tls: Default::default(),
             pg: cfg.clone(),
@@ -64,7 +69,7 @@ pub async fn start_pair(name: &str, config: ServerConfig) -> (Broker, Broker) {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = App::new(config.clone(), StorageSet::of(Arc::new(pg.clone())), seed);
+        let app = App::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
         queen_server::spawn_event_listener(app.clone(), &pg);
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
         brokers.push(Broker {
