@@ -43,14 +43,22 @@ pub async fn auth_scenario(
     };
     let (secured_app, secured) = crate::start_with(pg, secured_config, 32).await;
     let t = token();
-    // Off, on, on, off: each side's mean cancels a drift over the run (a database warming up).
+    // A discarded warm-up (the first push round ran at 0.78x of the later ones, whichever
+    // broker it was), then off, on, on, off: each side's mean cancels a linear drift (the
+    // consume rounds slow as the tables grow).
+    crate::push::json_push_rate(open, 100, secs, None).await;
     let (mut push_off, mut push_on) = (0.0, 0.0);
     for on in [false, true, true, false] {
-        if on {
-            push_on += crate::push::json_push_rate(secured, 100, secs, Some(t.clone())).await / 2.0;
+        let rate = if on {
+            crate::push::json_push_rate(secured, 100, secs, Some(t.clone())).await
         } else {
-            push_off += crate::push::json_push_rate(open, 100, secs, None).await / 2.0;
-        }
+            crate::push::json_push_rate(open, 100, secs, None).await
+        };
+        eprintln!(
+            "auth push round, auth {}: {rate:.0} msg/s",
+            if on { "on" } else { "off" }
+        );
+        *if on { &mut push_on } else { &mut push_off } += rate / 2.0;
     }
     let (partitions, consumers) = (10, 4);
     let (mut consume_off, mut consume_on) = (0.0, 0.0);
@@ -77,11 +85,15 @@ pub async fn auth_scenario(
             consume_total,
         )
         .await;
-        if on {
-            consume_on += rate / 2.0;
+        eprintln!(
+            "auth consume round, auth {}: {rate:.0} msg/s",
+            if on { "on" } else { "off" }
+        );
+        *if on {
+            &mut consume_on
         } else {
-            consume_off += rate / 2.0;
-        }
+            &mut consume_off
+        } += rate / 2.0;
     }
     for app in [&open_app, &secured_app] {
         app.shutting_down.send_replace(true);

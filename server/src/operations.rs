@@ -177,28 +177,20 @@ impl App {
         for op in &mut ops {
             if let TxOp::Push(groups) = op {
                 stamp_producer(groups, producer);
-                self.seal_known(groups)?;
             }
         }
+        self.seal_known_ops(&mut ops)?;
         let out = loop {
-            let groups = |ops: &[TxOp]| -> Vec<PushGroup> {
-                ops.iter()
-                    .flat_map(|op| match op {
-                        TxOp::Push(g) => g.clone(),
-                        TxOp::Ack { .. } => vec![],
-                    })
-                    .collect()
-            };
-            let again = self.may_need_sealing(&groups(&ops)).then(|| ops.clone());
+            let pushed = ops.iter().flat_map(|op| match op {
+                TxOp::Push(g) => g.as_slice(),
+                TxOp::Ack { .. } => &[],
+            });
+            let again = self.may_need_sealing(pushed).then(|| ops.clone());
             match self.storage.delivery.transaction(ops).await {
                 Err(StorageError::EncryptionRequired { queue }) if again.is_some() => {
                     self.learned_encrypted(queue, None)?;
                     ops = again.unwrap_or_default();
-                    for op in &mut ops {
-                        if let TxOp::Push(groups) = op {
-                            self.seal_known(groups)?;
-                        }
-                    }
+                    self.seal_known_ops(&mut ops)?;
                 }
                 other => break other?,
             }
@@ -239,10 +231,19 @@ impl App {
         Ok(())
     }
 
+    fn seal_known_ops(&self, ops: &mut [TxOp]) -> StorageResult<()> {
+        for op in ops {
+            if let TxOp::Push(groups) = op {
+                self.seal_known(groups)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether storage could still refuse these groups for want of sealing: this broker has a
     /// key and some group is plaintext (then a push keeps a copy to seal and send again).
-    fn may_need_sealing(&self, groups: &[PushGroup]) -> bool {
-        self.config.cipher.is_some() && groups.iter().any(|g| !g.is_sealed())
+    fn may_need_sealing<'a>(&self, groups: impl IntoIterator<Item = &'a PushGroup>) -> bool {
+        self.config.cipher.is_some() && groups.into_iter().any(|g| !g.is_sealed())
     }
 
     /// Storage refused plaintext for `queue`: remember that it encrypts, and give back `again`
