@@ -960,3 +960,74 @@ async fn cached_tokens_are_exact_and_expire() {
     tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
     assert_eq!(auth.verify(&soon).await.unwrap_err().status, 401);
 }
+
+/// The real binary with auth on and debug logging: neither the secret nor a token, valid or
+/// not, appears in anything it prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_or_secret_in_the_logs() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_queen"))
+        .env_clear()
+        .env("PORT", port.to_string())
+        .env("HOST", "127.0.0.1")
+        .env("JWT_ENABLED", "true")
+        .env("JWT_SECRET", SECRET)
+        .env("RUST_LOG", "debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut up = false;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            up = true;
+            break;
+        }
+    }
+    assert!(up, "the broker listens");
+    let good = hs256(&claims("logged", Some("read-write")));
+    let forged = encode(
+        &Header::new(Algorithm::HS256),
+        &claims("mallory", Some("admin")),
+        &EncodingKey::from_secret(b"guessed"),
+    )
+    .unwrap();
+    let push = json!({"items": [{"queue": "logs", "payload": {"n": 1}}]});
+    assert_eq!(
+        send(addr, Some(&good), "POST", "/api/v1/push", Some(&push))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        send(addr, Some(&forged), "POST", "/api/v1/push", Some(&push))
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        send(
+            addr,
+            Some("garbage.token.here"),
+            "GET",
+            "/api/v1/dlq?queue=logs",
+            None
+        )
+        .await
+        .status,
+        401
+    );
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let printed =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(printed.contains("JWT authentication on"), "{printed}");
+    for secret in [SECRET, good.as_str(), forged.as_str(), "garbage.token.here"] {
+        assert!(!printed.contains(secret), "printed {secret:?}:\n{printed}");
+    }
+}
