@@ -746,6 +746,15 @@ fn cases() -> u32 {
         .unwrap_or(512)
 }
 
+/// The generator's seed: PROPTEST_SEED, or a fixed one, so a run (and its coverage) is the same
+/// every time; a failure names the seed that replays it.
+fn seed() -> u64 {
+    std::env::var("PROPTEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x1ea5_e5ee_d001)
+}
+
 #[test]
 fn lease_semantics_match_the_reference() {
     let config = ProptestConfig {
@@ -753,7 +762,14 @@ fn lease_semantics_match_the_reference() {
         max_shrink_iters: 4096,
         ..ProptestConfig::default()
     };
-    let mut runner = proptest::test_runner::TestRunner::new(config.clone());
+    let seed = seed();
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    let rng = proptest::test_runner::TestRng::from_seed(
+        proptest::test_runner::RngAlgorithm::ChaCha,
+        &key,
+    );
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(config.clone(), rng);
     let result = runner.run(
         &LeaseModel::sequential_strategy(1..60),
         |(init, transitions, seen)| {
@@ -762,7 +778,7 @@ fn lease_semantics_match_the_reference() {
         },
     );
     if let Err(e) = result {
-        panic!("{e}");
+        panic!("{e}\n(PROPTEST_SEED={seed} replays it)");
     }
     let c = &COVERAGE;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -795,7 +811,8 @@ fn lease_semantics_match_the_reference() {
     ] {
         assert!(
             get(v) > 0,
-            "coverage: no {name} happened; the properties were not exercised"
+            "coverage: no {name} happened; the properties were not exercised (PROPTEST_SEED={seed}, PROPTEST_CASES={})",
+            config.cases
         );
     }
 }
