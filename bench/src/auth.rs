@@ -130,14 +130,14 @@ pub async fn auth_scenario(
     let (cached_us, signature_us) = token_check_cost().await;
     vec![
         Row::new(
-            "JWT token check, cached (SHA-256 of the token, one lookup)",
+            "token check with JWT auth, cached (SHA-256 of the token, one lookup)",
             "us per request",
             cached_us,
             "-",
             f64::NAN,
         ),
         Row::new(
-            "JWT token check, signature (HS256, a token not seen before)",
+            "token check with JWT auth, signature (HS256, a token not seen before)",
             "us per request",
             signature_us,
             "-",
