@@ -795,28 +795,7 @@ async fn producer_identity(store: Store, name: &str) {
         .status,
         200
     );
-    let mut seen = std::collections::BTreeMap::new();
-    for _ in 0..50 {
-        let r = send(
-            b.addr,
-            Some(&alice),
-            "GET",
-            &format!("/api/v1/pop/queue/{q}?batch=10&wait=true&timeout=200&autoAck=true"),
-            None,
-        )
-        .await;
-        if r.status == 200 {
-            for m in r.json()["messages"].as_array().unwrap() {
-                seen.insert(
-                    m["transactionId"].as_str().unwrap().to_string(),
-                    m["producerSub"].clone(),
-                );
-            }
-        }
-        if seen.len() == 4 {
-            break;
-        }
-    }
+    let seen = common::pop_until(b.addr, Some(&alice), q, 4, "producerSub").await;
     let expected: std::collections::BTreeMap<String, Value> = ["json", "txn", "binary", "buffered"]
         .iter()
         .map(|t| (t.to_string(), json!("alice")))

@@ -36,30 +36,9 @@ async fn configure(b: &Broker, queue: &str, options: Value) -> common::Response 
     .await
 }
 
-/// Pops everything (autoAck) until `n` messages came, by transactionId.
+/// Pops everything (autoAck) until `n` messages came: their payloads by transactionId.
 async fn drain(b: &Broker, queue: &str, n: usize) -> std::collections::BTreeMap<String, Value> {
-    let mut seen = std::collections::BTreeMap::new();
-    for _ in 0..40 {
-        let r = request(
-            b.addr,
-            "GET",
-            &format!("/api/v1/pop/queue/{queue}?batch=100&wait=true&timeout=300&autoAck=true"),
-            None,
-        )
-        .await;
-        if r.status == 200 {
-            for m in r.json()["messages"].as_array().unwrap() {
-                seen.insert(
-                    m["transactionId"].as_str().unwrap().to_string(),
-                    m["data"].clone(),
-                );
-            }
-        }
-        if seen.len() >= n {
-            break;
-        }
-    }
-    seen
+    common::pop_until(b.addr, None, queue, n, "data").await
 }
 
 async fn transparent(store: Store) {

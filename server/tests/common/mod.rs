@@ -105,3 +105,38 @@ pub async fn request(
 pub async fn metrics(addr: SocketAddr) -> serde_json::Value {
     request(addr, "GET", "/metrics", None).await.json()
 }
+
+/// Pops `queue` (autoAck, 300 ms long-polls, `token` as a bearer token when given) until `n`
+/// messages came or 40 polls passed; `field` of each message, by transactionId.
+pub async fn pop_until(
+    addr: SocketAddr,
+    token: Option<&str>,
+    queue: &str,
+    n: usize,
+    field: &str,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut seen = std::collections::BTreeMap::new();
+    let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=true&timeout=300&autoAck=true");
+    for _ in 0..40 {
+        let mut c = Client::connect(addr).await;
+        if let Some(t) = token {
+            c = c.with_header("authorization", &format!("Bearer {t}"));
+        }
+        let r = c.get(&path).await;
+        if r.status == 200 {
+            for m in r.json()["messages"].as_array().expect("messages") {
+                seen.insert(
+                    m["transactionId"]
+                        .as_str()
+                        .expect("transactionId")
+                        .to_string(),
+                    m[field].clone(),
+                );
+            }
+        }
+        if seen.len() >= n {
+            break;
+        }
+    }
+    seen
+}
