@@ -8,6 +8,7 @@
 //! carries raw segment rows and the broker slices frames.
 
 mod delivery;
+mod inspect;
 mod messages;
 mod pop;
 mod queue;
@@ -21,6 +22,10 @@ use async_trait::async_trait;
 pub use delivery::{
     requeue_transaction_id, DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued,
     SeekTarget, TxOp, TxOpResult, TxOutcome,
+};
+pub use inspect::{
+    CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentMark,
+    SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
 pub use messages::{
     AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueFull,
@@ -272,7 +277,13 @@ pub struct StorageUsage {
 
 /// Every capability: what one broker serves from.
 pub trait Storage:
-    PopStorage + MessageStorage + AdminStorage + DeliveryStorage + RetentionStorage + HealthStorage
+    PopStorage
+    + MessageStorage
+    + AdminStorage
+    + DeliveryStorage
+    + RetentionStorage
+    + HealthStorage
+    + InspectStorage
 {
 }
 
@@ -283,6 +294,7 @@ impl<T> Storage for T where
         + DeliveryStorage
         + RetentionStorage
         + HealthStorage
+        + InspectStorage
 {
 }
 
@@ -296,6 +308,7 @@ pub struct StorageSet {
     pub delivery: Arc<dyn DeliveryStorage>,
     pub retention: Arc<dyn RetentionStorage>,
     pub health: Arc<dyn HealthStorage>,
+    pub inspect: Arc<dyn InspectStorage>,
 }
 
 impl StorageSet {
@@ -307,7 +320,8 @@ impl StorageSet {
             admin: backend.clone(),
             delivery: backend.clone(),
             retention: backend.clone(),
-            health: backend,
+            health: backend.clone(),
+            inspect: backend,
         }
     }
 }

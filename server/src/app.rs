@@ -247,6 +247,8 @@ impl App {
         });
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
+                let _guard = rt.enter();
+                crate::sampler::start(&app);
                 rt.spawn(wheel_ticker(Arc::downgrade(&app), app.ticker_rearm.clone()));
                 if app.config.retention.enabled() {
                     rt.spawn(crate::retention::retention_worker(

@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub auth: Option<Arc<Authenticator>>,
     /// The payload key, when QUEEN_ENCRYPTION_KEY is set.
     pub cipher: Option<Arc<PayloadCipher>>,
+    /// Milliseconds between the broker's samples for the status routes (0: none).
+    pub sample_interval_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +49,7 @@ impl Default for ServerConfig {
             retention: RetentionSettings::default(),
             auth: None,
             cipher: None,
+            sample_interval_ms: 60_000,
         }
     }
 }
@@ -158,6 +161,10 @@ pub struct Settings {
     /// Seconds a dead letter is kept. 0: until its queue's retention removes its message.
     #[arg(long, env = "DEAD_LETTER_RETENTION_SECONDS", default_value_t = RetentionSettings::default().dead_letter_retention_secs)]
     pub dead_letter_retention_seconds: u64,
+    /// Milliseconds between the broker's samples (counters, lag, CPU, RSS) that the status and
+    /// analytics routes and the dashboard chart. 0: none.
+    #[arg(long, env = "METRICS_SAMPLE_INTERVAL", default_value_t = 60_000)]
+    pub metrics_sample_interval: u64,
     /// JWT authentication of every route but JWT_SKIP_PATHS.
     #[arg(long, env = "JWT_ENABLED", default_value = "false",
           value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
@@ -289,6 +296,7 @@ impl Settings {
         let server = ServerConfig {
             auth,
             cipher,
+            sample_interval_ms: self.metrics_sample_interval,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,

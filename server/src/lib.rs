@@ -1,5 +1,6 @@
 //! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
 
+mod admin_routes;
 pub mod app;
 pub mod auth;
 pub mod buffer;
@@ -12,6 +13,7 @@ mod pop_route;
 mod requests;
 pub mod retention;
 mod routes;
+pub mod sampler;
 pub mod sealing;
 
 use std::panic::AssertUnwindSafe;
@@ -212,6 +214,107 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
             need(Admin)?;
             let b = body(&app, req).await?;
             routes::set_pop_maintenance(&app, &b)
+        }
+        (&Method::GET, ["api", "v1", "resources", "overview"]) => {
+            need(ReadOnly)?;
+            admin_routes::overview(&app).await
+        }
+        (&Method::GET, ["api", "v1", "resources", "namespaces"]) => {
+            need(ReadOnly)?;
+            admin_routes::groupings(&app, false).await
+        }
+        (&Method::GET, ["api", "v1", "resources", "tasks"]) => {
+            need(ReadOnly)?;
+            admin_routes::groupings(&app, true).await
+        }
+        (&Method::GET, ["api", "v1", "resources", "queues"]) => {
+            need(ReadOnly)?;
+            admin_routes::list_queues(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "resources", "queues", q]) => {
+            need(ReadOnly)?;
+            admin_routes::get_queue(&app, q).await
+        }
+        (&Method::GET, ["api", "v1", "resources", "queues", q, "depth"]) => {
+            need(ReadOnly)?;
+            admin_routes::queue_depth(&app, q, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "resources", "partitions"]) => {
+            need(ReadOnly)?;
+            admin_routes::list_partitions(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "messages"]) => {
+            need(ReadOnly)?;
+            admin_routes::list_messages(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "messages", pid, tx]) => {
+            need(ReadOnly)?;
+            admin_routes::get_message(&app, pid, tx).await
+        }
+        (&Method::DELETE, ["api", "v1", "messages", pid, tx]) => {
+            need(ReadWrite)?;
+            admin_routes::delete_message(&app, pid, tx).await
+        }
+        (&Method::POST, ["api", "v1", "messages", pid, tx, "retry"]) => {
+            need(ReadWrite)?;
+            admin_routes::retry_message(&app, pid, tx).await
+        }
+        (&Method::POST, ["api", "v1", "traces"]) => {
+            need(ReadWrite)?;
+            let b = body(&app, req).await?;
+            admin_routes::add_trace(&app, &b).await
+        }
+        (&Method::GET, ["api", "v1", "traces", "names"]) => {
+            need(ReadOnly)?;
+            admin_routes::trace_names(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "traces", "by-name", name]) => {
+            need(ReadOnly)?;
+            admin_routes::traces_named(&app, name, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "traces", pid, tx]) => {
+            need(ReadOnly)?;
+            admin_routes::traces_of(&app, pid, tx).await
+        }
+        (&Method::GET, ["api", "v1", "status"]) => {
+            need(ReadOnly)?;
+            admin_routes::status(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "status", "queues"]) => {
+            need(ReadOnly)?;
+            admin_routes::status_queues(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "status", "queues", q]) => {
+            need(ReadOnly)?;
+            admin_routes::queue_detail(&app, q).await
+        }
+        (&Method::GET, ["api", "v1", "status", "analytics"]) => {
+            need(ReadOnly)?;
+            admin_routes::analytics(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "analytics", "system-metrics"]) => {
+            need(ReadOnly)?;
+            admin_routes::system_metrics(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "analytics", "worker-metrics"]) => {
+            need(ReadOnly)?;
+            admin_routes::worker_metrics(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "consumer-groups"]) => {
+            need(ReadOnly)?;
+            admin_routes::consumer_groups(&app).await
+        }
+        (&Method::GET, ["api", "v1", "consumer-groups", "lagging"]) => {
+            need(ReadOnly)?;
+            admin_routes::lagging(&app, &http::query_pairs(query.as_deref())?).await
+        }
+        (&Method::GET, ["api", "v1", "consumer-groups", g]) => {
+            need(ReadOnly)?;
+            admin_routes::consumer_group(&app, g).await
+        }
+        (&Method::POST, ["api", "v1", "stats", "refresh"]) => {
+            need(Admin)?;
+            admin_routes::refresh_stats()
         }
         _ => Ok(http::json(
             StatusCode::NOT_FOUND,

@@ -81,6 +81,10 @@ pub struct Metrics {
     pub duplicates: Counter,
     pub acks: Counter,
     pub acks_refused: Counter,
+    /// Ack requests (single and batch).
+    pub ack_requests: Counter,
+    /// Messages acks sent to the dead-letter queue.
+    pub dead_lettered: Counter,
     pub bad_requests: Counter,
     pub server_errors: Counter,
     /// Requests and answers in Queen 2.x's binary forms.
@@ -93,6 +97,8 @@ pub struct Metrics {
     /// For the JSON form's average and maximum (a histogram keeps neither exactly).
     lag_sum_us: AtomicU64,
     lag_max_us: AtomicU64,
+    /// The largest lag since the sampler last took it (the per-minute samples' maximum).
+    lag_window_max_us: AtomicU64,
     lag_max_seconds: Gauge<f64, AtomicU64>,
     /// Read at scrape time from the limiter and the backend.
     limiter_limit: Gauge,
@@ -148,6 +154,8 @@ impl Default for Metrics {
             duplicates: Counter::default(),
             acks: Counter::default(),
             acks_refused: Counter::default(),
+            ack_requests: Counter::default(),
+            dead_lettered: Counter::default(),
             bad_requests,
             server_errors,
             events,
@@ -155,6 +163,7 @@ impl Default for Metrics {
             delivery_lag: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             lag_sum_us: AtomicU64::new(0),
             lag_max_us: AtomicU64::new(0),
+            lag_window_max_us: AtomicU64::new(0),
             lag_max_seconds: Gauge::default(),
             limiter_limit: Gauge::default(),
             limiter_in_flight: Gauge::default(),
@@ -211,6 +220,16 @@ impl Default for Metrics {
             "acks_refused",
             "Ack items storage refused",
             m.acks_refused.clone(),
+        );
+        registry.register(
+            "ack_requests",
+            "Ack requests (single and batch)",
+            m.ack_requests.clone(),
+        );
+        registry.register(
+            "dead_lettered",
+            "Messages acks moved to the dead-letter queue",
+            m.dead_lettered.clone(),
         );
         registry.register(
             "binary_requests",
@@ -321,9 +340,18 @@ impl Metrics {
             .sum()
     }
 
+    /// (sum of every delivered message's lag so far, largest lag since the last call), in µs.
+    pub fn take_lag_window(&self) -> (u64, u64) {
+        (
+            self.lag_sum_us.load(Ordering::Relaxed),
+            self.lag_window_max_us.swap(0, Ordering::Relaxed),
+        )
+    }
+
     pub fn record_lag(&self, lag_us: u64) {
         self.delivery_lag.observe(lag_us as f64 / 1e6);
         self.lag_sum_us.fetch_add(lag_us, Ordering::Relaxed);
+        self.lag_window_max_us.fetch_max(lag_us, Ordering::Relaxed);
         let max = self
             .lag_max_us
             .fetch_max(lag_us, Ordering::Relaxed)

@@ -108,10 +108,14 @@ impl App {
     pub async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
         let outcomes = self.ack_and_publish(group, items).await?;
         self.crash_point(CrashPoint::AckStored).await;
+        self.metrics.ack_requests.inc();
         for o in &outcomes {
             self.metrics.acks.inc();
             if !o.success {
                 self.metrics.acks_refused.inc();
+            }
+            if o.dlq {
+                self.metrics.dead_lettered.inc();
             }
         }
         Ok(outcomes)

@@ -6,6 +6,7 @@ mod admin;
 mod config;
 mod delivery;
 mod error;
+mod inspect;
 mod listen;
 mod messages;
 mod migrate;

@@ -48,6 +48,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(12, "retention", "012_retention.sql"),
     migration!(13, "partition numbers", "013_partition_numbers.sql"),
     migration!(14, "encryption", "014_encryption.sql"),
+    migration!(15, "inspection", "015_inspection.sql"),
 ];
 
 macro_rules! functions {

@@ -60,45 +60,52 @@ fn lease_param(req: &PopRequest) -> Option<i32> {
         .map(|s| i32::try_from(s).unwrap_or(i32::MAX))
 }
 
+/// The columns of `queen.queues` a `QueueConfig` is read from, in `config_from_row`'s order.
+pub(crate) const CONFIG_COLUMNS: &str = "name, namespace, task, lease_time, retry_limit, retry_delay, priority, delayed_processing,
+    window_buffer, max_size, ttl, retention_enabled, retention_seconds, completed_retention_seconds,
+    encryption_enabled, dead_letter_queue, dlq_after_max_retries, max_wait_time_seconds, min_pop_wait_time";
+
+/// A queue's configuration from `CONFIG_COLUMNS`, starting at column `at`.
+pub(crate) fn config_from_row(r: &tokio_postgres::Row, at: usize) -> QueueConfig {
+    let u = |i: usize| u32::try_from(r.get::<_, i32>(at + i)).unwrap_or(0);
+    QueueConfig {
+        name: r.get(at),
+        namespace: r.get(at + 1),
+        task: r.get(at + 2),
+        lease_time_secs: u(3),
+        retry_limit: u(4),
+        retry_delay_ms: u(5),
+        priority: r.get(at + 6),
+        delayed_processing_secs: u(7),
+        window_buffer_secs: u(8),
+        max_size: u(9),
+        ttl_secs: u(10),
+        retention_enabled: r.get(at + 11),
+        retention_seconds: u(12),
+        completed_retention_seconds: u(13),
+        encryption_enabled: r.get(at + 14),
+        dead_letter_queue: r.get(at + 15),
+        dlq_after_max_retries: r.get(at + 16),
+        max_wait_time_seconds: u(17),
+        min_pop_wait_ms: u(18),
+    }
+}
+
 #[async_trait]
 impl PopStorage for PgStorage {
     async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let stmt = client
-            .prepare_cached(
-                "SELECT name, namespace, task, lease_time, retry_limit, retry_delay, priority, delayed_processing,
-                        window_buffer, max_size, ttl, retention_enabled, retention_seconds, completed_retention_seconds,
-                        encryption_enabled, dead_letter_queue, dlq_after_max_retries, max_wait_time_seconds, min_pop_wait_time
-                   FROM queen.queues WHERE name = $1",
-            )
+            .prepare_cached(&format!(
+                "SELECT {CONFIG_COLUMNS} FROM queen.queues WHERE name = $1"
+            ))
             .await
             .map_err(pg_err("queue config"))?;
         let row = client
             .query_opt(&stmt, &[&queue])
             .await
             .map_err(pg_err("queue config"))?;
-        let u = |v: i32| u32::try_from(v).unwrap_or(0);
-        Ok(row.map(|r| QueueConfig {
-            name: r.get(0),
-            namespace: r.get(1),
-            task: r.get(2),
-            lease_time_secs: u(r.get(3)),
-            retry_limit: u(r.get(4)),
-            retry_delay_ms: u(r.get(5)),
-            priority: r.get(6),
-            delayed_processing_secs: u(r.get(7)),
-            window_buffer_secs: u(r.get(8)),
-            max_size: u(r.get(9)),
-            ttl_secs: u(r.get(10)),
-            retention_enabled: r.get(11),
-            retention_seconds: u(r.get(12)),
-            completed_retention_seconds: u(r.get(13)),
-            encryption_enabled: r.get(14),
-            dead_letter_queue: r.get(15),
-            dlq_after_max_retries: r.get(16),
-            max_wait_time_seconds: u(r.get(17)),
-            min_pop_wait_ms: u(r.get(18)),
-        }))
+        Ok(row.map(|r| config_from_row(&r, 0)))
     }
 
     async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult> {

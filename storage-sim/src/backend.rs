@@ -10,10 +10,14 @@ use queen_core::storage::{
     RetentionPass, RetentionStorage, SeekTarget, StorageHealth, StorageResult, StorageUsage, TxOp,
     TxOutcome,
 };
+use queen_core::storage::{
+    InspectStorage, PartitionView, QueueFilter, QueueView, SegmentQuery, StoredMessage,
+    StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
+};
 use queen_core::Timestamp;
 
 use crate::tx::lock;
-use crate::{delivery, messages, pop, queues, retention, SimDb};
+use crate::{delivery, inspect, messages, pop, queues, retention, SimDb};
 
 #[async_trait]
 impl PopStorage for SimDb {
@@ -334,5 +338,104 @@ impl HealthStorage for SimDb {
             pool_in_use: 0,
             pool_size: 0,
         }
+    }
+}
+
+#[async_trait]
+impl InspectStorage for SimDb {
+    async fn queue_views(&self, filter: QueueFilter) -> StorageResult<Vec<QueueView>> {
+        Ok(inspect::queue_views(&lock(&self.shared.state), &filter))
+    }
+
+    async fn partition_views(
+        &self,
+        queue: Option<&str>,
+        group: Option<&str>,
+    ) -> StorageResult<Vec<PartitionView>> {
+        let now = self.now();
+        Ok(inspect::partition_views(
+            &lock(&self.shared.state),
+            queue,
+            group,
+            now,
+        ))
+    }
+
+    async fn segments(&self, query: SegmentQuery) -> StorageResult<Vec<StoredSegment>> {
+        Ok(inspect::segments(&lock(&self.shared.state), &query))
+    }
+
+    async fn message(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> StorageResult<Option<StoredMessage>> {
+        let now = self.now();
+        inspect::message(&lock(&self.shared.state), partition_id, transaction_id, now)
+    }
+
+    async fn delete_dead_letters_of(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> StorageResult<u64> {
+        self.exec(inspect::delete_dead_letters_of(
+            self.shared.clone(),
+            self.cell(),
+            partition_id.into(),
+            transaction_id.into(),
+        ))
+        .await
+    }
+
+    async fn add_trace(&self, trace: TraceInput) -> StorageResult<Option<i64>> {
+        self.exec(inspect::add_trace(self.shared.clone(), self.cell(), trace))
+            .await
+    }
+
+    async fn traces_of(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> StorageResult<Vec<TraceRecord>> {
+        inspect::traces_of(&lock(&self.shared.state), partition_id, transaction_id)
+    }
+
+    async fn traces_named(
+        &self,
+        name: &str,
+        limit: u32,
+        offset: u32,
+    ) -> StorageResult<(Vec<TraceRecord>, u64)> {
+        Ok(inspect::traces_named(
+            &lock(&self.shared.state),
+            name,
+            limit,
+            offset,
+        ))
+    }
+
+    async fn trace_names(&self, limit: u32, offset: u32) -> StorageResult<(Vec<TraceName>, u64)> {
+        Ok(inspect::trace_names(
+            &lock(&self.shared.state),
+            limit,
+            offset,
+        ))
+    }
+
+    async fn record_sample(&self, sample: WorkerSample) -> StorageResult<()> {
+        inspect::record_sample(&mut lock(&self.shared.state), sample);
+        Ok(())
+    }
+
+    async fn samples(&self, from: Timestamp, to: Timestamp) -> StorageResult<Vec<WorkerSample>> {
+        Ok(inspect::samples(&lock(&self.shared.state), from, to))
+    }
+
+    async fn remove_samples_before(&self, before: Timestamp) -> StorageResult<u64> {
+        Ok(inspect::remove_samples_before(
+            &mut lock(&self.shared.state),
+            before,
+        ))
     }
 }

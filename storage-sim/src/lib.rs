@@ -8,6 +8,7 @@
 
 mod backend;
 mod delivery;
+mod inspect;
 mod messages;
 mod pop;
 mod queues;

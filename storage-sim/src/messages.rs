@@ -54,6 +54,7 @@ pub(crate) fn ensure_queue(
         QueueRow {
             id,
             config: QueueConfig::with_defaults(queue),
+            created_at: now,
         },
         tx,
     )?;
@@ -79,6 +80,7 @@ pub(crate) fn ensure_partition_locked(
             last_write_at: now.quantize_to_second(),
             oldest_at: None,
             number,
+            created_at: now,
         };
         if insert_or_wait(&mut st.partitions, key.clone(), row, tx)? {
             insert_or_wait(&mut st.partition_ids, id.clone(), key.clone(), tx)?;

@@ -71,6 +71,7 @@ pub(crate) async fn delete_queue(
             for (k, pid) in &parts {
                 st.segments.delete_all_of(pid, Offset::MIN, t.id);
                 st.txids.delete_all_of(pid, String::new(), t.id);
+                st.traces.delete_all_of(pid, i64::MIN, t.id);
                 st.consumers.delete_all_of(pid, String::new(), t.id);
                 if let Some(n) = st.partitions.get(k, t.id).map(|p| p.number) {
                     st.partition_numbers.delete(&n, t.id);

@@ -297,6 +297,18 @@ fn remove_segments(
             transaction_ids.push((*offset, k.1.clone()));
         }
         transaction_ids.sort();
+        let traces: Vec<(String, i64)> = st
+            .traces
+            .range(
+                (pid.to_string(), i64::MIN)..=(pid.to_string(), i64::MAX),
+                tx,
+            )
+            .filter(|(_, t)| (*base..=*end).contains(&t.offset))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in traces {
+            lock_or_wait(st.traces.delete(&k, tx))?;
+        }
         if *reason == Removal::Expired {
             let dlq: Vec<(String, u64)> = st
                 .dlq
@@ -409,6 +421,9 @@ pub(crate) async fn remove_inactive_partitions(
                     for k in &txids {
                         st.txids.delete(k, t.id);
                     }
+                    // A trace cannot outlive its message, so an empty partition holds none;
+                    // this is PostgreSQL's cascade, for completeness.
+                    st.traces.delete_all_of(&pid, i64::MIN, t.id);
                     if let Some(n) = st.partitions.get(&key, t.id).map(|p| p.number) {
                         st.partition_numbers.delete(&n, t.id);
                     }

@@ -15,6 +15,7 @@ use crate::table::{Table, TxId};
 pub struct QueueRow {
     pub id: String,
     pub config: QueueConfig,
+    pub created_at: Timestamp,
 }
 
 #[derive(Clone, Debug)]
@@ -27,6 +28,20 @@ pub struct PartitionRow {
     pub oldest_at: Option<Timestamp>,
     /// The partition's number (PostgreSQL's `seq`): the u64 `partitionId` of framed pop answers.
     pub number: u64,
+    pub created_at: Timestamp,
+}
+
+/// A trace of a stored message (`queen.message_traces` with its names).
+#[derive(Clone, Debug)]
+pub struct TraceRow {
+    pub transaction_id: String,
+    pub offset: Offset,
+    pub group: String,
+    pub event_type: String,
+    pub data: String,
+    pub worker_id: Option<String>,
+    pub names: Vec<String>,
+    pub created_at: Timestamp,
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +125,12 @@ pub struct DbState {
     pub maintenance: Table<String, MaintenanceLease>,
     /// queen.cluster_settings: name → value.
     pub cluster_settings: Table<String, Vec<u8>>,
+    /// queen.message_traces: (partition id, trace id) → trace.
+    pub traces: Table<(String, i64), TraceRow>,
+    pub trace_seq: i64,
+    /// queen.worker_samples: (bucket, hostname, worker id) → sample. Not transactional: a
+    /// sample is one broker's own write, never read back within a transaction.
+    pub samples: BTreeMap<(Timestamp, String, String), queen_core::storage::WorkerSample>,
     /// Committed removals, in commit order, when `record_removals` (a simulation's checkers
     /// read them; the embedded backend must not grow).
     pub removals: Vec<RemovedMessages>,
@@ -144,6 +165,9 @@ impl DbState {
             dlq_seq: 0,
             maintenance: Table::default(),
             cluster_settings: Table::default(),
+            traces: Table::default(),
+            trace_seq: 0,
+            samples: BTreeMap::new(),
             removals: Vec::new(),
             record_removals: false,
             removals_pending: BTreeMap::new(),
@@ -289,7 +313,8 @@ impl DbState {
             watermarks,
             dlq,
             maintenance,
-            cluster_settings
+            cluster_settings,
+            traces
         );
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);

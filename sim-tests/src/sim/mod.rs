@@ -578,6 +578,8 @@ pub fn run(spec: Spec) -> Outcome {
             } else {
                 RetentionSettings::OFF
             },
+            // The samples read /proc: no input of a simulation's behaviour may.
+            sample_interval_ms: 0,
             ..ServerConfig::default()
         };
         let (db, clock, wake_rng, dropped, delayed, restarts, line) = (

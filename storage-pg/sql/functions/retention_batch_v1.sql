@@ -151,6 +151,12 @@ BEGIN
            AND EXISTS (SELECT 1 FROM unnest(g.bases, g.ends) r (b, e)
                         WHERE t.msg_offset BETWEEN r.b AND r.e)
         RETURNING 1),
+    traces AS (
+        DELETE FROM queen.message_traces tr
+         USING gone g
+         WHERE tr.partition_id = g.partition_id
+           AND tr.msg_offset BETWEEN g.base_offset AND g.end_offset
+        RETURNING 1),
     letters AS (
         DELETE FROM queen.dead_letters d
          USING gone g

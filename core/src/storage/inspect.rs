@@ -1,0 +1,287 @@
+//! What the admin API, the dashboard and the metrics read: queues, partitions and cursors as
+//! they stand, stored messages by address or by time, traces and per-minute broker samples.
+//!
+//! Every read is bounded by what it is asked for, never by the log: totals come from the
+//! partition rows (`last_offset`) and one index probe per partition for its first retained
+//! offset, lags from cursor rows, and a message listing reads only the segments of the page it
+//! answers (newest first, by the segments' `created_at` index).
+
+use super::pop::SegmentRow;
+use super::queue::QueueConfig;
+use crate::types::{Offset, Timestamp};
+
+/// One partition as it stands, with every group's cursor on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionView {
+    pub queue: String,
+    pub partition: String,
+    pub partition_id: String,
+    pub created_at: Timestamp,
+    /// Offset of the newest message; -1: none was ever pushed.
+    pub last_offset: Offset,
+    /// Offset of the oldest retained message (`last_offset + 1` when nothing is retained).
+    pub log_start: Offset,
+    /// created_at of the oldest retained segment.
+    pub oldest_at: Option<Timestamp>,
+    /// created_at of the newest retained segment.
+    pub newest_at: Option<Timestamp>,
+    /// In group-name order.
+    pub cursors: Vec<CursorView>,
+}
+
+impl PartitionView {
+    /// Messages pushed to the partition in its life (offsets start at 0).
+    pub fn pushed(&self) -> u64 {
+        u64::try_from(self.last_offset + 1).unwrap_or(0)
+    }
+
+    /// Messages still stored.
+    pub fn retained(&self) -> u64 {
+        u64::try_from(self.last_offset + 1 - self.log_start).unwrap_or(0)
+    }
+
+    /// Messages after `committed` that are still stored.
+    pub fn pending_after(&self, committed: Offset) -> u64 {
+        u64::try_from(self.last_offset - committed.max(self.log_start - 1)).unwrap_or(0)
+    }
+
+    pub fn cursor(&self, group: &str) -> Option<&CursorView> {
+        self.cursors.iter().find(|c| c.group == group)
+    }
+}
+
+/// One (partition, consumer group) cursor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CursorView {
+    pub group: String,
+    pub committed: Offset,
+    /// The lease's end, when a live lease is held at the time of the read.
+    pub leased_until: Option<Timestamp>,
+    /// Last offset of the live lease's span.
+    pub leased_through: Option<Offset>,
+    pub worker_id: Option<String>,
+    pub total_consumed: i64,
+    /// created_at of the segment holding the first message after `committed`, when one is
+    /// stored: how old the group's oldest unconsumed message is.
+    pub oldest_unconsumed_at: Option<Timestamp>,
+}
+
+impl CursorView {
+    /// Messages of the live lease not yet acknowledged.
+    pub fn in_flight(&self) -> u64 {
+        self.leased_through
+            .map_or(0, |end| u64::try_from(end - self.committed).unwrap_or(0))
+    }
+}
+
+/// One queue with its configuration and totals over its partitions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueView {
+    pub id: String,
+    pub created_at: Timestamp,
+    pub config: QueueConfig,
+    pub partitions: u64,
+    /// Messages pushed in the queue's life.
+    pub pushed: u64,
+    /// Messages still stored.
+    pub retained: u64,
+    pub dead_letters: u64,
+    /// Groups with a cursor row or a subscription record on the queue, in name order.
+    pub groups: Vec<String>,
+}
+
+/// Filters of the queue listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueFilter {
+    pub queue: Option<String>,
+    pub namespace: Option<String>,
+    pub task: Option<String>,
+}
+
+/// A position in the newest-first listing of segments: the listing continues with segments
+/// strictly older (by `created_at`, then partition id, then base offset, descending).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentMark {
+    pub created_at: Timestamp,
+    pub partition_id: String,
+    pub base_offset: Offset,
+}
+
+/// Which stored segments a message listing reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SegmentQuery {
+    pub queue: Option<String>,
+    pub partition: Option<String>,
+    /// Segments created at or after.
+    pub from: Option<Timestamp>,
+    /// Segments created before.
+    pub to: Option<Timestamp>,
+    pub after: Option<SegmentMark>,
+    /// Segments to return at most.
+    pub limit: u32,
+}
+
+/// One stored segment, whole (`start_idx` 0, `take` = `msg_count`), with where it lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredSegment {
+    pub queue: String,
+    pub partition: String,
+    pub partition_id: String,
+    pub row: SegmentRow,
+}
+
+impl StoredSegment {
+    pub fn mark(&self) -> SegmentMark {
+        SegmentMark {
+            created_at: self.row.created_at,
+            partition_id: self.partition_id.clone(),
+            base_offset: self.row.base_offset,
+        }
+    }
+}
+
+/// A message found by (partition id, transactionId): its offset, the segment holding it (one
+/// frame: `take` 1) and its partition as it stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredMessage {
+    pub offset: Offset,
+    pub segment: SegmentRow,
+    pub partition: PartitionView,
+    /// Dead letters of this message (one per group that dead-lettered it): (id, group, error,
+    /// retry count, failed at).
+    pub dead_letters: Vec<DeadLetterRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterRef {
+    pub id: i64,
+    pub group: String,
+    pub error: Option<String>,
+    pub retry_count: u32,
+    pub failed_at: Timestamp,
+}
+
+/// A trace event a consumer recorded against a message (`POST /api/v1/traces`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceInput {
+    pub partition_id: String,
+    pub transaction_id: String,
+    pub group: String,
+    pub event_type: String,
+    /// JSON text.
+    pub data: String,
+    pub worker_id: Option<String>,
+    pub names: Vec<String>,
+}
+
+/// A stored trace event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceRecord {
+    pub id: i64,
+    pub partition_id: String,
+    pub transaction_id: String,
+    pub queue: String,
+    pub partition: String,
+    pub group: String,
+    pub event_type: String,
+    pub data: String,
+    pub worker_id: Option<String>,
+    pub names: Vec<String>,
+    pub created_at: Timestamp,
+}
+
+/// One trace name and how much carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceName {
+    pub name: String,
+    pub traces: u64,
+    pub messages: u64,
+    pub last_seen: Timestamp,
+}
+
+/// One broker's counters over one minute, for the status and analytics time series.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerSample {
+    pub hostname: String,
+    pub worker_id: String,
+    /// Start of the minute.
+    pub bucket: Timestamp,
+    pub push_requests: u64,
+    pub push_messages: u64,
+    pub pop_requests: u64,
+    pub pop_messages: u64,
+    pub pop_empty: u64,
+    pub ack_requests: u64,
+    pub ack_messages: u64,
+    pub ack_failed: u64,
+    pub dead_lettered: u64,
+    pub db_errors: u64,
+    /// Delivery lag (message age at pop), average and maximum over the minute, ms.
+    pub lag_avg_ms: f64,
+    pub lag_max_ms: f64,
+    pub cpu_user_pct: f64,
+    pub cpu_system_pct: f64,
+    pub rss_bytes: u64,
+    pub pool_size: u64,
+    pub pool_in_use: u64,
+    pub parked: u64,
+}
+
+/// The reads of the admin API. Cheap by construction (see the module comment).
+#[async_trait::async_trait]
+pub trait InspectStorage: Send + Sync {
+    /// Queues matching the filter, newest first.
+    async fn queue_views(&self, filter: QueueFilter) -> super::StorageResult<Vec<QueueView>>;
+    /// Partitions of one queue (or of every queue), in (queue, partition name) order, with
+    /// their cursors (only `group`'s when given).
+    async fn partition_views(
+        &self,
+        queue: Option<&str>,
+        group: Option<&str>,
+    ) -> super::StorageResult<Vec<PartitionView>>;
+    /// Stored segments, newest first, from `query.after` on.
+    async fn segments(&self, query: SegmentQuery) -> super::StorageResult<Vec<StoredSegment>>;
+    /// The message stored under (partition id, transactionId), if any.
+    async fn message(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> super::StorageResult<Option<StoredMessage>>;
+    /// Removes a message's dead letters; how many.
+    async fn delete_dead_letters_of(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> super::StorageResult<u64>;
+    /// Stores a trace of a stored message; its id, or `None` when no such message is stored.
+    async fn add_trace(&self, trace: TraceInput) -> super::StorageResult<Option<i64>>;
+    /// A message's traces, oldest first.
+    async fn traces_of(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> super::StorageResult<Vec<TraceRecord>>;
+    /// Traces carrying `name`, newest first, and how many carry it.
+    async fn traces_named(
+        &self,
+        name: &str,
+        limit: u32,
+        offset: u32,
+    ) -> super::StorageResult<(Vec<TraceRecord>, u64)>;
+    /// Trace names, most recently seen first, and how many names there are.
+    async fn trace_names(
+        &self,
+        limit: u32,
+        offset: u32,
+    ) -> super::StorageResult<(Vec<TraceName>, u64)>;
+    /// Adds a broker's minute to the stored samples (summing into an existing one).
+    async fn record_sample(&self, sample: WorkerSample) -> super::StorageResult<()>;
+    /// Samples of every broker in [from, to), oldest first.
+    async fn samples(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> super::StorageResult<Vec<WorkerSample>>;
+    /// Removes samples older than `before`; how many.
+    async fn remove_samples_before(&self, before: Timestamp) -> super::StorageResult<u64>;
+}

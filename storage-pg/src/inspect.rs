@@ -1,0 +1,579 @@
+//! The admin API's reads on PostgreSQL. Plain statements, not procedures: each is one read
+//! (or one small write) with no rule of its own to keep in one place.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use queen_core::storage::{
+    CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentQuery,
+    SegmentRow, StorageError, StorageResult, StoredMessage, StoredSegment, TraceInput, TraceName,
+    TraceRecord, WorkerSample,
+};
+use queen_core::Timestamp;
+
+use crate::error::{pg_err, pool_err};
+use crate::pop::{config_from_row, CONFIG_COLUMNS};
+use crate::{from_system_time, to_system_time, PgStorage};
+
+fn ts(t: SystemTime) -> Timestamp {
+    from_system_time(t)
+}
+
+fn count(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn parse_uuid(id: &str) -> StorageResult<uuid::Uuid> {
+    uuid::Uuid::parse_str(id)
+        .map_err(|_| StorageError::Invalid(format!("partitionId must be a UUID, got {id:?}")))
+}
+
+/// Partitions (with their first and last retained segment) matching the filters.
+const PARTITIONS: &str = "
+SELECT q.name, p.name, p.id, p.created_at, p.last_offset,
+       COALESCE(h.base_offset, p.last_offset + 1), h.created_at, t.created_at
+  FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+  LEFT JOIN LATERAL (SELECT s.base_offset, s.created_at FROM queen.log_segments s
+                      WHERE s.partition_id = p.id ORDER BY s.base_offset LIMIT 1) h ON true
+  LEFT JOIN LATERAL (SELECT s.created_at FROM queen.log_segments s
+                      WHERE s.partition_id = p.id ORDER BY s.base_offset DESC LIMIT 1) t ON true
+ WHERE ($1::text IS NULL OR q.name = $1) AND ($2::uuid IS NULL OR p.id = $2)
+ ORDER BY q.name, p.name";
+
+/// Cursors on the same partitions. The oldest unconsumed message's segment is found by two
+/// primary-key probes: the one holding committed + 1, else (retention removed it) the next.
+const CURSORS: &str = "
+SELECT c.partition_id, c.consumer_group, c.committed,
+       CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now() THEN c.lease_expires_at END,
+       CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now() THEN c.batch_end END,
+       c.worker_id::text, c.total_consumed,
+       CASE WHEN c.committed < p.last_offset THEN COALESCE(
+            (SELECT s.created_at FROM queen.log_segments s
+              WHERE s.partition_id = c.partition_id AND s.base_offset <= c.committed + 1
+                AND s.end_offset > c.committed
+              ORDER BY s.base_offset DESC LIMIT 1),
+            (SELECT s.created_at FROM queen.log_segments s
+              WHERE s.partition_id = c.partition_id AND s.base_offset > c.committed
+              ORDER BY s.base_offset LIMIT 1)) END
+  FROM queen.log_consumers c
+  JOIN queen.log_partitions p ON p.id = c.partition_id
+  JOIN queen.queues q ON q.id = p.queue_id
+ WHERE ($1::text IS NULL OR q.name = $1) AND ($2::uuid IS NULL OR p.id = $2)
+   AND ($3::text IS NULL OR c.consumer_group = $3)
+ ORDER BY c.partition_id, c.consumer_group";
+
+const TRACE_COLUMNS: &str = "tr.id, tr.partition_id, tr.transaction_id, q.name, p.name, tr.consumer_group,
+       tr.event_type, tr.data::text, tr.worker_id,
+       ARRAY(SELECT n.name FROM queen.message_trace_names n WHERE n.trace_id = tr.id ORDER BY n.name),
+       tr.created_at";
+
+fn trace_from_row(r: &tokio_postgres::Row) -> TraceRecord {
+    TraceRecord {
+        id: r.get(0),
+        partition_id: r.get::<_, uuid::Uuid>(1).to_string(),
+        transaction_id: r.get(2),
+        queue: r.get(3),
+        partition: r.get(4),
+        group: r.get(5),
+        event_type: r.get(6),
+        data: r.get(7),
+        worker_id: r.get(8),
+        names: r.get(9),
+        created_at: ts(r.get(10)),
+    }
+}
+
+const SAMPLE_COUNTERS: [&str; 10] = [
+    "push_requests",
+    "push_messages",
+    "pop_requests",
+    "pop_messages",
+    "pop_empty",
+    "ack_requests",
+    "ack_messages",
+    "ack_failed",
+    "dead_lettered",
+    "db_errors",
+];
+
+impl PgStorage {
+    async fn partitions_where(
+        &self,
+        queue: Option<&str>,
+        partition_id: Option<uuid::Uuid>,
+        group: Option<&str>,
+    ) -> StorageResult<Vec<PartitionView>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let parts = client
+            .query(PARTITIONS, &[&queue, &partition_id])
+            .await
+            .map_err(pg_err("partition views"))?;
+        let cursors = client
+            .query(CURSORS, &[&queue, &partition_id, &group])
+            .await
+            .map_err(pg_err("cursor views"))?;
+        let mut by_partition: BTreeMap<uuid::Uuid, Vec<CursorView>> = BTreeMap::new();
+        for r in &cursors {
+            by_partition.entry(r.get(0)).or_default().push(CursorView {
+                group: r.get(1),
+                committed: r.get(2),
+                leased_until: r.get::<_, Option<SystemTime>>(3).map(ts),
+                leased_through: r.get(4),
+                worker_id: r.get(5),
+                total_consumed: r.get(6),
+                oldest_unconsumed_at: r.get::<_, Option<SystemTime>>(7).map(ts),
+            });
+        }
+        Ok(parts
+            .iter()
+            .map(|r| {
+                let id: uuid::Uuid = r.get(2);
+                PartitionView {
+                    queue: r.get(0),
+                    partition: r.get(1),
+                    partition_id: id.to_string(),
+                    created_at: ts(r.get(3)),
+                    last_offset: r.get(4),
+                    log_start: r.get(5),
+                    oldest_at: r.get::<_, Option<SystemTime>>(6).map(ts),
+                    newest_at: r.get::<_, Option<SystemTime>>(7).map(ts),
+                    cursors: by_partition.remove(&id).unwrap_or_default(),
+                }
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl InspectStorage for PgStorage {
+    async fn queue_views(&self, f: QueueFilter) -> StorageResult<Vec<QueueView>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let sql = format!(
+            "SELECT q.id, q.created_at,
+                    (SELECT count(*) FROM queen.log_partitions p WHERE p.queue_id = q.id),
+                    (SELECT COALESCE(sum(p.last_offset + 1), 0)::bigint FROM queen.log_partitions p WHERE p.queue_id = q.id),
+                    (SELECT COALESCE(sum(p.last_offset + 1 - COALESCE(
+                             (SELECT s.base_offset FROM queen.log_segments s WHERE s.partition_id = p.id
+                               ORDER BY s.base_offset LIMIT 1), p.last_offset + 1)), 0)::bigint
+                       FROM queen.log_partitions p WHERE p.queue_id = q.id),
+                    (SELECT count(*) FROM queen.dead_letters d WHERE d.queue_id = q.id),
+                    ARRAY(SELECT g FROM (SELECT c.consumer_group AS g
+                                           FROM queen.log_consumers c JOIN queen.log_partitions p ON p.id = c.partition_id
+                                          WHERE p.queue_id = q.id
+                                         UNION
+                                         SELECT m.consumer_group FROM queen.consumer_groups_metadata m
+                                          WHERE m.queue_name = q.name) x ORDER BY g),
+                    {CONFIG_COLUMNS}
+               FROM queen.queues q
+              WHERE ($1::text IS NULL OR q.name = $1) AND ($2::text IS NULL OR q.namespace = $2)
+                AND ($3::text IS NULL OR q.task = $3)
+              ORDER BY q.created_at DESC, q.name"
+        );
+        let rows = client
+            .query(&sql, &[&f.queue, &f.namespace, &f.task])
+            .await
+            .map_err(pg_err("queue views"))?;
+        Ok(rows
+            .iter()
+            .map(|r| QueueView {
+                id: r.get::<_, uuid::Uuid>(0).to_string(),
+                created_at: ts(r.get(1)),
+                partitions: count(r.get(2)),
+                pushed: count(r.get(3)),
+                retained: count(r.get(4)),
+                dead_letters: count(r.get(5)),
+                groups: r.get(6),
+                config: config_from_row(r, 7),
+            })
+            .collect())
+    }
+
+    async fn partition_views(
+        &self,
+        queue: Option<&str>,
+        group: Option<&str>,
+    ) -> StorageResult<Vec<PartitionView>> {
+        self.partitions_where(queue, None, group).await
+    }
+
+    async fn segments(&self, q: SegmentQuery) -> StorageResult<Vec<StoredSegment>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let (after_at, after_pid, after_base) = match &q.after {
+            Some(m) => (
+                Some(to_system_time(m.created_at)),
+                Some(parse_uuid(&m.partition_id)?),
+                Some(m.base_offset),
+            ),
+            None => (None, None, None),
+        };
+        let rows = client
+            .query(
+                "SELECT q.name, p.name, p.id, s.base_offset, s.end_offset, s.created_at, s.blob
+                   FROM queen.log_segments s
+                   JOIN queen.log_partitions p ON p.id = s.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE ($1::text IS NULL OR q.name = $1) AND ($2::text IS NULL OR p.name = $2)
+                    AND ($3::timestamptz IS NULL OR s.created_at >= $3)
+                    AND ($4::timestamptz IS NULL OR s.created_at < $4)
+                    AND ($5::timestamptz IS NULL
+                         OR (s.created_at, s.partition_id, s.base_offset) < ($5, $6::uuid, $7::bigint))
+                  ORDER BY s.created_at DESC, s.partition_id DESC, s.base_offset DESC
+                  LIMIT $8",
+                &[
+                    &q.queue,
+                    &q.partition,
+                    &q.from.map(to_system_time),
+                    &q.to.map(to_system_time),
+                    &after_at,
+                    &after_pid,
+                    &after_base,
+                    &i64::from(q.limit),
+                ],
+            )
+            .await
+            .map_err(pg_err("segments"))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let base: i64 = r.get(3);
+                let end: i64 = r.get(4);
+                let count = u32::try_from(end - base + 1).unwrap_or(0);
+                StoredSegment {
+                    queue: r.get(0),
+                    partition: r.get(1),
+                    partition_id: r.get::<_, uuid::Uuid>(2).to_string(),
+                    row: SegmentRow {
+                        base_offset: base,
+                        start_idx: 0,
+                        take: count,
+                        msg_count: count,
+                        created_at: ts(r.get(5)),
+                        blob: Arc::new(r.get(6)),
+                    },
+                }
+            })
+            .collect())
+    }
+
+    async fn message(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> StorageResult<Option<StoredMessage>> {
+        let pid = parse_uuid(partition_id)?;
+        let found = {
+            let client = self.pool.get().await.map_err(pool_err)?;
+            let row = client
+                .query_opt(
+                    "SELECT t.msg_offset, s.base_offset, s.end_offset, s.created_at, s.blob
+                       FROM queen.log_txids t
+                       JOIN LATERAL (SELECT s.base_offset, s.end_offset, s.created_at, s.blob
+                                       FROM queen.log_segments s
+                                      WHERE s.partition_id = t.partition_id AND s.base_offset <= t.msg_offset
+                                      ORDER BY s.base_offset DESC LIMIT 1) s ON s.end_offset >= t.msg_offset
+                      WHERE t.partition_id = $1 AND t.transaction_id = $2",
+                    &[&pid, &transaction_id],
+                )
+                .await
+                .map_err(pg_err("message"))?;
+            let Some(row) = row else { return Ok(None) };
+            let offset: i64 = row.get(0);
+            let base: i64 = row.get(1);
+            let end: i64 = row.get(2);
+            let letters = client
+                .query(
+                    "SELECT id, consumer_group, error, retry_count, failed_at FROM queen.dead_letters
+                      WHERE partition_id = $1 AND msg_offset = $2 ORDER BY id",
+                    &[&pid, &offset],
+                )
+                .await
+                .map_err(pg_err("message dead letters"))?;
+            let segment = SegmentRow {
+                base_offset: base,
+                start_idx: u32::try_from(offset - base).unwrap_or(0),
+                take: 1,
+                msg_count: u32::try_from(end - base + 1).unwrap_or(0),
+                created_at: ts(row.get(3)),
+                blob: Arc::new(row.get(4)),
+            };
+            let dead_letters = letters
+                .iter()
+                .map(|r| DeadLetterRef {
+                    id: r.get(0),
+                    group: r.get(1),
+                    error: r.get(2),
+                    retry_count: u32::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+                    failed_at: ts(r.get(4)),
+                })
+                .collect();
+            (offset, segment, dead_letters)
+        };
+        let (offset, segment, dead_letters) = found;
+        let Some(partition) = self
+            .partitions_where(None, Some(pid), None)
+            .await?
+            .into_iter()
+            .next()
+        else {
+            return Ok(None);
+        };
+        Ok(Some(StoredMessage {
+            offset,
+            segment,
+            partition,
+            dead_letters,
+        }))
+    }
+
+    async fn delete_dead_letters_of(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> StorageResult<u64> {
+        let pid = parse_uuid(partition_id)?;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        client
+            .execute(
+                "DELETE FROM queen.dead_letters WHERE partition_id = $1 AND transaction_id = $2",
+                &[&pid, &transaction_id],
+            )
+            .await
+            .map_err(pg_err("delete dead letters"))
+    }
+
+    async fn add_trace(&self, t: TraceInput) -> StorageResult<Option<i64>> {
+        let pid = parse_uuid(&t.partition_id)?;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_opt(
+                "WITH m AS (SELECT x.msg_offset FROM queen.log_txids x
+                             WHERE x.partition_id = $1 AND x.transaction_id = $2),
+                      ins AS (INSERT INTO queen.message_traces
+                                  (partition_id, transaction_id, msg_offset, consumer_group, event_type, data,
+                                   worker_id, created_at)
+                              SELECT $1, $2, m.msg_offset, $3, $4, $5::text::jsonb, $6, queen.now() FROM m
+                              RETURNING id, created_at),
+                      names AS (INSERT INTO queen.message_trace_names (trace_id, name, created_at)
+                                SELECT ins.id, n, ins.created_at FROM ins, unnest($7::text[]) n
+                                ON CONFLICT DO NOTHING RETURNING 1)
+                 SELECT id FROM ins",
+                &[
+                    &pid,
+                    &t.transaction_id,
+                    &t.group,
+                    &t.event_type,
+                    &t.data,
+                    &t.worker_id,
+                    &t.names,
+                ],
+            )
+            .await
+            .map_err(pg_err("add trace"))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn traces_of(
+        &self,
+        partition_id: &str,
+        transaction_id: &str,
+    ) -> StorageResult<Vec<TraceRecord>> {
+        let pid = parse_uuid(partition_id)?;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {TRACE_COLUMNS}
+                       FROM queen.message_traces tr
+                       JOIN queen.log_partitions p ON p.id = tr.partition_id
+                       JOIN queen.queues q ON q.id = p.queue_id
+                      WHERE tr.partition_id = $1 AND tr.transaction_id = $2
+                      ORDER BY tr.id"
+                ),
+                &[&pid, &transaction_id],
+            )
+            .await
+            .map_err(pg_err("traces of a message"))?;
+        Ok(rows.iter().map(trace_from_row).collect())
+    }
+
+    async fn traces_named(
+        &self,
+        name: &str,
+        limit: u32,
+        offset: u32,
+    ) -> StorageResult<(Vec<TraceRecord>, u64)> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {TRACE_COLUMNS}
+                       FROM queen.message_trace_names n
+                       JOIN queen.message_traces tr ON tr.id = n.trace_id
+                       JOIN queen.log_partitions p ON p.id = tr.partition_id
+                       JOIN queen.queues q ON q.id = p.queue_id
+                      WHERE n.name = $1
+                      ORDER BY n.trace_id DESC
+                      LIMIT $2 OFFSET $3"
+                ),
+                &[&name, &i64::from(limit), &i64::from(offset)],
+            )
+            .await
+            .map_err(pg_err("traces by name"))?;
+        let total: i64 = client
+            .query_one(
+                "SELECT count(*) FROM queen.message_trace_names WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .map_err(pg_err("traces by name"))?
+            .get(0);
+        Ok((rows.iter().map(trace_from_row).collect(), count(total)))
+    }
+
+    async fn trace_names(&self, limit: u32, offset: u32) -> StorageResult<(Vec<TraceName>, u64)> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let rows = client
+            .query(
+                "SELECT n.name, count(*), count(DISTINCT (tr.partition_id, tr.transaction_id)),
+                        max(n.created_at), count(*) OVER ()
+                   FROM queen.message_trace_names n JOIN queen.message_traces tr ON tr.id = n.trace_id
+                  GROUP BY n.name
+                  ORDER BY max(n.created_at) DESC, n.name
+                  LIMIT $1 OFFSET $2",
+                &[&i64::from(limit), &i64::from(offset)],
+            )
+            .await
+            .map_err(pg_err("trace names"))?;
+        let total = match rows.first() {
+            Some(r) => count(r.get(4)),
+            None => {
+                let r = client
+                    .query_one(
+                        "SELECT count(DISTINCT name) FROM queen.message_trace_names",
+                        &[],
+                    )
+                    .await
+                    .map_err(pg_err("trace names"))?;
+                count(r.get(0))
+            }
+        };
+        Ok((
+            rows.iter()
+                .map(|r| TraceName {
+                    name: r.get(0),
+                    traces: count(r.get(1)),
+                    messages: count(r.get(2)),
+                    last_seen: ts(r.get(3)),
+                })
+                .collect(),
+            total,
+        ))
+    }
+
+    async fn record_sample(&self, s: WorkerSample) -> StorageResult<()> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let sums = SAMPLE_COUNTERS
+            .iter()
+            .map(|c| format!("{c} = w.{c} + EXCLUDED.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO queen.worker_samples AS w (hostname, worker_id, bucket, {counters},
+                         lag_avg_ms, lag_max_ms, cpu_user_pct, cpu_system_pct, rss_bytes, pool_size, pool_in_use, parked)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+                     ON CONFLICT (bucket, hostname, worker_id) DO UPDATE SET {sums},
+                         lag_avg_ms = EXCLUDED.lag_avg_ms, lag_max_ms = GREATEST(w.lag_max_ms, EXCLUDED.lag_max_ms),
+                         cpu_user_pct = EXCLUDED.cpu_user_pct, cpu_system_pct = EXCLUDED.cpu_system_pct,
+                         rss_bytes = EXCLUDED.rss_bytes, pool_size = EXCLUDED.pool_size,
+                         pool_in_use = EXCLUDED.pool_in_use, parked = EXCLUDED.parked",
+                    counters = SAMPLE_COUNTERS.join(", ")
+                ),
+                &[
+                    &s.hostname,
+                    &s.worker_id,
+                    &to_system_time(s.bucket),
+                    &big(s.push_requests),
+                    &big(s.push_messages),
+                    &big(s.pop_requests),
+                    &big(s.pop_messages),
+                    &big(s.pop_empty),
+                    &big(s.ack_requests),
+                    &big(s.ack_messages),
+                    &big(s.ack_failed),
+                    &big(s.dead_lettered),
+                    &big(s.db_errors),
+                    &s.lag_avg_ms,
+                    &s.lag_max_ms,
+                    &s.cpu_user_pct,
+                    &s.cpu_system_pct,
+                    &big(s.rss_bytes),
+                    &big(s.pool_size),
+                    &big(s.pool_in_use),
+                    &big(s.parked),
+                ],
+            )
+            .await
+            .map_err(pg_err("record sample"))?;
+        Ok(())
+    }
+
+    async fn samples(&self, from: Timestamp, to: Timestamp) -> StorageResult<Vec<WorkerSample>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT hostname, worker_id, bucket, {counters}, lag_avg_ms, lag_max_ms, cpu_user_pct,
+                            cpu_system_pct, rss_bytes, pool_size, pool_in_use, parked
+                       FROM queen.worker_samples WHERE bucket >= $1 AND bucket < $2
+                      ORDER BY bucket, hostname, worker_id",
+                    counters = SAMPLE_COUNTERS.join(", ")
+                ),
+                &[&to_system_time(from), &to_system_time(to)],
+            )
+            .await
+            .map_err(pg_err("samples"))?;
+        let n = |r: &tokio_postgres::Row, i: usize| count(r.get(i));
+        Ok(rows
+            .iter()
+            .map(|r| WorkerSample {
+                hostname: r.get(0),
+                worker_id: r.get(1),
+                bucket: ts(r.get(2)),
+                push_requests: n(r, 3),
+                push_messages: n(r, 4),
+                pop_requests: n(r, 5),
+                pop_messages: n(r, 6),
+                pop_empty: n(r, 7),
+                ack_requests: n(r, 8),
+                ack_messages: n(r, 9),
+                ack_failed: n(r, 10),
+                dead_lettered: n(r, 11),
+                db_errors: n(r, 12),
+                lag_avg_ms: r.get(13),
+                lag_max_ms: r.get(14),
+                cpu_user_pct: r.get(15),
+                cpu_system_pct: r.get(16),
+                rss_bytes: n(r, 17),
+                pool_size: n(r, 18),
+                pool_in_use: n(r, 19),
+                parked: n(r, 20),
+            })
+            .collect())
+    }
+
+    async fn remove_samples_before(&self, before: Timestamp) -> StorageResult<u64> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        client
+            .execute(
+                "DELETE FROM queen.worker_samples WHERE bucket < $1",
+                &[&to_system_time(before)],
+            )
+            .await
+            .map_err(pg_err("remove samples"))
+    }
+}
