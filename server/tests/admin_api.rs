@@ -1,0 +1,422 @@
+//! The admin API over real HTTP, on both backends with the same assertions: resources, depth,
+//! the message browser (filters, paging, lookup, dead letters, retry, delete), traces (and their
+//! removal with their messages by retention), consumer-group lag, status time series from the
+//! brokers' samples, and bad input answered 400 and changing nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the test failing
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{start, Client, Store};
+use queen_server::config::ServerConfig;
+use queen_server::retention::RetentionSettings;
+use serde_json::{json, Value};
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        sample_interval_ms: 100,
+        retention: RetentionSettings {
+            interval_ms: 200,
+            ..RetentionSettings::default()
+        },
+        ..ServerConfig::default()
+    }
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, Value) {
+    let r = Client::connect(addr).await.get(path).await;
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, v)
+}
+
+async fn send(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let bytes = body.map(|b| serde_json::to_vec(&b).unwrap());
+    let r = Client::connect(addr)
+        .await
+        .send(method, path, bytes.as_deref())
+        .await;
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, v)
+}
+
+async fn push(addr: SocketAddr, queue: &str, partition: &str, txids: &[&str]) -> Vec<Value> {
+    let items: Vec<Value> = txids
+        .iter()
+        .map(|t| json!({"queue": queue, "partition": partition, "payload": {"tx": t}, "transactionId": t}))
+        .collect();
+    let (status, v) = send(
+        addr,
+        "POST",
+        "/api/v1/push",
+        Some(json!({ "items": items })),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    v.as_array().unwrap().clone()
+}
+
+/// Pops everything `group` can claim on `queue` now and acks it with `status`.
+async fn consume(addr: SocketAddr, queue: &str, group: &str, status: &str) -> usize {
+    let mut n = 0;
+    loop {
+        let (code, v) = get(
+            addr,
+            &format!("/api/v1/pop/queue/{queue}?batch=50&wait=false&consumerGroup={group}"),
+        )
+        .await;
+        if code == 204 {
+            return n;
+        }
+        assert_eq!(code, 200, "{v}");
+        let acks: Vec<Value> = v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                            "leaseId": m["leaseId"], "status": status, "error": "broken"})
+            })
+            .collect();
+        n += acks.len();
+        let (code, v) = send(
+            addr,
+            "POST",
+            "/api/v1/ack/batch",
+            Some(json!({"acknowledgments": acks, "consumerGroup": group})),
+        )
+        .await;
+        assert_eq!(code, 200, "{v}");
+    }
+}
+
+fn by_name<'a>(list: &'a Value, key: &str, name: &str) -> &'a Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v[key] == name)
+        .unwrap_or_else(|| panic!("no {key}={name} in {list}"))
+}
+
+async fn admin_routes(store: Store) {
+    let b = start(store, config()).await;
+    let a = b.addr;
+    let q = "adm";
+    let (code, _) = send(
+        a,
+        "POST",
+        "/api/v1/configure",
+        Some(json!({"queue": q, "options": {"retryLimit": 0}})),
+    )
+    .await;
+    assert_eq!(code, 200);
+    push(a, q, "p1", &["a1", "a2"]).await;
+    let pushed = push(a, q, "p2", &["b1"]).await;
+    let p2 = pushed[0]["partitionId"].as_str().unwrap().to_string();
+
+    // Group g1 reads everything; queue mode has not started.
+    assert_eq!(consume(a, q, "g1", "completed").await, 3);
+    push(a, q, "p2", &["b2"]).await;
+
+    let (code, v) = get(a, "/api/v1/resources/queues").await;
+    assert_eq!(code, 200);
+    let entry = by_name(&v["queues"], "name", q);
+    assert_eq!(entry["partitions"], 3, "Default, p1 and p2: {entry}");
+    assert_eq!(entry["messages"]["total"], 4);
+    assert_eq!(entry["messages"]["pending"], 1, "only b2 is unread by g1");
+    assert_eq!(v["total"], 1);
+
+    let (_, v) = get(a, &format!("/api/v1/resources/queues/{q}/depth?group=g1")).await;
+    assert_eq!(v["pending"], 1);
+    assert_eq!(v["partitionsPending"], 1);
+    assert_eq!(by_name(&v["partitions"], "partition", "p2")["pending"], 1);
+    let (_, v) = get(a, &format!("/api/v1/resources/queues/{q}/depth?group=late")).await;
+    assert_eq!(
+        v["pending"], 4,
+        "a group with no cursor reads from the start"
+    );
+
+    let (code, v) = get(a, &format!("/api/v1/resources/queues/{q}")).await;
+    assert_eq!(code, 200);
+    let names: Vec<&str> = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Default", "p1", "p2"]);
+    let (code, v) = get(a, "/api/v1/resources/queues/absent").await;
+    assert_eq!((code, v["error"].as_str()), (404, Some("Queue not found")));
+
+    let (_, v) = get(
+        a,
+        &format!("/api/v1/resources/partitions?queue={q}&minDepth=1"),
+    )
+    .await;
+    assert_eq!(v["total"], 1, "{v}");
+
+    // The message browser: newest first, paged, filtered.
+    let (code, v) = get(a, &format!("/api/v1/messages?queue={q}")).await;
+    assert_eq!(code, 200, "{v}");
+    let txids: Vec<&str> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(txids.len(), 4);
+    assert_eq!(txids[0], "b2", "newest first: {txids:?}");
+    let mut sorted = txids.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["a1", "a2", "b1", "b2"]);
+    let (_, page2) = get(a, &format!("/api/v1/messages?queue={q}&limit=3&offset=3")).await;
+    assert_eq!(page2["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(page2["messages"][0]["transactionId"], txids[3]);
+    let (_, v) = get(a, &format!("/api/v1/messages?queue={q}&partition=p1")).await;
+    assert_eq!(v["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(v["mode"]["type"], "bus");
+    let (_, v) = get(a, &format!("/api/v1/messages?queue={q}&status=completed")).await;
+    assert_eq!(
+        v["messages"].as_array().unwrap().len(),
+        3,
+        "g1 passed three"
+    );
+    let (_, v) = get(a, &format!("/api/v1/messages?queue={q}&status=pending")).await;
+    assert_eq!(v["messages"][0]["transactionId"], "b2");
+    assert_eq!(v["messages"][0]["data"], json!({"tx": "b2"}));
+
+    let (code, v) = get(a, &format!("/api/v1/messages/{p2}/b1")).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["payload"], json!({"tx": "b1"}));
+    assert_eq!(v["status"], "completed");
+    assert_eq!(
+        by_name(&v["consumerGroups"], "name", "g1")["consumed"],
+        true
+    );
+    let (code, _) = get(a, &format!("/api/v1/messages/{p2}/absent")).await;
+    assert_eq!(code, 404);
+    let (code, v) = get(a, "/api/v1/messages/not-a-uuid/b1").await;
+    assert_eq!(code, 400, "{v}");
+
+    // Traces: written against a stored message, read three ways.
+    for (i, names) in [json!(["order-7"]), json!(["order-7", "vip"])]
+        .iter()
+        .enumerate()
+    {
+        let (code, v) = send(
+            a,
+            "POST",
+            "/api/v1/traces",
+            Some(json!({"transactionId": "b1", "partitionId": p2, "consumerGroup": "g1",
+                        "traceNames": names, "eventType": "info", "data": {"text": format!("step {i}")}})),
+        )
+        .await;
+        assert_eq!(code, 201, "{v}");
+        assert!(v["traceId"].is_number());
+    }
+    let (code, _) = send(
+        a,
+        "POST",
+        "/api/v1/traces",
+        Some(json!({"transactionId": "none", "partitionId": p2, "data": {}})),
+    )
+    .await;
+    assert_eq!(code, 404, "no trace of a message that is not stored");
+    let (code, v) = send(
+        a,
+        "POST",
+        "/api/v1/traces",
+        Some(json!({"transactionId": "b1", "partitionId": p2})),
+    )
+    .await;
+    assert_eq!((code, v["error"].as_str()), (400, Some("data is required")));
+    let (_, v) = get(a, &format!("/api/v1/traces/{p2}/b1")).await;
+    let texts: Vec<&str> = v["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["data"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["step 0", "step 1"], "oldest first");
+    let (_, v) = get(a, "/api/v1/traces/by-name/order-7?limit=1&offset=1").await;
+    assert_eq!(v["total"], 2);
+    assert_eq!(v["traces"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        v["traces"][0]["data"]["text"], "step 0",
+        "newest first, page 2"
+    );
+    assert_eq!(v["traces"][0]["queue_name"], q);
+    let (_, v) = get(a, "/api/v1/traces/names").await;
+    assert_eq!(v["total"], 2);
+    assert_eq!(
+        by_name(&v["trace_names"], "trace_name", "order-7")["trace_count"],
+        2
+    );
+    assert_eq!(
+        by_name(&v["trace_names"], "trace_name", "vip")["message_count"],
+        1
+    );
+
+    // Consumer groups and their lag.
+    let (_, v) = get(a, "/api/v1/consumer-groups").await;
+    let g1 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "g1" && g["queueName"] == q)
+        .unwrap();
+    assert_eq!(g1["totalLag"], 1);
+    assert_eq!(g1["partitionsWithLag"], 1);
+    assert_eq!(g1["state"], "Stable");
+    let (_, v) = get(a, "/api/v1/consumer-groups/g1").await;
+    assert_eq!(
+        by_name(&v[q]["partitions"], "partition", "p2")["offsetLag"],
+        1
+    );
+    let (_, v) = get(a, "/api/v1/consumer-groups/nobody").await;
+    assert_eq!(v, json!({}));
+    let (code, v) = get(a, "/api/v1/consumer-groups/lagging?minLagSeconds=3600").await;
+    assert_eq!((code, v), (200, json!([])));
+
+    // A dead letter: shown, retried as a new message, gone; a live message is not deletable.
+    let (code, v) = send(
+        a,
+        "POST",
+        "/api/v1/configure",
+        Some(json!({"queue": "adm-dlq", "options": {"retryLimit": 0}})),
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    let dp = push(a, "adm-dlq", "p", &["d1", "d2"]).await[0]["partitionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(consume(a, "adm-dlq", "__QUEUE_MODE__", "failed").await, 2);
+    let (_, v) = get(a, "/api/v1/messages?queue=adm-dlq&status=dead_letter").await;
+    assert_eq!(v["messages"].as_array().unwrap().len(), 2, "{v}");
+    let (_, v) = get(a, &format!("/api/v1/messages/{dp}/d1")).await;
+    assert_eq!(v["status"], "dead_letter");
+    assert_eq!(v["errorMessage"], "broken");
+    let (code, v) = send(a, "POST", &format!("/api/v1/messages/{dp}/d1/retry"), None).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["dlqRowRemoved"], true);
+    let (code, _) = send(a, "POST", &format!("/api/v1/messages/{dp}/d1/retry"), None).await;
+    assert_eq!(code, 404, "the dead letter is gone");
+    let (code, v) = send(a, "DELETE", &format!("/api/v1/messages/{dp}/d2"), None).await;
+    assert_eq!((code, v["success"].as_bool()), (200, Some(true)), "{v}");
+    let (_, v) = get(a, "/api/v1/dlq?queue=adm-dlq").await;
+    assert_eq!(v["total"], 0);
+    let (code, v) = send(a, "DELETE", &format!("/api/v1/messages/{p2}/b2"), None).await;
+    assert_eq!(code, 409, "{v}");
+    let (_, v) = get(a, &format!("/api/v1/messages/{p2}/b2")).await;
+    assert_eq!(v["status"], "pending", "the refused delete changed nothing");
+    // The retried message is delivered again.
+    assert_eq!(
+        consume(a, "adm-dlq", "__QUEUE_MODE__", "completed").await,
+        1
+    );
+
+    // Bad input: 400 with a reason.
+    for path in [
+        "/api/v1/messages?limit=abc",
+        "/api/v1/messages?status=failed",
+        "/api/v1/messages?from=yesterday",
+        "/api/v1/status?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z",
+        "/api/v1/status/analytics?interval=week",
+        "/api/v1/traces/names?limit=0",
+        "/api/v1/consumer-groups/lagging?minLagSeconds=-1",
+    ] {
+        let (code, v) = get(a, path).await;
+        assert_eq!(code, 400, "{path}: {v}");
+        assert!(v["error"].is_string(), "{path}: {v}");
+    }
+
+    // Status: the broker's samples become the time series.
+    let mut status = Value::Null;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (_, v) = get(a, "/api/v1/status").await;
+        let ingested: u64 = v["throughput"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["ingested"].as_u64().unwrap())
+            .sum();
+        if ingested >= 6 {
+            status = v;
+            break;
+        }
+    }
+    assert!(!status.is_null(), "the samples never showed the pushes");
+    assert_eq!(status["workers"].as_array().unwrap().len(), 1);
+    assert_eq!(status["messages"]["deadLetter"], 0);
+    let (_, v) = get(a, "/api/v1/analytics/worker-metrics").await;
+    assert!(v["summary"]["totalPushMessages"].as_u64().unwrap() >= 6);
+    assert!(v["summary"]["totalDlq"].as_u64().unwrap() >= 2, "{v}");
+    let (_, v) = get(a, "/api/v1/analytics/system-metrics").await;
+    assert_eq!(v["replicaCount"], 1);
+    let (_, v) = get(a, "/api/v1/status/analytics?interval=minute").await;
+    let counted: u64 = v["dataPoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["messages"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        counted,
+        4 + 2 + 1,
+        "every message pushed in the window, the retry too"
+    );
+    let (_, v) = get(a, "/api/v1/resources/overview").await;
+    assert_eq!(v["queues"], 2);
+    let (code, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;
+    assert_eq!(code, 200, "{v}");
+
+    // Retention removes traces with their messages.
+    let (code, _) = send(
+        a,
+        "POST",
+        "/api/v1/configure",
+        Some(json!({"queue": "adm-short", "options": {"retentionEnabled": true, "retentionSeconds": 1}})),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let sp = push(a, "adm-short", "p", &["s1"]).await[0]["partitionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, _) = send(
+        a,
+        "POST",
+        "/api/v1/traces",
+        Some(json!({"transactionId": "s1", "partitionId": sp, "traceNames": ["short"], "data": {"n": 1}})),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let mut gone = false;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (_, v) = get(a, &format!("/api/v1/traces/{sp}/s1")).await;
+        if v["traces"].as_array().unwrap().is_empty() {
+            gone = true;
+            break;
+        }
+    }
+    assert!(gone, "the trace outlived its message");
+    let (code, _) = get(a, &format!("/api/v1/messages/{sp}/s1")).await;
+    assert_eq!(code, 404);
+    let (_, v) = get(a, "/api/v1/traces/by-name/short").await;
+    assert_eq!(v["total"], 0);
+}
+
+#[tokio::test]
+async fn admin_routes_memory() {
+    admin_routes(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn admin_routes_postgres() {
+    admin_routes(Store::Postgres("admin_api")).await;
+}
