@@ -228,3 +228,29 @@ async fn python_security_json_postgres() {
 async fn python_security_compressed_postgres() {
     run_security(Store::Postgres("queen_pysecure_z"), "compressed").await;
 }
+
+#[tokio::test]
+async fn python_admin_json_memory() {
+    run_script_with(
+        Store::Memory,
+        ServerConfig::default(),
+        "admin.py",
+        &["json"],
+        &[],
+        "admin",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn python_admin_compressed_postgres() {
+    run_script_with(
+        Store::Postgres("queen_py_admin"),
+        ServerConfig::default(),
+        "admin.py",
+        &["compressed"],
+        &[],
+        "admin",
+    )
+    .await;
+}

@@ -344,8 +344,25 @@ impl InspectStorage for PgStorage {
     }
 
     async fn add_trace(&self, t: TraceInput) -> StorageResult<Option<i64>> {
-        let pid = parse_uuid(&t.partition_id)?;
         let client = self.pool.get().await.map_err(pool_err)?;
+        // A framed pop names partitions by number: its messages' traces do too.
+        let pid: uuid::Uuid = match queen_core::storage::partition_number(&t.partition_id) {
+            Some(n) => {
+                let seq = i64::try_from(n).unwrap_or(i64::MAX);
+                match client
+                    .query_opt(
+                        "SELECT id FROM queen.log_partitions WHERE seq = $1",
+                        &[&seq],
+                    )
+                    .await
+                    .map_err(pg_err("partition by number"))?
+                {
+                    Some(r) => r.get(0),
+                    None => return Ok(None),
+                }
+            }
+            None => parse_uuid(&t.partition_id)?,
+        };
         let row = client
             .query_opt(
                 "WITH m AS (SELECT x.msg_offset FROM queen.log_txids x

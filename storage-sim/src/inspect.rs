@@ -313,10 +313,19 @@ pub(crate) async fn add_trace(
     cell: Arc<TaskCell>,
     trace: TraceInput,
 ) -> Result<Option<i64>, StorageError> {
-    let pid = parse_uuid(&trace.partition_id)?;
+    let by_number = queen_core::storage::partition_number(&trace.partition_id).is_some();
+    let reference = if by_number {
+        trace.partition_id.clone()
+    } else {
+        parse_uuid(&trace.partition_id)?
+    };
     in_tx(&shared, "add_trace", cell, |tx| async move {
         let now = tx.now();
         tx.stmt("insert the trace", |st, t| {
+            // A framed pop names partitions by number: its messages' traces do too.
+            let Some(pid) = st.partition_by_ref(&reference, t.id) else {
+                return Ok(None);
+            };
             let Some(txid) = st
                 .txids
                 .get(&(pid.clone(), trace.transaction_id.clone()), t.id)
