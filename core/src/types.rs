@@ -36,6 +36,9 @@ impl Timestamp {
         Timestamp(self.0.saturating_sub(s.saturating_mul(1_000_000)))
     }
     /// Milliseconds from `self` until `later` (0 when `later` is not after `self`).
+    pub fn micros_until(self, later: Timestamp) -> u64 {
+        u64::try_from((later.0 - self.0).max(0)).unwrap_or(0)
+    }
     pub fn millis_until(self, later: Timestamp) -> u64 {
         u64::try_from((later.0 - self.0).max(0) / 1000).unwrap_or(0)
     }

@@ -1245,37 +1245,48 @@ struct GroupLag {
     consumed: i64,
 }
 
-fn group_lags(inv: &Inventory, now: Timestamp) -> BTreeMap<(String, String), GroupLag> {
-    let mut out: BTreeMap<(String, String), GroupLag> = BTreeMap::new();
-    for q in &inv.queues {
-        for g in &q.groups {
-            let mut lag = GroupLag {
-                members: 0,
-                partitions_with_lag: 0,
-                total_lag: 0,
-                max_time_lag: 0,
-                consumed: 0,
-            };
-            for p in inv.partitions_of(&q.config.name) {
-                let pending = depth(p, &q.groups, Some(g));
-                lag.total_lag += pending;
-                lag.partitions_with_lag += u64::from(pending > 0);
-                if let Some(c) = p.cursor(g) {
+/// Each group's lag on one queue, keyed (group, queue).
+fn group_lags_of(
+    inv: &Inventory,
+    q: &QueueView,
+    now: Timestamp,
+) -> BTreeMap<(String, String), GroupLag> {
+    let mut out = BTreeMap::new();
+    for g in &q.groups {
+        let mut lag = GroupLag {
+            members: 0,
+            partitions_with_lag: 0,
+            total_lag: 0,
+            max_time_lag: 0,
+            consumed: 0,
+        };
+        for p in inv.partitions_of(&q.config.name) {
+            let pending = depth(p, &q.groups, Some(g));
+            lag.total_lag += pending;
+            lag.partitions_with_lag += u64::from(pending > 0);
+            let oldest = match p.cursor(g) {
+                Some(c) => {
                     lag.members += 1;
                     lag.consumed += c.total_consumed;
-                    if let Some(t) = c.oldest_unconsumed_at {
-                        lag.max_time_lag = lag.max_time_lag.max(t.millis_until(now) / 1000);
-                    }
-                } else if pending > 0 {
-                    if let Some(t) = p.oldest_at {
-                        lag.max_time_lag = lag.max_time_lag.max(t.millis_until(now) / 1000);
-                    }
+                    c.oldest_unconsumed_at
                 }
+                // No cursor yet: it reads from the oldest stored message.
+                None => p.oldest_at.filter(|_| pending > 0),
+            };
+            if let Some(t) = oldest {
+                lag.max_time_lag = lag.max_time_lag.max(t.millis_until(now) / 1000);
             }
-            out.insert((g.clone(), q.config.name.clone()), lag);
         }
+        out.insert((g.clone(), q.config.name.clone()), lag);
     }
     out
+}
+
+fn group_lags(inv: &Inventory, now: Timestamp) -> BTreeMap<(String, String), GroupLag> {
+    inv.queues
+        .iter()
+        .flat_map(|q| group_lags_of(inv, q, now))
+        .collect()
 }
 
 /// GET /api/v1/consumer-groups: one entry per (group, queue), by group then queue.
@@ -1369,4 +1380,91 @@ pub async fn lagging(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
 pub fn refresh_stats() -> Result<Reply, Failure> {
     ok(&json!({"success": true, "refreshed": false,
                "message": "statistics are computed on read: nothing to refresh", "statsAge": 0}))
+}
+
+/// Sets the scrape-time series (queue depth, group lag, partition lag under the cap) from
+/// storage. On a storage failure the previous values stay and `stored_state_ok` reads 0.
+pub(crate) async fn refresh_stored_metrics(app: &App) {
+    use crate::metrics::{GroupLabel, PartitionLabel, QueueLabel};
+    let stored = &app.metrics.stored;
+    let _one_at_a_time = stored.scrape.lock().await;
+    let inv = match Inventory::load(app, QueueFilter::default()).await {
+        Ok(inv) => inv,
+        Err(e) => {
+            tracing::debug!(error = %e.message, "reading the queue series for a scrape");
+            stored.read_ok.set(0);
+            return;
+        }
+    };
+    let now = app.now();
+    let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    stored.clear();
+    let cap = app.config.metrics_partition_series;
+    let mut partition_series = 0usize;
+    let mut omitted = 0u64;
+    for q in &inv.queues {
+        let queue = QueueLabel {
+            queue: q.config.name.clone(),
+        };
+        let c = inv.counts(q);
+        let parts = inv.partitions_of(&q.config.name);
+        let depth_sum: u64 = parts.iter().map(|p| depth(p, &q.groups, None)).sum();
+        stored
+            .queue_depth
+            .get_or_create(&queue)
+            .set(gauge(depth_sum));
+        stored
+            .queue_messages
+            .get_or_create(&queue)
+            .set(gauge(c.total));
+        stored
+            .queue_in_flight
+            .get_or_create(&queue)
+            .set(gauge(c.processing));
+        stored
+            .queue_partitions
+            .get_or_create(&queue)
+            .set(gauge(q.partitions));
+        stored
+            .dlq_depth
+            .get_or_create(&queue)
+            .set(gauge(q.dead_letters));
+        for ((group, queue_name), lag) in group_lags_of(&inv, q, now) {
+            let label = GroupLabel {
+                queue: queue_name,
+                consumer_group: group,
+            };
+            stored
+                .group_lag
+                .get_or_create(&label)
+                .set(gauge(lag.total_lag));
+            stored
+                .group_lag_seconds
+                .get_or_create(&label)
+                .set(gauge(lag.max_time_lag));
+        }
+        for p in parts {
+            for g in &q.groups {
+                let pending = depth(p, &q.groups, Some(g));
+                if pending == 0 {
+                    continue;
+                }
+                if partition_series >= cap {
+                    omitted += 1;
+                    continue;
+                }
+                partition_series += 1;
+                stored
+                    .partition_lag
+                    .get_or_create(&PartitionLabel {
+                        queue: q.config.name.clone(),
+                        partition: p.partition.clone(),
+                        consumer_group: g.clone(),
+                    })
+                    .set(gauge(pending));
+            }
+        }
+    }
+    stored.partition_series_omitted.set(gauge(omitted));
+    stored.read_ok.set(1);
 }

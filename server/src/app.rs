@@ -80,10 +80,13 @@ impl Limiter {
 pub struct Gate {
     seq: AtomicU64,
     notify: Notify,
+    /// When it last opened (µs, the app's clock): a woken pop's wake latency starts here.
+    opened_at_us: std::sync::atomic::AtomicI64,
 }
 
 impl Gate {
-    fn open(&self) {
+    fn open(&self, now: Timestamp) {
+        self.opened_at_us.store(now.0, Ordering::SeqCst);
         self.seq.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
     }
@@ -103,6 +106,11 @@ impl GateWatch {
         let missed = now != self.seen;
         self.seen = now;
         missed
+    }
+
+    /// When the gate last opened.
+    pub fn opened_at(&self) -> Timestamp {
+        Timestamp(self.gate.opened_at_us.load(Ordering::SeqCst))
     }
 
     /// Resolves once the gate opened after the last `mark_seen` (or `changed`).
@@ -317,8 +325,9 @@ impl App {
         };
         match fate {
             WakeFate::Deliver => {
+                let now = self.now();
                 for gate in &gates {
-                    gate.open();
+                    gate.open(now);
                     self.metrics.wakes.inc();
                 }
             }
@@ -326,10 +335,11 @@ impl App {
                 self.metrics.wakes_dropped.inc();
             }
             WakeFate::Delay(d) => {
+                let clock = self.hooks.clock.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(d).await;
                     for gate in &gates {
-                        gate.open();
+                        gate.open(clock());
                     }
                 });
             }

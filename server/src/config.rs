@@ -33,6 +33,8 @@ pub struct ServerConfig {
     pub cipher: Option<Arc<PayloadCipher>>,
     /// Milliseconds between the broker's samples for the status routes (0: none).
     pub sample_interval_ms: u64,
+    /// Per-partition lag series at most, per scrape of /metrics/prometheus.
+    pub metrics_partition_series: usize,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +52,7 @@ impl Default for ServerConfig {
             auth: None,
             cipher: None,
             sample_interval_ms: 60_000,
+            metrics_partition_series: 1000,
         }
     }
 }
@@ -165,6 +168,10 @@ pub struct Settings {
     /// analytics routes and the dashboard chart. 0: none.
     #[arg(long, env = "METRICS_SAMPLE_INTERVAL", default_value_t = 60_000)]
     pub metrics_sample_interval: u64,
+    /// Per-partition lag series at most in /metrics/prometheus (a cardinality cap; the rest
+    /// are counted in queen_partition_series_omitted). Queue and group series are not capped.
+    #[arg(long, env = "METRICS_PARTITION_SERIES", default_value_t = 1000)]
+    pub metrics_partition_series: usize,
     /// JWT authentication of every route but JWT_SKIP_PATHS.
     #[arg(long, env = "JWT_ENABLED", default_value = "false",
           value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
@@ -297,6 +304,7 @@ impl Settings {
             auth,
             cipher,
             sample_interval_ms: self.metrics_sample_interval,
+            metrics_partition_series: self.metrics_partition_series,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,

@@ -97,6 +97,7 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
             .map(|()| http::json(StatusCode::OK, &routes::metrics_snapshot(&app).json())),
         (&Method::GET, ["metrics", "prometheus"]) => {
             need(ReadOnly)?;
+            admin_routes::refresh_stored_metrics(&app).await;
             Ok(http::text(
                 StatusCode::OK,
                 routes::metrics_snapshot(&app)

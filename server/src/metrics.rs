@@ -49,6 +49,116 @@ struct RemovedLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabel {
+    pub queue: String,
+    pub consumer_group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabel {
+    pub queue: String,
+    pub partition: String,
+    pub consumer_group: String,
+}
+
+/// The series read from storage at each scrape: what the queues and groups hold now.
+#[derive(Default)]
+pub struct StoredState {
+    pub queue_depth: Family<QueueLabel, Gauge>,
+    pub queue_messages: Family<QueueLabel, Gauge>,
+    pub queue_in_flight: Family<QueueLabel, Gauge>,
+    pub queue_partitions: Family<QueueLabel, Gauge>,
+    pub dlq_depth: Family<QueueLabel, Gauge>,
+    pub group_lag: Family<GroupLabel, Gauge>,
+    pub group_lag_seconds: Family<GroupLabel, Gauge>,
+    pub partition_lag: Family<PartitionLabel, Gauge>,
+    /// Partition series left out by the cardinality cap at the last scrape.
+    pub partition_series_omitted: Gauge,
+    /// 1 when the last scrape could read storage, else 0 (the families keep their last values).
+    pub read_ok: Gauge,
+    /// One scrape at a time clears and sets the families.
+    pub scrape: tokio::sync::Mutex<()>,
+}
+
+impl StoredState {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "queue_depth",
+            "Messages of a queue its slowest consumer group has not consumed",
+            self.queue_depth.clone(),
+        );
+        registry.register(
+            "queue_messages",
+            "Messages a queue stores (retained)",
+            self.queue_messages.clone(),
+        );
+        registry.register(
+            "queue_in_flight",
+            "Messages of a queue leased and not yet acknowledged",
+            self.queue_in_flight.clone(),
+        );
+        registry.register(
+            "queue_partitions",
+            "Partitions of a queue",
+            self.queue_partitions.clone(),
+        );
+        registry.register(
+            "dlq_depth",
+            "Dead letters of a queue",
+            self.dlq_depth.clone(),
+        );
+        registry.register(
+            "consumergroup_lag",
+            "Messages a consumer group has not consumed, per queue (summed over partitions)",
+            self.group_lag.clone(),
+        );
+        registry.register(
+            "consumergroup_lag_seconds",
+            "Age of the oldest message a consumer group has not consumed, per queue",
+            self.group_lag_seconds.clone(),
+        );
+        registry.register(
+            "partition_lag",
+            "Messages a consumer group has not consumed on one partition (capped: METRICS_PARTITION_SERIES)",
+            self.partition_lag.clone(),
+        );
+        registry.register(
+            "partition_series_omitted",
+            "Partition lag series the cardinality cap left out at the last scrape",
+            self.partition_series_omitted.clone(),
+        );
+        registry.register(
+            "stored_state_ok",
+            "Whether the last scrape read the queue and group series from storage",
+            self.read_ok.clone(),
+        );
+    }
+
+    /// Forgets every labelled series before a scrape sets the current ones (a deleted queue's
+    /// series disappear).
+    pub fn clear(&self) {
+        self.queue_depth.clear();
+        self.queue_messages.clear();
+        self.queue_in_flight.clear();
+        self.queue_partitions.clear();
+        self.dlq_depth.clear();
+        self.group_lag.clear();
+        self.group_lag_seconds.clear();
+        self.partition_lag.clear();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
 }
@@ -107,6 +217,11 @@ pub struct Metrics {
     pool_size: Gauge,
     retention_runs: Family<PassLabel, Counter>,
     retention_removed: Family<RemovedLabel, Counter>,
+    /// Storage call durations by operation (push, pop, ack).
+    storage_seconds: Family<OpLabel, Histogram>,
+    /// From a wake gate opening to the parked pop it woke resuming.
+    wake_latency: Histogram,
+    pub stored: StoredState,
     registry: Registry,
 }
 
@@ -171,8 +286,26 @@ impl Default for Metrics {
             pool_size: Gauge::default(),
             retention_runs: Family::default(),
             retention_removed: Family::default(),
+            // 100 µs to about 6.5 s.
+            storage_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+            }),
+            // 10 µs to about 0.6 s.
+            wake_latency: Histogram::new(exponential_buckets(0.00001, 2.0, 17)),
+            stored: StoredState::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "storage_duration_seconds",
+            "Storage call durations, by operation (push, pop, ack)",
+            m.storage_seconds.clone(),
+        );
+        registry.register(
+            "wake_latency_seconds",
+            "From a wake gate opening to the parked pop it woke resuming",
+            m.wake_latency.clone(),
+        );
+        m.stored.register(&mut registry);
         registry.register("pops", "Pop requests by outcome", pops);
         registry.register(
             "parked_pops",
@@ -346,6 +479,16 @@ impl Metrics {
             self.lag_sum_us.load(Ordering::Relaxed),
             self.lag_window_max_us.swap(0, Ordering::Relaxed),
         )
+    }
+
+    pub fn record_storage(&self, op: &'static str, micros: u64) {
+        self.storage_seconds
+            .get_or_create(&OpLabel { op })
+            .observe(micros as f64 / 1e6);
+    }
+
+    pub fn record_wake(&self, micros: u64) {
+        self.wake_latency.observe(micros as f64 / 1e6);
     }
 
     pub fn record_lag(&self, lag_us: u64) {

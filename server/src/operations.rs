@@ -76,6 +76,7 @@ impl App {
             .map(|g| (g.queue.clone(), g.partition.clone()))
             .collect();
         self.seal_known(&mut groups)?;
+        let started = self.now();
         let outcomes = loop {
             let again = self.may_need_sealing(&groups).then(|| groups.clone());
             match self
@@ -90,6 +91,8 @@ impl App {
                 other => break other?,
             }
         };
+        self.metrics
+            .record_storage("push", started.micros_until(self.now()));
         self.metrics.pushes.inc();
         for o in outcomes.iter().flatten() {
             let counter = match o {
@@ -136,7 +139,10 @@ impl App {
         group: &str,
         items: Vec<AckItem>,
     ) -> StorageResult<Vec<AckOutcome>> {
+        let started = self.now();
         let outcomes = self.storage.messages.ack(group, items).await?;
+        self.metrics
+            .record_storage("ack", started.micros_until(self.now()));
         self.publish_all(&released_events(outcomes.iter().map(|o| (group, o))));
         Ok(outcomes)
     }

@@ -83,7 +83,10 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                 PopEffect::ReleasePermit { rtt_us } => app.limiter.release(rtt_us),
                 PopEffect::Storage { id, command } => {
                     app.metrics.storage_calls.inc();
+                    let started = app.now();
                     let result = execute(&*app.storage.pops, command).await;
+                    app.metrics
+                        .record_storage("pop", started.micros_until(app.now()));
                     next = Some(PopInput::StorageDone { id, result });
                 }
                 PopEffect::Park { until } => {
@@ -136,7 +139,10 @@ async fn park(
     app.crash_point(CrashPoint::LongPollParked).await;
     let woke = tokio::select! {
         biased;
-        () = gate.changed() => Some(PopInput::Wake),
+        () = gate.changed() => {
+            app.metrics.record_wake(gate.opened_at().micros_until(app.now()));
+            Some(PopInput::Wake)
+        }
         _ = tokio::time::sleep(sleep) => Some(PopInput::Timer),
         _ = tx.closed() => Some(PopInput::Cancel),
         _ = shutdown.wait_for(|s| *s) => None,

@@ -420,3 +420,114 @@ async fn admin_routes_memory() {
 async fn admin_routes_postgres() {
     admin_routes(Store::Postgres("admin_api")).await;
 }
+
+/// The value of the one series of `/metrics/prometheus` whose line starts with `series`.
+fn series(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn labelled_metrics(store: Store) {
+    let b = start(
+        store,
+        ServerConfig {
+            metrics_partition_series: 1,
+            ..config()
+        },
+    )
+    .await;
+    let a = b.addr;
+    // A queue name that needs escaping in a label value.
+    let q = "met\"rics";
+    push(a, q, "p1", &["a1", "a2"]).await;
+    push(a, q, "p2", &["b1"]).await;
+    assert_eq!(consume(a, "met%22rics", "g1", "completed").await, 3);
+    push(a, q, "p1", &["a3"]).await;
+    push(a, q, "p2", &["b2"]).await;
+    let r = Client::connect(a).await.get("/metrics/prometheus").await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body).unwrap();
+    let lbl = r#"queue="met\"rics""#;
+    assert_eq!(
+        series(
+            &text,
+            &format!(r#"queen_consumergroup_lag{{{lbl},consumer_group="g1"}}"#)
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert!(series(
+        &text,
+        &format!(r#"queen_consumergroup_lag_seconds{{{lbl},consumer_group="g1"}}"#)
+    )
+    .is_some());
+    assert_eq!(
+        series(&text, &format!("queen_queue_depth{{{lbl}}}")),
+        Some(2.0)
+    );
+    assert_eq!(
+        series(&text, &format!("queen_queue_messages{{{lbl}}}")),
+        Some(5.0)
+    );
+    assert_eq!(
+        series(&text, &format!("queen_dlq_depth{{{lbl}}}")),
+        Some(0.0)
+    );
+    let partition_series = text
+        .lines()
+        .filter(|l| l.starts_with("queen_partition_lag{"))
+        .count();
+    assert_eq!(partition_series, 1, "the cap holds");
+    assert_eq!(series(&text, "queen_partition_series_omitted"), Some(1.0));
+    assert_eq!(series(&text, "queen_stored_state_ok"), Some(1.0));
+    assert!(series(&text, r#"queen_storage_duration_seconds_count{op="push"}"#).unwrap() >= 4.0);
+    assert!(series(&text, r#"queen_storage_duration_seconds_count{op="ack"}"#).unwrap() >= 1.0);
+    // A push that wakes a parked pop is timed from the gate opening.
+    let parked = tokio::spawn(async move {
+        get(
+            a,
+            "/api/v1/pop/queue/met-wake?wait=true&timeout=5000&autoAck=true",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    push(a, "met-wake", "p", &["w1"]).await;
+    let (code, _) = parked.await.unwrap();
+    assert_eq!(code, 200);
+    let text = String::from_utf8(
+        Client::connect(a)
+            .await
+            .get("/metrics/prometheus")
+            .await
+            .body,
+    )
+    .unwrap();
+    assert!(
+        series(&text, "queen_wake_latency_seconds_count").unwrap() >= 1.0,
+        "{text}"
+    );
+    // A deleted queue's series go with it.
+    let (code, _) = send(a, "DELETE", "/api/v1/resources/queues/met%22rics", None).await;
+    assert_eq!(code, 200);
+    let text = String::from_utf8(
+        Client::connect(a)
+            .await
+            .get("/metrics/prometheus")
+            .await
+            .body,
+    )
+    .unwrap();
+    assert!(!text.contains("met\\\"rics"), "{text}");
+}
+
+#[tokio::test]
+async fn labelled_metrics_memory() {
+    labelled_metrics(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn labelled_metrics_postgres() {
+    labelled_metrics(Store::Postgres("admin_metrics")).await;
+}
