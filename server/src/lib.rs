@@ -33,6 +33,9 @@ use crate::auth::Access::{Admin, ReadOnly, ReadWrite};
 use crate::auth::Caller;
 use crate::http::{Failure, Reply};
 
+/// The dashboard (one page: its data comes from the admin API, under the caller's token).
+const DASHBOARD: &str = include_str!("../dashboard/index.html");
+
 /// Answers one request. A panic anywhere below becomes a 500 for this request only.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Reply {
     match AssertUnwindSafe(route(app.clone(), req))
@@ -89,6 +92,14 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
     // Each route states the level it requires (auth::Access); a public path's caller is Open.
     let need = |level| caller.require(level);
     match (&method, seg.as_slice()) {
+        (&Method::GET, []) => {
+            need(ReadOnly)?;
+            Ok(http::text(
+                StatusCode::OK,
+                DASHBOARD.to_string(),
+                "text/html; charset=utf-8",
+            ))
+        }
         (&Method::GET, ["health"]) => {
             need(ReadOnly)?;
             Ok(routes::health(&app).await)

@@ -254,3 +254,37 @@ async fn python_admin_compressed_postgres() {
     )
     .await;
 }
+
+/// Chromium for the dashboard tests: QUEEN_CHROMIUM, else `chromium` on the PATH (the test
+/// command installs Debian's package when it is missing).
+fn chromium() -> String {
+    std::env::var("QUEEN_CHROMIUM").unwrap_or_else(|_| "chromium".to_string())
+}
+
+#[tokio::test]
+async fn dashboard_in_chromium_memory() {
+    let browser = chromium();
+    run_script_with(
+        Store::Memory,
+        ServerConfig::default(),
+        "dashboard.py",
+        &[&browser],
+        &[],
+        "dashboard",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn dashboard_in_chromium_with_auth_postgres() {
+    let (browser, admin) = (chromium(), token("dash-admin", "admin"));
+    run_script_with(
+        Store::Postgres("queen_dashboard"),
+        with_auth(),
+        "dashboard.py",
+        &[&browser, &admin],
+        &[],
+        "dashboard",
+    )
+    .await;
+}
