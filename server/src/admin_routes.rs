@@ -622,17 +622,15 @@ async fn stored_message(app: &App, pid: &str, tx: &str) -> Result<StoredMessage,
 pub async fn get_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, Failure> {
     let m = stored_message(app, pid, tx).await?;
     let p = &m.partition;
-    let queue = app
+    // The queue's configuration and the groups that reached this partition: one row each,
+    // not the queue's totals (a queue may have 100k partitions).
+    let config = app
         .storage
-        .inspect
-        .queue_views(QueueFilter {
-            queue: Some(p.queue.clone()),
-            ..QueueFilter::default()
-        })
+        .pops
+        .queue_config(&p.queue)
         .await?
-        .into_iter()
-        .next()
         .ok_or_else(|| not_found("Message not found"))?;
+    let groups: Vec<String> = p.cursors.iter().map(|c| c.group.clone()).collect();
     let frame = slice_blob(
         &m.segment.blob,
         m.segment.start_idx as usize,
@@ -644,11 +642,10 @@ pub async fn get_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, F
     .ok_or_else(|| Failure::server("a stored segment held no frame at the message's offset"))?;
     let (payload, encrypted) = frame_payload(app, &frame)?;
     let now = app.now();
-    let (status, consumed, groups) =
-        message_status(p, &queue.groups, m.offset, !m.dead_letters.is_empty(), now);
+    let (status, consumed, group_count) =
+        message_status(p, &groups, m.offset, !m.dead_letters.is_empty(), now);
     let letter = m.dead_letters.first();
-    let consumer_groups: Vec<Value> = queue
-        .groups
+    let consumer_groups: Vec<Value> = groups
         .iter()
         .map(|g| {
             let c = p.cursor(g);
@@ -657,7 +654,7 @@ pub async fn get_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, F
                        .and_then(|c| c.leased_until).map(iso)})
         })
         .collect();
-    let c = &queue.config;
+    let c = &config;
     ok(&json!({
         "id": frame.message_id.to_string(), "transactionId": frame.transaction_id,
         "partitionId": p.partition_id, "queuePath": format!("{}/{}", p.queue, p.partition),
@@ -672,9 +669,9 @@ pub async fn get_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, F
         "leaseExpiresAt": p.cursor(QUEUE_MODE_GROUP).and_then(|c| c.leased_until).map(iso),
         "queueConfig": {"leaseTime": c.lease_time_secs, "retryLimit": c.retry_limit,
                         "retryDelay": c.retry_delay_ms, "ttl": c.ttl_secs, "priority": c.priority},
-        "mode": {"consumedByGroups": consumed, "busGroupsCount": groups,
-                 "hasQueueMode": queue.groups.iter().any(|g| g == QUEUE_MODE_GROUP),
-                 "type": mode_json(&queue.groups)["type"]},
+        "mode": {"consumedByGroups": consumed, "busGroupsCount": group_count,
+                 "hasQueueMode": groups.iter().any(|g| g == QUEUE_MODE_GROUP),
+                 "type": mode_json(&groups)["type"]},
         "consumerGroups": consumer_groups,
     }))
 }

@@ -39,7 +39,7 @@ SELECT q.name, p.name, p.id, p.created_at, p.last_offset,
                       WHERE s.partition_id = p.id ORDER BY s.base_offset LIMIT 1) h ON true
   LEFT JOIN LATERAL (SELECT s.created_at FROM queen.log_segments s
                       WHERE s.partition_id = p.id ORDER BY s.base_offset DESC LIMIT 1) t ON true
- WHERE ($1::text IS NULL OR q.name = $1) AND ($2::uuid IS NULL OR p.id = $2)
+ WHERE {filter}
  ORDER BY q.name, p.name";
 
 /// Cursors on the same partitions. The oldest unconsumed message's segment is found by two
@@ -60,8 +60,7 @@ SELECT c.partition_id, c.consumer_group, c.committed,
   FROM queen.log_consumers c
   JOIN queen.log_partitions p ON p.id = c.partition_id
   JOIN queen.queues q ON q.id = p.queue_id
- WHERE ($1::text IS NULL OR q.name = $1) AND ($2::uuid IS NULL OR p.id = $2)
-   AND ($3::text IS NULL OR c.consumer_group = $3)
+ WHERE {filter} AND ($3::text IS NULL OR c.consumer_group = $3)
  ORDER BY c.partition_id, c.consumer_group";
 
 const TRACE_COLUMNS: &str = "tr.id, tr.partition_id, tr.transaction_id, q.name, p.name, tr.consumer_group,
@@ -106,12 +105,25 @@ impl PgStorage {
         group: Option<&str>,
     ) -> StorageResult<Vec<PartitionView>> {
         let client = self.pool.get().await.map_err(pool_err)?;
+        // The filter is spelled out, not `$n IS NULL OR ...`: a one-partition read must plan
+        // as an index lookup, not as a scan of every partition.
+        let filter = match (queue.is_some(), partition_id.is_some()) {
+            (_, true) => "($1::text IS NULL OR q.name = $1) AND p.id = $2",
+            (true, false) => "q.name = $1 AND $2::uuid IS NULL",
+            (false, false) => "$1::text IS NULL AND $2::uuid IS NULL",
+        };
         let parts = client
-            .query(PARTITIONS, &[&queue, &partition_id])
+            .query(
+                &PARTITIONS.replace("{filter}", filter),
+                &[&queue, &partition_id],
+            )
             .await
             .map_err(pg_err("partition views"))?;
         let cursors = client
-            .query(CURSORS, &[&queue, &partition_id, &group])
+            .query(
+                &CURSORS.replace("{filter}", filter),
+                &[&queue, &partition_id, &group],
+            )
             .await
             .map_err(pg_err("cursor views"))?;
         let mut by_partition: BTreeMap<uuid::Uuid, Vec<CursorView>> = BTreeMap::new();
