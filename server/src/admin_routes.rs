@@ -72,6 +72,19 @@ fn time_param(pairs: &Pairs, key: &'static str) -> Result<Option<Timestamp>, Fai
         .transpose()
 }
 
+/// The queue, namespace and task filters of a request (`queue` only when the route takes one).
+fn queue_filter(pairs: &Pairs, with_queue: bool) -> Result<QueueFilter, Failure> {
+    Ok(QueueFilter {
+        queue: if with_queue {
+            name_param(pairs, "queue")?
+        } else {
+            None
+        },
+        namespace: name_param(pairs, "namespace")?,
+        task: name_param(pairs, "task")?,
+    })
+}
+
 fn not_found(message: &str) -> Failure {
     Failure {
         status: StatusCode::NOT_FOUND,
@@ -204,15 +217,7 @@ fn queue_summary(q: &QueueView, c: &Counts) -> Value {
 /// GET /api/v1/resources/queues[?namespace,task,limit,offset]: newest first.
 pub async fn list_queues(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 1000)?;
-    let inv = Inventory::load(
-        app,
-        QueueFilter {
-            queue: None,
-            namespace: name_param(pairs, "namespace")?,
-            task: name_param(pairs, "task")?,
-        },
-    )
-    .await?;
+    let inv = Inventory::load(app, queue_filter(pairs, false)?).await?;
     let total = inv.queues.len();
     let queues: Vec<Value> = page(inv.queues.iter().collect(), limit, offset)
         .into_iter()
@@ -929,15 +934,7 @@ pub async fn status(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
         .rev()
         .map(|(t, s)| point_json(*t, s, minutes))
         .collect();
-    let inv = Inventory::load(
-        app,
-        QueueFilter {
-            queue: name_param(pairs, "queue")?,
-            namespace: name_param(pairs, "namespace")?,
-            task: name_param(pairs, "task")?,
-        },
-    )
-    .await?;
+    let inv = Inventory::load(app, queue_filter(pairs, true)?).await?;
     let mut totals = Counts::default();
     let (mut leases, mut leased_partitions, mut leased_messages) = (0u64, 0u64, 0u64);
     let mut affected = 0u64;
@@ -1001,15 +998,7 @@ pub async fn status(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
 /// GET /api/v1/status/queues[?namespace,task,limit=100,offset].
 pub async fn status_queues(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 100)?;
-    let inv = Inventory::load(
-        app,
-        QueueFilter {
-            queue: None,
-            namespace: name_param(pairs, "namespace")?,
-            task: name_param(pairs, "task")?,
-        },
-    )
-    .await?;
+    let inv = Inventory::load(app, queue_filter(pairs, false)?).await?;
     let total = inv.queues.len();
     let rows: Vec<Value> = page(inv.queues.iter().collect(), limit, offset)
         .into_iter()
@@ -1077,15 +1066,7 @@ pub async fn analytics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> 
     if (to.0 - from.0) / 1_000_000 / step_secs > 10_000 {
         return Err(Failure::bad("the window holds more than 10000 intervals"));
     }
-    let inv = Inventory::load(
-        app,
-        QueueFilter {
-            queue: name_param(pairs, "queue")?,
-            namespace: name_param(pairs, "namespace")?,
-            task: name_param(pairs, "task")?,
-        },
-    )
-    .await?;
+    let inv = Inventory::load(app, queue_filter(pairs, true)?).await?;
     let queues: std::collections::BTreeSet<&str> =
         inv.queues.iter().map(|q| q.config.name.as_str()).collect();
     let mut counts: BTreeMap<i64, u64> = BTreeMap::new();

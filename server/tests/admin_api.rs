@@ -421,6 +421,13 @@ async fn admin_routes_postgres() {
     admin_routes(Store::Postgres("admin_api")).await;
 }
 
+/// The text of `/metrics/prometheus`.
+async fn scrape(a: SocketAddr) -> String {
+    let r = Client::connect(a).await.get("/metrics/prometheus").await;
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body).unwrap()
+}
+
 /// The value of the one series of `/metrics/prometheus` whose line starts with `series`.
 fn series(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -446,9 +453,7 @@ async fn labelled_metrics(store: Store) {
     assert_eq!(consume(a, "met%22rics", "g1", "completed").await, 3);
     push(a, q, "p1", &["a3"]).await;
     push(a, q, "p2", &["b2"]).await;
-    let r = Client::connect(a).await.get("/metrics/prometheus").await;
-    assert_eq!(r.status, 200);
-    let text = String::from_utf8(r.body).unwrap();
+    let text = scrape(a).await;
     let lbl = r#"queue="met\"rics""#;
     assert_eq!(
         series(
@@ -496,14 +501,7 @@ async fn labelled_metrics(store: Store) {
     push(a, "met-wake", "p", &["w1"]).await;
     let (code, _) = parked.await.unwrap();
     assert_eq!(code, 200);
-    let text = String::from_utf8(
-        Client::connect(a)
-            .await
-            .get("/metrics/prometheus")
-            .await
-            .body,
-    )
-    .unwrap();
+    let text = scrape(a).await;
     assert!(
         series(&text, "queen_wake_latency_seconds_count").unwrap() >= 1.0,
         "{text}"
@@ -511,14 +509,7 @@ async fn labelled_metrics(store: Store) {
     // A deleted queue's series go with it.
     let (code, _) = send(a, "DELETE", "/api/v1/resources/queues/met%22rics", None).await;
     assert_eq!(code, 200);
-    let text = String::from_utf8(
-        Client::connect(a)
-            .await
-            .get("/metrics/prometheus")
-            .await
-            .body,
-    )
-    .unwrap();
+    let text = scrape(a).await;
     assert!(!text.contains("met\\\"rics"), "{text}");
 }
 
