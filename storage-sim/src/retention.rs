@@ -286,6 +286,17 @@ fn remove_segments(
     for k in &dlq_keys {
         wait_if_held(st.dlq.locked_by_other(k, tx))?;
     }
+    let trace_keys: Vec<((String, i64), Offset)> = st
+        .traces
+        .range(
+            (pid.to_string(), i64::MIN)..=(pid.to_string(), i64::MAX),
+            tx,
+        )
+        .map(|(k, t)| (k.clone(), t.offset))
+        .collect();
+    for (k, _) in &trace_keys {
+        wait_if_held(st.traces.locked_by_other(k, tx))?;
+    }
     for (base, end, created_at, reason) in &gone {
         lock_or_wait(st.segments.delete(&(pid.to_string(), *base), tx))?;
         removed.segments += 1;
@@ -297,17 +308,11 @@ fn remove_segments(
             transaction_ids.push((*offset, k.1.clone()));
         }
         transaction_ids.sort();
-        let traces: Vec<(String, i64)> = st
-            .traces
-            .range(
-                (pid.to_string(), i64::MIN)..=(pid.to_string(), i64::MAX),
-                tx,
-            )
-            .filter(|(_, t)| (*base..=*end).contains(&t.offset))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in traces {
-            lock_or_wait(st.traces.delete(&k, tx))?;
+        for (k, _) in trace_keys
+            .iter()
+            .filter(|(_, o)| (*base..=*end).contains(o))
+        {
+            lock_or_wait(st.traces.delete(k, tx))?;
         }
         if *reason == Removal::Expired {
             let dlq: Vec<(String, u64)> = st
