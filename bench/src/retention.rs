@@ -300,7 +300,7 @@ async fn pass_cost(
         .expect("idle pass");
     let idle_ms = t.elapsed().as_secs_f64() * 1000.0;
     db.execute(
-        "DELETE FROM queen.queues WHERE name = ANY($1)",
+        "SELECT queen.delete_queue_v1(n) FROM unnest($1::text[]) n",
         &[&vec![ours, raw]],
     )
     .await

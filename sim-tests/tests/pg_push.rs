@@ -169,7 +169,7 @@ async fn a_late_committing_push_is_never_skipped() {
     .expect("blob");
     early
         .query(
-            "SELECT * FROM queen.push_v4('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2, NULL, false)",
+            "SELECT * FROM queen.push_v5('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2, NULL, false, false)",
             &[&uuid::Uuid::from_u128(77), &blob],
         )
         .await
@@ -203,4 +203,110 @@ async fn a_late_committing_push_is_never_skipped() {
         vec!["early", "late"],
         "both delivered, in commit order"
     );
+}
+
+/// The transactionId rows (no foreign key since migration 016) go with what holds them: a push
+/// that meets a duplicate or maxSize takes its own rows back, and deleting a queue deletes its
+/// rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_id_rows_go_with_what_holds_them() {
+    use queen_core::storage::{AdminStorage, QueueConfig};
+    let pg = testing::fresh_database(&format!("queen_txrows_{}", std::process::id()), 4).await;
+    let rows = |queue: &'static str| {
+        let pool = pg.pool().clone();
+        async move {
+            let c = pool.get().await.unwrap();
+            c.query_one(
+                "SELECT count(*) FROM queen.log_txids t JOIN queen.log_partitions p ON p.id = t.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = $1",
+                &[&queue],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        }
+    };
+    let group = |queue: &str, txids: &[&str], first_id: u128| PushGroup {
+        queue: queue.into(),
+        partition: "p".into(),
+        frames: txids
+            .iter()
+            .enumerate()
+            .map(|(k, t)| Frame {
+                producer: None,
+                encrypted: false,
+                message_id: uuid::Uuid::from_u128(first_id + k as u128),
+                transaction_id: (*t).into(),
+                trace_id: None,
+                payload: b"{}".to_vec(),
+            })
+            .collect(),
+        blob: None,
+    };
+    pg.push(vec![group("rows", &["a", "b"], 1)]).await.unwrap();
+    assert_eq!(rows("rows").await, 2);
+    // Two duplicates among three: the first call takes its rows back, the second stores "c".
+    let out = pg
+        .push(vec![group("rows", &["b", "c", "a"], 10)])
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        matches!(out[0], PushOutcome::Duplicate { message_id, .. } if message_id == uuid::Uuid::from_u128(2))
+    );
+    assert!(
+        matches!(out[1], PushOutcome::Queued { offset: 2, .. }),
+        "{out:?}"
+    );
+    assert!(
+        matches!(out[2], PushOutcome::Duplicate { message_id, .. } if message_id == uuid::Uuid::from_u128(1))
+    );
+    assert_eq!(rows("rows").await, 3);
+    // maxSize: a refused push leaves no row behind.
+    let mut capped = QueueConfig::with_defaults("capped");
+    capped.max_size = 2;
+    pg.configure_queue(capped).await.unwrap();
+    pg.push(vec![group("capped", &["x", "y"], 20)])
+        .await
+        .unwrap();
+    let out = pg
+        .push(vec![group("capped", &["z"], 30)])
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(matches!(out[0], PushOutcome::Rejected { .. }), "{out:?}");
+    assert_eq!(rows("capped").await, 2);
+    // A queue's removal removes its rows (also of a partition made by a multi-partition push,
+    // whose transaction met a duplicate, rolled back and ran again answering it).
+    let mut other = group("rows", &["d"], 40);
+    other.partition = "q".into();
+    let out = pg
+        .push(vec![group("rows", &["e", "a"], 50), other])
+        .await
+        .unwrap();
+    assert!(
+        matches!(out[0][0], PushOutcome::Queued { offset: 3, .. }),
+        "{out:?}"
+    );
+    assert!(
+        matches!(out[0][1], PushOutcome::Duplicate { .. }),
+        "{out:?}"
+    );
+    assert!(
+        matches!(out[1][0], PushOutcome::Queued { offset: 0, .. }),
+        "{out:?}"
+    );
+    let total = || {
+        let pool = pg.pool().clone();
+        async move {
+            let c = pool.get().await.unwrap();
+            c.query_one("SELECT count(*) FROM queen.log_txids", &[])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(total().await, 7);
+    assert!(pg.delete_queue("rows").await.unwrap());
+    assert_eq!(total().await, 2, "only the capped queue's rows are left");
 }

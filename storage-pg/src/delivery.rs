@@ -9,7 +9,7 @@ use queen_core::storage::{
 };
 
 use crate::error::{pg_err, pool_err, retry_contention};
-use crate::messages::{ack_items, push_groups};
+use crate::messages::{ack_items, push_groups, Dedup, PushFailure};
 use crate::{from_system_time, int, to_system_time, PgStorage};
 
 #[async_trait]
@@ -146,8 +146,10 @@ impl DeliveryStorage for PgStorage {
             }],
             None,
             SealCheck::AsStored,
+            Dedup::Answer,
         )
-        .await?;
+        .await
+        .map_err(PushFailure::into_storage)?;
         tx.execute("DELETE FROM queen.dead_letters WHERE id = $1", &[&id])
             .await
             .map_err(pg_err("requeue: delete"))?;
@@ -171,9 +173,11 @@ impl PgStorage {
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
             let result = match op {
-                TxOp::Push(groups) => {
-                    TxOpResult::Push(push_groups(&tx, groups, None, SealCheck::Enforce).await?)
-                }
+                TxOp::Push(groups) => TxOpResult::Push(
+                    push_groups(&tx, groups, None, SealCheck::Enforce, Dedup::Answer)
+                        .await
+                        .map_err(PushFailure::into_storage)?,
+                ),
                 TxOp::Ack { group, item } => TxOpResult::Ack(
                     ack_items(&tx, group, std::slice::from_ref(item))
                         .await?

@@ -1,4 +1,4 @@
-//! Push, ack and lease renewal on PostgreSQL (push_v4, ack_v1, renew_lease_v1).
+//! Push, ack and lease renewal on PostgreSQL (push_v5, ack_v1, renew_lease_v1).
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
@@ -22,17 +22,64 @@ fn status_text(s: AckStatus) -> &'static str {
     }
 }
 
-/// The push of a request inside a caller's transaction (a push request, or a transaction op).
+/// How push_v5 writes a push's transactionId rows.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Dedup {
+    /// Plainly: a duplicate fails the statement (and the transaction) with
+    /// `PushFailure::DuplicateMet`, and the caller pushes again with `Answer`. No duplicate is
+    /// the common case, and it skips a conflict check per row.
+    ExpectNew,
+    /// `ON CONFLICT DO NOTHING`: duplicates are answered with the original message ids.
+    Answer,
+}
+
+/// Why push_groups stored nothing.
+#[derive(Debug)]
+pub(crate) enum PushFailure {
+    /// `Dedup::ExpectNew` met a stored transactionId: everything rolled back.
+    DuplicateMet,
+    Storage(StorageError),
+}
+
+impl From<StorageError> for PushFailure {
+    fn from(e: StorageError) -> Self {
+        PushFailure::Storage(e)
+    }
+}
+
+impl PushFailure {
+    /// For callers that push with `Dedup::Answer`, where a duplicate is an answer, not a failure.
+    pub(crate) fn into_storage(self) -> StorageError {
+        match self {
+            PushFailure::Storage(e) => e,
+            PushFailure::DuplicateMet => {
+                StorageError::Internal("push_v5 failed on a duplicate it should answer".into())
+            }
+        }
+    }
+}
+
+fn is_duplicate_txid(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        db.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+            && db.constraint() == Some("log_txids_pkey")
+    })
+}
+
+/// The push of a request: inside a caller's transaction (a push of several partitions, or a
+/// transaction op), or, for one partition, as a single statement (its own transaction: one round
+/// trip instead of BEGIN, the call and COMMIT).
 pub(crate) async fn push_groups(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &impl deadpool_postgres::GenericClient,
     groups: &[PushGroup],
     accepted_at: Option<SystemTime>,
     seal: SealCheck,
-) -> StorageResult<Vec<PushGroupResult>> {
+    dedup: Dedup,
+) -> Result<Vec<PushGroupResult>, PushFailure> {
     let stmt = tx
         .prepare_cached(
             "SELECT o_status, o_message_id, o_partition_id, o_offset, o_max_size, o_backlog
-               FROM queen.push_v4($1, $2, $3, $4, $5, $6, $7)",
+               FROM queen.push_v5($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .await
         .map_err(pg_err("push"))?;
@@ -49,9 +96,11 @@ pub(crate) async fn push_groups(
         let firsts = FirstOccurrences::of(&g.frames);
         let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
         let mut candidates: Vec<usize> = firsts.firsts().collect();
-        // At most two rounds: the second has no duplicates by construction (the partition
-        // lock is held, so nothing can change in between).
-        for _ in 0..2 {
+        // Each round that meets duplicates answers them and retries the rest, so every round has
+        // fewer items: at most one round per item, plus one. Inside a transaction the second
+        // round has none (the partition lock is held); as single statements another push may
+        // commit one in between, which this round then answers as a duplicate.
+        for _ in 0..=g.frames.len() {
             if candidates.is_empty() {
                 break;
             }
@@ -72,16 +121,23 @@ pub(crate) async fn push_groups(
                         &blob,
                         &accepted_at,
                         &sealed,
+                        &(dedup == Dedup::ExpectNew),
                     ],
                 )
                 .await
-                .map_err(pg_err("push"))?;
+                .map_err(|e| {
+                    if dedup == Dedup::ExpectNew && is_duplicate_txid(&e) {
+                        PushFailure::DuplicateMet
+                    } else {
+                        PushFailure::Storage(pg_err("push")(e))
+                    }
+                })?;
             if rows.len() != candidates.len() {
-                return Err(StorageError::Internal(format!(
-                    "push_v4 answered {} rows for {} items",
+                return Err(PushFailure::Storage(StorageError::Internal(format!(
+                    "push_v5 answered {} rows for {} items",
                     rows.len(),
                     candidates.len()
-                )));
+                ))));
             }
             let mut retry = vec![];
             for (k, row) in candidates.iter().zip(rows.iter()) {
@@ -111,18 +167,23 @@ pub(crate) async fn push_groups(
                         None
                     }
                     other => {
-                        return Err(StorageError::Internal(format!(
-                            "push_v4 answered the unknown status {other:?}"
-                        )))
+                        return Err(PushFailure::Storage(StorageError::Internal(format!(
+                            "push_v5 answered the unknown status {other:?}"
+                        ))))
                     }
                 };
+            }
+            if !retry.is_empty() && retry.len() == candidates.len() {
+                return Err(PushFailure::Storage(StorageError::Internal(
+                    "push_v5 asked to retry every item of a push".into(),
+                )));
             }
             candidates = retry;
         }
         if !candidates.is_empty() {
-            return Err(StorageError::Internal(
-                "push_v4 reported duplicates twice under the partition lock".into(),
-            ));
+            return Err(PushFailure::Storage(StorageError::Internal(
+                "push_v5 kept asking to retry".into(),
+            )));
         }
         results[i] = firsts
             .resolve(outcome)
@@ -174,10 +235,29 @@ impl MessageStorage for PgStorage {
         let accepted_at = accepted_at.map(to_system_time);
         retry_contention(move || async move {
             let mut client = this.pool.get().await.map_err(pool_err)?;
-            let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
-            let results = push_groups(&tx, groups, accepted_at, SealCheck::Enforce).await?;
-            tx.commit().await.map_err(pg_err("push: commit"))?;
-            Ok(results)
+            let mut dedup = Dedup::ExpectNew;
+            loop {
+                let attempt = if groups.len() == 1 {
+                    push_groups(&client, groups, accepted_at, SealCheck::Enforce, dedup).await
+                } else {
+                    let tx = client.transaction().await.map_err(pg_err("push: begin"))?;
+                    match push_groups(&tx, groups, accepted_at, SealCheck::Enforce, dedup).await {
+                        Ok(results) => {
+                            tx.commit().await.map_err(pg_err("push: commit"))?;
+                            Ok(results)
+                        }
+                        // Dropping the transaction rolls it back.
+                        Err(e) => Err(e),
+                    }
+                };
+                match attempt {
+                    Ok(results) => return Ok(results),
+                    Err(PushFailure::DuplicateMet) if dedup == Dedup::ExpectNew => {
+                        dedup = Dedup::Answer;
+                    }
+                    Err(e) => return Err(e.into_storage()),
+                }
+            }
         })
         .await
     }

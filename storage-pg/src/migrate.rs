@@ -49,6 +49,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(13, "partition numbers", "013_partition_numbers.sql"),
     migration!(14, "encryption", "014_encryption.sql"),
     migration!(15, "inspection", "015_inspection.sql"),
+    migration!(16, "txids without foreign key", "016_txids_without_fk.sql"),
 ];
 
 macro_rules! functions {
@@ -68,7 +69,8 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "log_pop_wildcard_v1",
     "log_pending_partitions_v1",
     "log_next_pending_v1",
-    "push_v4",
+    "push_v5",
+    "push_take_back_txids_v1",
     "ack_v1",
     "renew_lease_v1",
     "configure_queue_v1",

@@ -2,8 +2,8 @@
 -- offsets are allocated in commit order (no commit-order skip). Duplicates by (partition,
 -- transactionId) answer the original message id; when any item is a duplicate nothing is
 -- appended and every other item answers 'retry': the broker rebuilds the blob without the
--- duplicates and calls again in the same transaction (the lock is still held, so the answer
--- cannot change). The common case, no duplicates, is one call.
+-- duplicates and calls again (a duplicate stays one, so each call has fewer items). The common
+-- case, no duplicates, is one call.
 -- maxSize: a push that would take the queue's backlog past it is refused whole: every item
 -- answers 'full' with the cap and the backlog it met (o_max_size, o_backlog).
 -- p_created: the time the push was accepted, when it is replayed later (NULL: now).
@@ -11,11 +11,16 @@
 -- refuses anything else (SQLSTATE QE001, the queue's name as the message): read here, in the
 -- push's own transaction, so a broker with a stale view of the queue cannot store plaintext.
 -- NULL: stored as it is (a requeue re-pushes a message admitted under the options of its time).
+-- p_expect_new: the transactionIds are expected new (the common case): their rows are inserted
+-- plainly, and a duplicate raises unique_violation (23505, on log_txids_pkey), which the broker
+-- answers by calling again with false. False: inserted ON CONFLICT DO NOTHING, so duplicates are
+-- answered. The plain insert saves the separate conflict check of every row (a fifth of all
+-- samples in the batch-1000 profile, docs/benchmarks.md).
 -- Committed pushes are announced on queen_push (`queue\npartition\ncount`): every broker's
 -- parked consumers wake at once.
-CREATE OR REPLACE FUNCTION queen.push_v4(
+CREATE OR REPLACE FUNCTION queen.push_v5(
     p_queue text, p_partition text, p_txids text[], p_message_ids uuid[], p_blob bytea,
-    p_created timestamptz, p_sealed boolean
+    p_created timestamptz, p_sealed boolean, p_expect_new boolean
 ) RETURNS TABLE (
     o_status text, o_message_id uuid, o_partition_id uuid, o_offset bigint,
     o_max_size integer, o_backlog bigint
@@ -30,6 +35,7 @@ DECLARE
     v_cap integer := 0;
     v_backlog bigint;
     v_encrypted boolean := false;
+    v_inserted bigint;
 BEGIN
     SELECT q.id, q.max_size, q.encryption_enabled INTO v_qid, v_cap, v_encrypted
       FROM queen.queues q WHERE q.name = p_queue;
@@ -68,12 +74,31 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
-    IF EXISTS (SELECT 1 FROM queen.log_txids t WHERE t.partition_id = v_pid AND t.transaction_id = ANY (p_txids)) THEN
+    -- Dedup in one pass: the transactionId rows are inserted first, and a conflict is a
+    -- duplicate (the partition lock serializes every push of this partition, so nothing else can
+    -- insert here meanwhile). The rare push that meets one takes its own rows back and answers.
+    -- A separate probe cost as much as the insert again (and, planned as a filter over the
+    -- partition's rows, grew with the partition: 75% of PostgreSQL's time in the profile).
+    IF p_expect_new THEN
+        INSERT INTO queen.log_txids (partition_id, transaction_id, msg_offset, message_id)
+        SELECT v_pid, u.tx, v_last + u.ord, u.mid
+          FROM unnest(p_txids, p_message_ids) WITH ORDINALITY AS u (tx, mid, ord);
+        v_inserted := v_n;
+    ELSE
+        INSERT INTO queen.log_txids (partition_id, transaction_id, msg_offset, message_id)
+        SELECT v_pid, u.tx, v_last + u.ord, u.mid
+          FROM unnest(p_txids, p_message_ids) WITH ORDINALITY AS u (tx, mid, ord)
+        ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS v_inserted = ROW_COUNT;
+    END IF;
+    IF v_inserted < v_n THEN
+        PERFORM queen.push_take_back_txids_v1(v_pid, v_last, p_txids);
         RETURN QUERY
             SELECT CASE WHEN t.message_id IS NULL THEN 'retry' ELSE 'duplicate' END,
                    COALESCE(t.message_id, u.mid), v_pid, t.msg_offset, NULL::integer, NULL::bigint
               FROM unnest(p_txids, p_message_ids) WITH ORDINALITY AS u (tx, mid, ord)
-              LEFT JOIN queen.log_txids t ON t.partition_id = v_pid AND t.transaction_id = u.tx
+              LEFT JOIN LATERAL (SELECT x.message_id, x.msg_offset FROM queen.log_txids x
+                                  WHERE x.partition_id = v_pid AND x.transaction_id = u.tx) t ON true
              ORDER BY u.ord;
         RETURN;
     END IF;
@@ -85,6 +110,7 @@ BEGIN
           FROM queen.log_partitions p
          WHERE p.queue_id = v_qid;
         IF v_backlog + v_n > v_cap THEN
+            PERFORM queen.push_take_back_txids_v1(v_pid, v_last, p_txids);
             RETURN QUERY
                 SELECT 'full'::text, u.mid, v_pid, NULL::bigint, v_cap, v_backlog
                   FROM unnest(p_message_ids) WITH ORDINALITY AS u (mid, ord)
@@ -99,9 +125,6 @@ BEGIN
       INTO v_created
       FROM (SELECT s.created_at FROM queen.log_segments s
              WHERE s.partition_id = v_pid ORDER BY s.base_offset DESC LIMIT 1) s;
-    INSERT INTO queen.log_txids (partition_id, transaction_id, msg_offset, message_id)
-    SELECT v_pid, u.tx, v_last + u.ord, u.mid
-      FROM unnest(p_txids, p_message_ids) WITH ORDINALITY AS u (tx, mid, ord);
     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
     VALUES (v_pid, v_last + 1, v_last + v_n, v_n, v_created, p_blob);
     UPDATE queen.log_partitions p
