@@ -92,18 +92,38 @@ async fn start_app(
     start_with(pg, config, 1).await
 }
 
+/// The in-process brokers' runtime, apart from the load generator's: its threads are named
+/// (util::BROKER_THREAD), so the broker's CPU time is read from /proc apart, and the two do not
+/// share worker threads, as a broker and its clients would not.
+fn broker_runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(util::BROKER_THREAD)
+            .enable_all()
+            .build()
+            .expect("broker runtime")
+    })
+}
+
 /// An in-process broker on the bench's database, serving on an ephemeral port.
 pub(crate) async fn start_with(
     pg: &queen_storage_pg::PgStorage,
     config: ServerConfig,
     seed: u64,
 ) -> (Arc<App>, std::net::SocketAddr) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener
+        .set_nonblocking(true)
+        .expect("nonblocking listener");
     let addr = listener.local_addr().expect("addr");
     let app = App::new(config, StorageSet::of(Arc::new(pg.clone())), seed);
-    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let served = app.clone();
+    broker_runtime().spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        queen_server::serve_listener(served, listener).await
+    });
     (app, addr)
 }
 

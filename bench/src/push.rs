@@ -7,7 +7,7 @@ use queen_core::frames::{build_blob, Frame};
 use queen_raw_client::wire;
 use serde_json::{json, Value};
 
-use crate::util::{measure, payload, pg_connect, Row};
+use crate::util::{measure_with_cpu, payload, pg_connect, Row};
 
 pub const PRODUCERS: usize = 8;
 pub const PARTITIONS: usize = 10;
@@ -36,7 +36,7 @@ pub async fn push_scenario(
     };
     // (a) one row per message, multi-row INSERT.
     let cfg_a = cfg.clone();
-    let rows = measure(PRODUCERS, secs, move |t, stop, count| {
+    let (rows, (_, rows_pg_cpu)) = measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
         let cfg = cfg_a.clone();
         async move {
             let c = pg_connect(&cfg).await;
@@ -81,7 +81,7 @@ pub async fn push_scenario(
     .await;
     // (b) one segment row per batch, offsets from the partition row.
     let cfg_b = cfg.clone();
-    let segs = measure(PRODUCERS, secs, move |t, stop, count| {
+    let (segs, (_, segs_pg_cpu)) = measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
         let cfg = cfg_b.clone();
         async move {
             let mut c = pg_connect(&cfg).await;
@@ -111,14 +111,45 @@ pub async fn push_scenario(
     })
     .await;
     let scenario = format!("push, batch {batch}, {PRODUCERS} producers, {PARTITIONS} partitions");
-    let mut out = vec![
-        Row::new(scenario.clone(), "msg/s", broker, "(a) rows", rows),
-        Row::new(scenario.clone(), "msg/s", broker, "(b) segments", segs),
-    ];
-    for (form, rate) in binary {
-        let scenario = format!("{scenario}, {}", form.name());
+    let mut out = vec![];
+    for (form, (rate, (broker_cpu, pg_cpu))) in
+        std::iter::once((PushForm::Json, broker)).chain(binary)
+    {
+        let scenario = match form {
+            PushForm::Json => scenario.clone(),
+            _ => format!("{scenario}, {}", form.name()),
+        };
         out.push(Row::new(scenario.clone(), "msg/s", rate, "(a) rows", rows));
-        out.push(Row::new(scenario, "msg/s", rate, "(b) segments", segs));
+        out.push(Row::new(
+            scenario.clone(),
+            "msg/s",
+            rate,
+            "(b) segments",
+            segs,
+        ));
+        // Per CPU-second (from /proc): steadier than rates on a machine the load shares.
+        let metric = "msg per PostgreSQL CPU-s";
+        out.push(Row::new(
+            scenario.clone(),
+            metric,
+            pg_cpu,
+            "(a) rows",
+            rows_pg_cpu,
+        ));
+        out.push(Row::new(
+            scenario.clone(),
+            metric,
+            pg_cpu,
+            "(b) segments",
+            segs_pg_cpu,
+        ));
+        out.push(Row::new(
+            scenario,
+            "msg per broker CPU-s",
+            broker_cpu,
+            "-",
+            f64::NAN,
+        ));
     }
     out
 }
@@ -150,18 +181,21 @@ pub(crate) async fn json_push_rate(
     secs: u64,
     token: Option<String>,
 ) -> f64 {
-    broker_push(addr, batch, secs, PushForm::Json, token).await
+    broker_push(addr, batch, secs, PushForm::Json, token)
+        .await
+        .0
 }
 
-/// Messages per second the broker stores from `PRODUCERS` producers pushing `batch` at a time.
+/// Messages per second the broker stores from `PRODUCERS` producers pushing `batch` at a time,
+/// and the messages per CPU-second of the broker and of PostgreSQL meanwhile.
 async fn broker_push(
     addr: std::net::SocketAddr,
     batch: usize,
     secs: u64,
     form: PushForm,
     token: Option<String>,
-) -> f64 {
-    measure(PRODUCERS, secs, move |t, stop, count| {
+) -> (f64, (f64, f64)) {
+    measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
         let token = token.clone();
         async move {
         let mut c = crate::util::Endpoint { addr, token }.client().await;

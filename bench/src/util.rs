@@ -33,26 +33,6 @@ pub async fn pg_connect(cfg: &tokio_postgres::Config) -> tokio_postgres::Client 
     c
 }
 
-/// Runs `tasks` copies of `work` for `secs` seconds; returns the count per second.
-pub async fn measure<F, Fut>(tasks: usize, secs: u64, work: F) -> f64
-where
-    F: Fn(usize, Arc<AtomicBool>, Arc<AtomicU64>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let handles: Vec<_> = (0..tasks)
-        .map(|t| tokio::spawn(work(t, stop.clone(), count.clone())))
-        .collect();
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for h in handles {
-        crate::util::joined(h.await);
-    }
-    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
-}
-
 /// p50 / p99 / max of latency samples, in milliseconds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Latency {
@@ -136,4 +116,102 @@ impl Endpoint {
             None => c,
         }
     }
+}
+
+/// The name of the in-process broker's runtime threads (main.rs), so its CPU time is read apart
+/// from the load generator's.
+pub const BROKER_THREAD: &str = "queen-broker";
+
+/// user + system CPU seconds in a /proc `stat` line (the 12th and 13th fields after the command
+/// name; the kernel counts in USER_HZ, 100 on Linux).
+pub fn stat_cpu_seconds(stat: &str) -> f64 {
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn command_of(stat: &str) -> &str {
+    stat.split_once('(')
+        .and_then(|(_, rest)| rest.rsplit_once(')'))
+        .map_or("", |(name, _)| name)
+}
+
+/// CPU seconds used so far by the broker's threads and by each PostgreSQL process of this host.
+#[derive(Clone, Debug)]
+pub struct CpuMark {
+    broker: f64,
+    postgres: std::collections::BTreeMap<u32, f64>,
+}
+
+/// (pid or tid, CPU seconds) of the entries of a /proc directory whose command is `command`.
+fn cpu_by_id(dir: &str, command: &str) -> std::collections::BTreeMap<u32, f64> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Default::default();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let id = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            (command_of(&stat) == command).then(|| (id, stat_cpu_seconds(&stat)))
+        })
+        .collect()
+}
+
+impl CpuMark {
+    pub fn now() -> CpuMark {
+        CpuMark {
+            broker: cpu_by_id("/proc/self/task", BROKER_THREAD).values().sum(),
+            postgres: cpu_by_id("/proc", "postgres"),
+        }
+    }
+
+    /// Messages per CPU-second of each side, for `messages` handled since `self`. PostgreSQL's
+    /// time is summed per process still alive (a backend of an earlier load exiting meanwhile
+    /// takes its time with it; one that started meanwhile counts whole).
+    pub fn messages_per_cpu_second(&self, messages: f64) -> (f64, f64) {
+        let now = CpuMark::now();
+        let postgres: f64 = now
+            .postgres
+            .iter()
+            .map(|(pid, cpu)| cpu - self.postgres.get(pid).copied().unwrap_or(0.0))
+            .sum();
+        let per = |used: f64| {
+            if used > 0.0 {
+                messages / used
+            } else {
+                f64::NAN
+            }
+        };
+        (per(now.broker - self.broker), per(postgres))
+    }
+}
+
+/// Runs `tasks` load tasks for `secs`: their messages per second, and the messages per CPU-second
+/// of the broker and of PostgreSQL meanwhile. The
+/// second reading is taken when the load stops, before the tasks end: a baseline's connections
+/// close with its tasks, and an exited backend's CPU time leaves /proc with it.
+pub async fn measure_with_cpu<F, Fut>(tasks: usize, secs: u64, work: F) -> (f64, (f64, f64))
+where
+    F: Fn(usize, Arc<AtomicBool>, Arc<AtomicU64>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let mark = CpuMark::now();
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| tokio::spawn(work(t, stop.clone(), count.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let cpu = mark.messages_per_cpu_second(count.load(Ordering::Relaxed) as f64);
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        crate::util::joined(h.await);
+    }
+    (
+        count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
+        cpu,
+    )
 }

@@ -160,29 +160,69 @@ async fn store_and_answer(
             "error": count(|o| matches!(o, PushOutcome::Rejected { .. }))});
         return Ok(http::json(StatusCode::CREATED, &answer));
     }
-    let mut answer = Vec::with_capacity(slots.len());
-    for (index, (o, head)) in found.into_iter().zip(&heads).enumerate() {
-        let (tx, queue) = (&head.transaction_id, &head.queue);
-        answer.push(match o {
-            PushOutcome::Queued { message_id, partition_id, .. } => {
-                json!({"index": index, "transaction_id": tx, "transactionId": tx, "status": "queued",
-                       "message_id": message_id.to_string(), "messageId": message_id.to_string(),
-                       "partition_id": partition_id, "partitionId": partition_id,
-                       "trace_id": head.trace_id.map(|t| t.to_string()), "queueName": queue})
-            }
-            PushOutcome::Duplicate { message_id, partition_id } => {
-                json!({"index": index, "transaction_id": tx, "transactionId": tx, "status": "duplicate",
-                       "message_id": message_id.to_string(), "messageId": message_id.to_string(),
-                       "partition_id": partition_id, "partitionId": partition_id, "queueName": queue})
-            }
-            PushOutcome::Rejected { partition_id, full, .. } => {
-                json!({"index": index, "transaction_id": tx, "transactionId": tx, "status": "failed",
-                       "error": full.to_string(), "message_id": null, "messageId": null,
-                       "partition_id": partition_id, "partitionId": partition_id, "queueName": queue})
-            }
-        });
+    let answer: Vec<PushAnswer> = found
+        .into_iter()
+        .zip(&heads)
+        .enumerate()
+        .map(|(index, (outcome, head))| PushAnswer {
+            index,
+            head,
+            outcome,
+        })
+        .collect();
+    let bytes = serde_json::to_vec(&answer)
+        .map_err(|e| Failure::server(format!("push answer not rendered: {e}")))?;
+    Ok(http::json_bytes(StatusCode::CREATED, bytes))
+}
+
+/// One item of a push's answer, in Queen's shape (both spellings of each id). Written straight
+/// to the body: building a `Value` map per item cost more than storing it (the batch-1000
+/// profile, docs/benchmarks.md). Keys in the order a `Value` map had (sorted), so the bytes are
+/// the same.
+struct PushAnswer<'a> {
+    index: usize,
+    head: &'a ItemHead,
+    outcome: &'a PushOutcome,
+}
+
+impl serde::Serialize for PushAnswer<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let (tx, queue) = (&self.head.transaction_id, &self.head.queue);
+        let (status, message_id, partition_id, error) = match self.outcome {
+            PushOutcome::Queued {
+                message_id,
+                partition_id,
+                ..
+            } => ("queued", Some(message_id), partition_id, None),
+            PushOutcome::Duplicate {
+                message_id,
+                partition_id,
+            } => ("duplicate", Some(message_id), partition_id, None),
+            PushOutcome::Rejected {
+                partition_id, full, ..
+            } => ("failed", None, partition_id, Some(full.to_string())),
+        };
+        let message_id = message_id.map(|m| m.hyphenated().to_string());
+        let mut m = s.serialize_map(None)?;
+        if let Some(error) = &error {
+            m.serialize_entry("error", error)?;
+        }
+        m.serialize_entry("index", &self.index)?;
+        m.serialize_entry("messageId", &message_id)?;
+        m.serialize_entry("message_id", &message_id)?;
+        m.serialize_entry("partitionId", partition_id)?;
+        m.serialize_entry("partition_id", partition_id)?;
+        m.serialize_entry("queueName", queue)?;
+        m.serialize_entry("status", status)?;
+        if status == "queued" {
+            let trace = self.head.trace_id.map(|t| t.hyphenated().to_string());
+            m.serialize_entry("trace_id", &trace)?;
+        }
+        m.serialize_entry("transactionId", tx)?;
+        m.serialize_entry("transaction_id", tx)?;
+        m.end()
     }
-    Ok(http::json(StatusCode::CREATED, &Value::Array(answer)))
 }
 
 async fn run_acks(app: &Arc<App>, group: &str, items: Vec<AckItem>) -> Result<Reply, Failure> {
@@ -339,5 +379,86 @@ pub fn metrics_snapshot(app: &App) -> Snapshot<'_> {
         pool_in_use: usage.pool_in_use,
         pool_size: usage.pool_size,
         backend: usage.backend,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code
+    use super::*;
+    use queen_core::storage::QueueFull;
+
+    /// The answer is written without a `Value`, byte for byte as the `Value` form was.
+    #[test]
+    fn push_answers_render_as_the_value_form_did() {
+        let mid = uuid::Uuid::from_u128(7);
+        let head = |trace_id| ItemHead {
+            queue: "q".into(),
+            transaction_id: "t\"1".into(),
+            trace_id,
+        };
+        let pid = "p-1".to_string();
+        let cases = [
+            (
+                head(Some(uuid::Uuid::from_u128(9))),
+                PushOutcome::Queued {
+                    message_id: mid,
+                    partition_id: pid.clone(),
+                    offset: 3,
+                },
+                json!({"index": 4, "transaction_id": "t\"1", "transactionId": "t\"1", "status": "queued",
+                       "message_id": mid.to_string(), "messageId": mid.to_string(),
+                       "partition_id": pid, "partitionId": pid,
+                       "trace_id": uuid::Uuid::from_u128(9).to_string(), "queueName": "q"}),
+            ),
+            (
+                head(None),
+                PushOutcome::Queued {
+                    message_id: mid,
+                    partition_id: pid.clone(),
+                    offset: 3,
+                },
+                json!({"index": 4, "transaction_id": "t\"1", "transactionId": "t\"1", "status": "queued",
+                       "message_id": mid.to_string(), "messageId": mid.to_string(),
+                       "partition_id": pid, "partitionId": pid, "trace_id": null, "queueName": "q"}),
+            ),
+            (
+                head(None),
+                PushOutcome::Duplicate {
+                    message_id: mid,
+                    partition_id: pid.clone(),
+                },
+                json!({"index": 4, "transaction_id": "t\"1", "transactionId": "t\"1", "status": "duplicate",
+                       "message_id": mid.to_string(), "messageId": mid.to_string(),
+                       "partition_id": pid, "partitionId": pid, "queueName": "q"}),
+            ),
+        ];
+        let full = QueueFull {
+            queue: "q".into(),
+            max_size: 2,
+            backlog: 2,
+        };
+        let rejected = (
+            head(None),
+            PushOutcome::Rejected {
+                message_id: mid,
+                partition_id: pid.clone(),
+                full: full.clone(),
+            },
+            json!({"index": 4, "transaction_id": "t\"1", "transactionId": "t\"1", "status": "failed",
+                   "error": full.to_string(), "message_id": null, "messageId": null,
+                   "partition_id": pid, "partitionId": pid, "queueName": "q"}),
+        );
+        for (head, outcome, value) in cases.iter().chain(std::iter::once(&rejected)) {
+            let answer = PushAnswer {
+                index: 4,
+                head,
+                outcome,
+            };
+            assert_eq!(
+                serde_json::to_string(&answer).unwrap(),
+                serde_json::to_string(value).unwrap()
+            );
+        }
     }
 }
