@@ -65,10 +65,12 @@ BEGIN
                     WHEN u.x ~ '^[0-9]{1,18}$' THEN (SELECT p.id FROM queen.log_partitions p WHERE p.seq = u.x::bigint)
                END
           FROM unnest(p_partition_ids) WITH ORDINALITY AS u (x, o) ORDER BY u.o);
+    -- One primary-key probe per item, written as a scalar subquery: as a join it was planned as a
+    -- hash join over a sequential scan of the whole table (every ack read every stored id).
     v_offs := ARRAY(
-        SELECT t.msg_offset
+        SELECT (SELECT t.msg_offset FROM queen.log_txids t
+                 WHERE t.partition_id = u.pid AND t.transaction_id = u.tx)
           FROM unnest(v_pids, p_txids) WITH ORDINALITY AS u (pid, tx, o)
-          LEFT JOIN queen.log_txids t ON t.partition_id = u.pid AND t.transaction_id = u.tx
          ORDER BY u.o);
     FOR r IN
         SELECT p.id, p.name, q.id AS qid, q.name AS qname, q.retry_limit, q.retry_delay,
