@@ -209,6 +209,9 @@ pub struct App {
     /// Queues known to have encryptionEnabled: their pushes are sealed before storage sees
     /// them (storage refuses plaintext for the others it turns out to encrypt).
     pub(crate) encrypted_queues: Mutex<std::collections::BTreeSet<String>>,
+    /// When (ms) the last warning that a pop's storage call found PostgreSQL away was logged
+    /// (i64::MIN: never).
+    pub(crate) pop_unavailable_warned_ms: std::sync::atomic::AtomicI64,
 }
 
 /// The gate of discovery pops (they span queues): every push opens it too.
@@ -249,6 +252,7 @@ impl App {
             metrics: Metrics::default(),
             shutting_down,
             push_maintenance: std::sync::atomic::AtomicBool::new(false),
+            pop_unavailable_warned_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
             drain_wake: Arc::new(Notify::new()),
             ticker_rearm: Arc::new(Notify::new()),
             encrypted_queues: Mutex::new(std::collections::BTreeSet::new()),

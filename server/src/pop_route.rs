@@ -87,6 +87,9 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                     let result = execute(&*app.storage.pops, command).await;
                     app.metrics
                         .record_storage("pop", started.micros_until(app.now()));
+                    if let Err(e) = &result {
+                        warn_storage_away(&app, e);
+                    }
                     next = Some(PopInput::StorageDone { id, result });
                 }
                 PopEffect::Park { until } => {
@@ -229,6 +232,27 @@ async fn release(app: &Arc<App>, claims: &[Claim], worker: WorkerId, group: &str
                 tracing::warn!(error = %e, "releasing the lease of an undelivered batch failed; it frees at expiry")
             }
         }
+    }
+}
+
+/// A pop whose storage call finds PostgreSQL away (unreachable, restarting, contended, or out of a
+/// resource such as its lock table) parks or answers 204, so its client sees nothing wrong: the
+/// log is where an operator sees it. At most one warning per 10 s per broker.
+fn warn_storage_away(app: &App, e: &queen_core::storage::StorageError) {
+    use std::sync::atomic::Ordering;
+    const EVERY_MS: i64 = 10_000;
+    if !e.is_unavailable() {
+        return;
+    }
+    let now = app.now().as_millis();
+    let last = app.pop_unavailable_warned_ms.load(Ordering::Relaxed);
+    if now.saturating_sub(last) >= EVERY_MS
+        && app
+            .pop_unavailable_warned_ms
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(error = %e, "a pop's storage call failed; pops wait or answer empty until storage answers");
     }
 }
 
@@ -390,4 +414,44 @@ async fn render_framed(
     record_delivery(app, claims);
     app.metrics.framed_pops.inc();
     Ok(Some(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::Hooks;
+    use crate::config::ServerConfig;
+    use queen_core::storage::{StorageError, StorageSet};
+    use queen_core::Timestamp;
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    #[tokio::test]
+    async fn storage_away_is_warned_at_most_every_ten_seconds() {
+        let ms = Arc::new(AtomicI64::new(1_000_000));
+        let read = ms.clone();
+        let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> =
+            Arc::new(move || Timestamp::from_millis(read.load(Ordering::Relaxed)));
+        let db = queen_storage_sim::SimDb::new(1, clock.clone(), Default::default());
+        let hooks = Hooks {
+            clock,
+            ..Hooks::default()
+        };
+        let app = App::with_hooks(ServerConfig::default(), StorageSet::of(db), 1, hooks);
+        let warned = || app.pop_unavailable_warned_ms.load(Ordering::Relaxed);
+        let away = StorageError::Unavailable("out of shared memory (53200)".into());
+        warn_storage_away(&app, &away);
+        assert_eq!(warned(), 1_000_000);
+        ms.fetch_add(9_999, Ordering::Relaxed);
+        warn_storage_away(&app, &away);
+        assert_eq!(warned(), 1_000_000, "within 10 s: not again");
+        ms.fetch_add(1, Ordering::Relaxed);
+        warn_storage_away(&app, &StorageError::Invalid("bad".into()));
+        assert_eq!(
+            warned(),
+            1_000_000,
+            "a client's mistake is not storage away"
+        );
+        warn_storage_away(&app, &away);
+        assert_eq!(warned(), 1_010_000);
+    }
 }
