@@ -915,7 +915,8 @@ async fn producer_identity(store: Store, name: &str) {
         b.addr,
         Some(&alice),
         "GET",
-        &format!("/api/v1/pop/queue/{dq}?wait=false"),
+        // Waits, as the framed pop above does: this push may queue behind the drain.
+        &format!("/api/v1/pop/queue/{dq}?wait=true&timeout=5000"),
         None,
     )
     .await
