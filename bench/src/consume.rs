@@ -66,6 +66,8 @@ pub(crate) async fn broker_rate(
         }
     }
     let total = (per_partition * partitions) as u64;
+    // Marks the measured window apart from the prefill (for a profiler watching stderr).
+    eprintln!("measuring {queue}");
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=false&autoAck={auto_ack}");

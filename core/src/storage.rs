@@ -248,8 +248,7 @@ pub trait HealthStorage: Send + Sync {
     fn usage(&self) -> StorageUsage;
 }
 
-/// The answer of a health check.
-/// A partition named by its number (1 to 18 digits, as ack_v1 reads it: a framed pop's `partitionId`), not its id.
+/// A partition named by its number (1 to 18 digits, as ack_v2 reads it: a framed pop's `partitionId`), not its id.
 pub fn partition_number(reference: &str) -> Option<u64> {
     if reference.is_empty()
         || reference.len() > 18
@@ -260,6 +259,7 @@ pub fn partition_number(reference: &str) -> Option<u64> {
     reference.parse().ok()
 }
 
+/// The answer of a health check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StorageHealth {
     pub reachable: bool,

@@ -42,6 +42,13 @@ enum Op {
         failed: bool,
         fenced: bool,
     },
+    /// Several messages in one call: (which, how named: 0 no lease, 1 its lease, 2 another
+    /// lease, 3 an unknown transactionId); `failed` marks one item failed (the item-by-item path),
+    /// otherwise all are completed (the one-statement path of ack_v2).
+    AckMany {
+        items: Vec<(u8, u8)>,
+        failed: Option<u8>,
+    },
     Advance {
         secs: i64,
     },
@@ -57,6 +64,11 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..2usize, 0..3u8, 0..3usize, 1..6u32, 1..4u32, prop::bool::weighted(0.2))
             .prop_map(|(group, shape, part, batch, max, auto_ack)| Op::Pop { group, shape, part, batch, max, auto_ack }),
         3 => (0..12u8, prop::bool::weighted(0.35), prop::bool::weighted(0.7)).prop_map(|(k, failed, fenced)| Op::Ack { k, failed, fenced }),
+        2 => (
+            prop::collection::vec((0..12u8, prop_oneof![1 => Just(0u8), 4 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)]), 1..7),
+            prop::option::weighted(0.3, 0..7u8),
+        )
+            .prop_map(|(items, failed)| Op::AckMany { items, failed }),
         // 4 s and 11 s steps never land on the 10 s lease boundary (PostgreSQL's clock also moves
         // in real time between statements).
         1 => prop_oneof![Just(4i64), Just(11)].prop_map(|secs| Op::Advance { secs }),
@@ -238,6 +250,45 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                 )
                 .await
                 .expect("ack");
+            format!(
+                "{:?}",
+                out.iter()
+                    .map(|o| (o.success, o.error.clone(), o.lease_released, o.dlq))
+                    .collect::<Vec<_>>()
+            )
+        }
+        Op::AckMany { items, failed } => {
+            if side.delivered.is_empty() {
+                return "nothing delivered".into();
+            }
+            let group = side.delivered[0].group.clone();
+            let acks = items
+                .iter()
+                .enumerate()
+                .map(|(i, (k, naming))| {
+                    let d = side.delivered[usize::from(*k) % side.delivered.len()].clone();
+                    AckItem {
+                        transaction_id: if *naming == 3 {
+                            "never-pushed".into()
+                        } else {
+                            d.transaction_id
+                        },
+                        partition_id: d.partition_id,
+                        status: if failed.is_some_and(|f| usize::from(f) % items.len() == i) {
+                            AckStatus::Failed
+                        } else {
+                            AckStatus::Completed
+                        },
+                        lease_id: match naming {
+                            0 => None,
+                            2 => Some(uuid::Uuid::from_u128(7).to_string()),
+                            _ => Some(d.worker.to_string()),
+                        },
+                        error: None,
+                    }
+                })
+                .collect();
+            let out = s.ack(&group, acks).await.expect("ack");
             format!(
                 "{:?}",
                 out.iter()

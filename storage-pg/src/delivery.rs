@@ -183,7 +183,7 @@ impl PgStorage {
                         .await?
                         .into_iter()
                         .next()
-                        .ok_or_else(|| StorageError::Internal("ack_v1 answered no row".into()))?,
+                        .ok_or_else(|| StorageError::Internal("ack_v2 answered no row".into()))?,
                 ),
             };
             // Why the transaction must roll back, if this operation was refused.

@@ -1,10 +1,10 @@
-//! Push, ack and lease renewal on PostgreSQL (push_v5, ack_v1, renew_lease_v1).
+//! Push, ack and lease renewal on PostgreSQL (push_v5, ack_v2, renew_lease_v1).
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
 use queen_core::storage::{
-    AckItem, AckOutcome, AckStatus, MessageStorage, PushGroup, PushGroupResult, PushOutcome,
-    QueueFull, RenewOutcome, SealCheck, StorageError, StorageResult,
+    partition_number, AckItem, AckOutcome, AckStatus, MessageStorage, PushGroup, PushGroupResult,
+    PushOutcome, QueueFull, RenewOutcome, SealCheck, StorageError, StorageResult,
 };
 use std::time::SystemTime;
 
@@ -192,23 +192,37 @@ pub(crate) async fn push_groups(
     Ok(results)
 }
 
-/// Runs ack_v1 on a client or a transaction.
+/// Runs ack_v2 on a client or a transaction.
 pub(crate) async fn ack_items(
     client: &impl deadpool_postgres::GenericClient,
     group: &str,
     items: &[AckItem],
 ) -> StorageResult<Vec<AckOutcome>> {
     let stmt = client
-        .prepare_cached("SELECT o_success, o_error, o_queue, o_partition, o_lease_released, o_dlq FROM queen.ack_v1($1, $2, $3, $4, $5, $6)")
+        .prepare_cached("SELECT o_success, o_error, o_queue, o_partition, o_lease_released, o_dlq FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7)")
         .await
         .map_err(pg_err("ack"))?;
-    let pids: Vec<&str> = items.iter().map(|i| i.partition_id.as_str()).collect();
+    // A partition is named by its id or its number; anything else is neither (not found).
+    let (ids, numbers): (Vec<Option<uuid::Uuid>>, Vec<Option<i64>>) = items
+        .iter()
+        .map(|i| {
+            let r = i.partition_id.as_str();
+            let id = (r.len() == 36)
+                .then(|| uuid::Uuid::try_parse(r).ok())
+                .flatten();
+            let number = partition_number(r).and_then(|n| i64::try_from(n).ok());
+            (id, number)
+        })
+        .unzip();
     let txids: Vec<&str> = items.iter().map(|i| i.transaction_id.as_str()).collect();
     let statuses: Vec<&str> = items.iter().map(|i| status_text(i.status)).collect();
     let leases: Vec<Option<&str>> = items.iter().map(|i| i.lease_id.as_deref()).collect();
     let errors: Vec<Option<&str>> = items.iter().map(|i| i.error.as_deref()).collect();
     let rows = client
-        .query(&stmt, &[&group, &pids, &txids, &statuses, &leases, &errors])
+        .query(
+            &stmt,
+            &[&group, &ids, &numbers, &txids, &statuses, &leases, &errors],
+        )
         .await
         .map_err(pg_err("ack"))?;
     Ok(rows

@@ -50,6 +50,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(14, "encryption", "014_encryption.sql"),
     migration!(15, "inspection", "015_inspection.sql"),
     migration!(16, "txids without foreign key", "016_txids_without_fk.sql"),
+    migration!(17, "ack_v2", "017_ack_v2.sql"),
 ];
 
 macro_rules! functions {
@@ -71,7 +72,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "log_next_pending_v1",
     "push_v5",
     "push_take_back_txids_v1",
-    "ack_v1",
+    "ack_v2",
     "renew_lease_v1",
     "configure_queue_v1",
     "delete_queue_v1",

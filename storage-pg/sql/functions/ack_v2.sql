@@ -1,15 +1,21 @@
--- Acks: positional cursor advances fenced by the lease, set-based. One query resolves every
--- item's offset; each touched cursor row is locked once (in partition-id order, so concurrent
--- acks never deadlock) and written once. A completed ack of offset o commits everything up to o,
--- idempotently below the cursor. A failed ack charges that message's own retry budget; within one
--- call a failed (or retried) message is a barrier that later completed acks never move the
--- cursor past, so it is redelivered or dead-lettered, never lost. The cursor never moves back.
+-- Acks: positional cursor advances fenced by the lease. A completed ack of offset o commits
+-- everything up to o, idempotently below the cursor. A failed ack charges that message's own retry
+-- budget; within one call a failed (or retried) message is a barrier that later completed acks
+-- never move the cursor past, so it is redelivered or dead-lettered, never lost. The cursor never
+-- moves back. Each touched cursor row is locked once (in partition-id order, so concurrent acks
+-- never deadlock) and written once.
 -- Options: retryDelay holds the partition for the group (a nil-id "lease") that long after a
 -- failed ack; deadLetterQueue off discards what would be filed; dlqAfterMaxRetries off retries
 -- until acknowledged.
-CREATE OR REPLACE FUNCTION queen.ack_v1(
-    p_group text, p_partition_ids text[], p_txids text[], p_statuses text[],
-    p_lease_ids text[], p_errors text[]
+-- Partitions are named by id or by number (a framed pop's partitionId); the broker parses which,
+-- so one of p_partition_ids[i] and p_partition_numbers[i] is set (neither: not found).
+-- Two paths with one meaning. A call of only completed acks (a consumer acking its batch) is one
+-- statement: its per-item loop cost 1.7 of the 3.3 ms of a 100-item ack in the leased-consume
+-- profile (docs/benchmarks.md). Every other call runs the loop below, item by item. The
+-- differential suite holds both to the model's item-by-item ack.
+CREATE OR REPLACE FUNCTION queen.ack_v2(
+    p_group text, p_partition_ids uuid[], p_partition_numbers bigint[], p_txids text[],
+    p_statuses text[], p_lease_ids text[], p_errors text[]
 ) RETURNS TABLE (
     o_success boolean, o_error text, o_queue text, o_partition text, o_lease_released boolean, o_dlq boolean
 )
@@ -60,11 +66,9 @@ BEGIN
         RETURN;
     END IF;
     v_pids := ARRAY(
-        SELECT CASE WHEN u.x ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN u.x::uuid
-                    -- A partition's number, as a framed pop answer names it.
-                    WHEN u.x ~ '^[0-9]{1,18}$' THEN (SELECT p.id FROM queen.log_partitions p WHERE p.seq = u.x::bigint)
-               END
-          FROM unnest(p_partition_ids) WITH ORDINALITY AS u (x, o) ORDER BY u.o);
+        SELECT COALESCE(u.id, (SELECT p.id FROM queen.log_partitions p WHERE p.seq = u.num))
+          FROM unnest(p_partition_ids, p_partition_numbers) WITH ORDINALITY AS u (id, num, o)
+         ORDER BY u.o);
     -- One primary-key probe per item, written as a scalar subquery: as a join it was planned as a
     -- hash join over a sequential scan of the whole table (every ack read every stored id).
     v_offs := ARRAY(
@@ -72,6 +76,95 @@ BEGIN
                  WHERE t.partition_id = u.pid AND t.transaction_id = u.tx)
           FROM unnest(v_pids, p_txids) WITH ORDINALITY AS u (pid, tx, o)
          ORDER BY u.o);
+
+    IF NOT EXISTS (SELECT 1 FROM unnest(p_statuses) AS s (st)
+                    WHERE s.st IS DISTINCT FROM 'completed' AND s.st IS DISTINCT FROM 'success') THEN
+        -- Only completed acks: the loop's outcome, set-based. An item advances the cursor when its
+        -- partition's cursor row exists, its lease (if named) is the live one and it lies in the
+        -- delivered batch; it is an idempotent success when an earlier advancing item of the call
+        -- (or the cursor before the call) already covers it. The cursor ends at the highest
+        -- advancing offset, and the item that reaches the batch end releases the lease.
+        RETURN QUERY
+        WITH item AS (
+            SELECT u.o, u.pid, u.off, NULLIF(u.lease, '') AS lease
+              FROM unnest(v_pids, v_offs, p_lease_ids) WITH ORDINALITY AS u (pid, off, lease, o)
+        ),
+        part AS (
+            SELECT p.id, p.name, q.name AS qname
+              FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+             WHERE p.id IN (SELECT it.pid FROM item it)
+        ),
+        cur AS MATERIALIZED (
+            SELECT lc.partition_id, lc.committed, lc.worker_id, lc.lease_expires_at, lc.batch_end
+              FROM queen.log_consumers lc
+             WHERE lc.partition_id IN (SELECT pa.id FROM part pa) AND lc.consumer_group = p_group
+             ORDER BY lc.partition_id
+               FOR UPDATE
+        ),
+        judged AS (
+            SELECT it.o, it.pid, it.off, pa.qname, pa.name AS pname,
+                   pa.id IS NOT NULL AND it.off IS NOT NULL AS found,
+                   cr.partition_id IS NOT NULL AS has,
+                   cr.committed AS c0,
+                   cr.batch_end AS be0,
+                   it.lease IS NULL
+                       OR (cr.worker_id IS NOT NULL AND cr.lease_expires_at IS NOT NULL
+                           AND cr.lease_expires_at >= v_now AND cr.worker_id::text = it.lease) AS lease_ok
+              FROM item it
+              LEFT JOIN part pa ON pa.id = it.pid
+              LEFT JOIN cur cr ON cr.partition_id = pa.id
+        ),
+        advancing AS (
+            SELECT j.*,
+                   j.found AND j.has AND j.lease_ok AND j.be0 IS NOT NULL AND j.off <= j.be0 AS advances
+              FROM judged j
+        ),
+        covered AS (
+            SELECT a.*,
+                   GREATEST(a.c0, max(CASE WHEN a.advances THEN a.off END)
+                       OVER (PARTITION BY a.pid ORDER BY a.o
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) AS before
+              FROM advancing a
+        ),
+        outcome AS (
+            SELECT cv.o, cv.pid, cv.off, cv.found, cv.qname, cv.pname, cv.advances,
+                   CASE WHEN NOT cv.found THEN 'Message not found'
+                        WHEN NOT cv.has THEN 'Message not delivered to this consumer group'
+                        WHEN cv.off <= cv.before THEN NULL
+                        WHEN NOT cv.lease_ok THEN 'Invalid or expired lease'
+                        WHEN NOT cv.advances THEN 'Message not delivered'
+                   END AS err,
+                   cv.found AND cv.has AND cv.advances AND cv.off > cv.before AND cv.off >= cv.be0 AS releases
+              FROM covered cv
+        ),
+        target AS (
+            SELECT o.pid, max(o.off) AS committed
+              FROM outcome o
+             WHERE o.advances
+             GROUP BY o.pid
+        ),
+        written AS (
+            UPDATE queen.log_consumers lc
+               SET committed = t.committed,
+                   total_consumed = lc.total_consumed + (t.committed - lc.committed),
+                   retry_offset = CASE WHEN lc.retry_offset <= t.committed THEN NULL ELSE lc.retry_offset END,
+                   retry_count = CASE WHEN lc.retry_offset <= t.committed THEN 0 ELSE lc.retry_count END,
+                   worker_id = CASE WHEN t.committed >= lc.batch_end THEN NULL ELSE lc.worker_id END,
+                   lease_expires_at = CASE WHEN t.committed >= lc.batch_end THEN NULL ELSE lc.lease_expires_at END,
+                   lease_acquired_at = CASE WHEN t.committed >= lc.batch_end THEN NULL ELSE lc.lease_acquired_at END,
+                   batch_end = CASE WHEN t.committed >= lc.batch_end THEN NULL ELSE lc.batch_end END
+              FROM target t
+             WHERE lc.partition_id = t.pid AND lc.consumer_group = p_group AND t.committed > lc.committed
+            RETURNING lc.partition_id
+        )
+        SELECT o.err IS NULL, o.err,
+               CASE WHEN o.found THEN o.qname END, CASE WHEN o.found THEN o.pname END,
+               COALESCE(o.releases, false), false
+          FROM outcome o
+         ORDER BY o.o;
+        RETURN;
+    END IF;
+
     FOR r IN
         SELECT p.id, p.name, q.id AS qid, q.name AS qname, q.retry_limit, q.retry_delay,
                q.dead_letter_queue, q.dlq_after_max_retries
