@@ -11,6 +11,7 @@ pub mod delivery;
 pub mod events;
 pub mod frames;
 pub mod ids;
+pub mod ledger;
 pub mod limiter;
 pub mod params;
 pub mod pop;

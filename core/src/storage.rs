@@ -28,7 +28,7 @@ pub use inspect::{
     SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
 pub use messages::{
-    AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueFull,
+    AckItem, AckOutcome, AckStatus, BatchEnd, PushGroup, PushGroupResult, PushOutcome, QueueFull,
     RenewOutcome, SealCheck,
 };
 pub use pop::{Claim, PopRequest, PopResult, SegmentRow, Verdict};
@@ -38,7 +38,7 @@ pub use retention::{
     RetentionPass,
 };
 
-use crate::types::Timestamp;
+use crate::types::{Timestamp, WorkerId};
 
 /// A storage failure. Every variant leaves storage unchanged: the transaction rolled back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,6 +152,17 @@ pub trait MessageStorage: Send + Sync {
     ) -> StorageResult<Vec<PushGroupResult>>;
     /// Positional cursor advances fenced by the lease; one outcome per item, in order.
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>>;
+    /// Acks whole batches of one lease, the cheap form of acking each of their messages
+    /// completed: where the group's cursor on a batch's partition is still under the live
+    /// `lease` with that batch end not yet committed and the batch's first message still
+    /// stored, commits through the end and ends the lease. Returns the partition ids committed;
+    /// the others are untouched (the caller acks their items one by one, for their outcomes).
+    async fn ack_batch_ends(
+        &self,
+        group: &str,
+        lease: WorkerId,
+        batches: &[BatchEnd],
+    ) -> StorageResult<Vec<String>>;
     /// Extends every live lease held under `lease_id` to at least now + `seconds`.
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome>;
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use queen_core::events::{DeliveryEvent, EventBugs, Wake};
 use queen_core::ids::IdMinter;
+use queen_core::ledger::DeliveryLedger;
 use queen_core::limiter::VegasLimiter;
 use queen_core::pop::{PopConfig, PopContext};
 use queen_core::ring::{RingBugs, RingTable, DEFAULT_RESEED_INTERVAL_MS};
@@ -212,7 +213,13 @@ pub struct App {
     /// When (ms) the last warning that a pop's storage call found PostgreSQL away was logged
     /// (i64::MIN: never).
     pub(crate) pop_unavailable_warned_ms: std::sync::atomic::AtomicI64,
+    /// What this broker's leased pops delivered, so whole-batch acks cost one cursor write.
+    pub(crate) delivered: Mutex<DeliveryLedger>,
 }
+
+/// Leases the delivery ledger remembers (about 200 bytes each plus their ids' digests); past it
+/// the oldest go, and acks of their batches take the item-by-item path.
+const DELIVERY_LEDGER_CAPACITY: usize = 32_768;
 
 /// The gate of discovery pops (they span queues): every push opens it too.
 const ANY_QUEUE_GATE: &str = "";
@@ -256,6 +263,7 @@ impl App {
             drain_wake: Arc::new(Notify::new()),
             ticker_rearm: Arc::new(Notify::new()),
             encrypted_queues: Mutex::new(std::collections::BTreeSet::new()),
+            delivered: Mutex::new(DeliveryLedger::new(DELIVERY_LEDGER_CAPACITY)),
         });
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

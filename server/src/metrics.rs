@@ -193,6 +193,8 @@ pub struct Metrics {
     pub acks_refused: Counter,
     /// Ack requests (single and batch).
     pub ack_requests: Counter,
+    /// Batches acked whole through the delivery ledger (one cursor write each).
+    pub whole_batch_acks: Counter,
     /// Messages acks sent to the dead-letter queue.
     pub dead_lettered: Counter,
     pub bad_requests: Counter,
@@ -270,6 +272,7 @@ impl Default for Metrics {
             acks: Counter::default(),
             acks_refused: Counter::default(),
             ack_requests: Counter::default(),
+            whole_batch_acks: Counter::default(),
             dead_lettered: Counter::default(),
             bad_requests,
             server_errors,
@@ -358,6 +361,11 @@ impl Default for Metrics {
             "ack_requests",
             "Ack requests (single and batch)",
             m.ack_requests.clone(),
+        );
+        registry.register(
+            "whole_batch_acks",
+            "Delivered batches acked whole in one cursor write (the rest are acked item by item)",
+            m.whole_batch_acks.clone(),
         );
         registry.register(
             "dead_lettered",
@@ -540,6 +548,7 @@ impl Snapshot<'_> {
             "duplicates": m.duplicates.get(),
             "acks": m.acks.get(),
             "acksRefused": m.acks_refused.get(),
+            "wholeBatchAcks": m.whole_batch_acks.get(),
             "badRequests": m.bad_requests.get(),
             "serverErrors": m.server_errors.get(),
             "binary": {

@@ -5,12 +5,13 @@
 use std::sync::atomic::Ordering;
 
 use queen_core::events::DeliveryEvent;
+use queen_core::ledger::WholeBatches;
 use queen_core::storage::{
     AckItem, AckOutcome, ConfiguredQueue, DeadLetterPage, DlqQuery, GroupDeleted, PushGroup,
     PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, Requeued, SeekTarget, StorageError,
     StorageResult, TxOp, TxOpResult, TxOutcome,
 };
-use queen_core::Timestamp;
+use queen_core::{Timestamp, WorkerId};
 
 use crate::app::{lock, App, CrashPoint};
 
@@ -109,7 +110,11 @@ impl App {
 
     /// Acknowledges a client's items of one group; the leases they ended are published.
     pub async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>> {
-        let outcomes = self.ack_and_publish(group, items).await?;
+        let whole = lock(&self.delivered).take_whole(group, &items);
+        let outcomes = match whole {
+            Some(whole) => self.ack_whole_batches(group, items, whole).await?,
+            None => self.ack_and_publish(group, items).await?,
+        };
         self.crash_point(CrashPoint::AckStored).await;
         self.metrics.ack_requests.inc();
         for o in &outcomes {
@@ -132,6 +137,68 @@ impl App {
         items: Vec<AckItem>,
     ) -> StorageResult<Vec<AckOutcome>> {
         self.ack_and_publish(group, items).await
+    }
+
+    /// An ack of whole delivered batches (the ledger matched it): one guarded cursor write per
+    /// batch. Its outcomes are what acking each message would answer: every item succeeds and the
+    /// last of each batch ends the lease. A batch storage did not commit (its lease moved on, or
+    /// retention took it) is acked item by item, which answers for each.
+    async fn ack_whole_batches(
+        &self,
+        group: &str,
+        items: Vec<AckItem>,
+        whole: WholeBatches,
+    ) -> StorageResult<Vec<AckOutcome>> {
+        let Ok(lease) = uuid::Uuid::try_parse(&whole.lease_id) else {
+            return self.ack_and_publish(group, items).await;
+        };
+        let started = self.now();
+        let committed = self
+            .storage
+            .messages
+            .ack_batch_ends(group, WorkerId(lease), &whole.ends())
+            .await?;
+        self.metrics
+            .record_storage("ack", started.micros_until(self.now()));
+        let mut outcomes: Vec<Option<AckOutcome>> = vec![None; items.len()];
+        let mut rest: Vec<usize> = vec![];
+        for (batch, range) in &whole.runs {
+            if committed.contains(&batch.partition_id) {
+                self.metrics.whole_batch_acks.inc();
+                for i in range.clone() {
+                    outcomes[i] = Some(AckOutcome {
+                        success: true,
+                        error: None,
+                        queue: Some(batch.queue.clone()),
+                        partition: Some(batch.partition.clone()),
+                        lease_released: i + 1 == range.end,
+                        dlq: false,
+                    });
+                }
+            } else {
+                rest.extend(range.clone());
+            }
+        }
+        let done: Vec<&AckOutcome> = outcomes.iter().flatten().collect();
+        self.publish_all(&released_events(done.into_iter().map(|o| (group, o))));
+        if !rest.is_empty() {
+            let again = rest.iter().map(|&i| items[i].clone()).collect();
+            let answered = self.ack_and_publish(group, again).await?;
+            if answered.len() != rest.len() {
+                return Err(StorageError::Internal(format!(
+                    "ack answered {} outcomes for {} items",
+                    answered.len(),
+                    rest.len()
+                )));
+            }
+            for (i, o) in rest.into_iter().zip(answered) {
+                outcomes[i] = Some(o);
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| StorageError::Internal("an ack item got no outcome".into())))
+            .collect()
     }
 
     async fn ack_and_publish(

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::StatusCode;
-use queen_core::delivery::claims_to_messages;
+use queen_core::delivery::{claims_to_messages, DeliveredMessage};
+use queen_core::ledger::DeliveredBatch;
 use queen_core::params::{PopParams, PopShape};
 use queen_core::pop::{execute, PopEffect, PopInput, PopMachine, PopReply};
 use queen_core::storage::{AckItem, AckStatus, Claim};
@@ -184,15 +185,24 @@ async fn finish(
                 Ok(None)
             };
             let rendered = match framed {
-                Ok(Some(bytes)) => Ok(http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE)),
+                Ok(Some((bytes, batches))) => Ok((
+                    http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE),
+                    batches,
+                )),
                 Ok(None) => render(app, &claims, worker, auto_ack, group)
-                    .map(|bytes| http::json_bytes(StatusCode::OK, bytes)),
+                    .map(|(bytes, batches)| (http::json_bytes(StatusCode::OK, bytes), batches)),
                 Err(f) => Err(f),
             };
             match rendered {
-                Ok(reply) => {
+                Ok((reply, batches)) => {
+                    // Recorded before the answer leaves, so the client's ack cannot overtake it.
+                    let lease_id = worker.to_string();
+                    if !auto_ack {
+                        lock(&app.delivered).record(group, &lease_id, batches);
+                    }
                     if tx.send(reply).is_err() && !auto_ack {
                         // The client left before the answer: give the leases back now.
+                        lock(&app.delivered).forget(group, &lease_id);
                         release(app, &claims, worker, group).await;
                     }
                 }
@@ -298,7 +308,7 @@ fn render(
     worker: WorkerId,
     auto_ack: bool,
     group: &str,
-) -> Result<Vec<u8>, Failure> {
+) -> Result<(Vec<u8>, Vec<DeliveredBatch>), Failure> {
     let delivered =
         claims_to_messages(claims).map_err(|e| Failure::server(format!("corrupt segment: {e}")))?;
     let lease_id = if auto_ack {
@@ -348,7 +358,42 @@ fn render(
         partitions_claimed: claims.len(),
         messages,
     };
-    serde_json::to_vec(&answer).map_err(|e| Failure::server(format!("rendering the answer: {e}")))
+    let bytes = serde_json::to_vec(&answer)
+        .map_err(|e| Failure::server(format!("rendering the answer: {e}")))?;
+    let batches = if auto_ack {
+        vec![]
+    } else {
+        ledger_batches(claims, &delivered, |c| c.partition_id.clone())
+    };
+    Ok((bytes, batches))
+}
+
+/// Each claim's delivered messages as the ledger keeps them, named as the answer named the
+/// partition (`reference`).
+fn ledger_batches(
+    claims: &[Claim],
+    delivered: &[DeliveredMessage],
+    reference: impl Fn(&Claim) -> String,
+) -> Vec<DeliveredBatch> {
+    claims
+        .iter()
+        .filter_map(|c| {
+            let mine = || {
+                delivered
+                    .iter()
+                    .filter(|m| m.partition_id == c.partition_id)
+            };
+            let end = mine().next_back()?.offset;
+            DeliveredBatch::new(
+                &reference(c),
+                &c.partition_id,
+                &c.queue,
+                &c.partition,
+                end,
+                mine().map(|m| m.frame.transaction_id.as_str()),
+            )
+        })
+        .collect()
 }
 
 /// Counts what an answer delivers, and each message's lag (a segment's messages share their
@@ -372,7 +417,7 @@ async fn render_framed(
     worker: WorkerId,
     auto_ack: bool,
     group: &str,
-) -> Result<Option<Vec<u8>>, Failure> {
+) -> Result<Option<(Vec<u8>, Vec<DeliveredBatch>)>, Failure> {
     let Some(queue) = claims.first().map(|c| c.queue.as_str()) else {
         return Ok(None);
     };
@@ -399,6 +444,21 @@ async fn render_framed(
             partition_number,
         });
     }
+    // The ledger needs the ids the frames carry: the segments are opened for it only (the
+    // answer passes them through), and only when the batch is leased.
+    let batches = if auto_ack {
+        vec![]
+    } else {
+        let delivered = claims_to_messages(claims)
+            .map_err(|e| Failure::server(format!("corrupt segment: {e}")))?;
+        let number_of = |c: &Claim| {
+            framed
+                .iter()
+                .find(|f| f.claim.partition_id == c.partition_id)
+                .map_or_else(String::new, |f| f.partition_number.to_string())
+        };
+        ledger_batches(claims, &delivered, number_of)
+    };
     let lease_id = if auto_ack {
         String::new()
     } else {
@@ -413,7 +473,7 @@ async fn render_framed(
     .map_err(|e| Failure::server(format!("framing the answer: {e}")))?;
     record_delivery(app, claims);
     app.metrics.framed_pops.inc();
-    Ok(Some(bytes))
+    Ok(Some((bytes, batches)))
 }
 
 #[cfg(test)]

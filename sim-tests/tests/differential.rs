@@ -12,8 +12,8 @@ use queen_core::claim::{CursorRow, SubscriptionIntent};
 use queen_core::delivery::claims_to_messages;
 use queen_core::frames::Frame;
 use queen_core::storage::{
-    AckItem, AckStatus, PopRequest, PopResult, PushGroup, PushOutcome, QueueConfig, Storage,
-    Verdict,
+    AckItem, AckStatus, BatchEnd, PopRequest, PopResult, PushGroup, PushOutcome, QueueConfig,
+    Storage, Verdict,
 };
 use queen_core::{Timestamp, WorkerId};
 use queen_storage_pg::{testing, PgConfig, PgStorage};
@@ -49,6 +49,10 @@ enum Op {
         items: Vec<(u8, u8)>,
         failed: Option<u8>,
     },
+    /// The last leased pop's batches acked whole (ack_batch_ends), `stale` naming an end one short.
+    AckWhole {
+        stale: bool,
+    },
     Advance {
         secs: i64,
     },
@@ -69,6 +73,7 @@ fn op() -> impl Strategy<Value = Op> {
             prop::option::weighted(0.3, 0..7u8),
         )
             .prop_map(|(items, failed)| Op::AckMany { items, failed }),
+        2 => prop::bool::weighted(0.2).prop_map(|stale| Op::AckWhole { stale }),
         // 4 s and 11 s steps never land on the 10 s lease boundary (PostgreSQL's clock also moves
         // in real time between statements).
         1 => prop_oneof![Just(4i64), Just(11)].prop_map(|secs| Op::Advance { secs }),
@@ -126,6 +131,7 @@ fn view(r: &PopResult) -> PopView {
 struct Delivered {
     group: String,
     partition_id: String,
+    offset: i64,
     transaction_id: String,
     worker: WorkerId,
 }
@@ -221,6 +227,7 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                     .map(|m| Delivered {
                         group: GROUPS[*group].into(),
                         partition_id: m.partition_id,
+                        offset: m.offset,
                         transaction_id: m.frame.transaction_id,
                         worker,
                     })
@@ -295,6 +302,34 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                     .map(|o| (o.success, o.error.clone(), o.lease_released, o.dlq))
                     .collect::<Vec<_>>()
             )
+        }
+        Op::AckWhole { stale } => {
+            let Some(first) = side.delivered.first().cloned() else {
+                return "nothing delivered".into();
+            };
+            // Delivered is sorted by (partition, offset): each partition's run is one batch.
+            let mut ends: Vec<BatchEnd> = vec![];
+            for d in &side.delivered {
+                match ends.last_mut() {
+                    Some(b) if b.partition_id == d.partition_id => b.end_offset = d.offset,
+                    _ => ends.push(BatchEnd {
+                        partition_id: d.partition_id.clone(),
+                        end_offset: d.offset,
+                        first_transaction_id: d.transaction_id.clone(),
+                    }),
+                }
+            }
+            if *stale {
+                for b in &mut ends {
+                    b.end_offset -= 1;
+                }
+            }
+            let committed = s
+                .ack_batch_ends(&first.group, first.worker, &ends)
+                .await
+                .expect("ack whole batches");
+            // Partition ids differ between the sides: count what was committed.
+            format!("committed {} of {}", committed.len(), ends.len())
         }
         Op::Advance { .. } | Op::Retention { .. } => String::new(),
         Op::Renew => {

@@ -3,12 +3,12 @@
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
 use queen_core::storage::{
-    partition_number, AckItem, AckOutcome, AckStatus, MessageStorage, PushGroup, PushGroupResult,
-    PushOutcome, QueueFull, RenewOutcome, SealCheck, StorageError, StorageResult,
+    partition_number, AckItem, AckOutcome, AckStatus, BatchEnd, MessageStorage, PushGroup,
+    PushGroupResult, PushOutcome, QueueFull, RenewOutcome, SealCheck, StorageError, StorageResult,
 };
 use std::time::SystemTime;
 
-use queen_core::Timestamp;
+use queen_core::{Timestamp, WorkerId};
 
 use crate::error::{pg_err, pool_err, retry_contention};
 use crate::{from_system_time, int, to_system_time, PgStorage};
@@ -281,6 +281,51 @@ impl MessageStorage for PgStorage {
         retry_contention(move || async move {
             let client = this.pool.get().await.map_err(pool_err)?;
             ack_items(&client, group, items).await
+        })
+        .await
+    }
+
+    async fn ack_batch_ends(
+        &self,
+        group: &str,
+        lease: WorkerId,
+        batches: &[BatchEnd],
+    ) -> StorageResult<Vec<String>> {
+        // A batch whose partition id is not an id cannot be under a lease: nothing to commit.
+        let known: Vec<(uuid::Uuid, &BatchEnd)> = batches
+            .iter()
+            .filter_map(|b| Some((uuid::Uuid::try_parse(&b.partition_id).ok()?, b)))
+            .collect();
+        let ids: Vec<uuid::Uuid> = known.iter().map(|(id, _)| *id).collect();
+        let ends: Vec<i64> = known.iter().map(|(_, b)| b.end_offset).collect();
+        let firsts: Vec<&str> = known
+            .iter()
+            .map(|(_, b)| b.first_transaction_id.as_str())
+            .collect();
+        let (this, ids, ends, firsts) = (self, &ids, &ends, &firsts);
+        retry_contention(move || async move {
+            let client = this.pool.get().await.map_err(pool_err)?;
+            let stmt = client
+                .prepare_cached("SELECT queen.ack_batch_ends_v1($1, $2, $3, $4, $5)")
+                .await
+                .map_err(pg_err("ack whole batches"))?;
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &group as &(dyn tokio_postgres::types::ToSql + Sync),
+                        &lease.0,
+                        ids,
+                        ends,
+                        firsts,
+                    ],
+                )
+                .await
+                .map_err(pg_err("ack whole batches"))?;
+            Ok(rows
+                .iter()
+                .map(|r| r.get::<_, uuid::Uuid>(0).to_string())
+                .collect())
         })
         .await
     }

@@ -73,6 +73,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "push_v5",
     "push_take_back_txids_v1",
     "ack_v2",
+    "ack_batch_ends_v1",
     "renew_lease_v1",
     "configure_queue_v1",
     "delete_queue_v1",

@@ -4,9 +4,9 @@
 
 use async_trait::async_trait;
 use queen_core::storage::{
-    AckItem, AckOutcome, AdminStorage, ConfiguredQueue, DeadLetterPage, DeliveryStorage, DlqQuery,
-    GroupDeleted, HealthStorage, MessageStorage, PopRequest, PopResult, PopStorage, PushGroup,
-    PushGroupResult, QueueConfig, RenewOutcome, Requeued, RetentionBatch, RetentionMark,
+    AckItem, AckOutcome, AdminStorage, BatchEnd, ConfiguredQueue, DeadLetterPage, DeliveryStorage,
+    DlqQuery, GroupDeleted, HealthStorage, MessageStorage, PopRequest, PopResult, PopStorage,
+    PushGroup, PushGroupResult, QueueConfig, RenewOutcome, Requeued, RetentionBatch, RetentionMark,
     RetentionPass, RetentionStorage, SeekTarget, StorageHealth, StorageResult, StorageUsage, TxOp,
     TxOutcome,
 };
@@ -14,7 +14,7 @@ use queen_core::storage::{
     InspectStorage, PartitionView, QueueFilter, QueueView, SegmentQuery, StoredMessage,
     StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
-use queen_core::Timestamp;
+use queen_core::{Timestamp, WorkerId};
 
 use crate::tx::lock;
 use crate::{delivery, inspect, messages, pop, queues, retention, SimDb};
@@ -134,6 +134,22 @@ impl MessageStorage for SimDb {
             self.cell(),
             group.to_string(),
             items,
+        ))
+        .await
+    }
+
+    async fn ack_batch_ends(
+        &self,
+        group: &str,
+        lease: WorkerId,
+        batches: &[BatchEnd],
+    ) -> StorageResult<Vec<String>> {
+        self.exec(messages::ack_batch_ends(
+            self.shared.clone(),
+            self.cell(),
+            group.to_string(),
+            lease,
+            batches.to_vec(),
         ))
         .await
     }

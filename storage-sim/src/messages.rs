@@ -7,7 +7,7 @@ use std::sync::Arc;
 use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
 use queen_core::storage::{
-    AckItem, AckOutcome, AckStatus, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
+    AckItem, AckOutcome, AckStatus, BatchEnd, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
     QueueFull, RenewOutcome, SealCheck, StorageError,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
@@ -569,6 +569,66 @@ pub(crate) async fn ack_body(
         }
         Ok(out)
     }
+}
+
+/// Whole-batch acks, as ack_batch_ends_v1: one guarded cursor write per batch, in partition-id
+/// order; a batch whose cursor is no longer under the live lease with that end (or whose first
+/// message is gone) is left untouched.
+pub(crate) async fn ack_batch_ends(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    group: String,
+    lease: WorkerId,
+    mut batches: Vec<BatchEnd>,
+) -> Result<Vec<String>, StorageError> {
+    batches.sort_by(|a, b| a.partition_id.cmp(&b.partition_id));
+    in_tx(&shared, "ack_batch_ends", cell, |tx| async move {
+        let now = tx.now();
+        let mut committed = vec![];
+        for b in &batches {
+            let done = tx
+                .stmt("commit batch end", |st, t| {
+                    let key = (b.partition_id.clone(), group.clone());
+                    let stored = st
+                        .txids
+                        .get(
+                            &(b.partition_id.clone(), b.first_transaction_id.clone()),
+                            t.id,
+                        )
+                        .is_some();
+                    if !stored || !lock_or_wait(st.consumers.lock(&key, t.id))? {
+                        return Ok(false);
+                    }
+                    let Some(mut row) = st.consumers.get(&key, t.id).cloned() else {
+                        return Ok(false);
+                    };
+                    if row.worker_id != Some(lease)
+                        || row.claimable(now)
+                        || row.batch_end != Some(b.end_offset)
+                        || row.committed >= b.end_offset
+                    {
+                        return Ok(false);
+                    }
+                    row.total_consumed += b.end_offset - row.committed;
+                    row.committed = b.end_offset;
+                    if row.retry_offset.is_some_and(|r| r <= b.end_offset) {
+                        row.retry_offset = None;
+                        row.retry_count = 0;
+                    }
+                    row.worker_id = None;
+                    row.lease_expires_at = None;
+                    row.lease_acquired_at = None;
+                    row.batch_end = None;
+                    lock_or_wait(st.consumers.update(&key, row, t.id))
+                })
+                .await?;
+            if done {
+                committed.push(b.partition_id.clone());
+            }
+        }
+        Ok(committed)
+    })
+    .await
 }
 
 /// Extends every live lease held under `lease_id` to at least now + seconds.

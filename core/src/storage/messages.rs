@@ -144,6 +144,16 @@ pub struct AckItem {
     pub error: Option<String>,
 }
 
+/// A whole delivered batch to commit (`MessageStorage::ack_batch_ends`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchEnd {
+    pub partition_id: String,
+    /// The offset of the batch's last delivered message: where its claim ended.
+    pub end_offset: Offset,
+    /// Still stored only if the whole batch is (retention removes a partition's oldest first).
+    pub first_transaction_id: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AckOutcome {
     pub success: bool,

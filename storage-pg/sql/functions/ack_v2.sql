@@ -25,6 +25,7 @@ DECLARE
     v_n integer := COALESCE(array_length(p_txids, 1), 0);
     v_pids uuid[];
     v_offs bigint[];
+    v_parts uuid[];
     -- Per distinct partition (sorted by id): names, budget, the cursor row and the call state.
     d_pids uuid[] := '{}';
     d_qid uuid[] := '{}';
@@ -84,6 +85,9 @@ BEGIN
         -- delivered batch; it is an idempotent success when an earlier advancing item of the call
         -- (or the cursor before the call) already covers it. The cursor ends at the highest
         -- advancing offset, and the item that reaches the batch end releases the lease.
+        -- The partitions as an array: as a join on the items, both lookups below were planned
+        -- as sequential scans of every partition and cursor row.
+        v_parts := ARRAY(SELECT DISTINCT x.pid FROM unnest(v_pids) AS x (pid) WHERE x.pid IS NOT NULL ORDER BY 1);
         RETURN QUERY
         WITH item AS (
             SELECT u.o, u.pid, u.off, NULLIF(u.lease, '') AS lease
@@ -92,12 +96,12 @@ BEGIN
         part AS (
             SELECT p.id, p.name, q.name AS qname
               FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
-             WHERE p.id IN (SELECT it.pid FROM item it)
+             WHERE p.id = ANY (v_parts)
         ),
         cur AS MATERIALIZED (
             SELECT lc.partition_id, lc.committed, lc.worker_id, lc.lease_expires_at, lc.batch_end
               FROM queen.log_consumers lc
-             WHERE lc.partition_id IN (SELECT pa.id FROM part pa) AND lc.consumer_group = p_group
+             WHERE lc.partition_id = ANY (v_parts) AND lc.consumer_group = p_group
              ORDER BY lc.partition_id
                FOR UPDATE
         ),
@@ -154,7 +158,8 @@ BEGIN
                    lease_acquired_at = CASE WHEN t.committed >= lc.batch_end THEN NULL ELSE lc.lease_acquired_at END,
                    batch_end = CASE WHEN t.committed >= lc.batch_end THEN NULL ELSE lc.batch_end END
               FROM target t
-             WHERE lc.partition_id = t.pid AND lc.consumer_group = p_group AND t.committed > lc.committed
+             WHERE lc.partition_id = ANY (v_parts) AND lc.consumer_group = p_group
+               AND lc.partition_id = t.pid AND t.committed > lc.committed
             RETURNING lc.partition_id
         )
         SELECT o.err IS NULL, o.err,
