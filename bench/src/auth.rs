@@ -110,7 +110,7 @@ pub async fn auth_scenario(
             &format!("auth-consume-{round}"),
             partitions,
             consumers,
-            false,
+            crate::consume::Consume::Leased,
             consume_total,
         )
         .await;

@@ -39,6 +39,17 @@ fn segment_sizes(per_partition: usize) -> Vec<usize> {
     out
 }
 
+/// How the bench's consumers take and settle their batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Consume {
+    /// JSON answers, each batch acked whole.
+    Leased,
+    /// Framed (`QPF1`) answers, each batch acked whole by partition number.
+    LeasedFramed,
+    /// JSON answers committed at delivery.
+    AutoAck,
+}
+
 /// The broker: `consumers` HTTP consumers drain `total` messages spread over `partitions`.
 pub(crate) async fn broker_rate(
     app: &Arc<App>,
@@ -46,9 +57,15 @@ pub(crate) async fn broker_rate(
     queue: &str,
     partitions: usize,
     consumers: usize,
-    auto_ack: bool,
+    mode: Consume,
     total: usize,
 ) -> f64 {
+    let auto_ack = mode == Consume::AutoAck;
+    let framed = if mode == Consume::LeasedFramed {
+        "&frames=true"
+    } else {
+        ""
+    };
     let per_partition = total / partitions;
     let mut i = 0u64;
     for p in 0..partitions {
@@ -70,7 +87,7 @@ pub(crate) async fn broker_rate(
     eprintln!("measuring {queue}");
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=false&autoAck={auto_ack}");
+    let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=false&autoAck={auto_ack}{framed}");
     let handles: Vec<_> = (0..consumers)
         .map(|_| {
             let (done, path, broker) = (done.clone(), path.clone(), broker.clone());
@@ -84,14 +101,29 @@ pub(crate) async fn broker_rate(
                         tokio::time::sleep(Duration::from_millis(2)).await;
                         continue;
                     }
-                    let body = r.json();
-                    let msgs = body["messages"].as_array().expect("messages");
+                    let (count, acks) = if mode == Consume::LeasedFramed {
+                        let f = queen_raw_client::wire::read_pop_frames(&r.body);
+                        let acks: Vec<Value> = f.claims.iter().flat_map(|claim| {
+                            let number = claim.partition_id.to_string();
+                            let lease = f.lease_id.clone();
+                            claim.messages.iter().map(move |m| json!({"transactionId": m.transaction_id, "partitionId": number, "leaseId": lease}))
+                        }).collect();
+                        (acks.len(), acks)
+                    } else {
+                        let body = r.json();
+                        let msgs = body["messages"].as_array().expect("messages");
+                        let acks = if auto_ack {
+                            vec![]
+                        } else {
+                            msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]})).collect()
+                        };
+                        (msgs.len(), acks)
+                    };
                     if !auto_ack {
-                        let acks: Vec<Value> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]})).collect();
                         let a = c.post("/api/v1/ack/batch", &json!({ "acknowledgments": acks })).await;
                         assert_eq!(a.status, 200);
                     }
-                    done.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+                    done.fetch_add(count as u64, Ordering::Relaxed);
                 }
             })
         })
@@ -193,32 +225,30 @@ pub async fn consume_scenario(
     total: usize,
 ) -> Vec<Row> {
     let broker = Endpoint::open(addr);
-    let leased = broker_rate(
-        app,
-        &broker,
-        &format!("consume-{partitions}-{consumers}-leased"),
-        partitions,
-        consumers,
-        false,
-        total,
-    )
-    .await;
-    let auto = broker_rate(
-        app,
-        &broker,
-        &format!("consume-{partitions}-{consumers}-auto"),
-        partitions,
-        consumers,
-        true,
-        total,
-    )
-    .await;
+    let mut rates = vec![];
+    for (mode, tag) in [
+        (Consume::Leased, "leased"),
+        (Consume::LeasedFramed, "framed"),
+        (Consume::AutoAck, "auto"),
+    ] {
+        let queue = format!("consume-{partitions}-{consumers}-{tag}");
+        let rate = broker_rate(app, &broker, &queue, partitions, consumers, mode, total).await;
+        rates.push(rate);
+    }
+    let (leased, framed, auto) = (rates[0], rates[1], rates[2]);
     let claim = claim_loop_rate(cfg, partitions, consumers, total).await;
     let label = |mode: &str| {
         format!("consume {mode}, batch 100, {partitions} partitions, {consumers} consumers")
     };
     vec![
         Row::new(label("leased"), "msg/s", leased, "(c) claim loop", claim),
+        Row::new(
+            label("leased framed"),
+            "msg/s",
+            framed,
+            "(c) claim loop",
+            claim,
+        ),
         Row::new(label("autoAck"), "msg/s", auto, "(c) claim loop", claim),
     ]
 }

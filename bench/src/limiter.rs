@@ -113,7 +113,11 @@ async fn run(
         &queue,
         load.partitions,
         load.consumers,
-        load.auto_ack,
+        if load.auto_ack {
+            crate::consume::Consume::AutoAck
+        } else {
+            crate::consume::Consume::Leased
+        },
         total,
     )
     .await;
