@@ -97,12 +97,14 @@ impl WholeBatches {
     }
 }
 
-/// (group, lease id) → the batches its pop delivered, oldest entries evicted past `capacity`.
+/// (group, lease id) → the batches its pop delivered; past `capacity` batches in all (a pop may
+/// claim many partitions), the oldest entries go.
 #[derive(Debug)]
 pub struct DeliveryLedger {
     entries: BTreeMap<(String, String), (u64, Vec<DeliveredBatch>)>,
     order: BTreeMap<u64, (String, String)>,
     next: u64,
+    batches: usize,
     capacity: usize,
 }
 
@@ -112,6 +114,7 @@ impl DeliveryLedger {
             entries: BTreeMap::new(),
             order: BTreeMap::new(),
             next: 0,
+            batches: 0,
             capacity,
         }
     }
@@ -124,32 +127,42 @@ impl DeliveryLedger {
         self.entries.is_empty()
     }
 
+    /// Batches held, over every entry.
+    pub fn batches(&self) -> usize {
+        self.batches
+    }
+
     /// Records what a leased pop delivered under `lease_id`.
     pub fn record(&mut self, group: &str, lease_id: &str, batches: Vec<DeliveredBatch>) {
-        if batches.is_empty() || self.capacity == 0 {
+        if batches.is_empty() || batches.len() > self.capacity {
             return;
         }
         let key = (group.to_string(), lease_id.to_string());
         self.next += 1;
-        if let Some((old, _)) = self.entries.insert(key.clone(), (self.next, batches)) {
+        self.batches += batches.len();
+        if let Some((old, replaced)) = self.entries.insert(key.clone(), (self.next, batches)) {
             self.order.remove(&old);
+            self.batches -= replaced.len();
         }
         self.order.insert(self.next, key);
-        while self.entries.len() > self.capacity {
+        while self.batches > self.capacity {
             let Some((_, oldest)) = self.order.pop_first() else {
                 break;
             };
-            self.entries.remove(&oldest);
+            if let Some((_, gone)) = self.entries.remove(&oldest) {
+                self.batches -= gone.len();
+            }
         }
     }
 
     /// Forgets a lease (its batch was given back, or acked another way).
     pub fn forget(&mut self, group: &str, lease_id: &str) {
-        if let Some((seq, _)) = self
+        if let Some((seq, gone)) = self
             .entries
             .remove(&(group.to_string(), lease_id.to_string()))
         {
             self.order.remove(&seq);
+            self.batches -= gone.len();
         }
     }
 
@@ -189,6 +202,7 @@ impl DeliveryLedger {
             start = end;
         }
         let (seq, mut batches) = self.entries.remove(&key)?;
+        self.batches -= batches.len();
         let taken = runs
             .iter()
             .map(|(k, range)| (batches[*k].clone(), range.clone()))
@@ -202,6 +216,7 @@ impl DeliveryLedger {
         if kept.is_empty() {
             self.order.remove(&seq);
         } else {
+            self.batches += kept.len();
             self.entries.insert(key, (seq, kept));
         }
         Some(WholeBatches {
@@ -319,11 +334,29 @@ mod tests {
         for lease in ["L1", "L2", "L3"] {
             l.record("g", lease, vec![batch("a", 1, &["t"])]);
         }
-        assert_eq!(l.len(), 2);
+        assert_eq!((l.len(), l.batches()), (2, 2));
         assert!(l.take_whole("g", &[ack("a", "t", Some("L1"))]).is_none());
         assert!(l.take_whole("g", &[ack("a", "t", Some("L3"))]).is_some());
         l.forget("g", "L2");
         assert!(l.is_empty());
-        assert_eq!(l.order.len(), 0);
+        assert_eq!((l.order.len(), l.batches()), (0, 0));
+        // Capacity counts batches: a two-partition pop displaces two one-partition ones.
+        l.record("g", "L4", vec![batch("a", 1, &["t"])]);
+        l.record(
+            "g",
+            "L5",
+            vec![batch("a", 1, &["t"]), batch("b", 1, &["u"])],
+        );
+        assert_eq!((l.len(), l.batches()), (1, 2));
+        l.record("g", "L6", vec![batch("a", 1, &["t"]); 3]);
+        assert_eq!(
+            (l.len(), l.batches()),
+            (1, 2),
+            "larger than the whole ledger: not kept"
+        );
+        let _ = l
+            .take_whole("g", &[ack("a", "t", Some("L5"))])
+            .expect("one of two");
+        assert_eq!((l.len(), l.batches()), (1, 1));
     }
 }

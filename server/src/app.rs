@@ -217,9 +217,10 @@ pub struct App {
     pub(crate) delivered: Mutex<DeliveryLedger>,
 }
 
-/// Leases the delivery ledger remembers (about 200 bytes each plus their ids' digests); past it
-/// the oldest go, and acks of their batches take the item-by-item path.
-const DELIVERY_LEDGER_CAPACITY: usize = 32_768;
+/// Delivered batches the delivery ledger remembers (about 300 bytes each: names, ids and a
+/// digest, so about 20 MiB full); past it the oldest leases go, and acks of their batches take the
+/// item-by-item path.
+const DELIVERY_LEDGER_CAPACITY: usize = 65_536;
 
 /// The gate of discovery pops (they span queues): every push opens it too.
 const ANY_QUEUE_GATE: &str = "";
