@@ -48,6 +48,27 @@ impl CursorRow {
         }
     }
 
+    /// Moves the cursor forward to `to` (never back), counting what it passes; a pending retry
+    /// count for an offset it passes is over.
+    pub fn commit_through(&mut self, to: Offset) {
+        if to > self.committed {
+            self.total_consumed += to - self.committed;
+            self.committed = to;
+            if self.retry_offset.is_some_and(|r| r <= to) {
+                self.retry_offset = None;
+                self.retry_count = 0;
+            }
+        }
+    }
+
+    /// Ends the lease and the batch it covered.
+    pub fn end_lease(&mut self) {
+        self.worker_id = None;
+        self.lease_expires_at = None;
+        self.lease_acquired_at = None;
+        self.batch_end = None;
+    }
+
     /// The live lease's expiry, if a lease is held at `now`.
     pub fn live_lease_until(&self, now: Timestamp) -> Option<Timestamp> {
         if self.claimable(now) {

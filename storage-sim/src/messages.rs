@@ -473,15 +473,7 @@ pub(crate) async fn ack_body(
                     let advance = |row: &mut queen_core::claim::CursorRow,
                                    to: Offset,
                                    barrier: Option<Offset>| {
-                        let to = barrier.map_or(to, |b| to.min(b - 1));
-                        if to > row.committed {
-                            row.total_consumed += to - row.committed;
-                            row.committed = to;
-                            if row.retry_offset.is_some_and(|r| r <= to) {
-                                row.retry_offset = None;
-                                row.retry_count = 0;
-                            }
-                        }
+                        row.commit_through(barrier.map_or(to, |b| to.min(b - 1)));
                     };
                     match item.status {
                         AckStatus::Completed => advance(&mut row, offset, call.barrier),
@@ -523,10 +515,7 @@ pub(crate) async fn ack_body(
                         }
                     }
                     if row.batch_end.is_some_and(|e| row.committed >= e) {
-                        row.worker_id = None;
-                        row.lease_expires_at = None;
-                        row.lease_acquired_at = None;
-                        row.batch_end = None;
+                        row.end_lease();
                         res.lease_released = true;
                     }
                     st.consumers.update(&key, row, t.id);
@@ -609,16 +598,8 @@ pub(crate) async fn ack_batch_ends(
                     {
                         return Ok(false);
                     }
-                    row.total_consumed += b.end_offset - row.committed;
-                    row.committed = b.end_offset;
-                    if row.retry_offset.is_some_and(|r| r <= b.end_offset) {
-                        row.retry_offset = None;
-                        row.retry_count = 0;
-                    }
-                    row.worker_id = None;
-                    row.lease_expires_at = None;
-                    row.lease_acquired_at = None;
-                    row.batch_end = None;
+                    row.commit_through(b.end_offset);
+                    row.end_lease();
                     lock_or_wait(st.consumers.update(&key, row, t.id))
                 })
                 .await?;
