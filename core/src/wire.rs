@@ -164,7 +164,8 @@ fn zstd_frame(z: &[u8], max_raw: usize, what: &str) -> Result<Vec<u8>, WireError
         .ok()
         .filter(|s| *s <= max_raw)
         .ok_or_else(|| bad(format!("{what} decompresses to more than {max_raw} bytes")))?;
-    let raw = zstd::bulk::decompress(z, size).map_err(|e| bad(format!("{what}: zstd: {e}")))?;
+    let raw =
+        crate::frames::zstd_decompress(z, size).map_err(|e| bad(format!("{what}: zstd: {e}")))?;
     if raw.len() != size {
         return Err(bad(format!(
             "{what}: the zstd frame is shorter than it declares"
