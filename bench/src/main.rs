@@ -162,6 +162,10 @@ fn print_table(plan: &Plan, rows: &[Row]) {
     }
 }
 
+// The allocator of the `queen` binary (server/Cargo.toml says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -239,8 +243,27 @@ async fn main() {
         rows.extend(push::push_scenario(addr, &cfg, batch, plan.secs).await);
         eprintln!("measured push, batch {batch}");
     }
-    for partitions in [10usize, 1000].into_iter().filter(|_| runs("consume")) {
-        for consumers in [4usize, 16] {
+    // BENCH_CONSUME_SHAPES=10x4,1000x16 narrows the consume shapes (for a profiler's window).
+    let consume_shapes: Vec<(usize, usize)> = match std::env::var("BENCH_CONSUME_SHAPES") {
+        Ok(list) => list
+            .split(',')
+            .map(|shape| {
+                shape
+                    .trim()
+                    .split_once('x')
+                    .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
+                    .unwrap_or_else(|| {
+                        eprintln!(
+                            "BENCH_CONSUME_SHAPES: {shape:?} is not <partitions>x<consumers>"
+                        );
+                        std::process::exit(2)
+                    })
+            })
+            .collect(),
+        Err(_) => vec![(10, 4), (10, 16), (1000, 4), (1000, 16)],
+    };
+    for (partitions, consumers) in consume_shapes.into_iter().filter(|_| runs("consume")) {
+        {
             rows.extend(
                 consume::consume_scenario(
                     &app,

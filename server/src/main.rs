@@ -10,6 +10,10 @@ use queen_storage_pg::PgStorage;
 use queen_storage_sim::{SimBugs, SimDb};
 use tokio::net::TcpListener;
 
+// Why mimalloc: see server/Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     // Flags and environment variables; --help and --version exit here.
     let settings = Settings::from_args_and_env();
