@@ -101,7 +101,7 @@ pub trait PopStorage: Send + Sync {
     async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>>;
     /// `log_pop_specific_v1`: one named partition.
     async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult>;
-    /// `log_pop_list_v1`: candidate names from the broker's hot-list ring.
+    /// Candidate names from the broker's hot-list ring, one transaction (`log_pop_loop_v1`).
     async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult>;
     /// The wildcard scan (legacy path, and every first contact of a (queue, group)).
     async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult>;

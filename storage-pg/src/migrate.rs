@@ -51,6 +51,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(15, "inspection", "015_inspection.sql"),
     migration!(16, "txids without foreign key", "016_txids_without_fk.sql"),
     migration!(17, "ack_v2", "017_ack_v2.sql"),
+    migration!(18, "pop list direct", "018_pop_list_direct.sql"),
 ];
 
 macro_rules! functions {
@@ -65,7 +66,6 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "seed_cursor_v1",
     "log_pop_v1",
     "log_pop_loop_v1",
-    "log_pop_list_v1",
     "log_pop_specific_v1",
     "log_pop_wildcard_v1",
     "log_pending_partitions_v1",

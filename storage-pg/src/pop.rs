@@ -134,8 +134,14 @@ impl PopStorage for PgStorage {
         let (mode, from, now) = intent_params(&req);
         self.pop_query(
             &req.queue,
-            "log_pop_list_v1",
-            "SELECT * FROM queen.log_pop_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "log_pop_loop_v1 (ring candidates)",
+            // The loop called directly, not through a plpgsql wrapper that looked the queue up:
+            // each wrapper level copies every row (blobs included) through one more tuplestore.
+            // A missing queue is a NULL row, whose names the loop answers 'missing' one by one;
+            // a NULL id array means every name is resolved.
+            "SELECT * FROM queen.log_pop_loop_v1(
+                 (SELECT q FROM queen.queues q WHERE q.name = $1), $2, $3, NULL::uuid[], $4, $5,
+                 $6, $7, $8, $9, $10, $11, $12, queen.now())",
             &[
                 &req.queue,
                 &req.group,

@@ -536,14 +536,14 @@ async fn pop_candidates(
     Ok(result)
 }
 
-/// `log_pop_list_v1`: candidate names from the broker's ring, one transaction.
+/// Candidate names from the broker's ring, one transaction (PostgreSQL: `log_pop_loop_v1`).
 pub(crate) async fn pop_list(
     shared: Arc<Shared>,
     cell: Arc<TaskCell>,
     req: PopRequest,
     candidates: Vec<String>,
 ) -> Result<PopResult, StorageError> {
-    in_tx(&shared, "log_pop_list_v1", cell, |tx| {
+    in_tx(&shared, "log_pop_loop_v1", cell, |tx| {
         let shared = shared.clone();
         async move {
             let Some(gates) = tx
