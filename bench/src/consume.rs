@@ -145,11 +145,15 @@ pub(crate) async fn broker_rate(
                 let mut empty = 0;
                 while done.load(Ordering::Relaxed) < total && empty < 200 {
                     let r = c.get(&path).await;
+                    // 200 empty answers in a row end this consumer: the backlog is drained. An
+                    // empty answer amid the backlog is normal (another pop of this broker holds
+                    // every ready partition of its ring while its call is in flight).
                     if r.status == 204 {
                         empty += 1;
                         tokio::time::sleep(Duration::from_millis(2)).await;
                         continue;
                     }
+                    empty = 0;
                     let count = if mode == Consume::LeasedFramed {
                         let f = queen_raw_client::wire::read_pop_frames(&r.body);
                         let lease = f.lease_id.as_str();
