@@ -52,6 +52,12 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(16, "txids without foreign key", "016_txids_without_fk.sql"),
     migration!(17, "ack_v2", "017_ack_v2.sql"),
     migration!(18, "pop list direct", "018_pop_list_direct.sql"),
+    migration!(
+        19,
+        "transaction ids compared bytewise",
+        "019_txids_bytewise.sql"
+    ),
+    migration!(20, "push_v6", "020_push_v6.sql"),
 ];
 
 macro_rules! functions {
@@ -70,7 +76,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "log_pop_wildcard_v1",
     "log_pending_partitions_v1",
     "log_next_pending_v1",
-    "push_v5",
+    "push_v6",
     "push_take_back_txids_v1",
     "ack_v2",
     "ack_batch_ends_v1",
