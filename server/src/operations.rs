@@ -352,7 +352,7 @@ impl App {
         let queue = config.name.clone();
         let encrypted = config.encryption_enabled;
         let configured = self.storage.admin.configure_queue(config).await?;
-        // Other brokers learn it from push_v5's refusal; a queue no longer encrypting is
+        // Other brokers learn it from push_v6's refusal; a queue no longer encrypting is
         // harmless to seal for (pops open any sealed frame).
         if encrypted {
             lock(&self.encrypted_queues).insert(queue.clone());

@@ -131,7 +131,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
                         }
                         client
                             .query(
-                                "SELECT * FROM queen.push_v5('conc', $1, ARRAY[$2], $3, $4, NULL, false, false)",
+                                "SELECT * FROM queen.push_v6('conc', $1, ARRAY[$2], $3, $4, NULL, false, false)",
                                 &[&p, &format!("held{k}{tag}"), &vec![id], &blob],
                             )
                             .await

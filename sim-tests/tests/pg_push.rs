@@ -169,7 +169,7 @@ async fn a_late_committing_push_is_never_skipped() {
     .expect("blob");
     early
         .query(
-            "SELECT * FROM queen.push_v5('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2, NULL, false, false)",
+            "SELECT * FROM queen.push_v6('dedup', 'p', ARRAY['early'], ARRAY[$1::uuid], $2, NULL, false, false)",
             &[&uuid::Uuid::from_u128(77), &blob],
         )
         .await

@@ -40,7 +40,7 @@ fn class(code: &str) -> Class {
     }
 }
 
-/// push_v5's refusal of plaintext payloads for a queue with encryptionEnabled (its message is
+/// push_v6's refusal of plaintext payloads for a queue with encryptionEnabled (its message is
 /// the queue's name).
 const ENCRYPTION_REQUIRED: &str = "QE001";
 

@@ -6,7 +6,7 @@ use crate::PgStorage;
 
 impl PgStorage {
     /// Listens for deliverability events committed by any broker on this database (`NOTIFY
-    /// queen_push` from push_v5, `NOTIFY queen_event` from the triggers of migration 009) on a
+    /// queen_push` from push_v6, `NOTIFY queen_event` from the triggers of migration 009) on a
     /// dedicated connection, and sends each to `events`. Every (re)connection is followed by a
     /// `Resync`: notifications sent while nobody listened are lost, so the broker re-reads what
     /// it may have missed. Reconnects after a second; returns when the receiver is gone.

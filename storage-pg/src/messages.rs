@@ -1,4 +1,4 @@
-//! Push, ack and lease renewal on PostgreSQL (push_v5, ack_v2, renew_lease_v1).
+//! Push, ack and lease renewal on PostgreSQL (push_v6, ack_v2, renew_lease_v1).
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
@@ -22,7 +22,7 @@ fn status_text(s: AckStatus) -> &'static str {
     }
 }
 
-/// How push_v5 writes a push's transactionId rows.
+/// How push_v6 writes a push's transactionId rows.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Dedup {
     /// Plainly: a duplicate fails the statement (and the transaction) with
@@ -53,7 +53,7 @@ impl PushFailure {
         match self {
             PushFailure::Storage(e) => e,
             PushFailure::DuplicateMet => {
-                StorageError::Internal("push_v5 failed on a duplicate it should answer".into())
+                StorageError::Internal("push_v6 failed on a duplicate it should answer".into())
             }
         }
     }
@@ -79,7 +79,7 @@ pub(crate) async fn push_groups(
     let stmt = tx
         .prepare_cached(
             "SELECT o_status, o_message_id, o_partition_id, o_offset, o_max_size, o_backlog
-               FROM queen.push_v5($1, $2, $3, $4, $5, $6, $7, $8)",
+               FROM queen.push_v6($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .await
         .map_err(pg_err("push"))?;
@@ -132,9 +132,32 @@ pub(crate) async fn push_groups(
                         PushFailure::Storage(pg_err("push")(e))
                     }
                 })?;
+            // Stored whole: one row, the first offset and the count.
+            if let [row] = rows.as_slice() {
+                if row.get::<_, &str>(0) == "queued" && row.get::<_, Option<i64>>(5).is_some() {
+                    let first: i64 = row.get(3);
+                    let count: i64 = row.get(5);
+                    if count != candidates.len() as i64 {
+                        return Err(PushFailure::Storage(StorageError::Internal(format!(
+                            "push_v6 stored {count} items of {}",
+                            candidates.len()
+                        ))));
+                    }
+                    let partition_id = row.get::<_, uuid::Uuid>(2).to_string();
+                    for ((k, frame), offset) in candidates.iter().zip(&frames).zip(first..) {
+                        outcome[*k] = Some(PushOutcome::Queued {
+                            message_id: frame.message_id,
+                            partition_id: partition_id.clone(),
+                            offset,
+                        });
+                    }
+                    candidates.clear();
+                    continue;
+                }
+            }
             if rows.len() != candidates.len() {
                 return Err(PushFailure::Storage(StorageError::Internal(format!(
-                    "push_v5 answered {} rows for {} items",
+                    "push_v6 answered {} rows for {} items",
                     rows.len(),
                     candidates.len()
                 ))));
@@ -168,21 +191,21 @@ pub(crate) async fn push_groups(
                     }
                     other => {
                         return Err(PushFailure::Storage(StorageError::Internal(format!(
-                            "push_v5 answered the unknown status {other:?}"
+                            "push_v6 answered the unknown status {other:?}"
                         ))))
                     }
                 };
             }
             if !retry.is_empty() && retry.len() == candidates.len() {
                 return Err(PushFailure::Storage(StorageError::Internal(
-                    "push_v5 asked to retry every item of a push".into(),
+                    "push_v6 asked to retry every item of a push".into(),
                 )));
             }
             candidates = retry;
         }
         if !candidates.is_empty() {
             return Err(PushFailure::Storage(StorageError::Internal(
-                "push_v5 kept asking to retry".into(),
+                "push_v6 kept asking to retry".into(),
             )));
         }
         results[i] = firsts

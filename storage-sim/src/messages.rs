@@ -113,7 +113,7 @@ pub(crate) async fn push(
 }
 
 /// The push statements, inside a caller's transaction. `accepted_at`: the time a replayed push
-/// was accepted (push_v5's p_created), else now.
+/// was accepted (push_v6's p_created), else now.
 pub(crate) async fn push_body(
     tx: &TxHandle,
     groups: &[PushGroup],
@@ -138,7 +138,7 @@ pub(crate) async fn push_body(
             .await?;
             // maxSize: capped queues serialize their pushes on the queue row, taken before the
             // partition row (the order every push uses, so no deadlock).
-            // encryptionEnabled is read in the push's own statement, as push_v5 reads it.
+            // encryptionEnabled is read in the push's own statement, as push_v6 reads it.
             let cap = tx
                 .stmt("lock capped queue", |st, t| {
                     let config = st.queues.get(&g.queue, t.id).map(|q| &q.config);

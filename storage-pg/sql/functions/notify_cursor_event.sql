@@ -1,5 +1,5 @@
 -- Deliverability events for every broker on this database (LISTEN queen_event), sent at commit.
--- push_v5 announces appended messages on queen_push; the triggers of migration 009 call these
+-- push_v6 announces appended messages on queen_push; the triggers of migration 009 call these
 -- functions for every other change that can make data deliverable, whoever makes it (an ack, a
 -- transaction, a seek, a group delete, retention). Payloads are one field per line; names never
 -- contain a newline (every route refuses one). PostgreSQL folds identical notifications of one

@@ -16,9 +16,13 @@
 -- answers by calling again with false. False: inserted ON CONFLICT DO NOTHING, so duplicates are
 -- answered. The plain insert saves the separate conflict check of every row (a fifth of all
 -- samples in the batch-1000 profile, docs/benchmarks.md).
+-- A push stored whole answers one row, not one per item: status 'queued', o_offset the first
+-- item's offset, o_backlog the item count; item k (from 0) has offset o_offset + k and the
+-- message id it was given. (push_v5 answered every item: a thousand rows built, sent and read
+-- per batch-1000 push.) Any other outcome answers every item in order.
 -- Committed pushes are announced on queen_push (`queue\npartition\ncount`): every broker's
 -- parked consumers wake at once.
-CREATE OR REPLACE FUNCTION queen.push_v5(
+CREATE OR REPLACE FUNCTION queen.push_v6(
     p_queue text, p_partition text, p_txids text[], p_message_ids uuid[], p_blob bytea,
     p_created timestamptz, p_sealed boolean, p_expect_new boolean
 ) RETURNS TABLE (
@@ -134,9 +138,8 @@ BEGIN
     -- Delivered at commit to every broker listening: their parked consumers wake at once
     -- instead of at the next ring reseed.
     PERFORM pg_notify('queen_push', p_queue || E'\n' || p_partition || E'\n' || v_n);
-    RETURN QUERY
-        SELECT 'queued'::text, u.mid, v_pid, v_last + u.ord, NULL::integer, NULL::bigint
-          FROM unnest(p_message_ids) WITH ORDINALITY AS u (mid, ord)
-         ORDER BY u.ord;
+    o_status := 'queued'; o_message_id := NULL; o_partition_id := v_pid; o_offset := v_last + 1;
+    o_max_size := NULL; o_backlog := v_n;
+    RETURN NEXT;
 END
 $$;
