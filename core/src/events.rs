@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn resync_makes_every_reseed_due_and_wakes_all() {
         let mut ctx = PopContext::default();
-        ctx.rings.ring("q", "g").apply_reseed(&[], T0);
+        ctx.rings.ring("q", "g").apply_reseed(&[], false, T0);
         assert!(!ctx.rings.ring("q", "g").reseed_due(T0));
         assert_eq!(ctx.apply(&DeliveryEvent::Resync, T0), Wake::All);
         assert!(ctx.rings.ring("q", "g").reseed_due(T0));

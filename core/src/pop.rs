@@ -49,6 +49,8 @@ pub enum StorageCommand {
     PendingPartitions {
         queue: String,
         group: String,
+        /// The page starts after this name (`None`: the first page of a walk).
+        after: Option<String>,
         limit: u32,
     },
     QueueConfig {
@@ -86,8 +88,13 @@ pub async fn execute(
         StorageCommand::PendingPartitions {
             queue,
             group,
+            after,
             limit,
-        } => StorageReply::Names(storage.pending_partitions(&queue, &group, limit).await?),
+        } => StorageReply::Names(
+            storage
+                .pending_partitions(&queue, &group, after.as_deref(), limit)
+                .await?,
+        ),
         StorageCommand::QueueConfig { queue } => {
             StorageReply::Config(storage.queue_config(&queue).await?)
         }
@@ -318,8 +325,6 @@ pub struct PopMachine {
 
 /// How long a single-partition pop trusts an unchanged ring epoch before asking storage again.
 const PARTITION_RECHECK_MS: i64 = 30_000;
-/// Names fetched per ring reseed.
-const RESEED_LIMIT: u32 = 4096;
 
 impl PopMachine {
     pub fn new(params: PopParams, worker: WorkerId, config: PopConfig, now: Timestamp) -> Self {
@@ -533,7 +538,7 @@ impl PopMachine {
                 let ring = ctx.rings.ring(&queue, &group);
                 if ring.first_contact_done() && ring.reseed_due(now) {
                     // The first pop to see the reseed due takes it on; the others do not.
-                    ring.mark_reseed_started(now);
+                    let _ = ring.mark_reseed_started(now);
                     owes_reseed = true;
                 }
                 !ring.first_contact_done() || owes_reseed || ring.has_ready(now)
@@ -722,12 +727,13 @@ impl PopMachine {
         }
         if round.owes_reseed || ring.reseed_due(now) {
             // Counted as started now, so pops re-checking meanwhile do not reseed too.
-            ring.mark_reseed_started(now);
+            let after = ring.mark_reseed_started(now);
             round.owes_reseed = false;
             let command = StorageCommand::PendingPartitions {
                 queue: queue.to_string(),
                 group,
-                limit: RESEED_LIMIT,
+                after,
+                limit: ring.reseed_page(),
             };
             return self.work(command, Work::Reseed, round);
         }
@@ -759,6 +765,11 @@ impl PopMachine {
         let reply = match result {
             Ok(r) => r,
             Err(e) => {
+                if let (Work::Reseed, PopShape::Queue { queue }) = (&work, &self.params.shape) {
+                    ctx.rings
+                        .ring(queue, &self.params.consumer_group)
+                        .reseed_failed();
+                }
                 if let Work::List(cands) = &work {
                     // The transaction rolled back: give every candidate back to the ring.
                     if let PopShape::Queue { queue } = &self.params.shape {
@@ -799,7 +810,9 @@ impl PopMachine {
                 let queue = self.params.queue_name().unwrap_or_default().to_string();
                 // A windowBuffer partition learnt of here is tried at once: storage's debounce
                 // answers when its hold ends.
-                ctx.rings.ring(&queue, &group).apply_reseed(&names, now);
+                let ring = ctx.rings.ring(&queue, &group);
+                let page_full = names.len() >= ring.reseed_page() as usize;
+                ring.apply_reseed(&names, page_full, now);
                 self.next_ring_step(&queue, round, now, ctx);
             }
             (Work::List(cands), StorageReply::Pop(result)) => {

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use crate::rng::SeededRng;
 use crate::storage::Verdict;
 use crate::types::Timestamp;
 
@@ -18,7 +19,14 @@ pub fn candidate_count(partitions: u32) -> usize {
 }
 
 /// How often the ring is rebuilt from storage (the backstop for pushes made on other brokers).
+/// Each ring's walk is jittered to 3/4..5/4 of it, so rings (and brokers) that started together
+/// do not walk in lockstep.
 pub const DEFAULT_RESEED_INTERVAL_MS: i64 = 30_000;
+/// Names fetched per reseed page. A walk over a large queue goes a page at a time (keyset on the
+/// partition name), so no single reseed scans every partition. A walk with pages left fetches
+/// the next one when fewer than a quarter page of partitions are ready: the ring learns the rest
+/// of a large backlog as it drains what it knows, not an interval later.
+pub const DEFAULT_RESEED_PAGE: u32 = 4096;
 /// How long the cached windowBuffer/delayedProcessing config stays fresh.
 pub const DEFAULT_CONFIG_TTL_MS: i64 = 10_000;
 /// A `Busy` candidate (row locked by a concurrent pop) is revisited after this long.
@@ -55,6 +63,9 @@ pub struct RingBugs {
     /// A reseed or a resync leaves partitions the ring believes leased or deferred on the wheel,
     /// even when storage says they are claimable now (a release this broker never heard of).
     pub reseed_keeps_waiting: bool,
+    /// A reseed walk ends after its first page, however full (partitions past it wait for the
+    /// next walk, an interval later).
+    pub walk_stops_after_first_page: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -65,7 +76,17 @@ pub struct HotRing {
     /// The first-ever pop of (queue, group) has gone through the wildcard path.
     first_contact_done: bool,
     next_reseed_at: Option<Timestamp>,
+    /// The last name of the walk's previous page, when that page came back full.
+    walk_after: Option<String>,
+    /// A page of the walk has been asked for and not applied yet.
+    page_in_flight: bool,
+    reseed_page: u32,
     reseed_interval_ms: i64,
+    /// Draws each walk's jitter (`None`: walks exactly an interval apart).
+    jitter: Option<SeededRng>,
+    /// Epochs come from one counter per ring, so an entry trimmed when found empty and made
+    /// again later never repeats an epoch a pop saw before.
+    epoch_clock: u64,
     bugs: RingBugs,
     /// The earliest wheel time scheduled since the broker's ticker last armed (shared by every
     /// ring of a table; `i64::MAX` when none).
@@ -87,17 +108,32 @@ impl Default for HotRing {
 
 impl HotRing {
     pub fn new(reseed_interval_ms: i64, bugs: RingBugs) -> Self {
-        Self::with_due_sink(reseed_interval_ms, bugs, Arc::new(AtomicI64::new(i64::MAX)))
+        Self::with_due_sink(
+            reseed_interval_ms,
+            bugs,
+            Arc::new(AtomicI64::new(i64::MAX)),
+            None,
+        )
     }
 
-    fn with_due_sink(reseed_interval_ms: i64, bugs: RingBugs, new_due: Arc<AtomicI64>) -> Self {
+    fn with_due_sink(
+        reseed_interval_ms: i64,
+        bugs: RingBugs,
+        new_due: Arc<AtomicI64>,
+        jitter: Option<SeededRng>,
+    ) -> Self {
         HotRing {
             entries: BTreeMap::new(),
             ready: VecDeque::new(),
             wheel: BTreeSet::new(),
             first_contact_done: false,
             next_reseed_at: None,
+            walk_after: None,
+            page_in_flight: false,
+            reseed_page: DEFAULT_RESEED_PAGE,
             reseed_interval_ms,
+            jitter,
+            epoch_clock: 0,
             bugs,
             new_due,
         }
@@ -111,8 +147,39 @@ impl HotRing {
         self.first_contact_done = true;
     }
 
+    /// A new walk is due (an interval since the last began, or a resync), or the walk under way
+    /// has pages left and the ring is running low.
     pub fn reseed_due(&self, now: Timestamp) -> bool {
+        self.walk_due(now)
+            || (self.walk_after.is_some()
+                && !self.page_in_flight
+                && self.ready.len() < (self.reseed_page as usize / 4).max(1))
+    }
+
+    /// Names per reseed page.
+    pub fn reseed_page(&self) -> u32 {
+        self.reseed_page
+    }
+
+    fn walk_due(&self, now: Timestamp) -> bool {
         self.next_reseed_at.is_none_or(|t| t <= now)
+    }
+
+    fn walk_interval_ms(&mut self) -> i64 {
+        let base = self.reseed_interval_ms;
+        match &mut self.jitter {
+            Some(rng) => base * 3 / 4 + rng.below((base / 2).max(1) as u64) as i64,
+            None => base,
+        }
+    }
+
+    /// A fresh epoch for `partition` (an event the pop holding it must not miss).
+    fn bump(&mut self, partition: &str) -> &mut Entry {
+        self.epoch_clock += 1;
+        let epoch = self.epoch_clock;
+        let e = self.entry(partition);
+        e.epoch = epoch;
+        e
     }
 
     fn make_ready(&mut self, partition: &str) {
@@ -137,8 +204,7 @@ impl HotRing {
 
     /// A local push (or a peer's hint) of `count` messages into `partition`.
     pub fn note_push(&mut self, partition: &str, count: u64) {
-        let e = self.entry(partition);
-        e.epoch += 1;
+        let e = self.bump(partition);
         e.pending_hint = e.pending_hint.saturating_add(count);
         // A leased or deferred partition stays on the wheel; an in-flight one keeps its bumped
         // epoch so its pending verdict cannot clear it.
@@ -149,17 +215,28 @@ impl HotRing {
 
     /// An ack freed the partition's lease: it may have more to deliver.
     pub fn note_freed(&mut self, partition: &str) {
-        let e = self.entry(partition);
-        e.epoch += 1;
+        let e = self.bump(partition);
         if matches!(e.state, EntryState::Idle | EntryState::Waiting { .. }) {
             self.make_ready(partition);
         }
     }
 
-    /// A reseed was issued: the next one is due an interval from now (if it fails, the ring
-    /// waits an interval; the backoff re-checks and pushes keep it live meanwhile).
-    pub fn mark_reseed_started(&mut self, now: Timestamp) {
-        self.next_reseed_at = Some(now.plus_millis(self.reseed_interval_ms));
+    /// A reseed page is issued; answers the name it starts after (`None`: a new walk from the
+    /// first name). A new walk's successor is due an interval from now.
+    pub fn mark_reseed_started(&mut self, now: Timestamp) -> Option<String> {
+        if self.walk_due(now) {
+            self.walk_after = None;
+            let interval = self.walk_interval_ms();
+            self.next_reseed_at = Some(now.plus_millis(interval));
+        }
+        self.page_in_flight = true;
+        self.walk_after.clone()
+    }
+
+    /// The page asked for failed: the walk asks again when it is next due (the backoff
+    /// re-checks and pushes keep the ring live meanwhile).
+    pub fn reseed_failed(&mut self) {
+        self.page_in_flight = false;
     }
 
     /// Replaces beliefs with a storage snapshot of partitions with pending data (claimable now,
@@ -167,11 +244,12 @@ impl HotRing {
     /// partition believed leased or deferred is tried again too: its release may have happened
     /// on another broker whose notification was lost, and storage's verdict puts it back on the
     /// wheel if it really is held.
-    pub fn apply_reseed(&mut self, pending: &[String], now: Timestamp) {
+    /// `page_full`: the page came back at its limit (`reseed_page`), so the walk has more to read
+    /// after its last name.
+    pub fn apply_reseed(&mut self, pending: &[String], page_full: bool, now: Timestamp) {
         let keep_waiting = self.bugs.reseed_keeps_waiting;
         for p in pending {
-            let e = self.entry(p);
-            e.epoch += 1;
+            let e = self.bump(p);
             e.pending_hint = e.pending_hint.max(1);
             let stale = match e.state {
                 EntryState::Idle => true,
@@ -182,7 +260,16 @@ impl HotRing {
                 self.make_ready(p);
             }
         }
-        self.next_reseed_at = Some(now.plus_millis(self.reseed_interval_ms));
+        self.page_in_flight = false;
+        self.walk_after = if page_full && !self.bugs.walk_stops_after_first_page {
+            pending.last().cloned()
+        } else {
+            None
+        };
+        if self.walk_after.is_none() {
+            let interval = self.walk_interval_ms();
+            self.next_reseed_at = Some(now.plus_millis(interval));
+        }
     }
 
     /// Events may have been missed: the next pop reseeds, and every partition believed leased
@@ -326,9 +413,11 @@ impl HotRing {
             Verdict::Empty => {
                 if pushed_since && !clear_without_epoch_check {
                     self.make_ready(partition);
-                } else if let Some(e) = self.entries.get_mut(partition) {
-                    e.pending_hint = 0;
-                    e.state = EntryState::Idle;
+                } else {
+                    // Believed empty: the entry goes, so the ring holds only partitions with
+                    // something pending or held (its memory follows the backlog, not the
+                    // partitions ever seen). The epoch clock keeps a re-made entry distinct.
+                    self.entries.remove(partition);
                 }
             }
             Verdict::LeasedUntil(_) | Verdict::DeferredUntil(_) | Verdict::Busy => {
@@ -361,6 +450,7 @@ impl HotRing {
 pub struct RingTable {
     rings: BTreeMap<(String, String), HotRing>,
     reseed_interval_ms: i64,
+    reseed_page: u32,
     bugs: RingBugs,
     /// False on every broker where no queue ever configured minPopWaitTime: the default path
     /// pays one flag check instead of a per-queue lookup.
@@ -373,6 +463,8 @@ pub struct RingTable {
     new_due: Arc<AtomicI64>,
     /// The wheel time the broker's ticker sleeps until.
     armed_at: Option<Timestamp>,
+    /// The parent of every ring's walk jitter (brokers seed it apart, so theirs differ too).
+    jitter: SeededRng,
 }
 
 impl Default for RingTable {
@@ -386,19 +478,45 @@ impl RingTable {
         RingTable {
             rings: BTreeMap::new(),
             reseed_interval_ms,
+            reseed_page: DEFAULT_RESEED_PAGE,
             bugs,
             min_pop_wait_in_use: false,
             resets: 0,
             new_due: Arc::new(AtomicI64::new(i64::MAX)),
             armed_at: None,
+            jitter: SeededRng::new(0),
         }
+    }
+
+    /// Seeds the rings' walk jitter (a broker passes its own seed).
+    pub fn with_jitter_seed(mut self, seed: u64) -> Self {
+        self.jitter = SeededRng::new(seed);
+        self
+    }
+
+    /// Names per reseed page (small pages make simulations walk many of them).
+    pub fn with_reseed_page(mut self, names: u32) -> Self {
+        assert!(names > 0, "a reseed page holds at least one name");
+        self.reseed_page = names;
+        self
     }
 
     pub fn ring(&mut self, queue: &str, group: &str) -> &mut HotRing {
         let (interval, bugs, sink) = (self.reseed_interval_ms, self.bugs, &self.new_due);
+        let (jitter, page) = (&self.jitter, self.reseed_page);
         self.rings
             .entry((queue.to_string(), group.to_string()))
-            .or_insert_with(|| HotRing::with_due_sink(interval, bugs, sink.clone()))
+            .or_insert_with(|| {
+                let rng = jitter.child(&format!("{queue}/{group}"));
+                let mut ring = HotRing::with_due_sink(interval, bugs, sink.clone(), Some(rng));
+                ring.reseed_page = page;
+                ring
+            })
+    }
+
+    /// Entries over every ring (partitions believed pending or held), for the ring's memory.
+    pub fn entry_count(&self) -> usize {
+        self.rings.values().map(|r| r.entries.len()).sum()
     }
 
     /// How many times rings were dropped or made stale.
@@ -577,11 +695,16 @@ mod tests {
         r.note_push("b", 1);
         let c = r.take_candidates(16, T0);
         assert_eq!(c.len(), 2);
-        r.check_in("a", Verdict::LeasedUntil(T0.plus_millis(500)), Some(1), T0);
+        r.check_in(
+            "a",
+            Verdict::LeasedUntil(T0.plus_millis(500)),
+            Some(c[0].epoch),
+            T0,
+        );
         r.check_in(
             "b",
             Verdict::DeferredUntil(T0.plus_millis(200)),
-            Some(1),
+            Some(c[1].epoch),
             T0,
         );
         assert_eq!(r.next_revisit(), Some(T0.plus_millis(200)));
@@ -645,9 +768,88 @@ mod tests {
     fn reseed_schedule() {
         let mut r = HotRing::new(1000, RingBugs::default());
         assert!(r.reseed_due(T0));
-        r.apply_reseed(&["x".into()], T0);
+        r.apply_reseed(&["x".into()], false, T0);
         assert!(!r.reseed_due(T0.plus_millis(999)));
         assert!(r.reseed_due(T0.plus_millis(1000)));
+        assert!(r.has_ready(T0));
+    }
+
+    fn names(range: std::ops::Range<u32>) -> Vec<String> {
+        range.map(|i| format!("p{i:03}")).collect()
+    }
+
+    #[test]
+    fn a_walk_pages_through_a_backlog_larger_than_a_page() {
+        for stops in [false, true] {
+            let bugs = RingBugs {
+                walk_stops_after_first_page: stops,
+                ..RingBugs::default()
+            };
+            let mut table = RingTable::new(1000, bugs).with_reseed_page(8);
+            let r = table.ring("q", "g");
+            assert!(r.reseed_due(T0));
+            assert_eq!(
+                r.mark_reseed_started(T0),
+                None,
+                "a walk starts at the first name"
+            );
+            assert!(!r.reseed_due(T0), "one page in flight at a time");
+            r.apply_reseed(&names(0..8), true, T0);
+            // Eight ready, above the low water (a quarter page): the next page waits.
+            assert!(!r.reseed_due(T0));
+            let taken = r.take_candidates(7, T0);
+            for c in &taken {
+                r.check_in(&c.partition, Verdict::Empty, Some(c.epoch), T0);
+            }
+            assert_eq!(
+                r.reseed_due(T0),
+                !stops,
+                "one left: the walk reads on, not an interval later"
+            );
+            if stops {
+                continue;
+            }
+            assert_eq!(r.mark_reseed_started(T0), Some("p007".to_string()));
+            r.apply_reseed(&names(8..11), false, T0);
+            assert!(!r.reseed_due(T0), "a short page ends the walk");
+            assert_eq!(r.take_candidates(16, T0).len(), 4);
+        }
+    }
+
+    #[test]
+    fn a_new_walk_starts_over_after_its_jittered_interval() {
+        let mut table = RingTable::new(1000, RingBugs::default()).with_jitter_seed(7);
+        let mut due = vec![];
+        for group in ["a", "b", "c", "d"] {
+            let r = table.ring("q", group);
+            let _ = r.mark_reseed_started(T0);
+            r.apply_reseed(&names(0..8), false, T0);
+            let at = (750..=1250)
+                .find(|ms| r.reseed_due(T0.plus_millis(*ms)))
+                .expect("due within 3/4..5/4 of the interval");
+            due.push(at);
+            assert_eq!(r.mark_reseed_started(T0.plus_millis(at)), None);
+        }
+        due.dedup();
+        assert!(due.len() > 1, "rings walk apart: {due:?}");
+    }
+
+    #[test]
+    fn an_empty_partition_leaves_the_ring_and_comes_back_with_a_fresh_epoch() {
+        let mut table = RingTable::default();
+        let r = table.ring("q", "g");
+        r.note_push("a", 1);
+        let first = r.epoch("a");
+        let c = r.take_candidates(16, T0);
+        r.check_in("a", Verdict::Empty, Some(c[0].epoch), T0);
+        assert_eq!(
+            table.entry_count(),
+            0,
+            "the ring holds only what is pending"
+        );
+        let r = table.ring("q", "g");
+        r.note_push("a", 1);
+        assert!(r.epoch("a") > first, "epochs never repeat");
         assert!(r.has_ready(T0));
     }
 
@@ -664,7 +866,7 @@ mod tests {
             r.check_in("a", Verdict::LeasedUntil(T0.plus_secs(300)), Some(1), T0);
             assert!(!r.has_ready(T0));
             // Storage says "a" is claimable: its lease was released on another broker.
-            r.apply_reseed(&["a".into()], T0);
+            r.apply_reseed(&["a".into()], false, T0);
             assert_eq!(r.has_ready(T0), !keep_waiting);
         }
     }
@@ -713,7 +915,7 @@ mod tests {
             // Its release was missed; after the reconnect storage lists nothing (no backlog),
             // then a push lands.
             r.resync();
-            r.apply_reseed(&[], T0);
+            r.apply_reseed(&[], false, T0);
             r.note_push("a", 1);
             assert_eq!(r.has_ready(T0), !keep_waiting);
         }

@@ -124,11 +124,13 @@ pub trait PopStorage: Send + Sync {
         group: &str,
     ) -> StorageResult<Option<Timestamp>>;
     /// Partitions with a backlog for the group, claimable or leased, for seeding the ring
-    /// (coarse, may be stale; a pop's verdict puts a leased one on the wheel until its expiry).
+    /// (coarse, may be stale; a pop's verdict puts a leased one on the wheel until its expiry):
+    /// the first `limit` by name (bytewise) after `after`, so a walk pages through a large queue.
     async fn pending_partitions(
         &self,
         queue: &str,
         group: &str,
+        after: Option<&str>,
         limit: u32,
     ) -> StorageResult<Vec<String>>;
     /// The numbers of partitions named by id, in order (`None`: no such partition). A number

@@ -565,7 +565,9 @@ fn min_pop_wait_ends_early_when_the_batch_is_full() {
     c.rings
         .ring("q", "__QUEUE_MODE__")
         .mark_first_contact_done();
-    c.rings.ring("q", "__QUEUE_MODE__").apply_reseed(&[], T0);
+    c.rings
+        .ring("q", "__QUEUE_MODE__")
+        .apply_reseed(&[], false, T0);
     push_event(&mut c, 4, T0);
     let mut m = machine(&[("batch", "5"), ("wait", "true")], PopConfig::default());
     m.handle(PopInput::Start, T0, &mut c);
@@ -669,8 +671,9 @@ fn parked_pops_do_not_burst_on_config_expiry_or_reseed() {
             "stale config alone is no work: {fx:?}"
         );
     }
-    // 31 s: the reseed is due; exactly one pop issues it.
-    let t = T0.plus_secs(31);
+    // 38 s: the reseed is due (its walk is jittered to 3/4..5/4 of 30 s); exactly one pop
+    // issues it.
+    let t = T0.plus_secs(38);
     let mut acquiring = 0;
     for m in others.iter_mut() {
         m.handle(PopInput::Timer, t, &mut c);

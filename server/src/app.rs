@@ -173,6 +173,8 @@ pub struct Hooks {
     pub pop_bugs: queen_core::pop::PopBugs,
     pub event_bugs: EventBugs,
     pub reseed_interval_ms: i64,
+    /// Names per page of a ring's reseed walk.
+    pub reseed_page: u32,
     pub crash_points: Option<CrashHook>,
 }
 
@@ -185,6 +187,7 @@ impl Default for Hooks {
             pop_bugs: queen_core::pop::PopBugs::default(),
             event_bugs: EventBugs::default(),
             reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
+            reseed_page: queen_core::ring::DEFAULT_RESEED_PAGE,
             crash_points: None,
         }
     }
@@ -251,7 +254,9 @@ impl App {
             storage,
             pop_config,
             pop_ctx: Mutex::new(PopContext::new(
-                RingTable::new(hooks.reseed_interval_ms, hooks.ring_bugs),
+                RingTable::new(hooks.reseed_interval_ms, hooks.ring_bugs)
+                    .with_jitter_seed(rng.child("ring walks").next_u64())
+                    .with_reseed_page(hooks.reseed_page),
                 hooks.event_bugs,
             )),
             hooks,

@@ -545,9 +545,12 @@ impl queen_core::storage::PopStorage for HeldPartitionPop {
         &self,
         queue: &str,
         group: &str,
+        after: Option<&str>,
         limit: u32,
     ) -> queen_core::storage::StorageResult<Vec<String>> {
-        self.inner.pending_partitions(queue, group, limit).await
+        self.inner
+            .pending_partitions(queue, group, after, limit)
+            .await
     }
 }
 
@@ -607,3 +610,87 @@ async fn a_wake_during_a_storage_call_is_not_slept_through() {
         "the bug switch (the wake dropped) is caught: the pop slept through the push"
     );
 }
+
+/// A backlog the ring never heard of (pushed before the group's first pop), larger than a reseed
+/// page: the walk reads on page after page as the ring drains, not a reseed interval (here an
+/// hour) later. More partitions than the first contact's wildcard scan lists (512 candidates),
+/// so the ring cannot learn them all from its verdicts. Answers how many of the partitions'
+/// messages sequential wait=false pops took.
+async fn walked_backlog(walk_stops_after_first_page: bool) -> usize {
+    const PARTITIONS: usize = WALKED_PARTITIONS;
+    let db = queen_storage_sim::SimDb::new(
+        3,
+        std::sync::Arc::new(queen_server::app::wall_now),
+        queen_storage_sim::SimBugs::default(),
+    );
+    let hooks = queen_server::app::Hooks {
+        ring_bugs: queen_core::ring::RingBugs {
+            walk_stops_after_first_page,
+            ..Default::default()
+        },
+        reseed_interval_ms: 3_600_000,
+        reseed_page: 4,
+        ..Default::default()
+    };
+    let app = queen_server::app::App::with_hooks(
+        event_driven(true),
+        queen_core::storage::StorageSet::of(db),
+        9,
+        hooks,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let items: Vec<Value> = (0..PARTITIONS)
+        .map(|i| {
+            json!({"queue": "walk.q", "partition": format!("p{i:03}"),
+                        "transactionId": format!("m{i}"), "payload": {"i": i}})
+        })
+        .collect();
+    let pushed = request(
+        addr,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({ "items": items })),
+    )
+    .await;
+    assert_eq!(pushed.status, 201);
+    let mut taken = std::collections::BTreeSet::new();
+    // Each pop takes one partition's message; a few more pops than partitions allow for the
+    // first contact and the pops that fetch a page.
+    for _ in 0..PARTITIONS * 2 {
+        let r = request(
+            addr,
+            "GET",
+            "/api/v1/pop/queue/walk.q?batch=10&wait=false&autoAck=true&consumerGroup=g",
+            None,
+        )
+        .await;
+        if r.status == 200 {
+            for m in r.json()["messages"].as_array().unwrap() {
+                taken.insert(m["transactionId"].as_str().unwrap().to_string());
+            }
+        }
+        if taken.len() == PARTITIONS {
+            break;
+        }
+    }
+    app.shutting_down.send_replace(true);
+    taken.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_larger_than_a_reseed_page_is_walked_whole() {
+    assert_eq!(
+        walked_backlog(false).await,
+        WALKED_PARTITIONS,
+        "every partition was found"
+    );
+    let stranded = walked_backlog(true).await;
+    assert!(
+        stranded < WALKED_PARTITIONS,
+        "the bug switch (a walk of one page) is caught: {stranded} of {WALKED_PARTITIONS} taken"
+    );
+}
+
+const WALKED_PARTITIONS: usize = 600;

@@ -939,9 +939,29 @@ pub async fn pending_and_delete(b: &dyn Backend) -> CaseResult {
     push(&*s, &mut ids, "q", "a", "t", 0..2).await?;
     push(&*s, &mut ids, "q", "b", "t", 0..2).await?;
     ensure_eq!(
-        s.pending_partitions("q", "g", 10).await.map_err(e)?,
+        s.pending_partitions("q", "g", None, 10).await.map_err(e)?,
         vec!["a".to_string(), "b".to_string()],
         "pending names"
+    );
+    // The reseed walk pages by name: a page starts after the previous page's last name.
+    ensure_eq!(
+        s.pending_partitions("q", "g", None, 1).await.map_err(e)?,
+        vec!["a".to_string()],
+        "first page"
+    );
+    ensure_eq!(
+        s.pending_partitions("q", "g", Some("a"), 1)
+            .await
+            .map_err(e)?,
+        vec!["b".to_string()],
+        "second page"
+    );
+    ensure_eq!(
+        s.pending_partitions("q", "g", Some("b"), 1)
+            .await
+            .map_err(e)?,
+        Vec::<String>::new(),
+        "the walk's end"
     );
     let w = ids.worker();
     let r = s
@@ -950,7 +970,7 @@ pub async fn pending_and_delete(b: &dyn Backend) -> CaseResult {
         .map_err(e)?;
     ensure_eq!(r.message_count(), 2, "took a");
     ensure_eq!(
-        s.pending_partitions("q", "g", 10).await.map_err(e)?,
+        s.pending_partitions("q", "g", None, 10).await.map_err(e)?,
         vec!["a".to_string(), "b".to_string()],
         "a leased backlog is still listed: the ring learns its lease from the verdict"
     );
@@ -1282,6 +1302,60 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         payload_ns(&r),
         vec![1],
         "the requeued message is delivered again"
+    );
+    Ok(())
+}
+
+/// The wildcard scan's two shapes: a window of the candidate cap from a random partition,
+/// wrapping (no watermark yet), and the partitions written since the watermark in random order
+/// (a caught-up group). Each drains every pending partition exactly once.
+pub async fn wildcard_windows(b: &dyn Backend) -> CaseResult {
+    const PARTITIONS: usize = 700; // more than the 512-candidate cap
+    let s = b.storage();
+    let mut ids = Ids::new(23);
+    let names: Vec<String> = (0..PARTITIONS).map(|i| format!("p{i:03}")).collect();
+    let groups = names
+        .iter()
+        .map(|p| group(&mut ids, "q", p, "old", 0..1))
+        .collect();
+    s.push(groups).await.map_err(e)?;
+    let auto = |w| PopRequest {
+        auto_ack: true,
+        max_partitions: 64,
+        ..pop_req("q", "g", w, 1000)
+    };
+    let mut seen: Vec<String> = vec![];
+    for _ in 0..PARTITIONS {
+        let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
+        if r.claims.is_empty() {
+            break;
+        }
+        seen.extend(r.claims.iter().map(|c| c.partition.clone()));
+    }
+    seen.sort();
+    ensure_eq!(
+        seen,
+        names,
+        "every partition once, through windows that wrap"
+    );
+    ensure!(
+        !backlog(&*s, "q", "g").await?,
+        "nothing pending after the drain"
+    );
+    // The empty scan set the watermark. Past its slack, three partitions are written to: the
+    // caught-up group finds exactly those.
+    b.advance_secs(200).await;
+    let fresh = ["p007", "p350", "p699"];
+    for p in fresh {
+        push(&*s, &mut ids, "q", p, "new", 0..1).await?;
+    }
+    let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
+    let mut got: Vec<&str> = r.claims.iter().map(|c| c.partition.as_str()).collect();
+    got.sort();
+    ensure_eq!(
+        got,
+        fresh.to_vec(),
+        "the written partitions, from the watermark"
     );
     Ok(())
 }
@@ -2264,6 +2338,7 @@ cases!(
     the_cursor_never_rewinds,
     dead_letter_listing,
     seek_and_group_deletion,
+    wildcard_windows,
     dead_letter_flags_are_enforced,
     max_size_caps_the_backlog,
     ttl_expires_messages,

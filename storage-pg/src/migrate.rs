@@ -58,6 +58,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "019_txids_bytewise.sql"
     ),
     migration!(20, "push_v6", "020_push_v6.sql"),
+    migration!(21, "partition_walks", "021_partition_walks.sql"),
 ];
 
 macro_rules! functions {
@@ -74,7 +75,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "log_pop_loop_v1",
     "log_pop_specific_v1",
     "log_pop_wildcard_v1",
-    "log_pending_partitions_v1",
+    "log_pending_partitions_v2",
     "log_next_pending_v1",
     "push_v6",
     "push_take_back_txids_v1",

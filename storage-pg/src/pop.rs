@@ -219,15 +219,16 @@ impl PopStorage for PgStorage {
         &self,
         queue: &str,
         group: &str,
+        after: Option<&str>,
         limit: u32,
     ) -> StorageResult<Vec<String>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let stmt = client
-            .prepare_cached("SELECT queen.log_pending_partitions_v1($1, $2, $3)")
+            .prepare_cached("SELECT queen.log_pending_partitions_v2($1, $2, $3, $4)")
             .await
             .map_err(pg_err("pending partitions"))?;
         let rows = client
-            .query(&stmt, &[&queue, &group, &int(limit)])
+            .query(&stmt, &[&queue, &group, &after, &int(limit)])
             .await
             .map_err(pg_err("pending partitions"))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())

@@ -89,12 +89,14 @@ impl PopStorage for SimDb {
         &self,
         queue: &str,
         group: &str,
+        after: Option<&str>,
         limit: u32,
     ) -> StorageResult<Vec<String>> {
         // A snapshot read: in interleaved mode other transactions may commit between the read
         // and the answer's arrival (the hot-list reseed race).
         self.pause_point().await;
-        let names = pop::pending_partitions(&lock(&self.shared.state), queue, group, limit, 0);
+        let names =
+            pop::pending_partitions(&lock(&self.shared.state), queue, group, after, limit, 0);
         self.pause_point().await;
         Ok(names)
     }

@@ -701,16 +701,20 @@ pub(crate) async fn pop_wildcard(
                 Ok(())
             })
             .await?;
-            // The candidate scan: watermark, coarse filter, lease filter, ORDER BY random(), cap.
+            // The candidate scan: watermark, coarse filter, lease filter, cap; a random order
+            // when few partitions were written since the watermark, else a window of the cap
+            // in id order from a random partition, wrapping once.
             let candidates = tx
                 .stmt("candidate scan", |st, t| {
-                    let watermark = st
-                        .watermarks
-                        .get(&mkey, t.id)
-                        .map_or(Timestamp::EPOCH, |w| w.watermark);
-                    let floor = watermark.minus_secs(WATERMARK_SLACK_SECS);
+                    let watermark = st.watermarks.get(&mkey, t.id).map(|w| w.watermark);
+                    let floor = watermark
+                        .unwrap_or(Timestamp::EPOCH)
+                        .minus_secs(WATERMARK_SLACK_SECS);
                     let all: Vec<_> = st.partitions_of(&req.queue, t.id).collect();
                     let cap = wildcard_candidate_cap(all.len() as u64) as usize;
+                    let recent = all.iter().filter(|(_, p)| p.last_write_at >= floor).count();
+                    let few_recent =
+                        watermark.is_some_and(|w| w > Timestamp::EPOCH) && recent < cap * 4;
                     let mut picked: Vec<(String, Option<String>)> = all
                         .into_iter()
                         .filter(|(_, p)| p.last_write_at >= floor)
@@ -722,7 +726,13 @@ pub(crate) async fn pop_wildcard(
                         })
                         .map(|(name, p)| (name.to_string(), Some(p.id.clone())))
                         .collect();
-                    st.rng.shuffle(&mut picked);
+                    if few_recent {
+                        st.rng.shuffle(&mut picked);
+                    } else {
+                        picked.sort_by(|a, b| a.1.cmp(&b.1));
+                        let start = st.rng.below(picked.len() as u64) as usize;
+                        picked.rotate_left(start);
+                    }
                     picked.truncate(cap);
                     Ok(picked)
                 })
@@ -823,10 +833,12 @@ pub(crate) fn pending_partitions(
     st: &DbState,
     queue: &str,
     group: &str,
+    after: Option<&str>,
     limit: u32,
     tx: u64,
 ) -> Vec<String> {
     st.partitions_of(queue, tx)
+        .filter(|(name, _)| after.is_none_or(|a| *name > a))
         .filter(|(_, p)| backlog(st, p, group, tx).is_some())
         .take(limit as usize)
         .map(|(name, _)| name.to_string())

@@ -52,6 +52,9 @@ pub const DELIVERY_BOUND_US: i64 = 1_000_000;
 const LOOSE_BOUND_US: i64 = (SIM_RESEED_INTERVAL_MS + 10_000 + 1_000) * 1_000;
 /// The brokers' ring reseed interval in the simulation.
 const SIM_RESEED_INTERVAL_MS: i64 = 5_000;
+/// Names per page of a ring's reseed walk: two, so every reseed of the simulation's queues (a
+/// few partitions each) walks page boundaries.
+const SIM_RESEED_PAGE: u32 = 2;
 /// A pop counts as parked this long after it was sent (the network's latency is at most 2 ms in
 /// the calm scenarios).
 const PARK_SLACK_US: i64 = 20_000;
@@ -639,6 +642,7 @@ pub fn run(spec: Spec) -> Outcome {
                     pop_bugs: bugs.pop,
                     event_bugs: bugs.events,
                     reseed_interval_ms: SIM_RESEED_INTERVAL_MS,
+                    reseed_page: SIM_RESEED_PAGE,
                     crash_points: Some(crash_points),
                 };
                 let app = App::with_hooks(
