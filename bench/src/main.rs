@@ -45,7 +45,7 @@ struct Plan {
     steady_secs: u64,
     parked: [usize; 2],
     parked_secs: u64,
-    sizes: [usize; 3],
+    sizes: &'static [usize],
     soak_secs: u64,
     retention_sizes: [usize; 2],
 }
@@ -61,7 +61,7 @@ impl Plan {
                 steady_secs: 2,
                 parked: [500, 2_000],
                 parked_secs: 2,
-                sizes: [100, 1_000, 10_000],
+                sizes: &[100, 1_000, 10_000],
                 soak_secs: 8,
                 retention_sizes: [1_000, 10_000],
             }
@@ -75,7 +75,7 @@ impl Plan {
                 steady_secs: 30,
                 parked: [1_000, 10_000],
                 parked_secs: 30,
-                sizes: [100, 10_000, 100_000],
+                sizes: &[100, 10_000, 100_000, 1_000_000],
                 soak_secs: 240,
                 retention_sizes: [10_000, 100_000],
             }
@@ -164,9 +164,10 @@ fn print_table(plan: &Plan, rows: &[Row]) {
     }
 }
 
-// The allocator of the `queen` binary (server/Cargo.toml says why).
+// The allocator of the `queen` binary (server/Cargo.toml says why), counting live bytes.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: stats_alloc::StatsAlloc<mimalloc::MiMalloc> =
+    stats_alloc::StatsAlloc::new(mimalloc::MiMalloc);
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
@@ -352,7 +353,24 @@ async fn main() {
     // 5. Partition scaling: the wildcard scan (QUEEN_HOTLIST=0) and the hot-list path.
     let (_wild, wild_addr) = start_app(&pg, false).await;
     let mut smallest: Vec<scaling::Scaling> = vec![];
-    for size in plan.sizes.into_iter().filter(|_| runs("scaling")) {
+    // BENCH_SCALING_SIZES=100,1000000 narrows the sizes (the smallest is every size's baseline).
+    let sizes: Vec<usize> = match std::env::var("BENCH_SCALING_SIZES") {
+        Ok(list) => {
+            let mut sizes: Vec<usize> = list
+                .split(',')
+                .map(|n| {
+                    n.trim().parse().unwrap_or_else(|_| {
+                        eprintln!("BENCH_SCALING_SIZES: {n:?} is not a partition count");
+                        std::process::exit(2)
+                    })
+                })
+                .collect();
+            sizes.sort_unstable();
+            sizes
+        }
+        Err(_) => plan.sizes.to_vec(),
+    };
+    for &size in sizes.iter().filter(|_| runs("scaling")) {
         let queue = format!("scale-{size}");
         scaling::prefill(&pg, &cfg, &queue, size).await;
         for (k, (path, at, group)) in [
@@ -391,6 +409,41 @@ async fn main() {
                 smallest.push(s);
             }
         }
+        // What the hot-list ring holds after the run, and what its entries cost: live heap
+        // bytes before and after the queue's rings are dropped.
+        let label = format!("hot-list ring, {size} partitions");
+        let (entries, freed) = {
+            let mut ctx = app.pop_ctx.lock().unwrap_or_else(|p| p.into_inner());
+            let entries = ctx.rings.entry_count();
+            let region = stats_alloc::Region::new(&ALLOCATOR);
+            ctx.rings.forget_queue(&queue);
+            let change = region.change();
+            (
+                entries,
+                change.bytes_deallocated as i64 - change.bytes_allocated as i64,
+            )
+        };
+        rows.push(Row::new(
+            label.clone(),
+            "entries after the run",
+            entries as f64,
+            "partitions",
+            size as f64,
+        ));
+        rows.push(Row::new(
+            label.clone(),
+            "heap bytes per entry",
+            freed as f64 / entries.max(1) as f64,
+            "-",
+            f64::NAN,
+        ));
+        rows.push(Row::new(
+            label,
+            "bench process RSS MiB (broker in-process)",
+            util::rss_mib("self"),
+            "-",
+            f64::NAN,
+        ));
         eprintln!("measured scaling, {size} partitions");
     }
 

@@ -33,14 +33,7 @@ fn cpu_and_rss(pid: u32) -> (f64, f64) {
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
     let cpu = (ticks(11) + ticks(12)) / 100.0;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kb = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|x| x.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    (cpu, rss_kb / 1024.0)
+    (cpu, crate::util::rss_mib(&pid.to_string()))
 }
 
 /// The DATABASE_URL with its database name replaced.

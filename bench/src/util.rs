@@ -215,3 +215,15 @@ where
         cpu,
     )
 }
+
+/// A process's resident set (`pid`, or "self"), from /proc (NaN where unreadable).
+pub fn rss_mib(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}

@@ -93,6 +93,13 @@ pub struct SubscriptionRecord {
     pub subscription_timestamp: Option<Timestamp>,
 }
 
+/// How many cursors a group's first contact seeds at once (`log_pop_wildcard_v1` says the same);
+/// the rest are seeded at their first claim, by the same rule. Each seeded row costs about 20 us
+/// inside the first pop (cursor rule, foreign-key check, two index entries), so 1000 made the
+/// first pop on a large queue 25-35 ms; 256 still seeds every partition of the small queues
+/// where many fresh consumers collide, and past it the lazy path's try-locks never wait.
+pub const FIRST_CONTACT_SEED_CAP: usize = 256;
+
 /// The timestamp a first-contact registration stores for a pop's intent.
 pub fn registration_timestamp(intent: SubscriptionIntent, now: Timestamp) -> Option<Timestamp> {
     match (intent.from, intent.mode) {

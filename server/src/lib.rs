@@ -128,6 +128,9 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
                 queue: q.to_string(),
                 partition: p.to_string(),
             };
+            // A long-poll may park for minutes: its request (and the read buffer its header
+            // bytes share) is not kept for it.
+            drop(req);
             Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
         }
         (&Method::GET, ["api", "v1", "pop", "queue", q]) => {
@@ -135,6 +138,9 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
             let shape = PopShape::Queue {
                 queue: q.to_string(),
             };
+            // A long-poll may park for minutes: its request (and the read buffer its header
+            // bytes share) is not kept for it.
+            drop(req);
             Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
         }
         (&Method::GET, ["api", "v1", "pop"]) => {
@@ -143,6 +149,9 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Reply, Failure> 
                 namespace: None,
                 task: None,
             };
+            // A long-poll may park for minutes: its request (and the read buffer its header
+            // bytes share) is not kept for it.
+            drop(req);
             Ok(pop_route::pop(app.clone(), shape, http::query_pairs(query.as_deref())?).await)
         }
         (&Method::POST, ["api", "v1", "ack"]) => {
@@ -344,7 +353,9 @@ where
     let mut shutdown = app.shutting_down.subscribe();
     let svc = service_fn(move |req| {
         let app = app.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
+        // Boxed: hyper keeps the service's future inline in every connection, so an idle
+        // keep-alive connection would carry the largest route's state machine.
+        Box::pin(async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) })
     });
     let conn = http1::Builder::new()
         .keep_alive(true)

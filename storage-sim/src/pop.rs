@@ -642,7 +642,8 @@ pub(crate) async fn pop_wildcard(
                 return Ok(PopResult::default());
             };
             let mkey = (req.queue.clone(), req.group.clone());
-            // Group-first-contact bulk seed: one elected seeder seeds every cursor at once.
+            // Group-first-contact bulk seed: one elected seeder seeds up to FIRST_CONTACT_SEED_CAP
+            // cursors at once.
             tx.stmt("first contact", |st, t| {
                 if st.metadata.get(&mkey, t.id).is_some()
                     || !st.try_advisory(
@@ -666,6 +667,12 @@ pub(crate) async fn pop_wildcard(
                 }
                 let parts: Vec<(String, String, Offset)> = st
                     .partitions_of(&req.queue, t.id)
+                    .filter(|(_, p)| {
+                        st.consumers
+                            .get(&(p.id.clone(), req.group.clone()), t.id)
+                            .is_none()
+                    })
+                    .take(queen_core::claim::FIRST_CONTACT_SEED_CAP)
                     .map(|(name, p)| (name.to_string(), p.id.clone(), p.last_offset))
                     .collect();
                 let rule = seed_rule(&req.group, Some(record), req.intent);

@@ -51,17 +51,18 @@ BEGIN
         GET DIAGNOSTICS v_inserted = ROW_COUNT;
         IF v_inserted = 1 THEN
             -- Locks first, in their own statement; rows another pop is creating are left to it.
-            -- At most 1000: every lock is a slot of PostgreSQL's shared lock table until commit
-            -- (max_locks_per_transaction x max_connections), and a queue of 100k partitions ran
-            -- it out, so the pop failed and every later first contact failed again. Partitions
-            -- past the first 1000 get their cursors lazily, at their first claim.
+            -- At most 256 (queen_core::claim::FIRST_CONTACT_SEED_CAP): every lock is a slot of
+            -- PostgreSQL's shared lock table until commit, and a queue of 100k partitions ran it
+            -- out; and every seeded row costs the first pop about 20 us (1000 made it 25-35 ms).
+            -- Partitions past the cap get their cursors lazily, at their first claim, by the
+            -- same rule and under the same try-locks, which never wait.
             SELECT array_agg(x.id) INTO v_seed_pids
               FROM (SELECT p.id
                       FROM queen.log_partitions p
                      WHERE p.queue_id = q.id
                        AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
                                         WHERE c.partition_id = p.id AND c.consumer_group = p_group)
-                     LIMIT 1000) x
+                     LIMIT 256) x
              WHERE pg_try_advisory_xact_lock(hashtextextended(x.id::text || '/' || p_group, 42));
             -- Then the insert, under a snapshot taken after every lock: it cannot conflict with
             -- a row in flight.
