@@ -7,7 +7,7 @@
 //! 3. steady state: push-to-delivery latency at the maximum and at 10% of it, vs NOTIFY + claim;
 //! 4. parked long-polls: statements/s, CPU, RSS, wake latency, hot-list on and off;
 //! 5. partition scaling of the wildcard pop;
-//! 6. fan-out to 1, 5 and 10 consumer groups;
+//! 6. fan-out to 1, 5, 10 and 50 consumer groups (50 only in the full run);
 //! 7. wake latency per deliverability event, on one broker and across two;
 //! 8. the serving limiter: Vegas against a fixed limit under the consume loads;
 //! 9. retention: storage and p99 over a soak with completed retention, and the cost of one pass;
@@ -48,6 +48,7 @@ struct Plan {
     sizes: &'static [usize],
     soak_secs: u64,
     retention_sizes: [usize; 2],
+    fan_out_groups: &'static [usize],
 }
 
 impl Plan {
@@ -64,6 +65,7 @@ impl Plan {
                 sizes: &[100, 1_000, 10_000],
                 soak_secs: 8,
                 retention_sizes: [1_000, 10_000],
+                fan_out_groups: &[1, 5, 10],
             }
         } else {
             Plan {
@@ -78,6 +80,7 @@ impl Plan {
                 sizes: &[100, 10_000, 100_000, 1_000_000],
                 soak_secs: 240,
                 retention_sizes: [10_000, 100_000],
+                fan_out_groups: &[1, 5, 10, 50],
             }
         }
     }
@@ -448,7 +451,7 @@ async fn main() {
     }
 
     // 6. Fan-out at the calm offered rate: every group must receive every message.
-    for groups in [1usize, 5, 10].into_iter().filter(|_| runs("fan-out")) {
+    for &groups in plan.fan_out_groups.iter().filter(|_| runs("fan-out")) {
         let r = live::run(
             addr,
             &format!("fanout-{groups}"),
