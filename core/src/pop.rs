@@ -145,6 +145,11 @@ pub enum PopEffect {
     Park {
         until: Timestamp,
     },
+    /// Wake one more parked pop of this pop's (queue, group) ring on this broker: this pop
+    /// leaves ready work on the ring that it will not take itself. An event wakes one parked
+    /// ring pop per group, not all of them, so the work an event made is served by a chain of
+    /// these hand-offs, each woken pop taking its share of candidates.
+    PassWake,
     /// The final answer; the machine is done after it.
     Reply(PopReply),
 }
@@ -160,6 +165,10 @@ pub struct PopBugs {
     /// The driver drops a wake that came while the pop waited for a permit or for storage,
     /// so an answer read before the event puts the pop to sleep through it.
     pub drop_wakes_during_work: bool,
+    /// A ring pop that leaves ready partitions behind (it took its share of candidates, or
+    /// claimed fewer than it took) does not wake another parked pop of its group: the rest
+    /// waits for the parked pops' re-checks.
+    pub no_wake_handoff: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -363,6 +372,13 @@ impl PopMachine {
         matches!(self.phase, Phase::Parked { .. } | Phase::Holding { .. })
     }
 
+    /// Whether this pop is served from its (queue, group) hot-list ring: such a parked pop is
+    /// woken one at a time (an event wakes one per group, and each woken pop that leaves work
+    /// behind passes the wake on), every other shape by every event of its queue.
+    pub fn serves_from_ring(&self) -> bool {
+        self.config.hotlist && matches!(self.params.shape, PopShape::Queue { .. })
+    }
+
     /// Whether the machine holds a serving permit right now.
     pub fn holds_permit(&self) -> bool {
         matches!(self.phase, Phase::Working { .. })
@@ -433,6 +449,13 @@ impl PopMachine {
                 if self.holds_permit() {
                     self.effects
                         .push_back(PopEffect::ReleasePermit { rtt_us: None });
+                }
+                if matches!(
+                    self.phase,
+                    Phase::AwaitPermit { .. } | Phase::Holding { .. }
+                ) {
+                    // It may have been the pop a wake chose: the work it saw goes to another.
+                    self.pass_wake_if_work_left(now, ctx);
                 }
                 self.phase = Phase::Done;
             }
@@ -536,12 +559,13 @@ impl PopMachine {
                 // A stale config alone is no work: it is refreshed when there is work to do, so
                 // parked pops never fetch it in a burst.
                 let ring = ctx.rings.ring(&queue, &group);
+                let has_work = ring.has_work(now);
                 if ring.first_contact_done() && ring.reseed_due(now) {
                     // The first pop to see the reseed due takes it on; the others do not.
                     let _ = ring.mark_reseed_started(now);
                     owes_reseed = true;
                 }
-                !ring.first_contact_done() || owes_reseed || ring.has_ready(now)
+                has_work
             }
             PopShape::Queue { queue } => {
                 // Legacy path: the cheap probe runs before any permit, unless storage already
@@ -741,6 +765,8 @@ impl PopMachine {
         if candidates.is_empty() {
             return self.release_then_empty(round, now);
         }
+        // More ready than this pop takes: another parked pop serves the rest meanwhile.
+        self.pass_wake_if_work_left(now, ctx);
         round.list_rounds += 1;
         let req = self.request(queue);
         let names = candidates.iter().map(|c| c.partition.clone()).collect();
@@ -831,7 +857,7 @@ impl PopMachine {
                 if result.claims.is_empty() && round.list_rounds < 2 && ring.has_ready(now) {
                     return self.next_ring_step(&queue, round, now, ctx);
                 }
-                self.deliver_or_wait(result, round, now);
+                self.deliver_or_wait(result, round, now, ctx);
             }
             (Work::Wildcard { first_contact }, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
@@ -848,7 +874,7 @@ impl PopMachine {
                         return self.next_ring_step(&queue, round, now, ctx);
                     }
                 }
-                self.deliver_or_wait(result, round, now);
+                self.deliver_or_wait(result, round, now, ctx);
             }
             (Work::Partition, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
@@ -858,14 +884,14 @@ impl PopMachine {
                         ring.check_in(name, *verdict, None, now);
                     }
                 }
-                self.deliver_or_wait(result, round, now);
+                self.deliver_or_wait(result, round, now, ctx);
             }
             (Work::DiscoveryNext, StorageReply::NextPending(next)) => {
                 // Storage's time is a floor for the revisit: a lease held elsewhere ends then.
                 if let Some(t) = next {
                     self.revisit_at = Some(self.revisit_at.map_or(t, |r| r.min(t)));
                 }
-                self.deliver_or_wait(PopResult::default(), round, now);
+                self.deliver_or_wait(PopResult::default(), round, now, ctx);
             }
             (Work::Discovery { queues, next }, reply) => {
                 let (queues, result) = match reply {
@@ -875,7 +901,7 @@ impl PopMachine {
                 };
                 self.note_revisits(&result.verdicts, now);
                 if !result.claims.is_empty() || queues.is_empty() {
-                    return self.deliver_or_wait(result, round, now);
+                    return self.deliver_or_wait(result, round, now, ctx);
                 }
                 if next >= queues.len() {
                     // Every matching queue answered empty: when does one of them have
@@ -915,9 +941,19 @@ impl PopMachine {
         self.empty_or_park(now, round.woken);
     }
 
-    fn deliver_or_wait(&mut self, result: PopResult, round: PermitRound, now: Timestamp) {
+    fn deliver_or_wait(
+        &mut self,
+        result: PopResult,
+        round: PermitRound,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
         let rtt_us = Some(u64::try_from((now.0 - round.since.0).max(1)).unwrap_or(1));
         self.effects.push_back(PopEffect::ReleasePermit { rtt_us });
+        // Leaving the ring: what its verdicts made ready again (candidates storage did not get
+        // to, an autoAck partition with more, a push that raced the answer) goes to another
+        // parked pop.
+        self.pass_wake_if_work_left(now, ctx);
         if !result.claims.is_empty() {
             let reply = PopReply::Messages {
                 worker: self.worker,
@@ -927,6 +963,26 @@ impl PopMachine {
             return self.finish(reply);
         }
         self.empty_or_park(now, round.woken);
+    }
+
+    /// The hand-off of a ring pop that leaves work behind (see `PopEffect::PassWake`). Only
+    /// after progress: candidates taken, or storage's verdicts checked in. A pop that found
+    /// nothing it could do (a missing queue) or met a failure passes nothing on, so hand-offs
+    /// never circle through the parked pops without storage answering in between.
+    fn pass_wake_if_work_left(&mut self, now: Timestamp, ctx: &mut PopContext) {
+        if !self.serves_from_ring() || self.config.bugs.no_wake_handoff {
+            return;
+        }
+        let Some(queue) = self.params.queue_name() else {
+            return;
+        };
+        if ctx
+            .rings
+            .ring(queue, &self.params.consumer_group)
+            .has_work(now)
+        {
+            self.effects.push_back(PopEffect::PassWake);
+        }
     }
 
     /// Empty: answer now, or park (releasing everything) until a wake or the backoff timer.

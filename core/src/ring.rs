@@ -308,6 +308,13 @@ impl HotRing {
         !self.ready.is_empty()
     }
 
+    /// Whether a pop of this ring has something to do now: the group's first contact, a reseed
+    /// page, or a ready partition. A parked pop looks at storage only then, and a wake goes to
+    /// a parked pop only then.
+    pub fn has_work(&mut self, now: Timestamp) -> bool {
+        !self.first_contact_done || self.reseed_due(now) || self.has_ready(now)
+    }
+
     /// Sum of pending hints over ready partitions (for the min_pop_wait hold).
     pub fn pending_hint(&mut self, now: Timestamp) -> u64 {
         self.advance(now);

@@ -199,6 +199,119 @@ fn ring_candidates_and_verdicts_flow_back() {
     );
 }
 
+/// No thundering herd: an event wakes one parked ring pop per group (the broker's gate), and a
+/// ring pop that leaves ready partitions behind hands the wake on, once when it takes its share
+/// of candidates and once when its verdicts put untried candidates back. A pop that takes the
+/// whole ring's work passes nothing on.
+#[test]
+fn a_ring_pop_passes_the_wake_on_only_when_it_leaves_work_behind() {
+    let names: Vec<String> = (0..40).map(|i| format!("p{i:02}")).collect();
+    for bugs in [
+        PopBugs::default(),
+        PopBugs {
+            no_wake_handoff: true,
+            ..PopBugs::default()
+        },
+    ] {
+        let passes = |fx: &[PopEffect]| fx.iter().filter(|e| **e == PopEffect::PassWake).count();
+        let expected = usize::from(!bugs.no_wake_handoff);
+        let mut c = ctx();
+        let config = PopConfig {
+            bugs,
+            ..PopConfig::default()
+        };
+        let mut m = machine(&[("partitions", "1")], config);
+        let fx = warm_up(&mut m, &mut c, T0, names.clone());
+        let (id, cmd) = storage_id(&fx);
+        let StorageCommand::PopList { candidates, .. } = cmd else {
+            panic!("expected a list pop")
+        };
+        assert_eq!(candidates.len(), 16, "its share: clamp(1 x 8, 16, 256)");
+        assert_eq!(
+            passes(&fx),
+            expected,
+            "24 ready partitions are left: {fx:?}"
+        );
+        // Storage claims the first candidate and stops there (max_partitions 1): the other 15
+        // go back to the ring untried.
+        let result = PopResult {
+            claims: vec![claim(&candidates[0])],
+            verdicts: vec![(
+                candidates[0].clone(),
+                Verdict::Took {
+                    count: 1,
+                    leased_until: Some(T0.plus_secs(60)),
+                },
+            )],
+        };
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Ok(StorageReply::Pop(result)),
+            },
+            T0,
+            &mut c,
+        );
+        let fx = drain(&mut m);
+        assert!(
+            matches!(fx.last(), Some(PopEffect::Reply(PopReply::Messages { .. }))),
+            "{fx:?}"
+        );
+        assert_eq!(passes(&fx), expected, "the untried candidates: {fx:?}");
+
+        // A pop that takes every ready partition and finds them empty leaves nothing behind.
+        let mut c = ctx();
+        let mut m = machine(&[("partitions", "1"), ("wait", "true")], config);
+        let fx = warm_up(&mut m, &mut c, T0, names[..3].to_vec());
+        assert_eq!(passes(&fx), 0, "{fx:?}");
+        let (id, cmd) = storage_id(&fx);
+        let StorageCommand::PopList { candidates, .. } = cmd else {
+            panic!("expected a list pop")
+        };
+        let verdicts = candidates
+            .iter()
+            .map(|p| (p.clone(), Verdict::Empty))
+            .collect();
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Ok(StorageReply::Pop(PopResult {
+                    claims: vec![],
+                    verdicts,
+                })),
+            },
+            T0,
+            &mut c,
+        );
+        let fx = drain(&mut m);
+        assert_eq!(passes(&fx), 0, "{fx:?}");
+        assert!(matches!(fx.last(), Some(PopEffect::Park { .. })), "{fx:?}");
+    }
+}
+
+/// A pop of a queue that does not exist finds nothing it can do: it passes no wake on, or the
+/// parked pops of that queue would hand the wake round among themselves without end.
+#[test]
+fn a_pop_of_a_missing_queue_passes_nothing_on() {
+    let mut c = ctx();
+    let mut m = machine(&[("wait", "true")], PopConfig::default());
+    m.handle(PopInput::Start, T0, &mut c);
+    assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
+    m.handle(PopInput::PermitGranted, T0, &mut c);
+    let (id, _) = storage_id(&drain(&mut m));
+    m.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Config(None)),
+        },
+        T0,
+        &mut c,
+    );
+    let fx = drain(&mut m);
+    assert!(!fx.contains(&PopEffect::PassWake), "{fx:?}");
+    assert!(matches!(fx.last(), Some(PopEffect::Park { .. })), "{fx:?}");
+}
+
 #[test]
 fn parks_with_the_seed_backoff_and_ends_at_the_deadline() {
     let mut c = ctx();
@@ -1002,7 +1115,7 @@ fn every_input_is_answered_with_the_next_wait_or_the_reply() {
             let wait = fx
                 .iter()
                 .rev()
-                .find(|e| !matches!(e, PopEffect::ReleasePermit { .. }));
+                .find(|e| !matches!(e, PopEffect::ReleasePermit { .. } | PopEffect::PassWake));
             input = match wait {
                 Some(PopEffect::Reply(_)) => break,
                 Some(PopEffect::AcquirePermit) => PopInput::PermitGranted,
@@ -1050,7 +1163,7 @@ fn every_input_is_answered_with_the_next_wait_or_the_reply() {
                         }
                     }
                 }
-                Some(PopEffect::ReleasePermit { .. }) | None => {
+                Some(PopEffect::ReleasePermit { .. } | PopEffect::PassWake) | None => {
                     assert!(
                         m.is_done(),
                         "seed {seed} step {step}: the machine answered {input:?} with nothing \

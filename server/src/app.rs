@@ -74,29 +74,55 @@ impl Limiter {
     }
 }
 
-/// A queue's wake gate: a sequence number bumped by every push, and a FIFO of parked waiters.
+/// A queue's wake gate: a sequence number bumped by every event of the queue, a FIFO of parked
+/// waiters that every event wakes (pops not served from a ring: named partitions, the legacy
+/// scan, discovery), and per consumer group a FIFO of parked ring pops that an event wakes one
+/// at a time, and only when the group's ring has work (no thundering herd: a push to one
+/// partition wakes one of ten thousand parked consumers, and the woken pop hands the wake on
+/// when it leaves work behind, `PopEffect::PassWake`).
 /// (Not `tokio::sync::watch`: its waiters sit in randomly chosen shards, so the order in which
 /// parked pops wake, and the simulation's trace, would depend on tokio's unseeded RNG.)
 #[derive(Default)]
 pub struct Gate {
     seq: AtomicU64,
     notify: Notify,
+    /// Parked ring pops by consumer group. `Notify::notify_one` wakes the longest-parked, keeps
+    /// the wake for the next pop to park when none is parked, and passes it on when the pop it
+    /// chose is dropped before it ran (its client left).
+    groups: Mutex<BTreeMap<String, Arc<Notify>>>,
     /// When it last opened (µs, the app's clock): a woken pop's wake latency starts here.
     opened_at_us: std::sync::atomic::AtomicI64,
 }
 
 impl Gate {
-    fn open(&self, now: Timestamp) {
+    /// Opens the gate: every waiter outside a ring wakes, and one ring pop of each group in
+    /// `groups` (those whose ring has work).
+    fn open(&self, now: Timestamp, groups: &[Arc<Notify>]) {
         self.opened_at_us.store(now.0, Ordering::SeqCst);
         self.seq.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
+        for group in groups {
+            group.notify_one();
+        }
+    }
+
+    /// The groups with a ring pop parked or about to park (someone besides this map holds
+    /// their list).
+    fn parked_groups(&self) -> Vec<(String, Arc<Notify>)> {
+        lock(&self.groups)
+            .iter()
+            .filter(|(_, n)| Arc::strong_count(n) > 1)
+            .map(|(g, n)| (g.clone(), n.clone()))
+            .collect()
     }
 }
 
-/// One parked pop's view of a gate: what it has already seen.
+/// One parked pop's view of a gate: what it has already seen, and for a ring pop its group's
+/// wake list.
 pub struct GateWatch {
     gate: Arc<Gate>,
     seen: u64,
+    group: Option<Arc<Notify>>,
 }
 
 impl GateWatch {
@@ -114,18 +140,31 @@ impl GateWatch {
         Timestamp(self.gate.opened_at_us.load(Ordering::SeqCst))
     }
 
-    /// Resolves once the gate opened after the last `mark_seen` (or `changed`).
+    /// Resolves once the gate opened after the last `mark_seen` (or `changed`); a ring pop, once
+    /// it opened before the pop parked, or once a wake chose it.
     pub async fn changed(&mut self) {
         loop {
             let notified = self.gate.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            let chosen = self.group.as_ref().map(|g| g.notified());
+            tokio::pin!(chosen);
+            if let Some(chosen) = chosen.as_mut().as_pin_mut() {
+                chosen.enable();
+            }
             let now = self.gate.seq.load(Ordering::SeqCst);
             if now != self.seen {
                 self.seen = now;
                 return;
             }
-            notified.await;
+            match chosen.as_mut().as_pin_mut() {
+                Some(chosen) => {
+                    chosen.await;
+                    self.seen = self.gate.seq.load(Ordering::SeqCst);
+                    return;
+                }
+                None => notified.await,
+            }
         }
     }
 }
@@ -317,14 +356,18 @@ impl App {
     }
 
     /// A receiver on a queue's wake gate (`None`: the any-queue gate of discovery pops).
-    pub fn gate(&self, queue: Option<&str>) -> GateWatch {
+    /// `ring_group`: the pop is served from its (queue, group) ring, and is woken one at a time.
+    pub fn gate(&self, queue: Option<&str>, ring_group: Option<&str>) -> GateWatch {
         let key = queue.unwrap_or(ANY_QUEUE_GATE).to_string();
         let gate = lock(&self.gates).entry(key).or_default().clone();
+        let group =
+            ring_group.map(|g| lock(&gate.groups).entry(g.to_string()).or_default().clone());
         let seen = gate.seq.load(Ordering::SeqCst);
-        GateWatch { gate, seen }
+        GateWatch { gate, seen, group }
     }
 
-    /// Opens a queue's wake gate: every pop parked on it re-checks now.
+    /// Opens a queue's wake gate: every pop parked on it outside a ring re-checks now, and of
+    /// each group whose ring has work, one parked ring pop.
     pub fn wake(&self, queue: &str) {
         let fate = self
             .hooks
@@ -341,11 +384,20 @@ impl App {
                 .cloned()
                 .collect()
         };
+        // The ring pops to wake are chosen now, by what the rings hold now (a delayed wake
+        // delivers the same choice late).
+        let opens: Vec<(Arc<Gate>, Vec<Arc<Notify>>)> = gates
+            .into_iter()
+            .map(|gate| {
+                let chosen = self.ring_pops_to_wake(queue, &gate);
+                (gate, chosen)
+            })
+            .collect();
         match fate {
             WakeFate::Deliver => {
                 let now = self.now();
-                for gate in &gates {
-                    gate.open(now);
+                for (gate, chosen) in &opens {
+                    gate.open(now, chosen);
                     self.metrics.wakes.inc();
                 }
             }
@@ -356,11 +408,39 @@ impl App {
                 let clock = self.hooks.clock.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(d).await;
-                    for gate in &gates {
-                        gate.open(clock());
+                    for (gate, chosen) in &opens {
+                        gate.open(clock(), chosen);
                     }
                 });
             }
+        }
+    }
+
+    /// Of each group with a ring pop parked on `gate`, that group's wake list if its ring has
+    /// work: one of its parked pops is woken.
+    fn ring_pops_to_wake(&self, queue: &str, gate: &Gate) -> Vec<Arc<Notify>> {
+        let parked = gate.parked_groups();
+        if parked.is_empty() {
+            return vec![];
+        }
+        let now = self.now();
+        let mut ctx = lock(&self.pop_ctx);
+        parked
+            .into_iter()
+            .filter(|(group, _)| ctx.rings.ring(queue, group).has_work(now))
+            .map(|(_, n)| n)
+            .collect()
+    }
+
+    /// A ring pop leaves work behind: one more parked pop of its group looks (see
+    /// `PopEffect::PassWake`).
+    pub fn pass_wake(&self, queue: &str, group: &str) {
+        let gate = lock(&self.gates).get(queue).cloned();
+        let Some(gate) = gate else { return };
+        let next = lock(&gate.groups).get(group).cloned();
+        if let Some(next) = next {
+            next.notify_one();
+            self.metrics.wakes_passed.inc();
         }
     }
 
@@ -428,9 +508,13 @@ impl App {
         }
     }
 
-    /// Drops gates nobody listens to (called now and then, so the map stays small).
+    /// Drops gates and group wake lists nobody listens to (called now and then, so the maps
+    /// stay small).
     pub fn prune_gates(&self) {
-        lock(&self.gates).retain(|_, gate| Arc::strong_count(gate) > 1);
+        lock(&self.gates).retain(|_, gate| {
+            lock(&gate.groups).retain(|_, n| Arc::strong_count(n) > 1);
+            Arc::strong_count(gate) > 1
+        });
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -182,6 +182,10 @@ pub struct Metrics {
     pub wakes_dropped: Counter,
     pub parked: Gauge,
     pub wakes: Counter,
+    /// Parked pops that resumed on a wake (not their timer).
+    pub pops_woken: Counter,
+    /// Wakes a ring pop handed on to another parked pop of its group.
+    pub wakes_passed: Counter,
     pub storage_calls: Counter,
     pub messages_delivered: Counter,
     pub pushes: Counter,
@@ -263,6 +267,8 @@ impl Default for Metrics {
             wakes_dropped: Counter::default(),
             parked: Gauge::default(),
             wakes: Counter::default(),
+            pops_woken: Counter::default(),
+            wakes_passed: Counter::default(),
             storage_calls: Counter::default(),
             messages_delivered: Counter::default(),
             pushes: Counter::default(),
@@ -319,6 +325,16 @@ impl Default for Metrics {
             "wakes",
             "Wake gate openings that reached a parked pop",
             m.wakes.clone(),
+        );
+        registry.register(
+            "parked_pops_woken",
+            "Parked pops that resumed on a wake rather than their timer",
+            m.pops_woken.clone(),
+        );
+        registry.register(
+            "wakes_passed",
+            "Wakes a ring pop handed on to another parked pop of its group (it left work behind)",
+            m.wakes_passed.clone(),
         );
         registry.register(
             "delivery_events",
@@ -496,6 +512,7 @@ impl Metrics {
     }
 
     pub fn record_wake(&self, micros: u64) {
+        self.pops_woken.inc();
         self.wake_latency.observe(micros as f64 / 1e6);
     }
 
@@ -536,6 +553,8 @@ impl Snapshot<'_> {
             },
             "parkedPops": m.parked.get(),
             "wakes": m.wakes.get(),
+            "popsWoken": m.pops_woken.get(),
+            "wakesPassed": m.wakes_passed.get(),
             "deliveryEvents": m
                 .events_by_kind()
                 .map(|(k, v)| (k.to_string(), serde_json::json!(v)))

@@ -47,9 +47,12 @@ pub async fn pop(app: Arc<App>, shape: PopShape, pairs: Vec<(String, String)>) -
 /// client that is gone is released at once instead of waiting out its lease.
 async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>) {
     let queue = params.queue_name().map(str::to_string);
-    let mut gate = app.gate(queue.as_deref());
     let mut shutdown = app.shutting_down.subscribe();
     let mut machine = PopMachine::new(params, app.mint_worker(), app.pop_config, app.now());
+    let ring_group = machine
+        .serves_from_ring()
+        .then(|| machine.params().consumer_group.clone());
+    let mut gate = app.gate(queue.as_deref(), ring_group.as_deref());
     let mut input = PopInput::Start;
     loop {
         // Mark the gate seen before the check: a push after this point opens it for us. One that
@@ -82,6 +85,11 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                     });
                 }
                 PopEffect::ReleasePermit { rtt_us } => app.limiter.release(rtt_us),
+                PopEffect::PassWake => {
+                    if let (Some(queue), Some(group)) = (&queue, &ring_group) {
+                        app.pass_wake(queue, group);
+                    }
+                }
                 PopEffect::Storage { id, command } => {
                     app.metrics.storage_calls.inc();
                     let started = app.now();

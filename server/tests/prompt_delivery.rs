@@ -694,3 +694,82 @@ async fn a_backlog_larger_than_a_reseed_page_is_walked_whole() {
 }
 
 const WALKED_PARTITIONS: usize = 600;
+
+/// No thundering herd, and nothing left behind by avoiding it. Six pops of one group park on a
+/// warm, empty queue (one partition each); one push writes into four partitions. The push wakes
+/// one parked pop, and each woken pop that leaves partitions behind hands the wake on, so four
+/// pops are answered with a partition each and the other two stay parked until their deadline:
+/// four woken, not six. Re-checks are a minute apart, so each 200 was a wake or a hand-off.
+/// Answers (the partitions the six pops were answered with, pops woken).
+async fn one_push_into_four_partitions(no_wake_handoff: bool) -> (Vec<String>, u64) {
+    const PARKED: usize = 6;
+    const PARTITIONS: usize = 4;
+    let db = queen_storage_sim::SimDb::new(
+        3,
+        std::sync::Arc::new(queen_server::app::wall_now),
+        queen_storage_sim::SimBugs::default(),
+    );
+    let hooks = queen_server::app::Hooks {
+        pop_bugs: queen_core::pop::PopBugs {
+            no_wake_handoff,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let app = queen_server::app::App::with_hooks(
+        event_driven(true),
+        queen_core::storage::StorageSet::of(db),
+        11,
+        hooks,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    // The group's first contact and the ring's first walk happen here, not under the test.
+    let warm = "/api/v1/pop/queue/herd.q?wait=false&consumerGroup=g";
+    assert_eq!(request(addr, "GET", warm, None).await.status, 204);
+    let path =
+        "/api/v1/pop/queue/herd.q?wait=true&timeout=2500&batch=10&partitions=1&consumerGroup=g";
+    let mut waiters = vec![];
+    for _ in 0..PARKED {
+        waiters.push(park(addr, path.to_string()).await);
+    }
+    let woken_before = metrics(addr).await["popsWoken"].as_u64().unwrap();
+    let items: Vec<Value> = (0..PARTITIONS)
+        .map(|i| json!({"queue": "herd.q", "partition": format!("p{i}"), "payload": {"i": i}}))
+        .collect();
+    let pushed = request(
+        addr,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({ "items": items })),
+    )
+    .await;
+    assert_eq!(pushed.status, 201);
+    let mut partitions = vec![];
+    for w in waiters {
+        let r = w.await.unwrap();
+        if r.status == 200 {
+            partitions.push(r.json()["partition"].as_str().unwrap().to_string());
+        } else {
+            assert_eq!(r.status, 204);
+        }
+    }
+    let woken = metrics(addr).await["popsWoken"].as_u64().unwrap() - woken_before;
+    app.shutting_down.send_replace(true);
+    partitions.sort();
+    (partitions, woken)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_wakes_only_the_pops_it_can_serve_and_strands_none() {
+    let (served, woken) = one_push_into_four_partitions(false).await;
+    assert_eq!(served, ["p0", "p1", "p2", "p3"], "one partition per pop");
+    assert_eq!(woken, 4, "six pops parked, four partitions: four woken");
+    let (served, _) = one_push_into_four_partitions(true).await;
+    assert_eq!(
+        served.len(),
+        1,
+        "the bug switch (no hand-off) is caught: the woken pop's leftovers stranded the rest: {served:?}"
+    );
+}

@@ -498,6 +498,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "a ring pop leaves work behind without handing the wake on",
+            Scenario::Prompt,
+            Bugs {
+                pop: PopBugs {
+                    no_wake_handoff: true,
+                    ..PopBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "completed retention ignores groups without a cursor row",
             Scenario::Retention,
             Bugs {

@@ -13,7 +13,7 @@ use super::history::{Event, Msg};
 use super::http::request;
 use super::{hit, Scenario, Shared};
 
-pub const QUEUES: [&str; 11] = [
+pub const QUEUES: [&str; 12] = [
     PROMPT_RESET,
     RETENTION_QUEUE,
     "c",
@@ -25,6 +25,7 @@ pub const QUEUES: [&str; 11] = [
     PROMPT_WINDOW,
     PROMPT_RETRY,
     PROMPT_LONG,
+    PROMPT_SPREAD,
 ];
 
 /// The prompt-delivery scenario's queues, one per way a message becomes deliverable by time
@@ -37,12 +38,21 @@ pub const PROMPT_RETRY: &str = "ns.retry";
 /// A 30 s lease, far longer than a ring reseed: a release this broker missed must not wait for
 /// the lease to end.
 pub const PROMPT_LONG: &str = "ns.long";
-pub const PROMPT_QUEUES: [&str; 5] = [
+/// Pushed to every partition at once, and read by three consumers of one group that work on
+/// each batch longer than the delivery bound: one event makes two partitions ready, a wake goes
+/// to one parked consumer, which claims one, so the other is served only if that pop hands the
+/// wake on to the next parked consumer (`PopEffect::PassWake`).
+pub const PROMPT_SPREAD: &str = "ns.spread";
+/// g1's consumers of the spread queue, and how long each works on a batch.
+const SPREAD_CONSUMERS: usize = 3;
+const SPREAD_WORK_MS: u64 = 1_200;
+pub const PROMPT_QUEUES: [&str; 6] = [
     PROMPT_LEASE,
     PROMPT_DELAY,
     PROMPT_WINDOW,
     PROMPT_RETRY,
     PROMPT_LONG,
+    PROMPT_SPREAD,
 ];
 /// The queue the prompt scenario seeks back and whose group it deletes: filled at the start and
 /// then quiet, so no push wakes its parked consumers; only the reset's own event can. Outside the
@@ -226,6 +236,9 @@ struct Producer {
     /// One push in four goes as a transaction's push operation (the faults scenario: a crash
     /// aimed between a transaction's commit and its answer needs transactions to aim at).
     transactions: bool,
+    /// Each push writes into every partition of the producer in one request: one event makes
+    /// several partitions ready at once.
+    spread: bool,
 }
 
 fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
@@ -275,6 +288,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 prefix: "p",
                 max_pushes: None,
                 transactions: false,
+                spread: false,
             };
             (
                 vec![
@@ -295,6 +309,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 prefix: "p",
                 max_pushes: None,
                 transactions: false,
+                spread: false,
             }],
             (0..3)
                 .map(|i| Consumer {
@@ -322,6 +337,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                     prefix: "p",
                     max_pushes: None,
                     transactions: false,
+                    spread: false,
                 }],
                 cs,
             )
@@ -337,6 +353,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 prefix: "p",
                 max_pushes: None,
                 transactions: false,
+                spread: false,
             }],
             (0..4)
                 .map(|i| Consumer {
@@ -370,6 +387,7 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                         prefix: "p",
                         max_pushes: None,
                         transactions: true,
+                        spread: false,
                     })
                     .collect(),
                 cs,
@@ -407,18 +425,26 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
             work_ms: 0,
         }
     };
-    let prefixes = ["l", "d", "w", RETRY_PREFIX, "n"];
-    let partitions: [[&'static str; 2]; 5] = [
+    let prefixes = ["l", "d", "w", RETRY_PREFIX, "n", "s"];
+    let partitions: [[&'static str; 2]; 6] = [
         ["l0", "l1"],
         ["d0", "d1"],
         ["w0", "w1"],
         ["r0", "r1"],
         ["n0", "n1"],
+        ["s0", "s1"],
     ];
     let mut cs = vec![];
     for (i, q) in PROMPT_QUEUES.iter().enumerate() {
         let fail_p = if *q == PROMPT_RETRY { 0.4 } else { 0.0 };
-        if *q != PROMPT_LONG {
+        if *q == PROMPT_SPREAD {
+            for _ in 0..SPREAD_CONSUMERS {
+                cs.push(Consumer {
+                    work_ms: SPREAD_WORK_MS,
+                    ..consumer(q, "g1", PopPath::Queue, i)
+                });
+            }
+        } else if *q != PROMPT_LONG {
             cs.push(Consumer {
                 mortal: *q == PROMPT_LEASE,
                 fail_p,
@@ -462,6 +488,17 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
             prefix,
             max_pushes: None,
             transactions: false,
+            spread: *q == PROMPT_SPREAD,
+        })
+        .map(|p| match p.queue {
+            // Pushes further apart than the bound, so that no push's own wake serves what the
+            // previous one left behind.
+            PROMPT_SPREAD => Producer {
+                gap_ms: (2_500, 4_000),
+                burst: 0.0,
+                ..p
+            },
+            _ => p,
         })
         .collect();
     producers.push(Producer {
@@ -474,6 +511,7 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
         prefix: "q",
         max_pushes: Some(5),
         transactions: false,
+        spread: false,
     });
     (producers, cs)
 }
@@ -568,17 +606,41 @@ async fn administer(shared: Arc<Shared>, mut rng: SeededRng) {
 async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng: SeededRng) {
     let mut k = 0u64;
     while !shared.draining.load(Ordering::SeqCst) && p.max_pushes.is_none_or(|m| k < m) {
-        let partition = if p.fresh_partitions {
-            format!("n{}", made.load(Ordering::SeqCst))
+        let partitions: Vec<String> = if p.fresh_partitions {
+            vec![format!("n{}", made.load(Ordering::SeqCst))]
+        } else if p.spread {
+            (0..p.partitions)
+                .map(|i| format!("{}{i}", p.prefix))
+                .collect()
         } else {
-            format!("{}{}", p.prefix, rng.below(u64::from(p.partitions)))
+            vec![format!(
+                "{}{}",
+                p.prefix,
+                rng.below(u64::from(p.partitions))
+            )]
         };
-        let n = 1 + rng.below(3);
-        let txids: Vec<String> = (0..n).map(|j| format!("{}-{k}-{j}", p.name)).collect();
+        // (partition, its transactionIds)
+        let writes: Vec<(String, Vec<String>)> = partitions
+            .into_iter()
+            .map(|partition| {
+                let n = 1 + rng.below(3);
+                let txids = (0..n)
+                    .map(|j| match p.spread {
+                        true => format!("{}-{k}-{partition}-{j}", p.name),
+                        false => format!("{}-{k}-{j}", p.name),
+                    })
+                    .collect();
+                (partition, txids)
+            })
+            .collect();
         k += 1;
-        let items: Vec<Value> = txids
+        let items: Vec<Value> = writes
             .iter()
-            .map(|t| json!({"queue": p.queue, "partition": partition, "payload": {"tx": t}, "transactionId": t}))
+            .flat_map(|(partition, txids)| {
+                txids.iter().map(move |t| {
+                    json!({"queue": p.queue, "partition": partition, "payload": {"tx": t}, "transactionId": t})
+                })
+            })
             .collect();
         let as_transaction = p.transactions && rng.below(4) == 0;
         let (path, request_body) = if as_transaction {
@@ -612,7 +674,7 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
             };
             match answer {
                 Some(items)
-                    if items.len() == txids.len()
+                    if items.len() == writes.iter().map(|(_, t)| t.len()).sum::<usize>()
                         && items
                             .iter()
                             .all(|i| i["status"] == "queued" || i["status"] == "duplicate") =>
@@ -623,13 +685,16 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
                     if items.iter().any(|i| i["status"] == "duplicate") {
                         shared.bump("push: retried after a lost answer, answered duplicate");
                     }
-                    shared.record(Event::Pushed {
-                        invoked,
-                        at: shared.now(),
-                        queue: p.queue.into(),
-                        partition: partition.clone(),
-                        txids: txids.clone(),
-                    });
+                    let at = shared.now();
+                    for (partition, txids) in &writes {
+                        shared.record(Event::Pushed {
+                            invoked,
+                            at,
+                            queue: p.queue.into(),
+                            partition: partition.clone(),
+                            txids: txids.clone(),
+                        });
+                    }
                     break;
                 }
                 _ => {
