@@ -2,7 +2,7 @@
 //! model database, every run reproducible from one seed.
 //!
 //! `SIM_SEEDS=N` runs N seeds per scenario (default below); `SIM_SEED=n` replays one seed (with
-//! `SIM_SCENARIO=creation|contention|wakes|faults|prompt|retention` to pick one scenario). A failure prints its
+//! `SIM_SCENARIO=creation|contention|wakes|faults|prompt|retention|scale` to pick one scenario). A failure prints its
 //! seed, the findings and the end of the trace, shrunk. Every run has a process of its own
 //! (`run_isolated`), so what the seed set ran is what a replay runs.
 
@@ -17,13 +17,14 @@ use queen_sim_tests::sim::{run, shrink, Bugs, FaultKinds, Scenario, Spec, WORK_M
 use queen_storage_sim::SimBugs;
 use serde_json::json;
 
-const SCENARIOS: [Scenario; 6] = [
+const SCENARIOS: [Scenario; 7] = [
     Scenario::CreationRace,
     Scenario::Contention,
     Scenario::LostWakes,
     Scenario::Faults,
     Scenario::Prompt,
     Scenario::Retention,
+    Scenario::Scale,
 ];
 
 /// Seeds that once failed during development, replayed on every run: contention 1 hung the
@@ -40,6 +41,7 @@ fn default_seeds(s: Scenario) -> u64 {
     match s {
         Scenario::Faults => 24,
         Scenario::Prompt | Scenario::Retention => 6,
+        Scenario::Scale => 3,
         _ => 8,
     }
 }
@@ -52,6 +54,7 @@ fn scenario_named(name: &str) -> Option<Scenario> {
         "faults" => Some(Scenario::Faults),
         "prompt" => Some(Scenario::Prompt),
         "retention" => Some(Scenario::Retention),
+        "scale" => Some(Scenario::Scale),
         _ => None,
     }
 }
@@ -68,6 +71,7 @@ fn scenario_arg(s: Scenario) -> &'static str {
         Scenario::Faults => "faults",
         Scenario::Prompt => "prompt",
         Scenario::Retention => "retention",
+        Scenario::Scale => "scale",
     }
 }
 
@@ -504,6 +508,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
                 pop: PopBugs {
                     no_wake_handoff: true,
                     ..PopBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "pending scans see only partitions with a cursor row",
+            Scenario::Scale,
+            Bugs {
+                sim: SimBugs {
+                    pending_scans_need_a_cursor: true,
+                    ..SimBugs::default()
                 },
                 ..Bugs::default()
             },

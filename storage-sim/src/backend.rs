@@ -80,7 +80,14 @@ impl PopStorage for SimDb {
     ) -> StorageResult<Option<Timestamp>> {
         self.pause_point().await;
         let now = self.now();
-        let next = pop::next_pending(&lock(&self.shared.state), queues, group, now, 0);
+        let next = pop::next_pending(
+            &lock(&self.shared.state),
+            queues,
+            group,
+            now,
+            0,
+            self.shared.bugs,
+        );
         self.pause_point().await;
         Ok(next)
     }
@@ -95,8 +102,15 @@ impl PopStorage for SimDb {
         // A snapshot read: in interleaved mode other transactions may commit between the read
         // and the answer's arrival (the hot-list reseed race).
         self.pause_point().await;
-        let names =
-            pop::pending_partitions(&lock(&self.shared.state), queue, group, after, limit, 0);
+        let names = pop::pending_partitions(
+            &lock(&self.shared.state),
+            queue,
+            group,
+            after,
+            limit,
+            0,
+            self.shared.bugs,
+        );
         self.pause_point().await;
         Ok(names)
     }

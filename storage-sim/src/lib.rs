@@ -82,6 +82,11 @@ pub struct SimBugs {
     /// queue but not yet on a partition holds nothing back there, so retention removes what it
     /// has not read.
     pub retention_ignores_groups_without_rows: bool,
+    /// The pending scans (the wildcard pop's candidates, the ring's reseed pages, the next-pending
+    /// probe) see only partitions with a cursor row for the group, as if the group's first
+    /// contact had seeded every partition: past `FIRST_CONTACT_SEED_CAP` a backlog from before
+    /// the first contact is never found.
+    pub pending_scans_need_a_cursor: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.
@@ -205,6 +210,8 @@ impl SimDb {
             group,
             now,
             0,
+            // An oracle: the model's rules, whatever a bug switch does to the pops.
+            SimBugs::default(),
         )
         .is_some_and(|t| t <= now)
     }

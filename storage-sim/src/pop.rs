@@ -14,6 +14,7 @@ use queen_core::{Offset, Timestamp};
 use crate::state::{advisory_key, DbState, MetaRow, PartitionRow, WatermarkRow};
 use crate::table::{Insert, Lock};
 use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell, TxHandle};
+use crate::SimBugs;
 
 /// The advisory try-lock keys (the same numbers as the PostgreSQL procedures): 42 for cursor-row
 /// creation, 43 for group-first-contact election, 44 for the watermark row.
@@ -727,7 +728,7 @@ pub(crate) async fn pop_wildcard(
                         .filter(|(_, p)| p.last_write_at >= floor)
                         .filter(|(_, p)| {
                             match st.consumers.get(&(p.id.clone(), req.group.clone()), t.id) {
-                                None => true,
+                                None => !shared.bugs.pending_scans_need_a_cursor,
                                 Some(c) => p.last_offset > c.committed && c.claimable(now),
                             }
                         })
@@ -800,8 +801,10 @@ fn backlog<'a>(
     p: &PartitionRow,
     group: &str,
     tx: u64,
+    bugs: SimBugs,
 ) -> Option<Option<&'a CursorRow>> {
     match st.consumers.get(&(p.id.clone(), group.to_string()), tx) {
+        None if bugs.pending_scans_need_a_cursor => None,
         None => (p.last_offset >= 0).then_some(None),
         Some(c) => (p.last_offset > c.committed).then_some(Some(c)),
     }
@@ -816,11 +819,12 @@ pub(crate) fn next_pending(
     group: &str,
     now: Timestamp,
     tx: u64,
+    bugs: SimBugs,
 ) -> Option<Timestamp> {
     let mut earliest: Option<Timestamp> = None;
     for queue in queues {
         for (_, p) in st.partitions_of(queue, tx) {
-            let at = match backlog(st, p, group, tx) {
+            let at = match backlog(st, p, group, tx, bugs) {
                 None => continue,
                 Some(None) => now,
                 Some(Some(c)) => c.live_lease_until(now).map_or(now, Timestamp::just_after),
@@ -843,10 +847,11 @@ pub(crate) fn pending_partitions(
     after: Option<&str>,
     limit: u32,
     tx: u64,
+    bugs: SimBugs,
 ) -> Vec<String> {
     st.partitions_of(queue, tx)
         .filter(|(name, _)| after.is_none_or(|a| *name > a))
-        .filter(|(_, p)| backlog(st, p, group, tx).is_some())
+        .filter(|(_, p)| backlog(st, p, group, tx, bugs).is_some())
         .take(limit as usize)
         .map(|(name, _)| name.to_string())
         .collect()

@@ -55,6 +55,9 @@ const SIM_RESEED_INTERVAL_MS: i64 = 5_000;
 /// Names per page of a ring's reseed walk: two, so every reseed of the simulation's queues (a
 /// few partitions each) walks page boundaries.
 const SIM_RESEED_PAGE: u32 = 2;
+/// The scale scenario's reseed page: its queue's walk is nine pages, the last past the first
+/// contact's seed cap.
+const SCALE_RESEED_PAGE: u32 = 32;
 /// A pop counts as parked this long after it was sent (the network's latency is at most 2 ms in
 /// the calm scenarios).
 const PARK_SLACK_US: i64 = 20_000;
@@ -78,6 +81,11 @@ pub enum Scenario {
     /// on a queue with completed and pending retention, while a group lags, a group makes first
     /// contact mid-run and new partitions keep appearing; brokers crash.
     Retention,
+    /// Many partitions and groups: a queue of more partitions than a group's first contact
+    /// seeds (`FIRST_CONTACT_SEED_CAP`), filled before any group's first pop, read by four groups
+    /// that make first contact one after another, each with a consumer on a hot-list broker and
+    /// one on a broker without it; reseed walks of several pages and the wildcard scan's window.
+    Scale,
 }
 
 /// The historical bugs a run may re-introduce.
@@ -323,7 +331,7 @@ impl Faults {
                     ..faults
                 };
             }
-            Scenario::CreationRace | Scenario::Contention => {
+            Scenario::CreationRace | Scenario::Contention | Scenario::Scale => {
                 faults = Faults {
                     max_latency_ms: 2,
                     hold: 0.0,
@@ -514,7 +522,11 @@ pub fn run(spec: Spec) -> Outcome {
     });
     let db = SimDb::interleaved(spec.seed, clock.clone(), spec.bugs.sim, pause);
     let brokers: Vec<String> = match spec.scenario {
-        Scenario::Faults | Scenario::Contention | Scenario::Prompt | Scenario::Retention => {
+        Scenario::Faults
+        | Scenario::Contention
+        | Scenario::Prompt
+        | Scenario::Retention
+        | Scenario::Scale => {
             vec!["broker0".into(), "broker1".into()]
         }
         _ => vec!["broker0".into()],
@@ -548,11 +560,15 @@ pub fn run(spec: Spec) -> Outcome {
     let lines: Vec<Arc<ListenLine>> = brokers.iter().map(|_| Arc::default()).collect();
     let aims: Vec<Arc<Mutex<Aim>>> = brokers.iter().map(|_| Arc::default()).collect();
     // The prompt scenario runs one broker with the hot-list and one without, or both alike,
-    // as the seed draws.
+    // as the seed draws; the scale scenario one of each.
     let hotlist: Vec<bool> = {
         let mut r = root.child("hotlist");
         (0..brokers.len())
-            .map(|_| spec.scenario != Scenario::Prompt || r.below(3) != 0)
+            .map(|i| match spec.scenario {
+                Scenario::Prompt => r.below(3) != 0,
+                Scenario::Scale => i == 0,
+                _ => true,
+            })
             .collect()
     };
     if std::env::var("SIM_EVENTS").is_ok() {
@@ -642,7 +658,11 @@ pub fn run(spec: Spec) -> Outcome {
                     pop_bugs: bugs.pop,
                     event_bugs: bugs.events,
                     reseed_interval_ms: SIM_RESEED_INTERVAL_MS,
-                    reseed_page: SIM_RESEED_PAGE,
+                    reseed_page: if spec.scenario == Scenario::Scale {
+                        SCALE_RESEED_PAGE
+                    } else {
+                        SIM_RESEED_PAGE
+                    },
                     crash_points: Some(crash_points),
                 };
                 let app = App::with_hooks(

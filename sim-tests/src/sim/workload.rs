@@ -13,8 +13,9 @@ use super::history::{Event, Msg};
 use super::http::request;
 use super::{hit, Scenario, Shared};
 
-pub const QUEUES: [&str; 12] = [
+pub const QUEUES: [&str; 13] = [
     PROMPT_RESET,
+    SCALE_QUEUE,
     RETENTION_QUEUE,
     "c",
     "k",
@@ -66,6 +67,12 @@ pub const SEEK_GROUP: &str = "gs";
 pub const PARTITION_GROUP: &str = "gp";
 pub const DELETED_GROUP: &str = "gd";
 
+/// The scale scenario's queue, its partitions (past the first contact's seed cap), and its
+/// groups (their first contacts half a second apart).
+pub const SCALE_QUEUE: &str = "m";
+const SCALE_PARTITIONS: u32 = queen_core::claim::FIRST_CONTACT_SEED_CAP as u32 + 14;
+const SCALE_GROUPS: [&str; 4] = ["g1", "g2", "g3", "g4"];
+
 /// The retention scenario's queue: completed retention after 1 s, everything after 8 s.
 pub const RETENTION_QUEUE: &str = "r";
 pub const RETENTION_COMPLETED_SECS: u32 = 1;
@@ -116,6 +123,7 @@ pub fn groups_of(scenario: Scenario) -> Vec<&'static str> {
         Scenario::Contention | Scenario::Faults => vec!["g1", "g2"],
         Scenario::Retention => vec!["g1", LAGGING_GROUP, LATE_GROUP],
         Scenario::Prompt => vec!["g1", "g2", PARTITION_GROUP],
+        Scenario::Scale => SCALE_GROUPS.to_vec(),
         _ => vec!["g1"],
     }
 }
@@ -149,6 +157,7 @@ pub fn queue_of(scenario: Scenario) -> &'static str {
         Scenario::Faults => "f",
         Scenario::Prompt => PROMPT_LEASE,
         Scenario::Retention => RETENTION_QUEUE,
+        Scenario::Scale => SCALE_QUEUE,
     }
 }
 
@@ -297,6 +306,48 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
                 ],
                 cs,
             )
+        }
+        Scenario::Scale => {
+            // The backlog first, in one push into every partition, before any group's first
+            // contact; then a trickle into random partitions.
+            let producers = vec![
+                Producer {
+                    name: "producer0".into(),
+                    queue: SCALE_QUEUE,
+                    partitions: SCALE_PARTITIONS,
+                    fresh_partitions: false,
+                    gap_ms: (0, 0),
+                    burst: 0.0,
+                    prefix: "p",
+                    max_pushes: Some(1),
+                    transactions: false,
+                    spread: true,
+                },
+                Producer {
+                    name: "producer1".into(),
+                    queue: SCALE_QUEUE,
+                    partitions: SCALE_PARTITIONS,
+                    fresh_partitions: false,
+                    gap_ms: (200, 600),
+                    burst: 0.0,
+                    prefix: "p",
+                    max_pushes: None,
+                    transactions: false,
+                    spread: false,
+                },
+            ];
+            let consumers = SCALE_GROUPS
+                .iter()
+                .enumerate()
+                .flat_map(|(g, group)| {
+                    (0..2).map(move |k| Consumer {
+                        start_ms: 500 + 500 * g as u64,
+                        batch: 10,
+                        ..consumer(2 * g + k, SCALE_QUEUE, group, PopPath::Queue, false)
+                    })
+                })
+                .collect();
+            (producers, consumers)
         }
         Scenario::CreationRace => (
             vec![Producer {
