@@ -77,20 +77,8 @@ async fn run(
         ..ServerConfig::default()
     };
     let (app, addr) = crate::start_with(pg, config, 21).await;
-    let samples = Arc::new(Mutex::new(Vec::new()));
+    let trace = LimitTrace::start(&app, Duration::from_millis(10));
     let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (app, samples, stop) = (app.clone(), samples.clone(), stop.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let (limit, _) = app.limiter.state();
-                if let Ok(mut s) = samples.lock() {
-                    s.push(limit);
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
     let pollers: Vec<_> = (0..load.idle_pollers)
         .map(|_| {
             let stop = stop.clone();
@@ -122,13 +110,139 @@ async fn run(
     )
     .await;
     stop.store(true, Ordering::Relaxed);
-    crate::util::joined(sampler.await);
+    let samples = trace.stop().await.iter().map(|s| s.limit).collect();
     for p in pollers {
         crate::util::joined(p.await);
     }
     app.shutting_down.send_replace(true);
-    let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
     (rate, samples)
+}
+
+/// One sample of a broker's serving limiter, with the machine's idle share at that moment.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitSample {
+    /// Since the trace started.
+    pub at_ms: u64,
+    pub limit: u32,
+    pub in_flight: u32,
+    /// Share of the machine's CPU time idle since the previous sample, in percent (/proc/stat).
+    pub idle_pct: f64,
+}
+
+/// The limiter's limit over time while a load runs.
+pub struct LimitTrace {
+    samples: Arc<Mutex<Vec<LimitSample>>>,
+    stop: Arc<AtomicBool>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+/// (idle, total) jiffies of the machine, from the first line of /proc/stat.
+fn machine_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: idle and iowait are idle cores.
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (idle, fields.iter().sum())
+}
+
+impl LimitTrace {
+    pub fn start(app: &Arc<queen_server::app::App>, every: Duration) -> LimitTrace {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let sampler = {
+            let (app, samples, stop) = (app.clone(), samples.clone(), stop.clone());
+            tokio::spawn(async move {
+                let start = std::time::Instant::now();
+                let mut last = machine_jiffies();
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(every).await;
+                    let (limit, in_flight) = app.limiter.state();
+                    let now = machine_jiffies();
+                    let (idle, total) =
+                        (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
+                    last = now;
+                    let sample = LimitSample {
+                        at_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        limit,
+                        in_flight,
+                        idle_pct: if total == 0 {
+                            f64::NAN
+                        } else {
+                            idle as f64 * 100.0 / total as f64
+                        },
+                    };
+                    if let Ok(mut s) = samples.lock() {
+                        s.push(sample);
+                    }
+                }
+            })
+        };
+        LimitTrace {
+            samples,
+            stop,
+            sampler,
+        }
+    }
+
+    pub async fn stop(self) -> Vec<LimitSample> {
+        self.stop.store(true, Ordering::Relaxed);
+        crate::util::joined(self.sampler.await);
+        self.samples.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Cores at least this idle (percent of the machine) count as room the limiter left unused.
+const IDLE_ROOM_PCT: f64 = 25.0;
+
+/// What a trace shows, as rows: where the limit sat, and how often it held work back while the
+/// cores had room (every permit taken, a quarter of the machine idle). A limiter that collapses
+/// shows a low minimum; one stuck at a fixed point while cores idle shows a high share of
+/// such samples.
+pub fn trace_rows(label: &str, samples: &[LimitSample]) -> Vec<Row> {
+    let limits: Vec<u32> = samples.iter().map(|s| s.limit).collect();
+    let (mean, min, max) = summary(&limits);
+    let measured: Vec<&LimitSample> = samples.iter().filter(|s| !s.idle_pct.is_nan()).collect();
+    let held_back = measured
+        .iter()
+        .filter(|s| s.in_flight >= s.limit && s.idle_pct >= IDLE_ROOM_PCT)
+        .count();
+    let held_back_pct = if measured.is_empty() {
+        f64::NAN
+    } else {
+        held_back as f64 * 100.0 / measured.len() as f64
+    };
+    let label = format!("{label}, limiter over time");
+    vec![
+        Row::new(label.clone(), "mean limit", mean, "-", f64::NAN),
+        Row::new(label.clone(), "min limit", min, "-", f64::NAN),
+        Row::new(label.clone(), "max limit", max, "-", f64::NAN),
+        Row::new(
+            label,
+            "% samples all permits taken, cores >= 25% idle",
+            held_back_pct,
+            "-",
+            f64::NAN,
+        ),
+    ]
+}
+
+/// A trace as the JSON report keeps it: [ms, limit, in flight, idle %] per sample.
+pub fn trace_json(label: &str, samples: &[LimitSample]) -> serde_json::Value {
+    serde_json::json!({
+        "scenario": label,
+        "samples": samples
+            .iter()
+            .map(|s| serde_json::json!([s.at_ms, s.limit, s.in_flight, (s.idle_pct * 10.0).round() / 10.0]))
+            .collect::<Vec<_>>(),
+    })
 }
 
 /// Per load: Vegas throughput against the fixed limit's, and where the Vegas limit sat.

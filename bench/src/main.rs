@@ -12,7 +12,9 @@
 //! 8. the serving limiter: Vegas against a fixed limit under the consume loads;
 //! 9. retention: storage and p99 over a soak with completed retention, and the cost of one pass;
 //! 10. PostgreSQL restarted under load: throughput during and after, time to recover;
-//! 11. push and consume with JWT auth on, against auth off.
+//! 11. push and consume with JWT auth on, against auth off;
+//! 12. many concurrent consumers (1,000 on 1,000 partitions) against 16, with the serving
+//!     limiter's limit traced over time (also over the fan-out runs; the traces go to the JSON).
 //!
 //! Usage: DATABASE_URL=... queen-bench [--quick] [--only push,consume,...] [--json PATH]   (or `bash .ci/bench [--quick]`)
 
@@ -20,6 +22,7 @@
 
 mod auth;
 mod consume;
+mod consumers;
 mod limiter;
 mod live;
 mod parked;
@@ -49,6 +52,8 @@ struct Plan {
     soak_secs: u64,
     retention_sizes: [usize; 2],
     fan_out_groups: &'static [usize],
+    /// The many-consumer count of scenario 12.
+    many_consumers: usize,
 }
 
 impl Plan {
@@ -66,6 +71,7 @@ impl Plan {
                 soak_secs: 8,
                 retention_sizes: [1_000, 10_000],
                 fan_out_groups: &[1, 5, 10],
+                many_consumers: 200,
             }
         } else {
             Plan {
@@ -81,6 +87,7 @@ impl Plan {
                 soak_secs: 240,
                 retention_sizes: [10_000, 100_000],
                 fan_out_groups: &[1, 5, 10, 50],
+                many_consumers: 1_000,
             }
         }
     }
@@ -177,7 +184,7 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::new(args.iter().any(|a| a == "--quick"));
     // --only <names>: comma-separated scenarios, each at its full length, the rest skipped.
-    const SCENARIOS: [&str; 11] = [
+    const SCENARIOS: [&str; 12] = [
         "push",
         "consume",
         "steady",
@@ -189,6 +196,7 @@ async fn main() {
         "retention",
         "restart",
         "auth",
+        "consumers",
     ];
     let only: Option<Vec<String>> = args
         .iter()
@@ -244,6 +252,9 @@ async fn main() {
         .expect("baseline schema");
     let (app, addr) = start_app(&pg, true).await;
     let mut rows = vec![];
+    // The serving limiter's limit over time under the scale loads (JSON only: [ms, limit, in flight,
+    // idle %] per sample).
+    let mut limiter_series: Vec<serde_json::Value> = vec![];
 
     for batch in [1usize, 10, 100, 1000].into_iter().filter(|_| runs("push")) {
         rows.extend(push::push_scenario(addr, &cfg, batch, plan.secs).await);
@@ -452,6 +463,7 @@ async fn main() {
 
     // 6. Fan-out at the calm offered rate: every group must receive every message.
     for &groups in plan.fan_out_groups.iter().filter(|_| runs("fan-out")) {
+        let trace = limiter::LimitTrace::start(&app, std::time::Duration::from_millis(100));
         let r = live::run(
             addr,
             &format!("fanout-{groups}"),
@@ -471,12 +483,15 @@ async fn main() {
             offered * groups as f64,
         ));
         rows.push(Row::new(
-            label,
+            label.clone(),
             "worst group p99 ms",
             worst,
             "steady 10% p99",
             calm_p99,
         ));
+        let samples = trace.stop().await;
+        rows.extend(limiter::trace_rows(&label, &samples));
+        limiter_series.push(limiter::trace_json(&label, &samples));
         eprintln!("measured fan-out, {groups} groups");
     }
 
@@ -501,6 +516,20 @@ async fn main() {
     if runs("limiter") {
         rows.extend(limiter::limiter_scenario(&pg, plan.consume_total).await);
         eprintln!("measured the limiter");
+    }
+
+    // 12. Many concurrent consumers, with the limiter traced.
+    if runs("consumers") {
+        rows.extend(
+            consumers::consumers_scenario(
+                &pg,
+                plan.consume_total,
+                plan.many_consumers,
+                &mut limiter_series,
+            )
+            .await,
+        );
+        eprintln!("measured many consumers");
     }
 
     // 9. Retention: a soak, and the cost of one pass.
@@ -538,7 +567,7 @@ async fn main() {
         .iter()
         .map(|r| json!({"scenario": r.scenario, "metric": r.metric, "broker": r.broker, "baseline": r.baseline_name, "baselineValue": r.baseline, "ratio": r.ratio()}))
         .collect();
-    let doc = json!({"mode": if plan.quick { "quick" } else { "full" }, "seconds": plan.secs, "rows": out});
+    let doc = json!({"mode": if plan.quick { "quick" } else { "full" }, "seconds": plan.secs, "rows": out, "limiterSeries": limiter_series});
     if let Err(e) = std::fs::write(
         &json_path,
         serde_json::to_vec_pretty(&doc).unwrap_or_default(),

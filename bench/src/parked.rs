@@ -1,7 +1,9 @@
 //! Scenario 4: parked consumers. N long-polls on an empty queue against a broker running as its
 //! own process (so its CPU and RSS are its own): storage statements per second (from
-//! pg_stat_statements), broker CPU and RSS, then one push and its delivery latency. Hot-list on and
-//! off. The baseline: N consumers polling PostgreSQL directly once a second.
+//! pg_stat_statements), broker CPU and RSS, then one push and its delivery latency, then the wake
+//! cost: the broker's CPU per one-message push and how many parked pops each push woke (a push
+//! that wakes every parked pop costs CPU in proportion to them). Hot-list on and off. The
+//! baseline: N consumers polling PostgreSQL directly once a second.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -96,11 +98,14 @@ async fn spawn_broker(db_url: &str, hotlist: bool) -> Broker {
     Broker { child, addr }
 }
 
-async fn parked_count(addr: std::net::SocketAddr) -> u64 {
+/// A counter of the broker's `/metrics` JSON.
+async fn broker_counter(addr: std::net::SocketAddr, name: &str) -> u64 {
     let mut c = Client::connect(addr).await;
-    c.get("/metrics").await.json()["parkedPops"]
-        .as_u64()
-        .unwrap_or(0)
+    c.get("/metrics").await.json()[name].as_u64().unwrap_or(0)
+}
+
+async fn parked_count(addr: std::net::SocketAddr) -> u64 {
+    broker_counter(addr, "parkedPops").await
 }
 
 pub struct Parked {
@@ -108,7 +113,17 @@ pub struct Parked {
     pub cpu_percent: f64,
     pub rss_mib: f64,
     pub delivery_ms: f64,
+    /// Broker CPU per push of one message while the rest stay parked, above the idle rate.
+    pub cpu_ms_per_push: f64,
+    /// Parked pops that resumed on a wake, per such push (1 when a push wakes only the pop it
+    /// can serve; the parked count when it wakes them all).
+    pub woken_per_push: f64,
 }
+
+/// Pushes of one message each in the wake-cost phase, this far apart (each is delivered long
+/// before the next: `push-to-delivery ms` is tens of ms at 10,000 parked).
+const WAKE_PUSHES: u32 = 20;
+const WAKE_PUSH_GAP: Duration = Duration::from_millis(250);
 
 pub async fn broker_run(
     db_url: &str,
@@ -197,11 +212,35 @@ pub async fn broker_run(
         }
         tokio::time::sleep(Duration::from_micros(200)).await;
     };
+    // The wake cost: pushes of one message each while the others stay parked. Each push goes to
+    // a partition of its own (the first push's partition stays leased by the pop it woke) and is
+    // served by one parked pop, whose socket then idles: every push finds the rest parked.
+    let woken0 = broker_counter(b.addr, "popsWoken").await;
+    let (cpu_w0, _) = cpu_and_rss(pid);
+    let tw = Instant::now();
+    for i in 0..WAKE_PUSHES {
+        c.post(
+            "/api/v1/push",
+            &json!({"items": [{"queue": queue, "partition": format!("wake-{i}"), "payload": {"wake": i}}]}),
+        )
+        .await;
+        tokio::time::sleep(WAKE_PUSH_GAP).await;
+    }
+    let (cpu_w1, _) = cpu_and_rss(pid);
+    let wake_elapsed = tw.elapsed().as_secs_f64();
+    let woken = broker_counter(b.addr, "popsWoken")
+        .await
+        .saturating_sub(woken0);
+    let idle_cpu_s_per_s = (cpu1 - cpu0) / elapsed;
+    let cpu_ms_per_push = ((cpu_w1 - cpu_w0) - idle_cpu_s_per_s * wake_elapsed).max(0.0) * 1000.0
+        / f64::from(WAKE_PUSHES);
     let _ = b.child.kill().await;
     for r in readers {
         r.abort();
     }
     Parked {
+        cpu_ms_per_push,
+        woken_per_push: woken as f64 / f64::from(WAKE_PUSHES),
         statements_per_sec: match (s0, s1) {
             (Some(a), Some(b)) => (b - a) as f64 / elapsed,
             _ => f64::NAN,
@@ -275,6 +314,26 @@ pub fn rows(consumers: usize, hotlist: bool, p: &Parked, raw: f64) -> Vec<Row> {
         ),
         Row::new(label.clone(), "broker CPU %", p.cpu_percent, "-", f64::NAN),
         Row::new(label.clone(), "broker RSS MiB", p.rss_mib, "-", f64::NAN),
-        Row::new(label, "push-to-delivery ms", p.delivery_ms, "-", f64::NAN),
+        Row::new(
+            label.clone(),
+            "push-to-delivery ms",
+            p.delivery_ms,
+            "-",
+            f64::NAN,
+        ),
+        Row::new(
+            label.clone(),
+            "broker CPU ms per push",
+            p.cpu_ms_per_push,
+            "-",
+            f64::NAN,
+        ),
+        Row::new(
+            label,
+            "pops woken per push",
+            p.woken_per_push,
+            "-",
+            f64::NAN,
+        ),
     ]
 }
