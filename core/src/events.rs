@@ -122,11 +122,24 @@ pub struct EventBugs {
     /// A consumer-group delete (or seek) updates the rings but opens no gate: parked consumers
     /// find out at their next re-check.
     pub group_reset_without_wake: bool,
+    /// Events leave the legacy path's shared probe answers in place: a woken pop takes the
+    /// answer read before the event and parks again.
+    pub events_keep_probe_answers: bool,
 }
 
 impl PopContext {
     /// Applies one event to the rings and cached configs; the caller opens the gates returned.
     pub fn apply(&mut self, event: &DeliveryEvent, now: Timestamp) -> Wake {
+        let concerns = match event {
+            DeliveryEvent::Pushed { queue, .. }
+            | DeliveryEvent::Released { queue, .. }
+            | DeliveryEvent::QueueChanged { queue } => Some(queue.as_str()),
+            DeliveryEvent::GroupReset { queue, .. } => queue.as_deref(),
+            DeliveryEvent::Resync => None,
+        };
+        if !self.event_bugs.events_keep_probe_answers {
+            self.probes.note_event(concerns);
+        }
         match event {
             DeliveryEvent::Pushed {
                 queue,

@@ -205,6 +205,88 @@ pub struct PopContext {
     pub configs: std::collections::BTreeMap<String, CachedConfig>,
     pub pop_maintenance: bool,
     pub event_bugs: crate::events::EventBugs,
+    /// The legacy path's shared probe answers.
+    pub probes: ProbeMemos,
+}
+
+/// The legacy path's (`QUEEN_HOTLIST=0`) last "nothing claimable now" probe answer per (queue,
+/// group), shared by the parked pops of that pair: within one initial backoff interval of it,
+/// and with no event of the queue since, a parked pop's re-check takes the answer instead of
+/// asking storage again. Ten thousand parked pops of one queue then cost a probe per interval,
+/// not ten thousand (each pop re-checks on its own backoff, as the raw pollers do). An event of
+/// the queue drops its answers, so a woken pop always asks storage.
+#[derive(Debug, Default)]
+pub struct ProbeMemos {
+    memos: std::collections::BTreeMap<(String, String), ProbeMemo>,
+    /// Events seen per queue, and of every queue: a probe's answer is kept only if no event of
+    /// its queue came while it was in flight.
+    queue_events: std::collections::BTreeMap<String, u64>,
+    all_events: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ProbeMemo {
+    at: Timestamp,
+    next: Option<Timestamp>,
+}
+
+/// Which events a probe answer saw: (events of every queue, events of its queue).
+pub type ProbeEpoch = (u64, u64);
+
+impl ProbeMemos {
+    pub fn epoch(&self, queue: &str) -> ProbeEpoch {
+        (
+            self.all_events,
+            self.queue_events.get(queue).copied().unwrap_or(0),
+        )
+    }
+
+    /// An event of `queue` (`None`: of every queue): its answers are stale.
+    pub fn note_event(&mut self, queue: Option<&str>) {
+        match queue {
+            Some(q) => {
+                *self.queue_events.entry(q.to_string()).or_default() += 1;
+                self.memos.retain(|(mq, _), _| mq != q);
+            }
+            None => {
+                self.all_events += 1;
+                self.memos.clear();
+            }
+        }
+    }
+
+    /// Keeps a probe's answer of nothing claimable now (`next`: when a lease or hold over a
+    /// backlog ends), unless an event of the queue came since the probe was issued at `epoch`.
+    pub fn remember(
+        &mut self,
+        queue: &str,
+        group: &str,
+        epoch: ProbeEpoch,
+        next: Option<Timestamp>,
+        now: Timestamp,
+    ) {
+        if epoch == self.epoch(queue) && next.is_none_or(|t| t > now) {
+            self.memos.insert(
+                (queue.to_string(), group.to_string()),
+                ProbeMemo { at: now, next },
+            );
+        }
+    }
+
+    /// The shared answer, if one is fresh (younger than `ttl_ms`) and still says nothing is
+    /// claimable now: `Some(next)`.
+    pub fn recall(
+        &self,
+        queue: &str,
+        group: &str,
+        now: Timestamp,
+        ttl_ms: i64,
+    ) -> Option<Option<Timestamp>> {
+        self.memos
+            .get(&(queue.to_string(), group.to_string()))
+            .filter(|m| now < m.at.plus_millis(ttl_ms) && m.next.is_none_or(|t| t > now))
+            .map(|m| m.next)
+    }
 }
 
 impl PopContext {
@@ -214,6 +296,7 @@ impl PopContext {
             configs: Default::default(),
             pop_maintenance: false,
             event_bugs,
+            probes: ProbeMemos::default(),
         }
     }
 
@@ -296,10 +379,11 @@ enum Phase {
         woken: bool,
         owes_reseed: bool,
     },
-    /// The legacy path's cheap probe (no permit).
+    /// The legacy path's cheap probe (no permit), issued when the queue's events were at `epoch`.
     Probing {
         id: u64,
         woken: bool,
+        epoch: ProbeEpoch,
     },
     Working {
         id: u64,
@@ -512,11 +596,19 @@ impl PopMachine {
                 }
             }
             PopInput::StorageDone { id, result } => match self.phase.clone() {
-                Phase::Probing { id: want, woken } if want == id => match result {
+                Phase::Probing {
+                    id: want,
+                    woken,
+                    epoch,
+                } if want == id => match result {
                     Ok(StorageReply::NextPending(Some(t))) if t <= now => {
                         self.acquire(woken, false)
                     }
                     Ok(StorageReply::NextPending(next)) => {
+                        if let Some(queue) = self.params.queue_name() {
+                            let group = &self.params.consumer_group;
+                            ctx.probes.remember(queue, group, epoch, next, now);
+                        }
                         self.revisit_at = next;
                         self.empty_or_park(now, woken)
                     }
@@ -571,9 +663,21 @@ impl PopMachine {
                 // Legacy path: the cheap probe runs before any permit, unless storage already
                 // said when something becomes deliverable and that time has come.
                 if !self.revisit_due(now) {
+                    let ttl_ms = i64::try_from(self.config.backoff.initial_ms).unwrap_or(i64::MAX);
+                    if let Some(next) = ctx.probes.recall(&queue, &group, now, ttl_ms) {
+                        // Another parked pop of this (queue, group) asked just now, and no event
+                        // of the queue came since: its answer stands.
+                        self.revisit_at = next;
+                        return self.empty_or_park(now, false);
+                    }
+                    let epoch = ctx.probes.epoch(&queue);
                     let queues = vec![queue];
                     let id = self.storage(StorageCommand::NextPending { queues, group });
-                    self.phase = Phase::Probing { id, woken: false };
+                    self.phase = Phase::Probing {
+                        id,
+                        woken: false,
+                        epoch,
+                    };
                     return;
                 }
                 true

@@ -546,6 +546,81 @@ fn cancel_releases_a_held_permit() {
     assert!(m.is_done());
 }
 
+/// The legacy path's parked pops of one (queue, group) share a probe answer of nothing
+/// claimable: within an initial backoff interval of it a second pop parks without asking
+/// storage; an event of the queue drops the answer (the woken pop asks), and so does time. An
+/// answer whose probe an event overtook is not kept.
+#[test]
+fn legacy_parked_pops_share_a_probe_answer_until_an_event() {
+    let config = PopConfig {
+        hotlist: false,
+        ..PopConfig::default()
+    };
+    let probes = |fx: &[PopEffect]| {
+        fx.iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    PopEffect::Storage {
+                        command: StorageCommand::NextPending { .. },
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    let mut c = ctx();
+    let mut a = machine(&[("wait", "true")], config);
+    a.handle(PopInput::Start, T0, &mut c);
+    let (id, _) = storage_id(&drain(&mut a));
+    a.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(None)),
+        },
+        T0,
+        &mut c,
+    );
+    assert!(matches!(drain(&mut a)[..], [PopEffect::Park { .. }]));
+
+    let at = T0.plus_millis(50);
+    let mut b = machine(&[("wait", "true")], config);
+    b.handle(PopInput::Start, at, &mut c);
+    let fx = drain(&mut b);
+    assert_eq!(probes(&fx), 0, "a's answer stands: {fx:?}");
+    assert!(matches!(fx[..], [PopEffect::Park { .. }]), "{fx:?}");
+
+    // A push to the queue: the woken pop asks storage.
+    push_event(&mut c, 1, at);
+    b.handle(PopInput::Wake, at, &mut c);
+    let fx = drain(&mut b);
+    assert_eq!(probes(&fx), 1, "{fx:?}");
+    // An event while b's probe is in flight: its answer is not kept.
+    let (id, _) = storage_id(&fx);
+    push_event(&mut c, 1, at);
+    b.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(None)),
+        },
+        at,
+        &mut c,
+    );
+    let _ = drain(&mut b);
+    let mut d = machine(&[("wait", "true")], config);
+    d.handle(PopInput::Start, at, &mut c);
+    assert_eq!(
+        probes(&drain(&mut d)),
+        1,
+        "b's answer was overtaken by a push"
+    );
+
+    // After the interval, a re-check asks again.
+    let mut e = machine(&[("wait", "true")], config);
+    e.handle(PopInput::Start, T0.plus_millis(100), &mut c);
+    assert_eq!(probes(&drain(&mut e)), 1);
+}
+
 #[test]
 fn legacy_path_probes_next_pending_before_the_permit() {
     let config = PopConfig {

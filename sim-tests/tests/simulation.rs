@@ -524,6 +524,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "an event leaves the legacy path's shared probe answer in place",
+            Scenario::Prompt,
+            Bugs {
+                events: EventBugs {
+                    events_keep_probe_answers: true,
+                    ..EventBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "completed retention ignores groups without a cursor row",
             Scenario::Retention,
             Bugs {
@@ -540,6 +551,7 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 events: EventBugs {
                     group_reset_without_wake: true,
+                    ..EventBugs::default()
                 },
                 ..Bugs::default()
             },
