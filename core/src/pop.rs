@@ -213,11 +213,15 @@ pub struct PopContext {
 /// group), shared by the parked pops of that pair: within one initial backoff interval of it,
 /// and with no event of the queue since, a parked pop's re-check takes the answer instead of
 /// asking storage again. Ten thousand parked pops of one queue then cost a probe per interval,
-/// not ten thousand (each pop re-checks on its own backoff, as the raw pollers do). An event of
-/// the queue drops its answers, so a woken pop always asks storage.
+/// not ten thousand (each pop re-checks on its own backoff, as the raw pollers do). While one
+/// pop's probe is in flight the others re-checking wait for their next interval rather than ask
+/// too. An event of the queue drops its answers and the probes in flight, so a woken pop always
+/// asks storage.
 #[derive(Debug, Default)]
 pub struct ProbeMemos {
     memos: std::collections::BTreeMap<(String, String), ProbeMemo>,
+    /// When the probe in flight per (queue, group) was issued.
+    in_flight: std::collections::BTreeMap<(String, String), Timestamp>,
     /// Events seen per queue, and of every queue: a probe's answer is kept only if no event of
     /// its queue came while it was in flight.
     queue_events: std::collections::BTreeMap<String, u64>,
@@ -247,10 +251,12 @@ impl ProbeMemos {
             Some(q) => {
                 *self.queue_events.entry(q.to_string()).or_default() += 1;
                 self.memos.retain(|(mq, _), _| mq != q);
+                self.in_flight.retain(|(mq, _), _| mq != q);
             }
             None => {
                 self.all_events += 1;
                 self.memos.clear();
+                self.in_flight.clear();
             }
         }
     }
@@ -265,16 +271,22 @@ impl ProbeMemos {
         next: Option<Timestamp>,
         now: Timestamp,
     ) {
+        let key = (queue.to_string(), group.to_string());
+        self.in_flight.remove(&key);
         if epoch == self.epoch(queue) && next.is_none_or(|t| t > now) {
-            self.memos.insert(
-                (queue.to_string(), group.to_string()),
-                ProbeMemo { at: now, next },
-            );
+            self.memos.insert(key, ProbeMemo { at: now, next });
         }
     }
 
+    /// A probe of (queue, group) is issued now.
+    pub fn issued(&mut self, queue: &str, group: &str, now: Timestamp) {
+        self.in_flight
+            .insert((queue.to_string(), group.to_string()), now);
+    }
+
     /// The shared answer, if one is fresh (younger than `ttl_ms`) and still says nothing is
-    /// claimable now: `Some(next)`.
+    /// claimable now: `Some(next)`; while another pop's probe (issued within `ttl_ms`) is in
+    /// flight, `Some(None)`: nothing known, look again at the next interval.
     pub fn recall(
         &self,
         queue: &str,
@@ -282,10 +294,18 @@ impl ProbeMemos {
         now: Timestamp,
         ttl_ms: i64,
     ) -> Option<Option<Timestamp>> {
-        self.memos
-            .get(&(queue.to_string(), group.to_string()))
+        let key = (queue.to_string(), group.to_string());
+        let memo = self
+            .memos
+            .get(&key)
             .filter(|m| now < m.at.plus_millis(ttl_ms) && m.next.is_none_or(|t| t > now))
-            .map(|m| m.next)
+            .map(|m| m.next);
+        memo.or_else(|| {
+            self.in_flight
+                .get(&key)
+                .filter(|at| now < at.plus_millis(ttl_ms))
+                .map(|_| None)
+        })
     }
 }
 
@@ -671,6 +691,7 @@ impl PopMachine {
                         return self.empty_or_park(now, false);
                     }
                     let epoch = ctx.probes.epoch(&queue);
+                    ctx.probes.issued(&queue, &group, now);
                     let queues = vec![queue];
                     let id = self.storage(StorageCommand::NextPending { queues, group });
                     self.phase = Phase::Probing {

@@ -549,7 +549,8 @@ fn cancel_releases_a_held_permit() {
 /// The legacy path's parked pops of one (queue, group) share a probe answer of nothing
 /// claimable: within an initial backoff interval of it a second pop parks without asking
 /// storage; an event of the queue drops the answer (the woken pop asks), and so does time. An
-/// answer whose probe an event overtook is not kept.
+/// answer whose probe an event overtook is not kept, and while a probe is in flight the other
+/// pops wait for their next interval instead of asking too.
 #[test]
 fn legacy_parked_pops_share_a_probe_answer_until_an_event() {
     let config = PopConfig {
@@ -609,16 +610,31 @@ fn legacy_parked_pops_share_a_probe_answer_until_an_event() {
     let _ = drain(&mut b);
     let mut d = machine(&[("wait", "true")], config);
     d.handle(PopInput::Start, at, &mut c);
-    assert_eq!(
-        probes(&drain(&mut d)),
-        1,
-        "b's answer was overtaken by a push"
-    );
-
-    // After the interval, a re-check asks again.
+    let fx = drain(&mut d);
+    assert_eq!(probes(&fx), 1, "b's answer was overtaken by a push");
+    // While d's probe is in flight, another re-check waits for its next interval.
     let mut e = machine(&[("wait", "true")], config);
-    e.handle(PopInput::Start, T0.plus_millis(100), &mut c);
-    assert_eq!(probes(&drain(&mut e)), 1);
+    e.handle(PopInput::Start, at, &mut c);
+    let parked = drain(&mut e);
+    assert!(matches!(parked[..], [PopEffect::Park { .. }]), "{parked:?}");
+    let (id, _) = storage_id(&fx);
+    d.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(None)),
+        },
+        at,
+        &mut c,
+    );
+    let _ = drain(&mut d);
+
+    // d's answer stands for an interval; after it, a re-check asks again.
+    let mut f = machine(&[("wait", "true")], config);
+    f.handle(PopInput::Start, at.plus_millis(99), &mut c);
+    assert_eq!(probes(&drain(&mut f)), 0);
+    let mut g = machine(&[("wait", "true")], config);
+    g.handle(PopInput::Start, at.plus_millis(100), &mut c);
+    assert_eq!(probes(&drain(&mut g)), 1);
 }
 
 #[test]
