@@ -50,6 +50,9 @@ pub(crate) enum Consume {
     LeasedFramed,
     /// JSON answers committed at delivery.
     AutoAck,
+    /// As `Leased`, but each pop long-polls (wait=true, 200 ms) instead of answering 204 at once:
+    /// how many concurrent consumers run (a consumer with nothing to take parks on the broker).
+    LeasedLongPoll,
 }
 
 /// A JSON pop answer as a typed client reads it: the fields an ack needs, each payload checked
@@ -136,7 +139,13 @@ pub(crate) async fn broker_rate(
     eprintln!("measuring {queue}");
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let path = format!("/api/v1/pop/queue/{queue}?batch=100&wait=false&autoAck={auto_ack}{framed}");
+    let long_poll = mode == Consume::LeasedLongPoll;
+    let wait = if long_poll {
+        "wait=true&timeout=200"
+    } else {
+        "wait=false"
+    };
+    let path = format!("/api/v1/pop/queue/{queue}?batch=100&{wait}&autoAck={auto_ack}{framed}");
     let handles: Vec<_> = (0..consumers)
         .map(|_| {
             let (done, path, broker) = (done.clone(), path.clone(), broker.clone());
@@ -150,7 +159,9 @@ pub(crate) async fn broker_rate(
                     // every ready partition of its ring while its call is in flight).
                     if r.status == 204 {
                         empty += 1;
-                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        if !long_poll {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
                         continue;
                     }
                     empty = 0;

@@ -1,6 +1,7 @@
 //! Scenario 12: many concurrent consumers. One 1,000-partition backlog drained by 16 consumers,
 //! then by many (1,000 in the full plan), each on its own connection and its own broker (a fresh
-//! limiter), leased JSON pops of batch 100 acked whole, as the consume scenario runs them. The
+//! limiter), leased JSON pops of batch 100 acked whole, each pop a 200 ms long-poll (a consumer
+//! with nothing to take parks on the broker rather than polling it). The
 //! many-consumer rate is read against the 16-consumer rate, and the serving limiter's limit is
 //! traced over both runs (every 100 ms, with the machine's idle share).
 
@@ -34,7 +35,7 @@ pub async fn consumers_scenario(
             &queue,
             PARTITIONS,
             consumers,
-            Consume::Leased,
+            Consume::LeasedLongPoll,
             total,
         )
         .await;

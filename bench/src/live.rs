@@ -12,7 +12,49 @@ use queen_core::frames::{build_blob, slice_blob, Frame};
 use queen_raw_client::Client;
 use serde_json::{json, Value};
 
-use crate::util::{latency, latency_us, payload, pg_connect, Latency};
+use crate::util::{latency, latency_us, payload, pg_connect, since_start_us, Latency};
+
+/// A pop answer as the live consumers read it: what an ack needs and each payload's send time,
+/// typed (a `serde_json::Value` tree per answer took the load generator's share of the two cores
+/// from the broker and PostgreSQL at 50 groups).
+#[derive(serde::Deserialize)]
+struct LiveAnswer<'a> {
+    #[serde(borrow)]
+    messages: Vec<LiveMessage<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LiveMessage<'a> {
+    #[serde(borrow)]
+    transaction_id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    partition_id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    lease_id: Option<std::borrow::Cow<'a, str>>,
+    data: SentAt,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SentAt {
+    sent_us: Option<u64>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LiveAck<'a> {
+    transaction_id: &'a str,
+    partition_id: &'a str,
+    lease_id: Option<&'a str>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LiveAcks<'a> {
+    acknowledgments: Vec<LiveAck<'a>>,
+    consumer_group: &'a str,
+}
 
 const PRODUCERS: usize = 4;
 const PARTITIONS: usize = 10;
@@ -115,8 +157,9 @@ pub async fn run(
     for (g, sink) in samples.iter().enumerate() {
         for _ in 0..per_group {
             let (delivered, sink, drained) = (delivered.clone(), sink.clone(), drained.clone());
+            let group = format!("g{g}");
             let path = format!(
-                "/api/v1/pop/queue/{queue}?batch=100&wait=true&timeout=500&consumerGroup=g{g}"
+                "/api/v1/pop/queue/{queue}?batch=100&wait=true&timeout=500&consumerGroup={group}"
             );
             consumers.push(tokio::spawn(async move {
                 let mut c = Client::connect(addr).await;
@@ -125,13 +168,31 @@ pub async fn run(
                     if r.status != 200 {
                         continue;
                     }
-                    let body = r.json();
-                    let msgs = body["messages"].as_array().cloned().unwrap_or_default();
-                    let lat: Vec<u64> = msgs.iter().filter_map(|m| latency_us(&m["data"])).collect();
-                    let acks: Vec<Value> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]})).collect();
-                    let a = c.post("/api/v1/ack/batch", &json!({ "acknowledgments": acks, "consumerGroup": format!("g{g}") })).await;
+                    let answer: LiveAnswer = serde_json::from_slice(&r.body).expect("pop answer");
+                    let now = since_start_us();
+                    let lat: Vec<u64> = answer
+                        .messages
+                        .iter()
+                        .filter_map(|m| m.data.sent_us.map(|sent| now.saturating_sub(sent)))
+                        .collect();
+                    let acks = LiveAcks {
+                        acknowledgments: answer
+                            .messages
+                            .iter()
+                            .map(|m| LiveAck {
+                                transaction_id: &m.transaction_id,
+                                partition_id: &m.partition_id,
+                                lease_id: m.lease_id.as_deref(),
+                            })
+                            .collect(),
+                        consumer_group: &group,
+                    };
+                    let body = serde_json::to_vec(&acks).expect("ack body");
+                    let a = c
+                        .post_bytes("/api/v1/ack/batch", "application/json", &body)
+                        .await;
                     assert_eq!(a.status, 200, "ack failed");
-                    delivered.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+                    delivered.fetch_add(answer.messages.len() as u64, Ordering::Relaxed);
                     sink.lock().map(|mut s| s.extend(lat)).ok();
                 }
             }));
