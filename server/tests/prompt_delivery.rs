@@ -611,6 +611,29 @@ async fn a_wake_during_a_storage_call_is_not_slept_through() {
     );
 }
 
+/// An event-driven hot-list broker on a fresh model database with a case's hooks (its bug
+/// switches), serving on a free port.
+async fn hooked_memory_broker(
+    hooks: queen_server::app::Hooks,
+    seed: u64,
+) -> (std::sync::Arc<queen_server::app::App>, SocketAddr) {
+    let db = queen_storage_sim::SimDb::new(
+        3,
+        std::sync::Arc::new(queen_server::app::wall_now),
+        queen_storage_sim::SimBugs::default(),
+    );
+    let app = queen_server::app::App::with_hooks(
+        event_driven(true),
+        queen_core::storage::StorageSet::of(db),
+        seed,
+        hooks,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    (app, addr)
+}
+
 /// A backlog the ring never heard of (pushed before the group's first pop), larger than a reseed
 /// page: the walk reads on page after page as the ring drains, not a reseed interval (here an
 /// hour) later. More partitions than the first contact's wildcard scan lists (512 candidates),
@@ -618,11 +641,6 @@ async fn a_wake_during_a_storage_call_is_not_slept_through() {
 /// messages sequential wait=false pops took.
 async fn walked_backlog(walk_stops_after_first_page: bool) -> usize {
     const PARTITIONS: usize = WALKED_PARTITIONS;
-    let db = queen_storage_sim::SimDb::new(
-        3,
-        std::sync::Arc::new(queen_server::app::wall_now),
-        queen_storage_sim::SimBugs::default(),
-    );
     let hooks = queen_server::app::Hooks {
         ring_bugs: queen_core::ring::RingBugs {
             walk_stops_after_first_page,
@@ -632,15 +650,7 @@ async fn walked_backlog(walk_stops_after_first_page: bool) -> usize {
         reseed_page: 4,
         ..Default::default()
     };
-    let app = queen_server::app::App::with_hooks(
-        event_driven(true),
-        queen_core::storage::StorageSet::of(db),
-        9,
-        hooks,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let (app, addr) = hooked_memory_broker(hooks, 9).await;
     let items: Vec<Value> = (0..PARTITIONS)
         .map(|i| {
             json!({"queue": "walk.q", "partition": format!("p{i:03}"),
@@ -704,11 +714,6 @@ const WALKED_PARTITIONS: usize = 600;
 async fn one_push_into_four_partitions(no_wake_handoff: bool) -> (Vec<String>, u64) {
     const PARKED: usize = 6;
     const PARTITIONS: usize = 4;
-    let db = queen_storage_sim::SimDb::new(
-        3,
-        std::sync::Arc::new(queen_server::app::wall_now),
-        queen_storage_sim::SimBugs::default(),
-    );
     let hooks = queen_server::app::Hooks {
         pop_bugs: queen_core::pop::PopBugs {
             no_wake_handoff,
@@ -716,15 +721,7 @@ async fn one_push_into_four_partitions(no_wake_handoff: bool) -> (Vec<String>, u
         },
         ..Default::default()
     };
-    let app = queen_server::app::App::with_hooks(
-        event_driven(true),
-        queen_core::storage::StorageSet::of(db),
-        11,
-        hooks,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let (app, addr) = hooked_memory_broker(hooks, 11).await;
     // The group's first contact and the ring's first walk happen here, not under the test.
     let warm = "/api/v1/pop/queue/herd.q?wait=false&consumerGroup=g";
     assert_eq!(request(addr, "GET", warm, None).await.status, 204);
