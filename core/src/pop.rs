@@ -211,8 +211,8 @@ pub struct PopContext {
 
 /// The legacy path's (`QUEEN_HOTLIST=0`) last "nothing claimable now" probe answer per (queue,
 /// group), shared by the parked pops of that pair: within one initial backoff interval of it,
-/// and with no event of the queue since, a parked pop's re-check takes the answer instead of
-/// asking storage again. Ten thousand parked pops of one queue then cost a probe per interval,
+/// and with no event of the queue since, a parked pop's timed re-check takes the answer instead
+/// of asking storage again (a new request and a woken pop always ask). Ten thousand parked pops of one queue then cost a probe per interval,
 /// not ten thousand (each pop re-checks on its own backoff, as the raw pollers do). While one
 /// pop's probe is in flight the others re-checking wait for their next interval rather than ask
 /// too. An event of the queue drops its answers and the probes in flight, so a woken pop always
@@ -261,18 +261,20 @@ impl ProbeMemos {
         }
     }
 
-    /// Keeps a probe's answer of nothing claimable now (`next`: when a lease or hold over a
-    /// backlog ends), unless an event of the queue came since the probe was issued at `epoch`.
-    pub fn remember(
+    /// A probe issued at `epoch` answered (`next`: its answer, `None` for a failed probe): it is
+    /// no longer in flight, and an answer of nothing claimable now (nothing pending, or when a
+    /// lease or hold over a backlog ends) is kept unless an event of the queue came since.
+    pub fn answered(
         &mut self,
         queue: &str,
         group: &str,
         epoch: ProbeEpoch,
-        next: Option<Timestamp>,
+        next: Option<Option<Timestamp>>,
         now: Timestamp,
     ) {
         let key = (queue.to_string(), group.to_string());
         self.in_flight.remove(&key);
+        let Some(next) = next else { return };
         if epoch == self.epoch(queue) && next.is_none_or(|t| t > now) {
             self.memos.insert(key, ProbeMemo { at: now, next });
         }
@@ -546,7 +548,7 @@ impl PopMachine {
         match input {
             PopInput::Start => {
                 if self.phase == Phase::New {
-                    self.check(now, ctx);
+                    self.check(now, ctx, false);
                 }
             }
             PopInput::Cancel => {
@@ -566,7 +568,7 @@ impl PopMachine {
             PopInput::Wake => match &mut self.phase {
                 Phase::Parked { .. } => {
                     self.empty_checks = 0;
-                    self.check(now, ctx);
+                    self.check(now, ctx, false);
                 }
                 Phase::Holding {
                     started,
@@ -589,7 +591,7 @@ impl PopMachine {
                     if now >= self.deadline {
                         self.finish(PopReply::Empty);
                     } else {
-                        self.check(now, ctx);
+                        self.check(now, ctx, true);
                     }
                 }
                 Phase::Holding {
@@ -620,23 +622,30 @@ impl PopMachine {
                     id: want,
                     woken,
                     epoch,
-                } if want == id => match result {
-                    Ok(StorageReply::NextPending(Some(t))) if t <= now => {
-                        self.acquire(woken, false)
+                } if want == id => {
+                    let next = match &result {
+                        Ok(StorageReply::NextPending(next)) => Some(*next),
+                        _ => None,
+                    };
+                    if let Some(queue) = self.params.queue_name() {
+                        // Whatever it answered, this probe is no longer in flight.
+                        let group = &self.params.consumer_group;
+                        ctx.probes.answered(queue, group, epoch, next, now);
                     }
-                    Ok(StorageReply::NextPending(next)) => {
-                        if let Some(queue) = self.params.queue_name() {
-                            let group = &self.params.consumer_group;
-                            ctx.probes.remember(queue, group, epoch, next, now);
+                    match result {
+                        Ok(StorageReply::NextPending(Some(t))) if t <= now => {
+                            self.acquire(woken, false)
                         }
-                        self.revisit_at = next;
-                        self.empty_or_park(now, woken)
+                        Ok(StorageReply::NextPending(next)) => {
+                            self.revisit_at = next;
+                            self.empty_or_park(now, woken)
+                        }
+                        Ok(_) => self.empty_or_park(now, woken),
+                        // Storage away: look again later, as for an empty answer.
+                        Err(e) if e.is_unavailable() => self.empty_or_park(now, woken),
+                        Err(e) => self.finish(PopReply::Failed(e)),
                     }
-                    Ok(_) => self.empty_or_park(now, woken),
-                    // Storage away: look again later, as for an empty answer.
-                    Err(e) if e.is_unavailable() => self.empty_or_park(now, woken),
-                    Err(e) => self.finish(PopReply::Failed(e)),
-                },
+                }
                 Phase::Working {
                     id: want,
                     work,
@@ -648,7 +657,9 @@ impl PopMachine {
     }
 
     /// The cheap in-memory check: decide whether there is real work before any permit.
-    fn check(&mut self, now: Timestamp, ctx: &mut PopContext) {
+    /// `recheck`: a parked pop's timer (not a new request or a wake), which on the legacy path
+    /// may take the answer its (queue, group) shares.
+    fn check(&mut self, now: Timestamp, ctx: &mut PopContext, recheck: bool) {
         if ctx.pop_maintenance {
             self.finish(PopReply::Empty);
             return;
@@ -684,7 +695,10 @@ impl PopMachine {
                 // said when something becomes deliverable and that time has come.
                 if !self.revisit_due(now) {
                     let ttl_ms = i64::try_from(self.config.backoff.initial_ms).unwrap_or(i64::MAX);
-                    if let Some(next) = ctx.probes.recall(&queue, &group, now, ttl_ms) {
+                    let shared = recheck
+                        .then(|| ctx.probes.recall(&queue, &group, now, ttl_ms))
+                        .flatten();
+                    if let Some(next) = shared {
                         // Another parked pop of this (queue, group) asked just now, and no event
                         // of the queue came since: its answer stands.
                         self.revisit_at = next;

@@ -547,10 +547,10 @@ fn cancel_releases_a_held_permit() {
 }
 
 /// The legacy path's parked pops of one (queue, group) share a probe answer of nothing
-/// claimable: within an initial backoff interval of it a second pop parks without asking
-/// storage; an event of the queue drops the answer (the woken pop asks), and so does time. An
-/// answer whose probe an event overtook is not kept, and while a probe is in flight the other
-/// pops wait for their next interval instead of asking too.
+/// claimable: within an initial backoff interval of it a parked pop's timed re-check parks again
+/// without asking storage, while a new request and a woken pop always ask. An event of the queue
+/// drops the answer, and so does time. An answer whose probe an event overtook is not kept, and
+/// while a probe is in flight the other re-checks wait for their next interval.
 #[test]
 fn legacy_parked_pops_share_a_probe_answer_until_an_event() {
     let config = PopConfig {
@@ -570,7 +570,125 @@ fn legacy_parked_pops_share_a_probe_answer_until_an_event() {
             })
             .count()
     };
+    let answer = |m: &mut PopMachine, fx: &[PopEffect], at: Timestamp, c: &mut PopContext| {
+        let (id, _) = storage_id(fx);
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Ok(StorageReply::NextPending(None)),
+            },
+            at,
+            c,
+        );
+        drain(m)
+    };
     let mut c = ctx();
+    // Parked a second before the test (their own answers have long expired).
+    let before = Timestamp(T0.0 - 1_000_000);
+    let mut parked: Vec<PopMachine> = (0..5)
+        .map(|_| {
+            let mut m = machine(&[("wait", "true")], config);
+            m.handle(PopInput::Start, before, &mut c);
+            let fx = drain(&mut m);
+            let _ = answer(&mut m, &fx, before, &mut c);
+            m
+        })
+        .collect();
+    let [b, d, e, f, g] = &mut parked[..] else {
+        unreachable!()
+    };
+
+    let mut a = machine(&[("wait", "true")], config);
+    a.handle(PopInput::Start, T0, &mut c);
+    let fx = drain(&mut a);
+    assert_eq!(probes(&fx), 1, "a new request asks");
+    assert!(matches!(
+        answer(&mut a, &fx, T0, &mut c)[..],
+        [PopEffect::Park { .. }]
+    ));
+
+    let at = T0.plus_millis(50);
+    b.handle(PopInput::Timer, at, &mut c);
+    let fx = drain(b);
+    assert_eq!(probes(&fx), 0, "a's answer stands for a re-check: {fx:?}");
+    assert!(matches!(fx[..], [PopEffect::Park { .. }]), "{fx:?}");
+    let mut h = machine(&[("wait", "true")], config);
+    h.handle(PopInput::Start, at, &mut c);
+    assert_eq!(probes(&drain(&mut h)), 1, "a new request still asks");
+
+    // A push to the queue: the woken pop asks storage.
+    push_event(&mut c, 1, at);
+    b.handle(PopInput::Wake, at, &mut c);
+    let fx = drain(b);
+    assert_eq!(probes(&fx), 1, "{fx:?}");
+    // An event while b's probe is in flight: its answer is not kept.
+    push_event(&mut c, 1, at);
+    let _ = answer(b, &fx, at, &mut c);
+    d.handle(PopInput::Timer, at, &mut c);
+    let fx = drain(d);
+    assert_eq!(probes(&fx), 1, "b's answer was overtaken by a push");
+    // While d's probe is in flight, another re-check waits for its next interval.
+    e.handle(PopInput::Timer, at, &mut c);
+    let waited = drain(e);
+    assert!(matches!(waited[..], [PopEffect::Park { .. }]), "{waited:?}");
+    let _ = answer(d, &fx, at, &mut c);
+
+    // d's answer stands for an interval; after it, a re-check asks again.
+    f.handle(PopInput::Timer, at.plus_millis(99), &mut c);
+    assert_eq!(probes(&drain(f)), 0);
+    let later = at.plus_millis(100);
+    g.handle(PopInput::Timer, later, &mut c);
+    let fx = drain(g);
+    assert_eq!(probes(&fx), 1);
+    // Something claimable now: g takes it, and its probe is no longer in flight, so the next
+    // re-check asks too (a backlog is never hidden behind an answered probe).
+    let (id, _) = storage_id(&fx);
+    g.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(Some(later))),
+        },
+        later,
+        &mut c,
+    );
+    assert_eq!(drain(g), vec![PopEffect::AcquirePermit]);
+    e.handle(PopInput::Timer, later.plus_millis(1), &mut c);
+    assert_eq!(
+        probes(&drain(e)),
+        1,
+        "no probe is in flight after g's answer"
+    );
+}
+
+/// The proof that the test above can fail: with events leaving the shared answer in place
+/// (`EventBugs::events_keep_probe_answers`), a parked pop's re-check after a push takes the
+/// answer read before it and parks again.
+#[test]
+fn with_the_bug_switch_a_recheck_after_a_push_takes_the_stale_answer() {
+    let config = PopConfig {
+        hotlist: false,
+        ..PopConfig::default()
+    };
+    let mut c = PopContext::new(
+        RingTable::new(30_000, RingBugs::default()),
+        EventBugs {
+            events_keep_probe_answers: true,
+            ..EventBugs::default()
+        },
+    );
+    let before = Timestamp(T0.0 - 1_000_000);
+    let mut b = machine(&[("wait", "true")], config);
+    b.handle(PopInput::Start, before, &mut c);
+    let (id, _) = storage_id(&drain(&mut b));
+    b.handle(
+        PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::NextPending(None)),
+        },
+        before,
+        &mut c,
+    );
+    let _ = drain(&mut b);
     let mut a = machine(&[("wait", "true")], config);
     a.handle(PopInput::Start, T0, &mut c);
     let (id, _) = storage_id(&drain(&mut a));
@@ -582,59 +700,13 @@ fn legacy_parked_pops_share_a_probe_answer_until_an_event() {
         T0,
         &mut c,
     );
-    assert!(matches!(drain(&mut a)[..], [PopEffect::Park { .. }]));
-
-    let at = T0.plus_millis(50);
-    let mut b = machine(&[("wait", "true")], config);
-    b.handle(PopInput::Start, at, &mut c);
-    let fx = drain(&mut b);
-    assert_eq!(probes(&fx), 0, "a's answer stands: {fx:?}");
-    assert!(matches!(fx[..], [PopEffect::Park { .. }]), "{fx:?}");
-
-    // A push to the queue: the woken pop asks storage.
-    push_event(&mut c, 1, at);
-    b.handle(PopInput::Wake, at, &mut c);
-    let fx = drain(&mut b);
-    assert_eq!(probes(&fx), 1, "{fx:?}");
-    // An event while b's probe is in flight: its answer is not kept.
-    let (id, _) = storage_id(&fx);
-    push_event(&mut c, 1, at);
-    b.handle(
-        PopInput::StorageDone {
-            id,
-            result: Ok(StorageReply::NextPending(None)),
-        },
-        at,
-        &mut c,
+    let _ = drain(&mut a);
+    push_event(&mut c, 1, T0.plus_millis(10));
+    b.handle(PopInput::Timer, T0.plus_millis(50), &mut c);
+    assert!(
+        matches!(drain(&mut b)[..], [PopEffect::Park { .. }]),
+        "the stale answer was taken"
     );
-    let _ = drain(&mut b);
-    let mut d = machine(&[("wait", "true")], config);
-    d.handle(PopInput::Start, at, &mut c);
-    let fx = drain(&mut d);
-    assert_eq!(probes(&fx), 1, "b's answer was overtaken by a push");
-    // While d's probe is in flight, another re-check waits for its next interval.
-    let mut e = machine(&[("wait", "true")], config);
-    e.handle(PopInput::Start, at, &mut c);
-    let parked = drain(&mut e);
-    assert!(matches!(parked[..], [PopEffect::Park { .. }]), "{parked:?}");
-    let (id, _) = storage_id(&fx);
-    d.handle(
-        PopInput::StorageDone {
-            id,
-            result: Ok(StorageReply::NextPending(None)),
-        },
-        at,
-        &mut c,
-    );
-    let _ = drain(&mut d);
-
-    // d's answer stands for an interval; after it, a re-check asks again.
-    let mut f = machine(&[("wait", "true")], config);
-    f.handle(PopInput::Start, at.plus_millis(99), &mut c);
-    assert_eq!(probes(&drain(&mut f)), 0);
-    let mut g = machine(&[("wait", "true")], config);
-    g.handle(PopInput::Start, at.plus_millis(100), &mut c);
-    assert_eq!(probes(&drain(&mut g)), 1);
 }
 
 #[test]

@@ -524,17 +524,6 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
-            "an event leaves the legacy path's shared probe answer in place",
-            Scenario::Prompt,
-            Bugs {
-                events: EventBugs {
-                    events_keep_probe_answers: true,
-                    ..EventBugs::default()
-                },
-                ..Bugs::default()
-            },
-        ),
-        (
             "completed retention ignores groups without a cursor row",
             Scenario::Retention,
             Bugs {
