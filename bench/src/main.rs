@@ -366,7 +366,7 @@ async fn main() {
 
     // 5. Partition scaling: the wildcard scan (QUEEN_HOTLIST=0) and the hot-list path.
     let (_wild, wild_addr) = start_app(&pg, false).await;
-    let mut smallest: Vec<scaling::Scaling> = vec![];
+    let mut smallest: [Option<scaling::Scaling>; 2] = [None, None];
     // BENCH_SCALING_SIZES=100,1000000 narrows the sizes (the smallest is every size's baseline).
     let sizes: Vec<usize> = match std::env::var("BENCH_SCALING_SIZES") {
         Ok(list) => {
@@ -394,8 +394,13 @@ async fn main() {
         .into_iter()
         .enumerate()
         {
+            // BENCH_SCALING_PATHS=hot or =wild runs one path (to profile it alone).
+            if std::env::var("BENCH_SCALING_PATHS").is_ok_and(|p| !p.split(',').any(|n| n == group))
+            {
+                continue;
+            }
             let s = scaling::run(at, &queue, group, plan.secs).await;
-            let base = smallest.get(k).unwrap_or(&s);
+            let base = smallest[k].as_ref().unwrap_or(&s);
             let label = format!("{path}, batch 10, {size} partitions");
             let vs = format!("{} partitions", plan.sizes[0]);
             rows.push(Row::new(
@@ -419,8 +424,8 @@ async fn main() {
                 vs,
                 base.first_contact_ms,
             ));
-            if smallest.len() <= k {
-                smallest.push(s);
+            if smallest[k].is_none() {
+                smallest[k] = Some(s);
             }
         }
         // What the hot-list ring holds after the run, and what its entries cost: live heap

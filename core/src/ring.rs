@@ -55,7 +55,7 @@ struct Entry {
 /// Switches that re-introduce historical bugs, for proving the simulation suite catches them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RingBugs {
-    /// Clear an entry on an `Empty` verdict without comparing epochs.
+    /// Clear an entry on an `Empty` (or drained autoAck `Took`) verdict without comparing epochs.
     pub clear_without_epoch_check: bool,
     /// A leased, deferred or busy verdict is put on the wheel even when the partition was
     /// pushed to or released while the verdict was in flight (its snapshot predates the event).
@@ -386,7 +386,6 @@ impl HotRing {
             }
             return;
         }
-        let clear_without_epoch_check = self.bugs.clear_without_epoch_check;
         let e = self.entry(partition);
         let state = e.state;
         let epoch = e.epoch;
@@ -408,25 +407,19 @@ impl HotRing {
             Verdict::Took {
                 count,
                 leased_until,
+                drained,
             } => {
                 if let Some(e) = self.entries.get_mut(partition) {
                     e.pending_hint = e.pending_hint.saturating_sub(u64::from(count));
                 }
                 match leased_until {
                     Some(t) => self.wait_until(partition, t.just_after()),
+                    // Drained by an autoAck batch: offering it again would only find it empty.
+                    None if drained => self.forget_unless_pushed(partition, pushed_since),
                     None => self.make_ready(partition),
                 }
             }
-            Verdict::Empty => {
-                if pushed_since && !clear_without_epoch_check {
-                    self.make_ready(partition);
-                } else {
-                    // Believed empty: the entry goes, so the ring holds only partitions with
-                    // something pending or held (its memory follows the backlog, not the
-                    // partitions ever seen). The epoch clock keeps a re-made entry distinct.
-                    self.entries.remove(partition);
-                }
-            }
+            Verdict::Empty => self.forget_unless_pushed(partition, pushed_since),
             Verdict::LeasedUntil(_) | Verdict::DeferredUntil(_) | Verdict::Busy => {
                 if pushed_since && !self.bugs.held_verdict_without_epoch_check {
                     // A push or a release landed after storage's snapshot: the hold may be over
@@ -438,6 +431,18 @@ impl HotRing {
             }
             Verdict::NotEvaluated => self.make_ready(partition),
             Verdict::Missing => {}
+        }
+    }
+
+    /// A partition believed empty leaves the ring, so the ring holds only partitions with
+    /// something pending or held (its memory follows the backlog, not the partitions ever seen);
+    /// unless a push landed after the verdict's snapshot. The epoch clock keeps a re-made entry
+    /// distinct.
+    fn forget_unless_pushed(&mut self, partition: &str, pushed_since: bool) {
+        if pushed_since && !self.bugs.clear_without_epoch_check {
+            self.make_ready(partition);
+        } else {
+            self.entries.remove(partition);
         }
     }
 
@@ -695,6 +700,54 @@ mod tests {
         assert!(!r.has_ready(T0));
     }
 
+    fn drained(count: u32) -> Verdict {
+        Verdict::Took {
+            count,
+            leased_until: None,
+            drained: true,
+        }
+    }
+
+    #[test]
+    fn a_drained_autoack_batch_leaves_the_ring_unless_a_push_raced_it() {
+        let mut r = HotRing::default();
+        r.note_push("p1", 2);
+        r.note_push("p2", 2);
+        let c = r.take_candidates(16, T0);
+        r.note_push("p2", 1); // lands after storage's snapshot drained p2
+        for cand in &c {
+            r.check_in(&cand.partition, drained(2), Some(cand.epoch), T0);
+        }
+        assert!(!r.is_ready_or_waiting("p1"), "drained: not offered again");
+        assert_eq!(r.take_candidates(16, T0).len(), 1);
+        // Not drained: offered again, as storage may hold more.
+        r.note_push("p3", 20);
+        let c = r.take_candidates(16, T0);
+        let more = Verdict::Took {
+            count: 10,
+            leased_until: None,
+            drained: false,
+        };
+        r.check_in("p3", more, Some(c[0].epoch), T0);
+        assert!(r.has_ready(T0));
+    }
+
+    #[test]
+    fn the_bug_switch_loses_a_push_racing_a_drained_batch() {
+        let mut r = HotRing::new(
+            DEFAULT_RESEED_INTERVAL_MS,
+            RingBugs {
+                clear_without_epoch_check: true,
+                ..RingBugs::default()
+            },
+        );
+        r.note_push("p1", 1);
+        let c = r.take_candidates(16, T0);
+        r.note_push("p1", 1);
+        r.check_in("p1", drained(1), Some(c[0].epoch), T0);
+        assert!(!r.has_ready(T0));
+    }
+
     #[test]
     fn leased_and_deferred_partitions_wait_on_the_wheel() {
         let mut r = HotRing::default();
@@ -737,6 +790,7 @@ mod tests {
             Verdict::Took {
                 count: 2,
                 leased_until: Some(T0.plus_secs(60)),
+                drained: false,
             },
             Some(1),
             T0,
@@ -915,6 +969,7 @@ mod tests {
                 Verdict::Took {
                     count: 1,
                     leased_until: Some(T0.plus_secs(30)),
+                    drained: false,
                 },
                 Some(1),
                 T0,

@@ -172,6 +172,7 @@ fn ring_candidates_and_verdicts_flow_back() {
                 Verdict::Took {
                     count: 1,
                     leased_until: Some(T0.plus_secs(60)),
+                    drained: false,
                 },
             ),
             ("b".into(), Verdict::Empty),
@@ -241,6 +242,7 @@ fn a_ring_pop_passes_the_wake_on_only_when_it_leaves_work_behind() {
                 Verdict::Took {
                     count: 1,
                     leased_until: Some(T0.plus_secs(60)),
+                    drained: false,
                 },
             )],
         };

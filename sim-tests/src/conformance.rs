@@ -1360,6 +1360,179 @@ pub async fn wildcard_windows(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
+/// A batch says whether it drained its partition (the ring then stops offering it): never when it
+/// ends inside a segment or when another segment, visible or delayed, lies past it.
+pub async fn drained_batches(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(31);
+    let outcome = |r: &queen_core::storage::PopResult, p: &str| match verdict_of(r, p) {
+        Some(Verdict::Took { count, drained, .. }) => Ok((count, drained)),
+        other => Err(format!("{p}: expected a claim, got {other:?}")),
+    };
+    let auto = |w, batch| PopRequest {
+        auto_ack: true,
+        ..pop_req("q", "g", w, batch)
+    };
+    push(&*s, &mut ids, "q", "p", "a", 0..3).await?;
+    let r = s
+        .pop_partition(auto(ids.worker(), 2), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        outcome(&r, "p")?,
+        (2, false),
+        "a batch ending inside a segment"
+    );
+    let r = s
+        .pop_partition(auto(ids.worker(), 5), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(outcome(&r, "p")?, (1, true), "the rest of the segment");
+    push(&*s, &mut ids, "q", "p", "b", 0..2).await?;
+    push(&*s, &mut ids, "q", "p", "c", 0..2).await?;
+    let r = s
+        .pop_partition(auto(ids.worker(), 2), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        outcome(&r, "p")?,
+        (2, false),
+        "a segment lies past the batch"
+    );
+    let r = s
+        .pop_partition(auto(ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(outcome(&r, "p")?, (2, true), "the last segment");
+    push(&*s, &mut ids, "q", "p2", "d", 0..1).await?;
+    let r = s
+        .pop_list(pop_req("q", "g", ids.worker(), 10), vec!["p2".into()])
+        .await
+        .map_err(e)?;
+    ensure_eq!(outcome(&r, "p2")?, (1, true), "a leased batch says it too");
+    configure(
+        &*s,
+        QueueConfig {
+            delayed_processing_secs: 5,
+            ..QueueConfig::with_defaults("d")
+        },
+    )
+    .await?;
+    push(&*s, &mut ids, "d", "p", "x", 0..1).await?;
+    b.advance_secs(6).await;
+    push(&*s, &mut ids, "d", "p", "y", 0..1).await?;
+    let r = s
+        .pop_list(
+            PopRequest {
+                auto_ack: true,
+                skip_window_debounce: true,
+                ..pop_req("d", "g", ids.worker(), 10)
+            },
+            vec!["p".into()],
+        )
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        outcome(&r, "p")?,
+        (1, false),
+        "a delayed segment lies past the batch"
+    );
+    Ok(())
+}
+
+/// The partition walks at their boundaries: a group's first contact seeds at most
+/// FIRST_CONTACT_SEED_CAP cursors, the partitions past the cap are found by the pending walk and
+/// seeded lazily by the same rule, and the walk pages by bytewise name through pages one short
+/// of, exactly at and one past the partition count.
+pub async fn windowing_boundaries(b: &dyn Backend) -> CaseResult {
+    const PARTITIONS: usize = queen_core::claim::FIRST_CONTACT_SEED_CAP + 2;
+    let s = b.storage();
+    let mut ids = Ids::new(37);
+    // Upper case, punctuation and a multi-byte first letter: bytewise order is not a locale's.
+    let mut names: Vec<String> = (0..PARTITIONS)
+        .map(|i| match i % 4 {
+            0 => format!("p{i}"),
+            1 => format!("P{i}"),
+            2 => format!("p-{i}"),
+            _ => format!("\u{e9}{i}"),
+        })
+        .collect();
+    let pushes = |ids: &mut Ids, prefix: &str| {
+        names
+            .iter()
+            .map(|p| group(ids, "q", p, prefix, 0..1))
+            .collect::<Vec<_>>()
+    };
+    s.push(pushes(&mut ids, "old")).await.map_err(e)?;
+    b.advance_secs(2).await;
+    let new_only = SubscriptionIntent {
+        mode: SubscriptionMode::New,
+        from: SubscriptionFrom::Unset,
+    };
+    let auto = |w| PopRequest {
+        auto_ack: true,
+        max_partitions: 64,
+        intent: new_only,
+        ..pop_req("q", "g", w, 1000)
+    };
+    let r = s.pop_wildcard(auto(ids.worker())).await.map_err(e)?;
+    ensure!(
+        r.claims.is_empty(),
+        "first contact of a new-only group skips the backlog: {:?}",
+        r.verdicts
+    );
+    b.advance_secs(2).await;
+    s.push(pushes(&mut ids, "new")).await.map_err(e)?;
+    names.sort();
+    for limit in [PARTITIONS - 1, PARTITIONS, PARTITIONS + 1, 100] {
+        let mut walked: Vec<String> = vec![];
+        loop {
+            let page = s
+                .pending_partitions("q", "g", walked.last().map(String::as_str), limit as u32)
+                .await
+                .map_err(e)?;
+            let full = page.len() == limit;
+            walked.extend(page);
+            if !full {
+                break;
+            }
+        }
+        ensure_eq!(walked, names, "the walk in pages of {limit}");
+    }
+    // Drained as the ring drains it: pending pages, each popped as a list.
+    let mut delivered: Vec<(String, String)> = vec![];
+    for _ in 0..PARTITIONS {
+        let page = s.pending_partitions("q", "g", None, 64).await.map_err(e)?;
+        if page.is_empty() {
+            break;
+        }
+        let r = s.pop_list(auto(ids.worker()), page).await.map_err(e)?;
+        ensure!(!r.claims.is_empty(), "a pending page yields claims");
+        for c in &r.claims {
+            let txids = messages(&queen_core::storage::PopResult {
+                claims: vec![c.clone()],
+                verdicts: vec![],
+            });
+            delivered.extend(
+                txids
+                    .into_iter()
+                    .map(|m| (c.partition.clone(), m.frame.transaction_id)),
+            );
+        }
+    }
+    delivered.sort();
+    let expected: Vec<(String, String)> = names
+        .iter()
+        .map(|p| (p.clone(), "new-0".to_string()))
+        .collect();
+    ensure_eq!(
+        delivered,
+        expected,
+        "every partition's new message once, none of the backlog, past the seed cap too"
+    );
+    Ok(())
+}
+
 /// Seek to a timestamp replays, seek to the end skips, deleting a group starts it over.
 pub async fn seek_and_group_deletion(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
@@ -2339,6 +2512,8 @@ cases!(
     dead_letter_listing,
     seek_and_group_deletion,
     wildcard_windows,
+    drained_batches,
+    windowing_boundaries,
     dead_letter_flags_are_enforced,
     max_size_caps_the_backlog,
     ttl_expires_messages,

@@ -112,7 +112,7 @@ fn view(r: &PopResult) -> PopView {
         .collect();
     claims.sort();
     let kind = |v: &Verdict| match v {
-        Verdict::Took { count, .. } => format!("took {count}"),
+        Verdict::Took { count, drained, .. } => format!("took {count} drained {drained}"),
         Verdict::LeasedUntil(_) => "leased".into(),
         Verdict::DeferredUntil(_) => "deferred".into(),
         other => format!("{other:?}"),

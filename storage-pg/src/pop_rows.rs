@@ -1,7 +1,8 @@
 //! Decoding the rows of the pop procedures into claims and verdicts.
 //!
 //! Each candidate yields zero or more `row` rows (segment slices) followed by one summary row
-//! whose kind is the verdict: took | empty | leased | busy | deferred | missing | not_evaluated.
+//! whose kind is the verdict: took | took_all | empty | leased | busy | deferred | missing |
+//! not_evaluated (took_all: took, and the batch drained the partition).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -42,7 +43,7 @@ pub fn decode(rows: &[Row], context: &str) -> StorageResult<PopResult> {
                 });
                 continue;
             }
-            "took" => {
+            kind @ ("took" | "took_all") => {
                 let first: i64 = r.try_get(4).map_err(|_| bad(context, "first"))?;
                 let last: i64 = r.try_get(5).map_err(|_| bad(context, "last"))?;
                 let attempt: i32 = r.try_get(6).map_err(|_| bad(context, "attempt"))?;
@@ -67,6 +68,7 @@ pub fn decode(rows: &[Row], context: &str) -> StorageResult<PopResult> {
                 Verdict::Took {
                     count,
                     leased_until: lease,
+                    drained: kind == "took_all",
                 }
             }
             "empty" => Verdict::Empty,

@@ -129,6 +129,7 @@ async fn log_pop_v1(
     let (attempt_count, leased_until) =
         deliver(tx, req, queue_gates, &key, first, last, taken, now).await?;
     let leased_until = if req.auto_ack { None } else { leased_until };
+    let drained = drained_by(tx, pid, rows.last(), last).await?;
     let claim = Claim {
         queue: req.queue.clone(),
         partition: partition.to_string(),
@@ -144,8 +145,33 @@ async fn log_pop_v1(
         Verdict::Took {
             count: taken,
             leased_until,
+            drained,
         },
     ))
+}
+
+/// The procedure's probe past a batch (its `took_all`): a batch that ends inside a segment is
+/// never the end; otherwise drained when no visible segment starts after `last`.
+async fn drained_by(
+    tx: &TxHandle,
+    pid: &str,
+    last_row: Option<&SegmentRow>,
+    last: Offset,
+) -> Result<bool, StorageError> {
+    if last_row.is_none_or(|r| r.start_idx + r.take < r.msg_count) {
+        return Ok(false);
+    }
+    tx.stmt("drained probe", |st, t| {
+        Ok(st
+            .segments
+            .range(
+                (pid.to_string(), last + 1)..=(pid.to_string(), Offset::MAX),
+                t.id,
+            )
+            .next()
+            .is_none())
+    })
+    .await
 }
 
 /// Step 2: while the partition's newest segment is younger than the window, the end of the hold.

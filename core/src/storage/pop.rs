@@ -56,9 +56,12 @@ impl Claim {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Delivered `count` messages; `leased_until` is the new lease (None for autoAck).
+    /// `drained`: the batch ended where the partition's segments visible to the pop end, so
+    /// nothing is left for the group unless a push lands (and reports itself) after it.
     Took {
         count: u32,
         leased_until: Option<Timestamp>,
+        drained: bool,
     },
     /// Nothing deliverable for this group.
     Empty,

@@ -51,7 +51,7 @@ BEGIN
             o_start := r.o_start; o_take := r.o_take; o_count := r.o_count;
             o_created := r.o_created; o_blob := r.o_blob;
             RETURN NEXT;
-            IF r.o_kind = 'took' THEN
+            IF r.o_kind IN ('took', 'took_all') THEN
                 v_left := v_left - (r.o_last - r.o_first + 1)::integer;
                 v_claims := v_claims + 1;
             END IF;

@@ -32,7 +32,7 @@ BEGIN
         q, p_group, ARRAY[p_partition], ARRAY[NULL::uuid], p_worker, p_batch, 1, p_auto_ack,
         p_lease_seconds, false, p_sub_mode, p_sub_from, p_sub_now, queen.now())
     LOOP
-        v_took := v_took OR r.o_kind = 'took';
+        v_took := v_took OR r.o_kind IN ('took', 'took_all');
         v_rows := v_rows || ROW(r.o_partition, r.o_partition_id, r.o_kind, r.o_until, r.o_first, r.o_last,
             r.o_attempt, r.o_lease_exp, r.o_base, r.o_start, r.o_take, r.o_count, r.o_created, r.o_blob)::queen.log_pop_row_v1;
     END LOOP;

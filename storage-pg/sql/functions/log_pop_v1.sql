@@ -1,7 +1,9 @@
 -- The pop of one partition: which offsets may this group take right now, under the cursor row's
 -- lock, never blocking (SKIP LOCKED, advisory try-locks, inserts that cannot conflict with an
 -- in-flight row). Emits one 'row' per segment slice, then one summary row whose o_kind is the
--- verdict: took | empty | leased | busy | deferred.
+-- verdict: took | took_all | empty | leased | busy | deferred. took_all: the batch ends where the
+-- partition's visible segments end, so the broker's ring need not offer it again until a push
+-- (which any push landing after this snapshot reports anyway).
 -- Retention gap: when retention removed segments below a cursor that had not reached them, the
 -- forward scan and the batch's offsets start at the first remaining segment. A segment that
 -- merely committed between the head probe and the scan is not a gap: it is left for the next pop.
@@ -34,6 +36,7 @@ DECLARE
     v_cutoff timestamptz;
     v_skip_to bigint;
     v_live boolean := false;
+    v_partial boolean := false;
 BEGIN
     -- Step 2, windowBuffer: a quiet-period debounce, one backward primary-key step to the
     -- newest segment. The ring path may bypass it: the broker's wheel then owns the hold.
@@ -156,6 +159,7 @@ BEGIN
             v_first_invisible := v_head.created_at;
         ELSE
             v_take := LEAST(v_head.end_offset - v_wanted + 1, v_left)::integer;
+            v_partial := v_take < v_head.end_offset - v_wanted + 1;
             o_kind := 'row'; o_base := v_head.base_offset; o_start := (v_wanted - v_head.base_offset)::integer;
             o_take := v_take; o_count := v_head.msg_count; o_created := v_head.created_at; o_blob := v_head.blob;
             RETURN NEXT;
@@ -198,6 +202,7 @@ BEGIN
                 v_wanted := v_seg.base_offset;
             END IF;
             v_take := LEAST(v_seg.msg_count, v_left);
+            v_partial := v_take < v_seg.msg_count;
             o_kind := 'row'; o_base := v_seg.base_offset; o_start := 0; o_take := v_take;
             o_count := v_seg.msg_count; o_created := v_seg.created_at; o_blob := v_seg.blob;
             RETURN NEXT;
@@ -233,7 +238,12 @@ BEGIN
 
     -- Step 6: autoAck commits inside the pop (at-most-once); otherwise lease (committed, last].
     v_last := v_wanted + v_taken - 1;
-    o_kind := 'took'; o_first := v_wanted; o_last := v_last;
+    -- An index-only probe past the batch; a batch ending inside a segment is never the end.
+    o_kind := CASE WHEN NOT v_partial AND NOT EXISTS (
+                       SELECT 1 FROM queen.log_segments s
+                        WHERE s.partition_id = p_pid AND s.base_offset > v_last)
+                   THEN 'took_all' ELSE 'took' END;
+    o_first := v_wanted; o_last := v_last;
     IF p_auto_ack THEN
         UPDATE queen.log_consumers c
            SET committed = v_last, worker_id = NULL, lease_expires_at = NULL,

@@ -142,7 +142,7 @@ BEGIN
         q, p_group, COALESCE(v_names, '{}'), COALESCE(v_pids, '{}'), p_worker, p_batch, p_max_partitions,
         p_auto_ack, p_lease_seconds, false, p_sub_mode, p_sub_from, p_sub_now, v_now)
     LOOP
-        IF r.o_kind = 'took' THEN
+        IF r.o_kind IN ('took', 'took_all') THEN
             v_claims := v_claims + 1;
         END IF;
         o_partition := r.o_partition; o_partition_id := r.o_partition_id; o_kind := r.o_kind;
