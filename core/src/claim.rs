@@ -94,11 +94,12 @@ pub struct SubscriptionRecord {
 }
 
 /// How many cursors a group's first contact seeds at once (`log_pop_wildcard_v1` says the same);
-/// the rest are seeded at their first claim, by the same rule. Each seeded row costs about 20 us
-/// inside the first pop (cursor rule, foreign-key check, two index entries), so 1000 made the
-/// first pop on a large queue 25-35 ms; 256 still seeds every partition of the small queues
-/// where many fresh consumers collide, and past it the lazy path's try-locks never wait.
-pub const FIRST_CONTACT_SEED_CAP: usize = 256;
+/// the rest are seeded at their first claim, by the same rule. Each seeded row costs 20-40 us
+/// inside the first pop (cursor rule, foreign-key check, two index entries; cold pages on a large
+/// queue), so 1000 made the first pop 25-35 ms and 256 still 15-25 ms at 100k-1M partitions; 64
+/// seeds every partition of the small queues where many fresh consumers collide, and past it the
+/// lazy path's try-locks never wait.
+pub const FIRST_CONTACT_SEED_CAP: usize = 64;
 
 /// The timestamp a first-contact registration stores for a pop's intent.
 pub fn registration_timestamp(intent: SubscriptionIntent, now: Timestamp) -> Option<Timestamp> {
@@ -335,13 +336,16 @@ pub fn apply_lease(
     row.attempt_offset = Some(start);
 }
 
-/// The SQL candidate cap of the wildcard scan.
-pub fn wildcard_candidate_cap(partition_count: u64) -> u64 {
-    if partition_count >= 128 {
+/// The SQL candidate cap of the wildcard scan: spare candidates for the ones claimed concurrently
+/// or found empty, 16 for each partition the pop may claim (at least 64). A pop reads and answers
+/// every candidate, so 512 for a one-partition pop was half its cost on a large queue.
+pub fn wildcard_candidate_cap(partition_count: u64, max_partitions: u32) -> u64 {
+    let by_queue = if partition_count >= 128 {
         512
     } else {
         (partition_count * 4).clamp(64, 512)
-    }
+    };
+    by_queue.min((u64::from(max_partitions) * 16).max(64))
 }
 
 /// How far behind the write watermark the wildcard scan looks (absorbs 1 s quantization).
@@ -560,11 +564,15 @@ mod tests {
 
     #[test]
     fn candidate_cap() {
-        assert_eq!(wildcard_candidate_cap(1), 64);
-        assert_eq!(wildcard_candidate_cap(20), 80);
-        assert_eq!(wildcard_candidate_cap(127), 508);
-        assert_eq!(wildcard_candidate_cap(128), 512);
-        assert_eq!(wildcard_candidate_cap(100_000), 512);
+        assert_eq!(wildcard_candidate_cap(1, 64), 64);
+        assert_eq!(wildcard_candidate_cap(20, 64), 80);
+        assert_eq!(wildcard_candidate_cap(127, 64), 508);
+        assert_eq!(wildcard_candidate_cap(128, 64), 512);
+        assert_eq!(wildcard_candidate_cap(100_000, 64), 512);
+        assert_eq!(wildcard_candidate_cap(100_000, 1), 64);
+        assert_eq!(wildcard_candidate_cap(100_000, 0), 64);
+        assert_eq!(wildcard_candidate_cap(100_000, 10), 160);
+        assert_eq!(wildcard_candidate_cap(20, 10), 80);
     }
 }
 

@@ -125,11 +125,11 @@ async fn log_pop_v1(
         .first()
         .map_or(committed + 1, |r| r.base_offset + i64::from(r.start_idx));
     let last = first + i64::from(taken) - 1;
+    let drained = drained_by(tx, pid, rows.last(), last).await?;
     // Step 6: autoAck or lease.
     let (attempt_count, leased_until) =
         deliver(tx, req, queue_gates, &key, first, last, taken, now).await?;
     let leased_until = if req.auto_ack { None } else { leased_until };
-    let drained = drained_by(tx, pid, rows.last(), last).await?;
     let claim = Claim {
         queue: req.queue.clone(),
         partition: partition.to_string(),
@@ -745,7 +745,7 @@ pub(crate) async fn pop_wildcard(
                         .unwrap_or(Timestamp::EPOCH)
                         .minus_secs(WATERMARK_SLACK_SECS);
                     let all: Vec<_> = st.partitions_of(&req.queue, t.id).collect();
-                    let cap = wildcard_candidate_cap(all.len() as u64) as usize;
+                    let cap = wildcard_candidate_cap(all.len() as u64, req.max_partitions) as usize;
                     let recent = all.iter().filter(|(_, p)| p.last_write_at >= floor).count();
                     let few_recent =
                         watermark.is_some_and(|w| w > Timestamp::EPOCH) && recent < cap * 4;

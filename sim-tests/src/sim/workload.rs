@@ -70,7 +70,8 @@ pub const DELETED_GROUP: &str = "gd";
 /// The scale scenario's queue, its partitions (past the first contact's seed cap), and its
 /// groups (their first contacts half a second apart).
 pub const SCALE_QUEUE: &str = "m";
-const SCALE_PARTITIONS: u32 = queen_core::claim::FIRST_CONTACT_SEED_CAP as u32 + 14;
+/// 270: four seed caps and then some, nine reseed pages of 32 names.
+const SCALE_PARTITIONS: u32 = queen_core::claim::FIRST_CONTACT_SEED_CAP as u32 * 4 + 14;
 const SCALE_GROUPS: [&str; 4] = ["g1", "g2", "g3", "g4"];
 
 /// The retention scenario's queue: completed retention after 1 s, everything after 8 s.

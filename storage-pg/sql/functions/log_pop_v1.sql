@@ -37,6 +37,7 @@ DECLARE
     v_skip_to bigint;
     v_live boolean := false;
     v_partial boolean := false;
+    v_drained boolean;
 BEGIN
     -- Step 2, windowBuffer: a quiet-period debounce, one backward primary-key step to the
     -- newest segment. The ring path may bypass it: the broker's wheel then owns the hold.
@@ -236,13 +237,14 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Step 6: autoAck commits inside the pop (at-most-once); otherwise lease (committed, last].
     v_last := v_wanted + v_taken - 1;
-    -- An index-only probe past the batch; a batch ending inside a segment is never the end.
-    o_kind := CASE WHEN NOT v_partial AND NOT EXISTS (
-                       SELECT 1 FROM queen.log_segments s
-                        WHERE s.partition_id = p_pid AND s.base_offset > v_last)
-                   THEN 'took_all' ELSE 'took' END;
+    -- Drained: an index-only probe past the batch; a batch ending inside a segment is never the
+    -- end.
+    v_drained := NOT v_partial AND NOT EXISTS (
+        SELECT 1 FROM queen.log_segments s WHERE s.partition_id = p_pid AND s.base_offset > v_last);
+
+    -- Step 6: autoAck commits inside the pop (at-most-once); otherwise lease (committed, last].
+    o_kind := CASE WHEN v_drained THEN 'took_all' ELSE 'took' END;
     o_first := v_wanted; o_last := v_last;
     IF p_auto_ack THEN
         UPDATE queen.log_consumers c

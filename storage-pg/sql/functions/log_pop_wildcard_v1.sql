@@ -51,9 +51,9 @@ BEGIN
         GET DIAGNOSTICS v_inserted = ROW_COUNT;
         IF v_inserted = 1 THEN
             -- Locks first, in their own statement; rows another pop is creating are left to it.
-            -- At most 256 (queen_core::claim::FIRST_CONTACT_SEED_CAP): every lock is a slot of
+            -- At most 64 (queen_core::claim::FIRST_CONTACT_SEED_CAP): every lock is a slot of
             -- PostgreSQL's shared lock table until commit, and a queue of 100k partitions ran it
-            -- out; and every seeded row costs the first pop about 20 us (1000 made it 25-35 ms).
+            -- out; and every seeded row costs the first pop 20-40 us (1000 made it 25-35 ms).
             -- Partitions past the cap get their cursors lazily, at their first claim, by the
             -- same rule and under the same try-locks, which never wait.
             SELECT array_agg(x.id) INTO v_seed_pids
@@ -62,7 +62,7 @@ BEGIN
                      WHERE p.queue_id = q.id
                        AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
                                         WHERE c.partition_id = p.id AND c.consumer_group = p_group)
-                     LIMIT 256) x
+                     LIMIT 64) x
              WHERE pg_try_advisory_xact_lock(hashtextextended(x.id::text || '/' || p_group, 42));
             -- Then the insert, under a snapshot taken after every lock: it cannot conflict with
             -- a row in flight.
@@ -92,7 +92,9 @@ BEGIN
     v_floor := COALESCE(v_watermark, '-infinity'::timestamptz) - interval '2 minutes';
     SELECT count(*) INTO v_count
       FROM (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = q.id LIMIT 128) x;
-    v_cap := CASE WHEN v_count >= 128 THEN 512 ELSE LEAST(GREATEST(v_count * 4, 64), 512) END;
+    -- queen_core::claim::wildcard_candidate_cap.
+    v_cap := LEAST(CASE WHEN v_count >= 128 THEN 512 ELSE LEAST(GREATEST(v_count * 4, 64), 512) END,
+                   GREATEST(p_max_partitions * 16, 64));
     IF v_floor > '-infinity'::timestamptz THEN
         SELECT count(*) INTO v_recent
           FROM (SELECT 1 FROM queen.log_partitions p
