@@ -30,7 +30,6 @@ DECLARE
     v_head record;
     v_seg record;
     v_first_invisible timestamptz;
-    v_last_offset bigint;
     v_seed bigint;
     v_last bigint;
     v_cutoff timestamptz;
@@ -223,15 +222,22 @@ BEGIN
         END IF;
         -- The empty-partition cursor seal: only when the partition holds no segments at all
         -- (retention removed them) and last_offset > committed. Deferred segments are segments,
-        -- so they are never sealed past; a concurrent push lands above the snapshotted
-        -- last_offset and stays pending. A cursor seal, not a claim: no lease field changes.
-        IF NOT EXISTS (SELECT 1 FROM queen.log_segments s WHERE s.partition_id = p_pid) THEN
-            SELECT p.last_offset INTO v_last_offset FROM queen.log_partitions p WHERE p.id = p_pid;
-            IF v_last_offset > v_committed THEN
-                UPDATE queen.log_consumers c SET committed = v_last_offset
-                 WHERE c.partition_id = p_pid AND c.consumer_group = p_group;
-            END IF;
-        END IF;
+        -- so they are never sealed past. One statement, so one snapshot: a push stores its
+        -- segment and its last_offset together, so a concurrent push is either seen (no seal)
+        -- or lands above the last_offset sealed to and stays pending. (Read in two statements,
+        -- a push committing between them was sealed past.) The first-segment probe is written
+        -- as ORDER BY ... LIMIT 1, the primary key's order: a bare EXISTS averaged 0.64 ms a
+        -- call in the consume benchmark (pg_stat_statements), against 0.015 ms for the head
+        -- probe's primary-key step.
+        -- A cursor seal, not a claim: no lease field changes.
+        UPDATE queen.log_consumers c SET committed = p.last_offset
+          FROM queen.log_partitions p
+         WHERE c.partition_id = p_pid AND c.consumer_group = p_group
+           AND p.id = p_pid AND p.last_offset > c.committed
+           AND (SELECT s.base_offset FROM queen.log_segments s
+                 WHERE s.partition_id = p_pid
+                 ORDER BY s.base_offset
+                 LIMIT 1) IS NULL;
         o_kind := 'empty';
         RETURN NEXT;
         RETURN;
