@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use crate::backoff::WaitBackoff;
 use crate::claim::SubscriptionIntent;
 use crate::params::{PopParams, PopShape};
-use crate::ring::{candidate_count, Candidate, RingTable, DEFAULT_CONFIG_TTL_MS};
+use crate::ring::{Candidate, RingTable, DEFAULT_CONFIG_TTL_MS};
 use crate::storage::{
     Claim, PopRequest, PopResult, QueueConfig, StorageError, StorageResult, Verdict,
 };
@@ -900,7 +900,7 @@ impl PopMachine {
             };
             return self.work(command, Work::Reseed, round);
         }
-        let candidates = ring.take_candidates(candidate_count(self.params.partitions), now);
+        let candidates = ring.take_share(self.params.partitions, now);
         if candidates.is_empty() {
             return self.release_then_empty(round, now);
         }
@@ -996,7 +996,8 @@ impl PopMachine {
                 if result.claims.is_empty() && round.list_rounds < 2 && ring.has_ready(now) {
                     return self.next_ring_step(&queue, round, now, ctx);
                 }
-                self.deliver_or_wait(result, round, now, ctx);
+                let returned = cands.iter().any(|c| ring.is_ready(&c.partition));
+                self.deliver_or_wait(result, round, returned, now, ctx);
             }
             (Work::Wildcard { first_contact }, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
@@ -1013,7 +1014,7 @@ impl PopMachine {
                         return self.next_ring_step(&queue, round, now, ctx);
                     }
                 }
-                self.deliver_or_wait(result, round, now, ctx);
+                self.deliver_or_wait(result, round, true, now, ctx);
             }
             (Work::Partition, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
@@ -1023,14 +1024,14 @@ impl PopMachine {
                         ring.check_in(name, *verdict, None, now);
                     }
                 }
-                self.deliver_or_wait(result, round, now, ctx);
+                self.deliver_or_wait(result, round, true, now, ctx);
             }
             (Work::DiscoveryNext, StorageReply::NextPending(next)) => {
                 // Storage's time is a floor for the revisit: a lease held elsewhere ends then.
                 if let Some(t) = next {
                     self.revisit_at = Some(self.revisit_at.map_or(t, |r| r.min(t)));
                 }
-                self.deliver_or_wait(PopResult::default(), round, now, ctx);
+                self.deliver_or_wait(PopResult::default(), round, true, now, ctx);
             }
             (Work::Discovery { queues, next }, reply) => {
                 let (queues, result) = match reply {
@@ -1040,7 +1041,7 @@ impl PopMachine {
                 };
                 self.note_revisits(&result.verdicts, now);
                 if !result.claims.is_empty() || queues.is_empty() {
-                    return self.deliver_or_wait(result, round, now, ctx);
+                    return self.deliver_or_wait(result, round, true, now, ctx);
                 }
                 if next >= queues.len() {
                     // Every matching queue answered empty: when does one of them have
@@ -1080,19 +1081,25 @@ impl PopMachine {
         self.empty_or_park(now, round.woken);
     }
 
+    /// `returned`: this pop's verdicts made partitions ready again (candidates storage did not
+    /// get to, an autoAck partition with more, a push that raced the answer).
     fn deliver_or_wait(
         &mut self,
         result: PopResult,
         round: PermitRound,
+        returned: bool,
         now: Timestamp,
         ctx: &mut PopContext,
     ) {
         let rtt_us = Some(u64::try_from((now.0 - round.since.0).max(1)).unwrap_or(1));
         self.effects.push_back(PopEffect::ReleasePermit { rtt_us });
-        // Leaving the ring: what its verdicts made ready again (candidates storage did not get
-        // to, an autoAck partition with more, a push that raced the answer) goes to another
-        // parked pop.
-        self.pass_wake_if_work_left(now, ctx);
+        // Leaving the ring: what its own verdicts made ready goes to another parked pop. Work
+        // made ready otherwise has its own wake (an event's, a revisit's, or the hand-off of
+        // the pop that left it when taking candidates): passing that on too woke pops for
+        // partitions other pops were already serving.
+        if returned {
+            self.pass_wake_if_work_left(now, ctx);
+        }
         if !result.claims.is_empty() {
             let reply = PopReply::Messages {
                 worker: self.worker,

@@ -705,14 +705,17 @@ async fn a_backlog_larger_than_a_reseed_page_is_walked_whole() {
 
 const WALKED_PARTITIONS: usize = 600;
 
-/// No thundering herd, and nothing left behind by avoiding it. Six pops of one group park on a
-/// warm, empty queue (one partition each); one push writes into four partitions. The push wakes
-/// one parked pop, and each woken pop that leaves partitions behind hands the wake on, so four
-/// pops are answered with a partition each and the other two stay parked until their deadline:
-/// four woken, not six. Re-checks are a minute apart, so each 200 was a wake or a hand-off.
-/// Answers (the partitions the six pops were answered with, pops woken).
+/// No thundering herd, and nothing left behind by avoiding it. Twenty pops of one group park on
+/// a warm, empty queue (one partition each); one push writes into four partitions. The push
+/// wakes one parked pop, and each woken pop that leaves partitions behind hands the wake on (when
+/// it takes its share of candidates, and when it hands untried ones back), so four pops are
+/// answered with a partition each and the rest stay parked until their deadline. Concurrent
+/// hand-offs may wake a pop for a partition another pop took meanwhile, but each hand-off is for
+/// a partition left behind: at most two per pushed partition, however many are parked.
+/// Re-checks are a minute apart, so each 200 was a wake or a hand-off.
+/// Answers (the partitions the parked pops were answered with, pops woken).
 async fn one_push_into_four_partitions(no_wake_handoff: bool) -> (Vec<String>, u64) {
-    const PARKED: usize = 6;
+    const PARKED: usize = 20;
     const PARTITIONS: usize = 4;
     let hooks = queen_server::app::Hooks {
         pop_bugs: queen_core::pop::PopBugs {
@@ -762,7 +765,10 @@ async fn one_push_into_four_partitions(no_wake_handoff: bool) -> (Vec<String>, u
 async fn a_push_wakes_only_the_pops_it_can_serve_and_strands_none() {
     let (served, woken) = one_push_into_four_partitions(false).await;
     assert_eq!(served, ["p0", "p1", "p2", "p3"], "one partition per pop");
-    assert_eq!(woken, 4, "six pops parked, four partitions: four woken");
+    assert!(
+        (4..=8).contains(&woken),
+        "twenty pops parked, four partitions: {woken} woken (four to eight)"
+    );
     let (served, _) = one_push_into_four_partitions(true).await;
     assert_eq!(
         served.len(),

@@ -1373,37 +1373,39 @@ pub async fn drained_batches(b: &dyn Backend) -> CaseResult {
         auto_ack: true,
         ..pop_req("q", "g", w, batch)
     };
-    push(&*s, &mut ids, "q", "p", "a", 0..3).await?;
-    let r = s
-        .pop_partition(auto(ids.worker(), 2), "p".into())
-        .await
-        .map_err(e)?;
-    ensure_eq!(
-        outcome(&r, "p")?,
-        (2, false),
-        "a batch ending inside a segment"
+    // (pushes before the pop, its batch, (count, drained), why)
+    type Step<'a> = (
+        &'a [(&'a str, std::ops::Range<u32>)],
+        u32,
+        (u32, bool),
+        &'a str,
     );
-    let r = s
-        .pop_partition(auto(ids.worker(), 5), "p".into())
-        .await
-        .map_err(e)?;
-    ensure_eq!(outcome(&r, "p")?, (1, true), "the rest of the segment");
-    push(&*s, &mut ids, "q", "p", "b", 0..2).await?;
-    push(&*s, &mut ids, "q", "p", "c", 0..2).await?;
-    let r = s
-        .pop_partition(auto(ids.worker(), 2), "p".into())
-        .await
-        .map_err(e)?;
-    ensure_eq!(
-        outcome(&r, "p")?,
-        (2, false),
-        "a segment lies past the batch"
-    );
-    let r = s
-        .pop_partition(auto(ids.worker(), 10), "p".into())
-        .await
-        .map_err(e)?;
-    ensure_eq!(outcome(&r, "p")?, (2, true), "the last segment");
+    let steps: [Step; 4] = [
+        (
+            &[("a", 0..3)],
+            2,
+            (2, false),
+            "a batch ending inside a segment",
+        ),
+        (&[], 5, (1, true), "the rest of the segment"),
+        (
+            &[("b", 0..2), ("c", 0..2)],
+            2,
+            (2, false),
+            "a segment lies past the batch",
+        ),
+        (&[], 10, (2, true), "the last segment"),
+    ];
+    for (pushes, batch, expected, why) in steps {
+        for (prefix, range) in pushes {
+            push(&*s, &mut ids, "q", "p", prefix, range.clone()).await?;
+        }
+        let r = s
+            .pop_partition(auto(ids.worker(), batch), "p".into())
+            .await
+            .map_err(e)?;
+        ensure_eq!(outcome(&r, "p")?, expected, "{why}");
+    }
     push(&*s, &mut ids, "q", "p2", "d", 0..1).await?;
     let r = s
         .pop_list(pop_req("q", "g", ids.worker(), 10), vec!["p2".into()])
