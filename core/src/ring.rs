@@ -330,7 +330,6 @@ impl HotRing {
         self.wheel.first().map(|(t, _)| *t)
     }
 
-    /// Hands out up to `k` ready candidates in round-robin order.
     /// One pop's candidates: `candidate_count`, but at most half of what is ready (never fewer
     /// than the partitions it may claim), so concurrent pops on a small ring each get some. A
     /// pop holds its candidates while its call is in flight: taking all ten of a ten-partition
@@ -341,6 +340,7 @@ impl HotRing {
         self.take_candidates(candidate_count(partitions).min(share), now)
     }
 
+    /// Hands out up to `k` ready candidates in round-robin order.
     pub fn take_candidates(&mut self, k: usize, now: Timestamp) -> Vec<Candidate> {
         self.advance(now);
         let mut out = Vec::with_capacity(k.min(self.ready.len()));
