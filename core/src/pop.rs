@@ -169,6 +169,10 @@ pub struct PopBugs {
     /// claimed fewer than it took) does not wake another parked pop of its group: the rest
     /// waits for the parked pops' re-checks.
     pub no_wake_handoff: bool,
+    /// A ring pop hands the wake on only when it takes candidates, never for the candidates
+    /// its verdicts hand back (untried ones, an autoAck partition with more): those wait for
+    /// the parked pops' re-checks.
+    pub no_handoff_of_returned: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1097,7 +1101,7 @@ impl PopMachine {
         // made ready otherwise has its own wake (an event's, a revisit's, or the hand-off of
         // the pop that left it when taking candidates): passing that on too woke pops for
         // partitions other pops were already serving.
-        if returned {
+        if returned && !self.config.bugs.no_handoff_of_returned {
             self.pass_wake_if_work_left(now, ctx);
         }
         if !result.claims.is_empty() {

@@ -10,6 +10,7 @@
 
 mod common;
 
+use queen_core::pop::PopBugs;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -714,14 +715,11 @@ const WALKED_PARTITIONS: usize = 600;
 /// a partition left behind: at most two per pushed partition, however many are parked.
 /// Re-checks are a minute apart, so each 200 was a wake or a hand-off.
 /// Answers (the partitions the parked pops were answered with, pops woken).
-async fn one_push_into_four_partitions(no_wake_handoff: bool) -> (Vec<String>, u64) {
+async fn one_push_into_four_partitions(pop_bugs: queen_core::pop::PopBugs) -> (Vec<String>, u64) {
     const PARKED: usize = 20;
     const PARTITIONS: usize = 4;
     let hooks = queen_server::app::Hooks {
-        pop_bugs: queen_core::pop::PopBugs {
-            no_wake_handoff,
-            ..Default::default()
-        },
+        pop_bugs,
         ..Default::default()
     };
     let (app, addr) = hooked_memory_broker(hooks, 11).await;
@@ -763,16 +761,29 @@ async fn one_push_into_four_partitions(no_wake_handoff: bool) -> (Vec<String>, u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_wakes_only_the_pops_it_can_serve_and_strands_none() {
-    let (served, woken) = one_push_into_four_partitions(false).await;
+    let (served, woken) = one_push_into_four_partitions(PopBugs::default()).await;
     assert_eq!(served, ["p0", "p1", "p2", "p3"], "one partition per pop");
     assert!(
         (4..=8).contains(&woken),
         "twenty pops parked, four partitions: {woken} woken (four to eight)"
     );
-    let (served, _) = one_push_into_four_partitions(true).await;
+    let no_handoff = PopBugs {
+        no_wake_handoff: true,
+        ..PopBugs::default()
+    };
+    let (served, _) = one_push_into_four_partitions(no_handoff).await;
     assert_eq!(
         served.len(),
         1,
         "the bug switch (no hand-off) is caught: the woken pop's leftovers stranded the rest: {served:?}"
+    );
+    let no_return_handoff = PopBugs {
+        no_handoff_of_returned: true,
+        ..PopBugs::default()
+    };
+    let (served, _) = one_push_into_four_partitions(no_return_handoff).await;
+    assert!(
+        served.len() < 4,
+        "the bug switch (no hand-off of returned candidates) is caught: {served:?}"
     );
 }
