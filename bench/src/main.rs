@@ -467,7 +467,12 @@ async fn main() {
     }
 
     // 6. Fan-out at the calm offered rate: every group must receive every message.
-    for &groups in plan.fan_out_groups.iter().filter(|_| runs("fan-out")) {
+    // BENCH_FANOUT_GROUPS=10 narrows the group counts (for a profile of one of them).
+    let fan_out_groups: Vec<usize> = match std::env::var("BENCH_FANOUT_GROUPS") {
+        Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Err(_) => plan.fan_out_groups.to_vec(),
+    };
+    for groups in fan_out_groups.into_iter().filter(|_| runs("fan-out")) {
         let trace = limiter::LimitTrace::start(&app, std::time::Duration::from_millis(100));
         let r = live::run(
             addr,
