@@ -337,12 +337,17 @@ impl HotRing {
     pub fn take_share(&mut self, partitions: u32, now: Timestamp) -> Vec<Candidate> {
         self.advance(now);
         let share = (self.ready.len() / 2).max(partitions as usize);
-        self.take_candidates(candidate_count(partitions).min(share), now)
+        self.take_ready(candidate_count(partitions).min(share))
     }
 
     /// Hands out up to `k` ready candidates in round-robin order.
     pub fn take_candidates(&mut self, k: usize, now: Timestamp) -> Vec<Candidate> {
         self.advance(now);
+        self.take_ready(k)
+    }
+
+    /// Up to `k` of the ready list, in order (the wheel already advanced).
+    fn take_ready(&mut self, k: usize) -> Vec<Candidate> {
         let mut out = Vec::with_capacity(k.min(self.ready.len()));
         while out.len() < k {
             let Some(p) = self.ready.pop_front() else {
