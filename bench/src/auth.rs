@@ -59,7 +59,7 @@ pub async fn auth_scenario(
     secs: u64,
     consume_total: usize,
 ) -> Vec<Row> {
-    let (open_app, open) = crate::start_with(pg, ServerConfig::default(), 31).await;
+    let (open_app, open) = crate::start_with(pg, crate::bench_config(), 31).await;
     let secured_config = ServerConfig {
         auth: Some(Arc::new(
             Authenticator::new(AuthSettings {
@@ -68,7 +68,7 @@ pub async fn auth_scenario(
             })
             .expect("auth settings"),
         )),
-        ..ServerConfig::default()
+        ..crate::bench_config()
     };
     let (secured_app, secured) = crate::start_with(pg, secured_config, 32).await;
     let t = token();

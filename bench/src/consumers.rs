@@ -7,8 +7,6 @@
 
 use std::time::Duration;
 
-use queen_server::config::ServerConfig;
-
 use crate::consume::{broker_rate, Consume};
 use crate::limiter::{trace_json, trace_rows, LimitTrace};
 use crate::util::{Endpoint, Row};
@@ -26,7 +24,7 @@ pub async fn consumers_scenario(
     let mut rows = vec![];
     let mut few_rate = f64::NAN;
     for (k, consumers) in [FEW, many].into_iter().enumerate() {
-        let (app, addr) = crate::start_with(pg, ServerConfig::default(), 31 + k as u64).await;
+        let (app, addr) = crate::start_with(pg, crate::bench_config(), 31 + k as u64).await;
         let trace = LimitTrace::start(&app, Duration::from_millis(100));
         let queue = format!("consumers-{PARTITIONS}-{consumers}");
         let rate = broker_rate(

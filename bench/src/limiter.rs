@@ -74,7 +74,7 @@ async fn run(
 ) -> (f64, Vec<u32>) {
     let config = ServerConfig {
         vegas,
-        ..ServerConfig::default()
+        ..crate::bench_config()
     };
     let (app, addr) = crate::start_with(pg, config, 21).await;
     let trace = LimitTrace::start(&app, Duration::from_millis(10));

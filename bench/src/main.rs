@@ -99,7 +99,7 @@ async fn start_app(
 ) -> (Arc<App>, std::net::SocketAddr) {
     let config = ServerConfig {
         hotlist,
-        ..ServerConfig::default()
+        ..crate::bench_config()
     };
     start_with(pg, config, 1).await
 }
@@ -117,6 +117,17 @@ fn broker_runtime() -> &'static tokio::runtime::Runtime {
             .build()
             .expect("broker runtime")
     })
+}
+
+/// The configuration of the bench's in-process brokers: the defaults without a retention
+/// worker. Every broker it starts lives to the end of the run, so default workers would run
+/// retention passes over other scenarios' queues (one removed the retention scenario's filled
+/// partitions before the pass it measures); the soak turns its own worker on.
+pub(crate) fn bench_config() -> ServerConfig {
+    ServerConfig {
+        retention: queen_server::retention::RetentionSettings::OFF,
+        ..ServerConfig::default()
+    }
 }
 
 /// An in-process broker on the bench's database, serving on an ephemeral port.

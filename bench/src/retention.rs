@@ -60,7 +60,7 @@ async fn soak(
             interval_ms: 1_000,
             ..RetentionSettings::default()
         },
-        ..ServerConfig::default()
+        ..crate::bench_config()
     };
     let (app, addr) = crate::start_with(pg, config, 11).await;
     let db = pg_connect(cfg).await;
@@ -260,7 +260,7 @@ async fn pass_cost(
         pg,
         ServerConfig {
             retention: RetentionSettings::OFF,
-            ..ServerConfig::default()
+            ..crate::bench_config()
         },
         12,
     )

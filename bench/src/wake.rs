@@ -62,7 +62,7 @@ pub async fn start_broker(pg: &queen_storage_pg::PgStorage, seed: u64) -> (Arc<A
             multiplier: 1.0,
             max_ms: 60_000,
         },
-        ..ServerConfig::default()
+        ..crate::bench_config()
     };
     let (app, addr) = crate::start_with(pg, config, seed).await;
     queen_server::spawn_event_listener(app.clone(), pg);
