@@ -256,15 +256,7 @@ async fn pass_cost(
     )
     .await
     .expect("one queue with retention");
-    let (app, _) = crate::start_with(
-        pg,
-        ServerConfig {
-            retention: RetentionSettings::OFF,
-            ..crate::bench_config()
-        },
-        12,
-    )
-    .await;
+    let (app, _) = crate::start_with(pg, crate::bench_config(), 12).await;
     let settings = RetentionSettings::default();
     // A pass still running in the soak's stopped worker holds the lease for a moment.
     let (report, ours_ms) = loop {
