@@ -43,7 +43,8 @@ pub(crate) fn start(app: Arc<App>, shape: PopShape, pairs: Vec<(String, String)>
 /// Drives one pop machine to its reply. Runs in its own task so that it notices a client that
 /// went away (the reply channel closes): a parked pop is cancelled, and a batch leased for a
 /// client that is gone is released at once instead of waiting out its lease. The waits other
-/// than parking are boxed: a parked task then holds only the park's state (2.0 -> 1.1 KiB).
+/// than parking are boxed, so a parked task does not carry their state beside the park's
+/// (1,976 -> 1,752 bytes measured; the machine and the park's select stay inline).
 async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>) {
     let queue = params.queue_name().map(str::to_string);
     let mut shutdown = app.shutting_down.subscribe();
