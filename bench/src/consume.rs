@@ -135,6 +135,7 @@ pub(crate) async fn broker_rate(
         }
     }
     let total = (per_partition * partitions) as u64;
+    crate::util::settle().await;
     // Marks the measured window apart from the prefill (for a profiler watching stderr).
     eprintln!("measuring {queue}");
     let done = Arc::new(AtomicU64::new(0));
@@ -237,6 +238,7 @@ async fn claim_loop_rate(
         }
     }
     let total = (per_partition * partitions) as u64;
+    crate::util::settle().await;
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let handles: Vec<_> = (0..consumers)

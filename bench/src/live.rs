@@ -118,6 +118,7 @@ pub async fn run(
     rate: Option<f64>,
     secs: u64,
 ) -> LiveResult {
+    crate::util::settle().await;
     let stop = Arc::new(AtomicBool::new(false));
     let pushed = Arc::new(AtomicU64::new(0));
     let producers: Vec<_> = (0..PRODUCERS)
@@ -222,6 +223,7 @@ pub async fn raw_run(cfg: &tokio_postgres::Config, rate: Option<f64>, secs: u64)
         .batch_execute("TRUNCATE bench.segments; UPDATE bench.parts SET last_offset = -1; UPDATE bench.cursors SET committed = -1")
         .await
         .expect("reset");
+    crate::util::settle().await;
     let stop = Arc::new(AtomicBool::new(false));
     let pushed = Arc::new(AtomicU64::new(0));
     let producers: Vec<_> = (0..PRODUCERS)

@@ -246,6 +246,7 @@ async fn main() {
     let cfg = queen_storage_pg::testing::fresh_database_config_existing(name);
     let db_url = parked::url_with_db(&queen_storage_pg::testing::database_url(), name);
     let setup = util::pg_connect(&cfg).await;
+    util::settle_before_measuring(&cfg);
     setup
         .batch_execute(
             "CREATE SCHEMA bench;

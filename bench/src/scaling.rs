@@ -78,6 +78,7 @@ pub struct Scaling {
 pub async fn run(addr: std::net::SocketAddr, queue: &str, group: &str, secs: u64) -> Scaling {
     let path =
         format!("/api/v1/pop/queue/{queue}?batch=10&wait=false&autoAck=true&consumerGroup={group}");
+    crate::util::settle().await;
     // The group's first contact bulk-seeds its cursors: timed on its own.
     let t = Instant::now();
     Client::connect(addr).await.get(&path).await;

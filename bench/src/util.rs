@@ -33,6 +33,35 @@ pub async fn pg_connect(cfg: &tokio_postgres::Config) -> tokio_postgres::Client 
     c
 }
 
+/// The database every measured window starts on (set once by `main`; unset, `settle` does nothing).
+static SETTLE_DATABASE: OnceLock<tokio_postgres::Config> = OnceLock::new();
+
+pub fn settle_before_measuring(cfg: &tokio_postgres::Config) {
+    let _ = SETTLE_DATABASE.set(cfg.clone());
+}
+
+/// Brings the database to the same state before every measured window, broker's and baseline's
+/// alike: the earlier windows' dead rows vacuumed (a manual VACUUM also cancels an autovacuum
+/// worker still busy with them) and their dirty pages written out. Without it a window paid for
+/// the one before it: the autovacuum of a consume load's acks, or of a million-partition fill,
+/// ran inside the next scenario's measurement and moved its rows by a fifth between full runs.
+/// A window's own debris is still its own to pay for.
+pub async fn settle() {
+    let Some(cfg) = SETTLE_DATABASE.get() else {
+        return;
+    };
+    let t = Instant::now();
+    let c = pg_connect(cfg).await;
+    // Separate statements: VACUUM refuses to run inside the implicit transaction of a
+    // multi-statement query.
+    for sql in ["VACUUM (ANALYZE)", "CHECKPOINT"] {
+        if let Err(e) = c.batch_execute(sql).await {
+            eprintln!("settle: {sql} failed (measuring unsettled): {e}");
+        }
+    }
+    eprintln!("settled the database in {:.1} s", t.elapsed().as_secs_f64());
+}
+
 /// p50 / p99 / max of latency samples, in milliseconds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Latency {
@@ -197,6 +226,7 @@ where
     F: Fn(usize, Arc<AtomicBool>, Arc<AtomicU64>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    settle().await;
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let mark = CpuMark::now();
