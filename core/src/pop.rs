@@ -145,10 +145,11 @@ pub enum PopEffect {
     Park {
         until: Timestamp,
     },
-    /// Wake one more parked pop of this pop's (queue, group) ring on this broker: this pop
-    /// leaves ready work on the ring that it will not take itself. An event wakes one parked
-    /// ring pop per group, not all of them, so the work an event made is served by a chain of
-    /// these hand-offs, each woken pop taking its share of candidates.
+    /// Wake one more parked queue-wide pop of this pop's (queue, group) on this broker: this pop
+    /// may leave work behind that it will not take itself. An event wakes one parked queue-wide
+    /// pop per group, not all of them, so the work an event made is served by a chain of these
+    /// hand-offs, each woken pop taking its share. On the hot-list path the ring says what is
+    /// left; the legacy scan passes the wake after every claim (see `pass_wake_on_scan`).
     PassWake,
     /// The final answer; the machine is done after it.
     Reply(PopReply),
@@ -173,6 +174,14 @@ pub struct PopBugs {
     /// its verdicts hand back (untried ones, an autoAck partition with more): those wait for
     /// the parked pops' re-checks.
     pub no_handoff_of_returned: bool,
+    /// A legacy-scan pop (`QUEEN_HOTLIST=0`) that claims does not wake another parked pop of
+    /// its group: the other partitions the event made claimable wait for the parked pops'
+    /// re-checks.
+    pub no_scan_wake_handoff: bool,
+    /// The legacy scan keeps what a probe said about later (a lease ending, a hold maturing) in
+    /// the pop that asked, not in the broker's ticker: when that pop's long-poll ends first, the
+    /// other parked pops of its group hear of it only at their re-checks.
+    pub no_scan_revisit: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -230,6 +239,14 @@ pub struct ProbeMemos {
     /// its queue came while it was in flight.
     queue_events: std::collections::BTreeMap<String, u64>,
     all_events: u64,
+    /// The earliest time a probe said something of (queue, group) becomes deliverable (a lease
+    /// ending, a delay or hold maturing): the broker's ticker wakes one parked pop of the group
+    /// then, as the hot-list ring's wheel does. Kept here, not in the pop that asked, so that it
+    /// outlives that pop's long-poll.
+    revisits: std::collections::BTreeMap<(String, String), Timestamp>,
+    /// The earliest revisit noted since the ticker last armed, if earlier than what it armed for.
+    rearm: bool,
+    armed_at: Option<Timestamp>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -284,6 +301,43 @@ impl ProbeMemos {
         }
     }
 
+    /// A probe said something of (queue, group) becomes deliverable `at`.
+    pub fn note_revisit(&mut self, queue: &str, group: &str, at: Timestamp, now: Timestamp) {
+        if at <= now {
+            return;
+        }
+        let slot = self
+            .revisits
+            .entry((queue.to_string(), group.to_string()))
+            .or_insert(at);
+        *slot = (*slot).min(at);
+        if self.armed_at.is_none_or(|armed| at < armed) {
+            self.rearm = true;
+        }
+    }
+
+    /// The ticker arms for the earliest revisit (`None`: none held).
+    fn arm(&mut self) -> Option<Timestamp> {
+        self.rearm = false;
+        self.armed_at = self.revisits.values().min().copied();
+        self.armed_at
+    }
+
+    /// The queues with a revisit due by `now` (each once, in order); those revisits are done.
+    fn take_due(&mut self, now: Timestamp) -> Vec<String> {
+        let mut queues: Vec<String> = vec![];
+        self.revisits.retain(|(queue, _), at| {
+            if *at > now {
+                return true;
+            }
+            if queues.last() != Some(queue) {
+                queues.push(queue.clone());
+            }
+            false
+        });
+        queues
+    }
+
     /// A probe of (queue, group) is issued now.
     pub fn issued(&mut self, queue: &str, group: &str, now: Timestamp) {
         self.in_flight
@@ -324,6 +378,27 @@ impl PopContext {
             event_bugs,
             probes: ProbeMemos::default(),
         }
+    }
+
+    /// The broker's ticker arms for the earliest revisit of any ring's wheel or legacy probe.
+    pub fn arm_ticker(&mut self) -> Option<Timestamp> {
+        let (ring, probe) = (self.rings.arm_ticker(), self.probes.arm());
+        ring.into_iter().chain(probe).min()
+    }
+
+    /// Whether a revisit earlier than the armed tick was scheduled since it armed.
+    pub fn ticker_needs_rearm(&self) -> bool {
+        self.rings.ticker_needs_rearm() || self.probes.rearm
+    }
+
+    /// The ticker fired: what came due on the rings' wheels moves to their ready queues, the
+    /// legacy probes' revisits that came due are done; answers the queues whose gates open.
+    pub fn advance_due(&mut self, now: Timestamp) -> Vec<String> {
+        let mut queues = self.rings.advance_due(now);
+        queues.extend(self.probes.take_due(now));
+        queues.sort();
+        queues.dedup();
+        queues
     }
 
     /// A push landed: every ring of the queue learns it. A windowBuffer queue's partition waits
@@ -482,11 +557,17 @@ impl PopMachine {
         matches!(self.phase, Phase::Parked { .. } | Phase::Holding { .. })
     }
 
-    /// Whether this pop is served from its (queue, group) hot-list ring: such a parked pop is
-    /// woken one at a time (an event wakes one per group, and each woken pop that leaves work
-    /// behind passes the wake on), every other shape by every event of its queue.
+    /// Whether this pop is served from its (queue, group) hot-list ring.
     pub fn serves_from_ring(&self) -> bool {
-        self.config.hotlist && matches!(self.params.shape, PopShape::Queue { .. })
+        self.config.hotlist && self.wakes_one_per_group()
+    }
+
+    /// Whether a parked pop of this shape is woken one at a time (an event wakes one parked pop
+    /// per group, and each woken pop that may leave work behind passes the wake on): every
+    /// queue-wide pop, on either path. Every other shape (a named partition, discovery) is woken
+    /// by every event of its queue.
+    pub fn wakes_one_per_group(&self) -> bool {
+        matches!(self.params.shape, PopShape::Queue { .. })
     }
 
     /// Whether the machine holds a serving permit right now.
@@ -566,6 +647,7 @@ impl PopMachine {
                 ) {
                     // It may have been the pop a wake chose: the work it saw goes to another.
                     self.pass_wake_if_work_left(now, ctx);
+                    self.pass_wake_on_scan();
                 }
                 self.phase = Phase::Done;
             }
@@ -635,6 +717,9 @@ impl PopMachine {
                         // Whatever it answered, this probe is no longer in flight.
                         let group = &self.params.consumer_group;
                         ctx.probes.answered(queue, group, epoch, next, now);
+                        if let Some(Some(at)) = next.filter(|_| !self.config.bugs.no_scan_revisit) {
+                            ctx.probes.note_revisit(queue, group, at, now);
+                        }
                     }
                     match result {
                         Ok(StorageReply::NextPending(Some(t))) if t <= now => {
@@ -1018,6 +1103,10 @@ impl PopMachine {
                         return self.next_ring_step(&queue, round, now, ctx);
                     }
                 }
+                if !result.claims.is_empty() && !self.config.bugs.no_scan_wake_handoff {
+                    // Another partition may be claimable too: the next parked pop asks.
+                    self.pass_wake_on_scan();
+                }
                 self.deliver_or_wait(result, round, true, now, ctx);
             }
             (Work::Partition, StorageReply::Pop(result)) => {
@@ -1131,6 +1220,19 @@ impl PopMachine {
             .ring(queue, &self.params.consumer_group)
             .has_work(now)
         {
+            self.effects.push_back(PopEffect::PassWake);
+        }
+    }
+
+    /// The legacy scan's hand-off (`QUEEN_HOTLIST=0`, queue-wide pops): with no ring to say what
+    /// is left, a pop passes the wake on whenever it may leave work to its group's other parked
+    /// pops: after a claim (another partition may be claimable as well), and when a wake chose it
+    /// and it left before looking. The pop it wakes asks storage before it passes anything on,
+    /// so a chain ends at the first pop that finds nothing: an event costs the claims it makes
+    /// possible plus one look per group, however many pops are parked. What storage says about
+    /// later (a lease ending) is the broker's, not the pop's: `ProbeMemos::note_revisit`.
+    fn pass_wake_on_scan(&mut self) {
+        if self.wakes_one_per_group() && !self.config.hotlist {
             self.effects.push_back(PopEffect::PassWake);
         }
     }

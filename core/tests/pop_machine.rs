@@ -1346,3 +1346,114 @@ fn every_input_is_answered_with_the_next_wait_or_the_reply() {
         }
     }
 }
+
+/// The legacy scan's hand-off (`QUEEN_HOTLIST=0`): an event wakes one parked queue-wide pop per
+/// group (the broker's gate), which asks storage. A pop that claims passes the wake on (another
+/// partition may be claimable too); one that finds nothing does not, so the chain ends there.
+/// When a probe says something becomes deliverable later, the broker's ticker wakes the group
+/// then, whether or not the pop that asked is still parked.
+#[test]
+fn a_legacy_pop_passes_the_wake_on_after_a_claim_and_the_broker_keeps_its_revisits() {
+    let passes = |fx: &[PopEffect]| fx.iter().filter(|e| **e == PopEffect::PassWake).count();
+    // A woken pop through its probe and the permit to the scan, answered with `claims`.
+    let scan = |bugs: PopBugs, claims: Vec<Claim>| {
+        let config = PopConfig {
+            hotlist: false,
+            bugs,
+            ..PopConfig::default()
+        };
+        let mut c = ctx();
+        let mut m = machine(&[("wait", "true"), ("timeout", "5000")], config);
+        m.handle(PopInput::Start, T0, &mut c);
+        let (id, _) = storage_id(&drain(&mut m));
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Ok(StorageReply::NextPending(Some(T0))),
+            },
+            T0,
+            &mut c,
+        );
+        assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
+        m.handle(PopInput::PermitGranted, T0, &mut c);
+        let (id, cmd) = storage_id(&drain(&mut m));
+        assert!(matches!(cmd, StorageCommand::PopWildcard { .. }), "{cmd:?}");
+        let result = PopResult {
+            claims,
+            verdicts: vec![],
+        };
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Ok(StorageReply::Pop(result)),
+            },
+            T0,
+            &mut c,
+        );
+        drain(&mut m)
+    };
+    let fx = scan(PopBugs::default(), vec![claim("a")]);
+    assert!(
+        matches!(fx.last(), Some(PopEffect::Reply(PopReply::Messages { .. }))),
+        "{fx:?}"
+    );
+    assert_eq!(passes(&fx), 1, "a claim hands the wake on: {fx:?}");
+    let fx = scan(PopBugs::default(), vec![]);
+    assert_eq!(passes(&fx), 0, "nothing found ends the chain: {fx:?}");
+    let switched = PopBugs {
+        no_scan_wake_handoff: true,
+        ..PopBugs::default()
+    };
+    assert_eq!(passes(&scan(switched, vec![claim("a")])), 0, "the switch");
+
+    // Told when a lease ends (after its own long-poll): the broker keeps it, not the pop, so the
+    // ticker wakes a parked pop of the group then even after this one has answered.
+    for (bugs, armed) in [
+        (PopBugs::default(), Some(T0.plus_secs(60))),
+        (
+            PopBugs {
+                no_scan_revisit: true,
+                ..PopBugs::default()
+            },
+            None,
+        ),
+    ] {
+        let config = PopConfig {
+            hotlist: false,
+            bugs,
+            ..PopConfig::default()
+        };
+        let mut c = ctx();
+        let mut m = machine(&[("wait", "true"), ("timeout", "5000")], config);
+        m.handle(PopInput::Start, T0, &mut c);
+        let (id, _) = storage_id(&drain(&mut m));
+        m.handle(
+            PopInput::StorageDone {
+                id,
+                result: Ok(StorageReply::NextPending(Some(T0.plus_secs(60)))),
+            },
+            T0,
+            &mut c,
+        );
+        let fx = drain(&mut m);
+        assert!(matches!(fx[..], [PopEffect::Park { .. }]), "{fx:?}");
+        assert_eq!(c.ticker_needs_rearm(), armed.is_some());
+        assert_eq!(c.arm_ticker(), armed, "{bugs:?}");
+        m.handle(PopInput::Cancel, T0.plus_millis(10), &mut c);
+        assert_eq!(
+            passes(&drain(&mut m)),
+            0,
+            "a parked pop's leaving passes nothing"
+        );
+        assert!(c.advance_due(T0.plus_secs(59)).is_empty());
+        let due = c.advance_due(T0.plus_secs(60));
+        assert_eq!(
+            due,
+            armed
+                .map(|_| "q".to_string())
+                .into_iter()
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(c.arm_ticker(), None, "a revisit fires once");
+    }
+}

@@ -75,18 +75,18 @@ impl Limiter {
 }
 
 /// A queue's wake gate: a sequence number bumped by every event of the queue, a FIFO of parked
-/// waiters that every event wakes (pops not served from a ring: named partitions, the legacy
-/// scan, discovery), and per consumer group a FIFO of parked ring pops that an event wakes one
-/// at a time, and only when the group's ring has work (no thundering herd: a push to one
-/// partition wakes one of ten thousand parked consumers, and the woken pop hands the wake on
-/// when it leaves work behind, `PopEffect::PassWake`).
+/// waiters that every event wakes (named partitions, discovery), and per consumer group a FIFO
+/// of parked queue-wide pops that an event wakes one at a time (on the hot-list path only when
+/// the group's ring has work). No thundering herd: a push to one partition wakes one of ten
+/// thousand parked consumers, and the woken pop hands the wake on when it may leave work
+/// behind (`PopEffect::PassWake`).
 /// (Not `tokio::sync::watch`: its waiters sit in randomly chosen shards, so the order in which
 /// parked pops wake, and the simulation's trace, would depend on tokio's unseeded RNG.)
 #[derive(Default)]
 pub struct Gate {
     seq: AtomicU64,
     notify: Notify,
-    /// Parked ring pops by consumer group. `Notify::notify_one` wakes the longest-parked, keeps
+    /// Parked queue-wide pops by consumer group. `Notify::notify_one` wakes the longest-parked, keeps
     /// the wake for the next pop to park when none is parked, and passes it on when the pop it
     /// chose is dropped before it ran (its client left).
     groups: Mutex<BTreeMap<String, Arc<Notify>>>,
@@ -95,8 +95,8 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// Opens the gate: every waiter outside a ring wakes, and one ring pop of each group in
-    /// `groups` (those whose ring has work).
+    /// Opens the gate: every waiter outside a group list wakes, and one queue-wide pop of each
+    /// group in `groups`.
     fn open(&self, now: Timestamp, groups: &[Arc<Notify>]) {
         self.opened_at_us.store(now.0, Ordering::SeqCst);
         self.seq.fetch_add(1, Ordering::SeqCst);
@@ -106,7 +106,7 @@ impl Gate {
         }
     }
 
-    /// The groups with a ring pop parked or about to park (someone besides this map holds
+    /// The groups with a queue-wide pop parked or about to park (someone besides this map holds
     /// their list).
     fn parked_groups(&self) -> Vec<(String, Arc<Notify>)> {
         lock(&self.groups)
@@ -117,8 +117,8 @@ impl Gate {
     }
 }
 
-/// One parked pop's view of a gate: what it has already seen, and for a ring pop its group's
-/// wake list.
+/// One parked pop's view of a gate: what it has already seen, and for a queue-wide pop its
+/// group's wake list.
 pub struct GateWatch {
     gate: Arc<Gate>,
     seen: u64,
@@ -140,8 +140,8 @@ impl GateWatch {
         Timestamp(self.gate.opened_at_us.load(Ordering::SeqCst))
     }
 
-    /// Resolves once the gate opened after the last `mark_seen` (or `changed`); a ring pop, once
-    /// it opened before the pop parked, or once a wake chose it.
+    /// Resolves once the gate opened after the last `mark_seen` (or `changed`); a queue-wide pop,
+    /// once it opened before the pop parked, or once a wake chose it.
     pub async fn changed(&mut self) {
         loop {
             let notified = self.gate.notify.notified();
@@ -356,18 +356,18 @@ impl App {
     }
 
     /// A receiver on a queue's wake gate (`None`: the any-queue gate of discovery pops).
-    /// `ring_group`: the pop is served from its (queue, group) ring, and is woken one at a time.
-    pub fn gate(&self, queue: Option<&str>, ring_group: Option<&str>) -> GateWatch {
+    /// `group`: the pop is queue-wide (`PopMachine::wakes_one_per_group`), woken one at a time.
+    pub fn gate(&self, queue: Option<&str>, group: Option<&str>) -> GateWatch {
         let key = queue.unwrap_or(ANY_QUEUE_GATE).to_string();
         let gate = lock(&self.gates).entry(key).or_default().clone();
-        let group =
-            ring_group.map(|g| lock(&gate.groups).entry(g.to_string()).or_default().clone());
+        let group = group.map(|g| lock(&gate.groups).entry(g.to_string()).or_default().clone());
         let seen = gate.seq.load(Ordering::SeqCst);
         GateWatch { gate, seen, group }
     }
 
-    /// Opens a queue's wake gate: every pop parked on it outside a ring re-checks now, and of
-    /// each group whose ring has work, one parked ring pop.
+    /// Opens a queue's wake gate: every pop parked on it outside a group list re-checks now, and
+    /// one parked queue-wide pop of each group (on the hot-list path, of each group whose ring
+    /// has work).
     pub fn wake(&self, queue: &str) {
         let fate = self
             .hooks
@@ -384,12 +384,12 @@ impl App {
                 .cloned()
                 .collect()
         };
-        // The ring pops to wake are chosen now, by what the rings hold now (a delayed wake
-        // delivers the same choice late).
+        // The queue-wide pops to wake are chosen now, by what the rings hold now (a delayed
+        // wake delivers the same choice late).
         let opens: Vec<(Arc<Gate>, Vec<Arc<Notify>>)> = gates
             .into_iter()
             .map(|gate| {
-                let chosen = self.ring_pops_to_wake(queue, &gate);
+                let chosen = self.group_pops_to_wake(queue, &gate);
                 (gate, chosen)
             })
             .collect();
@@ -416,12 +416,13 @@ impl App {
         }
     }
 
-    /// Of each group with a ring pop parked on `gate`, that group's wake list if its ring has
-    /// work: one of its parked pops is woken.
-    fn ring_pops_to_wake(&self, queue: &str, gate: &Gate) -> Vec<Arc<Notify>> {
+    /// Of each group with a queue-wide pop parked on `gate`, that group's wake list: one of its
+    /// parked pops is woken. On the hot-list path only if the group's ring has work; the legacy
+    /// scan has no ring to ask, so its woken pop asks storage (one look per group and event).
+    fn group_pops_to_wake(&self, queue: &str, gate: &Gate) -> Vec<Arc<Notify>> {
         let parked = gate.parked_groups();
-        if parked.is_empty() {
-            return vec![];
+        if parked.is_empty() || !self.pop_config.hotlist {
+            return parked.into_iter().map(|(_, n)| n).collect();
         }
         let now = self.now();
         let mut ctx = lock(&self.pop_ctx);
@@ -432,7 +433,7 @@ impl App {
             .collect()
     }
 
-    /// A ring pop leaves work behind: one more parked pop of its group looks (see
+    /// A queue-wide pop may leave work behind: one more parked pop of its group looks (see
     /// `PopEffect::PassWake`).
     pub fn pass_wake(&self, queue: &str, group: &str) {
         let gate = lock(&self.gates).get(queue).cloned();
@@ -485,9 +486,9 @@ impl App {
     }
 
     /// Called with the pop context held after anything that may have put a revisit on a ring's
-    /// wheel (a pop's verdicts, an event).
+    /// wheel or among the legacy probes' (a pop's verdicts or probe answer, an event).
     pub fn rearm_ticker_if_needed(&self, ctx: &PopContext) {
-        if ctx.rings.ticker_needs_rearm() {
+        if ctx.ticker_needs_rearm() {
             self.ticker_rearm.notify_one();
         }
     }
@@ -522,10 +523,11 @@ impl App {
     }
 }
 
-/// The ring wheel's ticker: sleeps until the earliest revisit any ring holds (a lease expiring,
-/// a delay maturing, a windowBuffer or retryDelay hold ending, a busy partition's retry), then
-/// moves what came due to the ready queues and opens those queues' gates. Parked queue-wide
-/// pops therefore wake at the revisit itself, whatever their backoff timer says.
+/// The revisit ticker: sleeps until the earliest revisit any ring holds (a lease expiring, a
+/// delay maturing, a windowBuffer or retryDelay hold ending, a busy partition's retry) or a
+/// legacy probe said (`ProbeMemos::note_revisit`), then moves what came due to the ready queues
+/// and opens those queues' gates. Parked queue-wide pops therefore wake at the revisit itself,
+/// whatever their backoff timer says.
 async fn wheel_ticker(app: std::sync::Weak<App>, rearm: Arc<Notify>) {
     // At most one tick per millisecond: a revisit due this very microsecond (a lease ending now,
     // still held under storage's strict `<`) would otherwise be retried in a hot loop until the
@@ -536,7 +538,7 @@ async fn wheel_ticker(app: std::sync::Weak<App>, rearm: Arc<Notify>) {
         if a.is_shutting_down() {
             return;
         }
-        let next = lock(&a.pop_ctx).rings.arm_ticker();
+        let next = lock(&a.pop_ctx).arm_ticker();
         let now = a.now();
         let sleep =
             next.map(|t| Duration::from_micros(u64::try_from(t.0 - now.0).unwrap_or(0)).max(FLOOR));
@@ -559,7 +561,7 @@ async fn wheel_ticker(app: std::sync::Weak<App>, rearm: Arc<Notify>) {
             continue;
         }
         let Some(a) = app.upgrade() else { return };
-        let queues = lock(&a.pop_ctx).rings.advance_due(a.now());
+        let queues = lock(&a.pop_ctx).advance_due(a.now());
         for q in &queues {
             a.metrics.count_event("revisit");
             a.wake(q);

@@ -184,7 +184,7 @@ pub struct Metrics {
     pub wakes: Counter,
     /// Parked pops that resumed on a wake (not their timer).
     pub pops_woken: Counter,
-    /// Wakes a ring pop handed on to another parked pop of its group.
+    /// Wakes a queue-wide pop handed on to another parked pop of its group.
     pub wakes_passed: Counter,
     pub storage_calls: Counter,
     pub messages_delivered: Counter,
@@ -333,7 +333,7 @@ impl Default for Metrics {
         );
         registry.register(
             "wakes_passed",
-            "Wakes a ring pop handed on to another parked pop of its group (it left work behind)",
+            "Wakes a queue-wide pop handed on to another parked pop of its group (it may have left work behind)",
             m.wakes_passed.clone(),
         );
         registry.register(

@@ -49,10 +49,10 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
     let queue = params.queue_name().map(str::to_string);
     let mut shutdown = app.shutting_down.subscribe();
     let mut machine = PopMachine::new(params, app.mint_worker(), app.pop_config, app.now());
-    let ring_group = machine
-        .serves_from_ring()
+    let wake_group = machine
+        .wakes_one_per_group()
         .then(|| machine.params().consumer_group.clone());
-    let mut gate = app.gate(queue.as_deref(), ring_group.as_deref());
+    let mut gate = app.gate(queue.as_deref(), wake_group.as_deref());
     let mut input = PopInput::Start;
     loop {
         // Mark the gate seen before the check: a push after this point opens it for us. One that
@@ -81,7 +81,7 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                 }
                 PopEffect::ReleasePermit { rtt_us } => app.limiter.release(rtt_us),
                 PopEffect::PassWake => {
-                    if let (Some(queue), Some(group)) = (&queue, &ring_group) {
+                    if let (Some(queue), Some(group)) = (&queue, &wake_group) {
                         app.pass_wake(queue, group);
                     }
                 }

@@ -612,9 +612,10 @@ async fn a_wake_during_a_storage_call_is_not_slept_through() {
     );
 }
 
-/// An event-driven hot-list broker on a fresh model database with a case's hooks (its bug
-/// switches), serving on a free port.
+/// An event-driven broker (`hotlist`: on the hot-list path) on a fresh model database with a
+/// case's hooks (its bug switches), serving on a free port.
 async fn hooked_memory_broker(
+    hotlist: bool,
     hooks: queen_server::app::Hooks,
     seed: u64,
 ) -> (std::sync::Arc<queen_server::app::App>, SocketAddr) {
@@ -624,7 +625,7 @@ async fn hooked_memory_broker(
         queen_storage_sim::SimBugs::default(),
     );
     let app = queen_server::app::App::with_hooks(
-        event_driven(true),
+        event_driven(hotlist),
         queen_core::storage::StorageSet::of(db),
         seed,
         hooks,
@@ -651,7 +652,7 @@ async fn walked_backlog(walk_stops_after_first_page: bool) -> usize {
         reseed_page: 4,
         ..Default::default()
     };
-    let (app, addr) = hooked_memory_broker(hooks, 9).await;
+    let (app, addr) = hooked_memory_broker(true, hooks, 9).await;
     let items: Vec<Value> = (0..PARTITIONS)
         .map(|i| {
             json!({"queue": "walk.q", "partition": format!("p{i:03}"),
@@ -708,21 +709,26 @@ const WALKED_PARTITIONS: usize = 600;
 
 /// No thundering herd, and nothing left behind by avoiding it. Twenty pops of one group park on
 /// a warm, empty queue (one partition each); one push writes into four partitions. The push
-/// wakes one parked pop, and each woken pop that leaves partitions behind hands the wake on (when
-/// it takes its share of candidates, and when it hands untried ones back), so four pops are
-/// answered with a partition each and the rest stay parked until their deadline. Concurrent
-/// hand-offs may wake a pop for a partition another pop took meanwhile, but each hand-off is for
-/// a partition left behind: at most two per pushed partition, however many are parked.
+/// wakes one parked pop, and each woken pop that leaves partitions behind hands the wake on, so
+/// four pops are answered with a partition each and the rest stay parked until their deadline.
+/// On the hot-list path a pop hands on when it takes its share of candidates and when it hands
+/// untried ones back; concurrent hand-offs may wake a pop for a partition another pop took
+/// meanwhile, but each is for a partition left behind: at most two per pushed partition. On the
+/// legacy scan (`hotlist` off) every pop that claims hands on and the chain ends at the first
+/// that finds nothing: one more than the partitions. However many are parked, either way.
 /// Re-checks are a minute apart, so each 200 was a wake or a hand-off.
 /// Answers (the partitions the parked pops were answered with, pops woken).
-async fn one_push_into_four_partitions(pop_bugs: queen_core::pop::PopBugs) -> (Vec<String>, u64) {
+async fn one_push_into_four_partitions(
+    hotlist: bool,
+    pop_bugs: queen_core::pop::PopBugs,
+) -> (Vec<String>, u64) {
     const PARKED: usize = 20;
     const PARTITIONS: usize = 4;
     let hooks = queen_server::app::Hooks {
         pop_bugs,
         ..Default::default()
     };
-    let (app, addr) = hooked_memory_broker(hooks, 11).await;
+    let (app, addr) = hooked_memory_broker(hotlist, hooks, 11).await;
     // The group's first contact and the ring's first walk happen here, not under the test.
     let warm = "/api/v1/pop/queue/herd.q?wait=false&consumerGroup=g";
     assert_eq!(request(addr, "GET", warm, None).await.status, 204);
@@ -761,7 +767,7 @@ async fn one_push_into_four_partitions(pop_bugs: queen_core::pop::PopBugs) -> (V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_wakes_only_the_pops_it_can_serve_and_strands_none() {
-    let (served, woken) = one_push_into_four_partitions(PopBugs::default()).await;
+    let (served, woken) = one_push_into_four_partitions(true, PopBugs::default()).await;
     assert_eq!(served, ["p0", "p1", "p2", "p3"], "one partition per pop");
     assert!(
         (4..=8).contains(&woken),
@@ -771,7 +777,7 @@ async fn a_push_wakes_only_the_pops_it_can_serve_and_strands_none() {
         no_wake_handoff: true,
         ..PopBugs::default()
     };
-    let (served, _) = one_push_into_four_partitions(no_handoff).await;
+    let (served, _) = one_push_into_four_partitions(true, no_handoff).await;
     assert_eq!(
         served.len(),
         1,
@@ -781,9 +787,113 @@ async fn a_push_wakes_only_the_pops_it_can_serve_and_strands_none() {
         no_handoff_of_returned: true,
         ..PopBugs::default()
     };
-    let (served, _) = one_push_into_four_partitions(no_return_handoff).await;
+    let (served, _) = one_push_into_four_partitions(true, no_return_handoff).await;
     assert!(
         served.len() < 4,
         "the bug switch (no hand-off of returned candidates) is caught: {served:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_legacy_scan_a_push_wakes_only_the_pops_it_can_serve_and_strands_none() {
+    let (served, woken) = one_push_into_four_partitions(false, PopBugs::default()).await;
+    assert_eq!(served, ["p0", "p1", "p2", "p3"], "one partition per pop");
+    assert!(
+        (4..=8).contains(&woken),
+        "twenty pops parked, four partitions: {woken} woken (four to eight)"
+    );
+    let no_handoff = PopBugs {
+        no_scan_wake_handoff: true,
+        ..PopBugs::default()
+    };
+    let (served, _) = one_push_into_four_partitions(false, no_handoff).await;
+    assert_eq!(
+        served.len(),
+        1,
+        "the bug switch (no hand-off after a claim) is caught: {served:?}"
+    );
+}
+
+/// The legacy scan's revisit outlives the pop that heard of it. Two brokers on one PostgreSQL;
+/// on A (`QUEEN_HOTLIST=0`, re-checks a minute apart, its wakes 300 ms late) two pops of one group
+/// park in turn on an empty queue, the first with a short long-poll. On B a message is pushed
+/// and at once taken under a 2 s lease, never acked. The push's wake reaches A after the claim:
+/// it wakes A's first pop, whose probe learns when the lease ends and which answers empty at its
+/// deadline before then. A's second pop never heard of the lease, and A's rings never saw the
+/// claim (it was B's): A's ticker must wake it when the lease ends, from what the probe said.
+/// Answers what A's second pop was answered with.
+async fn a_lease_ending_after_its_listener_left(pop_bugs: queen_core::pop::PopBugs) -> Vec<String> {
+    let name = format!(
+        "queen_prompt_revisit_{}_{}",
+        std::process::id(),
+        pop_bugs.no_scan_revisit
+    );
+    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let mut addrs = vec![];
+    let mut apps = vec![];
+    for (seed, hotlist) in [(21u64, false), (22, true)] {
+        let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            tls: Default::default(),
+            pg: cfg.clone(),
+            pool_size: 4,
+        })
+        .await
+        .unwrap();
+        let hooks = queen_server::app::Hooks {
+            pop_bugs,
+            wake_fate: (!hotlist).then(|| {
+                let late: queen_server::app::WakeFilter = std::sync::Arc::new(|_| {
+                    queen_server::app::WakeFate::Delay(Duration::from_millis(300))
+                });
+                late
+            }),
+            ..Default::default()
+        };
+        let app = queen_server::app::App::with_hooks(
+            event_driven(hotlist),
+            queen_core::storage::StorageSet::of(std::sync::Arc::new(pg.clone())),
+            seed,
+            hooks,
+        );
+        queen_server::spawn_event_listener(app.clone(), &pg);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap());
+        tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+        apps.push(app);
+    }
+    let (a, b) = (addrs[0], addrs[1]);
+    configure(b, "gone.q", json!({"leaseTime": 2})).await;
+    let path = |timeout_ms: u64| {
+        format!("/api/v1/pop/queue/gone.q?wait=true&timeout={timeout_ms}&batch=1&consumerGroup=g")
+    };
+    let first = park(a, path(1_200)).await;
+    let second = park(a, path(LONG_POLL_MS)).await;
+    push(b, "gone.q", &["m1"]).await;
+    let (_, _, taken) = take(b, "gone.q", "g", 1).await;
+    assert_eq!(taken, ["m1"], "B takes it before A hears of the push");
+    assert!(answered(first).await.is_empty(), "the lease outlasts it");
+    let served = answered(second).await;
+    for app in apps {
+        app.shutting_down.send_replace(true);
+    }
+    served
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_legacy_scan_a_lease_ending_wakes_a_pop_that_never_heard_of_it() {
+    assert_eq!(
+        a_lease_ending_after_its_listener_left(PopBugs::default()).await,
+        ["m1"],
+        "redelivered when the lease ends"
+    );
+    let kept_by_the_pop = PopBugs {
+        no_scan_revisit: true,
+        ..PopBugs::default()
+    };
+    assert!(
+        a_lease_ending_after_its_listener_left(kept_by_the_pop)
+            .await
+            .is_empty(),
+        "the bug switch (the revisit kept by the pop that asked) is caught"
     );
 }

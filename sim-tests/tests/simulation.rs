@@ -468,6 +468,11 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
         // raced it (`RingBugs::held_verdict_without_epoch_check`, the ring's unit test) and a
         // wake dropped during a storage call (`PopBugs::drop_wakes_during_work`, caught by
         // server/tests/prompt_delivery.rs, which holds a storage answer while a push lands).
+        // The legacy scan's hand-offs (`PopBugs::no_scan_wake_handoff`, `no_scan_revisit`) and
+        // the ring's hand-off of returned candidates (`no_handoff_of_returned`) are caught there
+        // too; across this suite's 40 prompt seeds the checker did not catch them (the workload
+        // never leaves such a partition without another event or pop serving it within the
+        // bound; a workload that does is not built).
         (
             "no revisit for single-partition pops",
             Scenario::Prompt,
