@@ -268,7 +268,21 @@ async fn main() {
     // idle %] per sample).
     let mut limiter_series: Vec<serde_json::Value> = vec![];
 
-    for batch in [1usize, 10, 100, 1000].into_iter().filter(|_| runs("push")) {
+    // BENCH_PUSH_BATCHES=1000 narrows the batch sizes (for a profiler's window).
+    let push_batches: Vec<usize> = match std::env::var("BENCH_PUSH_BATCHES") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| match n.trim().parse() {
+                Ok(n) => n,
+                Err(_) => {
+                    eprintln!("BENCH_PUSH_BATCHES: {n:?} is not a batch size");
+                    std::process::exit(2);
+                }
+            })
+            .collect(),
+        Err(_) => vec![1, 10, 100, 1000],
+    };
+    for batch in push_batches.into_iter().filter(|_| runs("push")) {
         rows.extend(push::push_scenario(addr, &cfg, batch, plan.secs).await);
         eprintln!("measured push, batch {batch}");
     }
