@@ -85,3 +85,82 @@ async fn first_contact_with_more_partitions_than_the_lock_table() {
         );
     }
 }
+
+/// Every new pool connection runs a push and a first contact in a transaction it rolls back, so
+/// a group's first pop does not pay the backend's cold caches. The warm-up swallows its errors
+/// (a connection made before migrations cannot be warmed), so this proves the SQL it runs is
+/// valid, that the pool's connections run it, and that it leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_are_warmed_and_the_warm_up_leaves_nothing() {
+    let name = format!("queen_warm_up_{}", std::process::id());
+    let mut cfg = testing::fresh_database_config(&name).await;
+    // Function call counts, to see the pool's own connections run the warm-up.
+    cfg.options("-c track_functions=pl");
+    let pg = PgStorage::connect(&PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("pg");
+    let (mut client, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    testing::warm_up(&mut client)
+        .await
+        .expect("the warm-up runs on a migrated database");
+
+    // The connection that ran the migrations was made before them; a second one is new.
+    let first = pg.pool().get().await.expect("first connection");
+    let second = pg.pool().get().await.expect("second connection");
+    drop((first, second));
+    let calls = |f: &'static str| {
+        let client = &client;
+        async move {
+            // Call counts reach the shared statistics when a backend goes idle: polled, not timed.
+            for _ in 0..100 {
+                client
+                    .batch_execute("SELECT pg_stat_clear_snapshot()")
+                    .await
+                    .unwrap();
+                let n: i64 = client
+                    .query_one(
+                        "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_user_functions
+                          WHERE schemaname = 'queen' AND funcname = $1",
+                        &[&f],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if n >= 2 {
+                    return n;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            0
+        }
+    };
+    // This test's own warm-up and the pool's second connection's, at least.
+    assert!(
+        calls("log_pop_wildcard_v1").await >= 2,
+        "the pool's new connection was not warmed"
+    );
+
+    for (table, filter) in [
+        ("queen.queues", "name LIKE '\\_\\_warm-%'"),
+        (
+            "queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id",
+            "q.name LIKE '\\_\\_warm-%'",
+        ),
+        ("queen.consumer_groups_metadata", "consumer_group = 'warm'"),
+        ("queen.log_consumers", "consumer_group = 'warm'"),
+        ("queen.log_txids", "transaction_id = 'warm'"),
+        ("queen.log_segments", "true"),
+    ] {
+        let n: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {table} WHERE {filter}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0, "the warm-up left rows in {table}");
+    }
+}
