@@ -26,6 +26,7 @@ DECLARE
     v_pids uuid[];
     v_seed_pids uuid[];
     v_inserted integer;
+    v_sub_ts timestamptz;
     v_claims integer := 0;
     v_pending boolean;
     r record;
@@ -65,9 +66,17 @@ BEGIN
                      LIMIT 64) x
              WHERE pg_try_advisory_xact_lock(hashtextextended(x.id::text || '/' || p_group, 42));
             -- Then the insert, under a snapshot taken after every lock: it cannot conflict with
-            -- a row in flight.
+            -- a row in flight. With no subscription timestamp in the record just written,
+            -- seed_cursor_v1 answers -1 for every partition: said here directly, which spares
+            -- 64 function calls: 3 of the 8-11 ms of a first contact at 1M partitions.
+            SELECT m.subscription_timestamp INTO v_sub_ts
+              FROM queen.consumer_groups_metadata m
+             WHERE m.queue_name = p_queue AND m.consumer_group = p_group;
             INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
-            SELECT pid, p_group, queen.seed_cursor_v1(pid, p_queue, p_group, p_sub_mode, p_sub_from, p_sub_now)
+            SELECT pid, p_group,
+                   CASE WHEN v_sub_ts IS NULL THEN -1
+                        ELSE queen.seed_cursor_v1(pid, p_queue, p_group, p_sub_mode, p_sub_from, p_sub_now)
+                   END
               FROM unnest(COALESCE(v_seed_pids, '{}')) AS pid
              WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
                                 WHERE c.partition_id = pid AND c.consumer_group = p_group)
