@@ -16,7 +16,6 @@ mod retention;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
-mod warm;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -77,13 +76,6 @@ impl PgStorage {
         );
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
-            // Each new connection pays the backend's cold caches once, up front (warm.rs).
-            .post_create(deadpool_postgres::Hook::async_fn(|client, _| {
-                Box::pin(async move {
-                    warm::warm_connection(client).await;
-                    Ok(())
-                })
-            }))
             .build()
             .map_err(|e| StorageError::Internal(format!("building the connection pool: {e}")))?;
         let storage = PgStorage {

@@ -78,8 +78,3 @@ pub fn fresh_database_config_existing(name: &str) -> tokio_postgres::Config {
     base.dbname(name);
     base
 }
-
-/// A new pool connection's warm-up (crate::warm), run on `client`, its failure told.
-pub async fn warm_up(client: &mut tokio_postgres::Client) -> Result<(), String> {
-    crate::warm::run(client).await
-}
