@@ -182,8 +182,8 @@ async fn store_and_answer(
 /// One item of a push's answer, in Queen's shape (both spellings of each id). Written straight
 /// to the body, keys in the order a `Value` map had (sorted), so the bytes are what the `Value`
 /// form gave. Only the client's strings go through the JSON escaper, each once: at batch 1000
-/// the escaper was a tenth of the broker's push CPU when every key and id went through it
-/// (`perf`, docs/benchmarks.md "Push answers without the escaper").
+/// the escaper was a ninth of the broker's push CPU when every key and id went through it
+/// (`perf`, docs/benchmarks.md "Push answers, and the first contact").
 struct PushAnswer<'a> {
     index: usize,
     head: &'a ItemHead,
