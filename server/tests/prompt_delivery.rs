@@ -817,7 +817,7 @@ async fn on_the_legacy_scan_a_push_wakes_only_the_pops_it_can_serve_and_strands_
 /// The legacy scan's revisit outlives the pop that heard of it. Two brokers on one PostgreSQL;
 /// on A (`QUEEN_HOTLIST=0`, re-checks a minute apart, its wakes 300 ms late) two pops of one group
 /// park in turn on an empty queue, the first with a short long-poll. On B a message is pushed
-/// and at once taken under a 2 s lease, never acked. The push's wake reaches A after the claim:
+/// and at once taken under a 5 s lease, never acked. The push's wake reaches A after the claim:
 /// it wakes A's first pop, whose probe learns when the lease ends and which answers empty at its
 /// deadline before then. A's second pop never heard of the lease, and A's rings never saw the
 /// claim (it was B's): A's ticker must wake it when the lease ends, from what the probe said.
@@ -862,11 +862,14 @@ async fn a_lease_ending_after_its_listener_left(pop_bugs: queen_core::pop::PopBu
         apps.push(app);
     }
     let (a, b) = (addrs[0], addrs[1]);
-    configure(b, "gone.q", json!({"leaseTime": 2})).await;
+    // The first pop outlives the wake's delay by seconds even on a loaded machine (a wake that
+    // arrived after it left woke the second pop instead, which then heard of the lease itself),
+    // and the lease outlives the first pop.
+    configure(b, "gone.q", json!({"leaseTime": 5})).await;
     let path = |timeout_ms: u64| {
         format!("/api/v1/pop/queue/gone.q?wait=true&timeout={timeout_ms}&batch=1&consumerGroup=g")
     };
-    let first = park(a, path(1_200)).await;
+    let first = park(a, path(3_000)).await;
     let second = park(a, path(LONG_POLL_MS)).await;
     push(b, "gone.q", &["m1"]).await;
     let (_, _, taken) = take(b, "gone.q", "g", 1).await;
