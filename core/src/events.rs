@@ -25,10 +25,14 @@ pub enum DeliveryEvent {
     /// A group's lease on a partition ended or changed before its expiry: an ack, a nack, a
     /// failed ack that starts a retryDelay hold, or the release of a batch nobody received. The
     /// partition may be deliverable now, or at a new time storage will report.
+    /// `batch_committed`: the release committed the cursor through the lease's batch end (every
+    /// message of the batch acked), so the partition holds nothing past it but what was pushed
+    /// after the batch was read, which those pushes announce themselves.
     Released {
         queue: String,
         partition: String,
         group: String,
+        batch_committed: bool,
     },
     /// A group's cursors moved or were deleted, or its subscription changed (seek, consumer-group
     /// delete, subscription update): every belief about the group is stale. `queue: None` means
@@ -69,7 +73,14 @@ impl DeliveryEvent {
                 queue,
                 partition,
                 group,
+                batch_committed: false,
             } => format!("release\n{queue}\n{partition}\n{group}"),
+            DeliveryEvent::Released {
+                queue,
+                partition,
+                group,
+                batch_committed: true,
+            } => format!("release\n{queue}\n{partition}\n{group}\ncommitted"),
             DeliveryEvent::GroupReset { queue, group } => {
                 format!("group\n{}\n{group}", queue.as_deref().unwrap_or(""))
             }
@@ -92,6 +103,13 @@ impl DeliveryEvent {
                 queue: queue.to_string(),
                 partition: partition.to_string(),
                 group: group.to_string(),
+                batch_committed: false,
+            },
+            ["release", queue, partition, group, "committed"] => DeliveryEvent::Released {
+                queue: queue.to_string(),
+                partition: partition.to_string(),
+                group: group.to_string(),
+                batch_committed: true,
             },
             ["group", queue, group] => DeliveryEvent::GroupReset {
                 queue: (!queue.is_empty()).then(|| queue.to_string()),
@@ -153,8 +171,10 @@ impl PopContext {
                 queue,
                 partition,
                 group,
+                batch_committed,
             } => {
-                self.rings.note_freed(queue, group, partition);
+                self.rings
+                    .note_freed(queue, group, partition, *batch_committed);
                 Wake::Queue(queue.clone())
             }
             DeliveryEvent::GroupReset { queue, group } => {
@@ -207,6 +227,13 @@ mod tests {
                 queue: "q".into(),
                 partition: "p".into(),
                 group: "g".into(),
+                batch_committed: false,
+            },
+            DeliveryEvent::Released {
+                queue: "q".into(),
+                partition: "p".into(),
+                group: "g".into(),
+                batch_committed: true,
             },
             DeliveryEvent::GroupReset {
                 queue: Some("q".into()),
@@ -223,6 +250,7 @@ mod tests {
             assert_eq!(DeliveryEvent::parse(&e.to_payload()), Some(e));
         }
         assert_eq!(DeliveryEvent::parse("push\nq\np\nx"), None);
+        assert_eq!(DeliveryEvent::parse("release\nq\np\ng\nx"), None);
         assert_eq!(DeliveryEvent::parse("bogus"), None);
     }
 
@@ -270,6 +298,7 @@ mod tests {
             queue: "q".into(),
             partition: "p".into(),
             group: "g".into(),
+            batch_committed: true,
         };
         assert_eq!(ctx.apply(&released, T0), Wake::Queue("q".into()));
         assert!(ctx.rings.ring("q", "g").has_ready(T0));

@@ -50,6 +50,10 @@ struct Entry {
     state: EntryState,
     /// Messages pushed since the partition was last found empty (an estimate for min_pop_wait).
     pending_hint: u64,
+    /// The epoch at which a pop of this broker leased the partition's whole visible backlog
+    /// (a `took_all` verdict with no push since it read): while the epoch is unchanged, a
+    /// release that commits that batch leaves nothing to deliver.
+    drained_lease_epoch: Option<u64>,
 }
 
 /// Switches that re-introduce historical bugs, for proving the simulation suite catches them.
@@ -66,6 +70,9 @@ pub struct RingBugs {
     /// A reseed walk ends after its first page, however full (partitions past it wait for the
     /// next walk, an interval later).
     pub walk_stops_after_first_page: bool,
+    /// A release that committed a drained lease's batch forgets the partition even when a push
+    /// landed during the lease (its messages wait for the next reseed walk).
+    pub committed_release_forgets_pushes: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -199,6 +206,7 @@ impl HotRing {
             epoch: 0,
             state: EntryState::Idle,
             pending_hint: 0,
+            drained_lease_epoch: None,
         })
     }
 
@@ -213,8 +221,34 @@ impl HotRing {
         }
     }
 
-    /// An ack freed the partition's lease: it may have more to deliver.
-    pub fn note_freed(&mut self, partition: &str) {
+    /// An ack freed the partition's lease: it may have more to deliver, unless the ack committed
+    /// the batch of a lease that took everything the partition held and nothing was pushed
+    /// since (the push would have bumped the epoch). Then the partition is believed empty, as
+    /// after an `Empty` verdict, without a pop asking storage to find it so. A committed release
+    /// of a partition the ring does not hold adds nothing to deliver either (the ring believes
+    /// it empty, and pushes since would have entered it).
+    pub fn note_freed(&mut self, partition: &str, batch_committed: bool) {
+        if batch_committed {
+            let ignore_pushes = self.bugs.committed_release_forgets_pushes;
+            match self.entries.get(partition) {
+                None => return,
+                Some(e)
+                    if matches!(e.state, EntryState::Waiting { .. })
+                        && e.drained_lease_epoch
+                            .is_some_and(|d| d == e.epoch || ignore_pushes) =>
+                {
+                    if let Some(Entry {
+                        state: EntryState::Waiting { until },
+                        ..
+                    }) = self.entries.remove(partition)
+                    {
+                        self.wheel.remove(&(until, partition.to_string()));
+                    }
+                    return;
+                }
+                Some(_) => {}
+            }
+        }
         let e = self.bump(partition);
         if matches!(e.state, EntryState::Idle | EntryState::Waiting { .. }) {
             self.make_ready(partition);
@@ -402,6 +436,7 @@ impl HotRing {
             return;
         }
         let e = self.entry(partition);
+        e.drained_lease_epoch = None;
         let state = e.state;
         let epoch = e.epoch;
         if state == EntryState::Ready {
@@ -428,7 +463,14 @@ impl HotRing {
                     e.pending_hint = e.pending_hint.saturating_sub(u64::from(count));
                 }
                 match leased_until {
-                    Some(t) => self.wait_until(partition, t.just_after()),
+                    Some(t) => {
+                        self.wait_until(partition, t.just_after());
+                        if drained && !pushed_since {
+                            if let Some(e) = self.entries.get_mut(partition) {
+                                e.drained_lease_epoch = Some(epoch);
+                            }
+                        }
+                    }
                     // Drained by an autoAck batch: offering it again would only find it empty.
                     None if drained => self.forget_unless_pushed(partition, pushed_since),
                     None => self.make_ready(partition),
@@ -603,9 +645,9 @@ impl RingTable {
         }
     }
 
-    pub fn note_freed(&mut self, queue: &str, group: &str, partition: &str) {
+    pub fn note_freed(&mut self, queue: &str, group: &str, partition: &str, batch_committed: bool) {
         if let Some(r) = self.rings.get_mut(&(queue.to_string(), group.to_string())) {
-            r.note_freed(partition);
+            r.note_freed(partition, batch_committed);
         }
     }
 
@@ -835,9 +877,83 @@ mod tests {
             T0,
         );
         assert!(!r.has_ready(T0));
-        r.note_freed("a");
+        r.note_freed("a", false);
         assert!(r.has_ready(T0));
         assert_eq!(r.pending_hint(T0), 3);
+    }
+
+    fn drained_lease() -> Verdict {
+        Verdict::Took {
+            count: 5,
+            leased_until: Some(T0.plus_secs(60)),
+            drained: true,
+        }
+    }
+
+    #[test]
+    fn a_committed_release_of_a_drained_lease_leaves_the_ring() {
+        let mut r = HotRing::default();
+        r.note_push("a", 5);
+        let c = r.take_candidates(16, T0);
+        r.check_in("a", drained_lease(), Some(c[0].epoch), T0);
+        r.note_freed("a", true);
+        assert!(!r.is_ready_or_waiting("a"), "nothing left to deliver");
+        assert_eq!(r.next_revisit(), None, "its lease revisit went with it");
+        // The echo of the same release (storage's notification) does not bring it back.
+        r.note_freed("a", true);
+        assert!(!r.has_ready(T0));
+        // A release that did not commit the batch (a nack) does.
+        r.note_freed("a", false);
+        assert!(r.has_ready(T0));
+    }
+
+    #[test]
+    fn a_push_during_a_drained_lease_survives_its_committed_release() {
+        let mut r = HotRing::default();
+        r.note_push("a", 5);
+        let c = r.take_candidates(16, T0);
+        r.check_in("a", drained_lease(), Some(c[0].epoch), T0);
+        r.note_push("a", 1);
+        r.note_freed("a", true);
+        assert!(r.has_ready(T0), "the push after the read is still pending");
+        // A push that raced the pop's read marks no drained lease at all.
+        let c = r.take_candidates(16, T0);
+        r.note_push("a", 1);
+        r.check_in("a", drained_lease(), Some(c[0].epoch), T0);
+        r.note_freed("a", true);
+        assert!(r.has_ready(T0));
+    }
+
+    #[test]
+    fn a_committed_release_of_a_partial_lease_makes_it_ready() {
+        let mut r = HotRing::default();
+        r.note_push("a", 5);
+        let c = r.take_candidates(16, T0);
+        let partial = Verdict::Took {
+            count: 2,
+            leased_until: Some(T0.plus_secs(60)),
+            drained: false,
+        };
+        r.check_in("a", partial, Some(c[0].epoch), T0);
+        r.note_freed("a", true);
+        assert!(r.has_ready(T0), "the rest of the backlog is pending");
+    }
+
+    #[test]
+    fn the_bug_switch_forgets_a_push_made_during_the_lease() {
+        let mut r = HotRing::new(
+            DEFAULT_RESEED_INTERVAL_MS,
+            RingBugs {
+                committed_release_forgets_pushes: true,
+                ..RingBugs::default()
+            },
+        );
+        r.note_push("a", 5);
+        let c = r.take_candidates(16, T0);
+        r.check_in("a", drained_lease(), Some(c[0].epoch), T0);
+        r.note_push("a", 1);
+        r.note_freed("a", true);
+        assert!(!r.has_ready(T0), "the switch loses the push");
     }
 
     #[test]
@@ -982,7 +1098,7 @@ mod tests {
             r.note_push("a", 3);
             let c = r.take_candidates(16, T0);
             // The lease holder acks while this pop's claim (under an older snapshot) is running.
-            r.note_freed("a");
+            r.note_freed("a", false);
             r.check_in(
                 "a",
                 Verdict::LeasedUntil(T0.plus_secs(30)),

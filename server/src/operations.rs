@@ -180,7 +180,8 @@ impl App {
             }
         }
         let done: Vec<&AckOutcome> = outcomes.iter().flatten().collect();
-        self.publish_all(&released_events(done.into_iter().map(|o| (group, o))));
+        // Each of these committed its batch through the lease's end.
+        self.publish_all(&released_events(done.into_iter().map(|o| (group, o)), true));
         if !rest.is_empty() {
             let again = rest.iter().map(|&i| items[i].clone()).collect();
             let answered = self.ack_and_publish(group, again).await?;
@@ -210,7 +211,8 @@ impl App {
         let outcomes = self.storage.messages.ack(group, items).await?;
         self.metrics
             .record_storage("ack", started.micros_until(self.now()));
-        self.publish_all(&released_events(outcomes.iter().map(|o| (group, o))));
+        // Item by item, a release may leave some of its batch behind (a nack, a partial ack).
+        self.publish_all(&released_events(outcomes.iter().map(|o| (group, o)), false));
         Ok(outcomes)
     }
 
@@ -281,7 +283,7 @@ impl App {
                         events.extend(pushed_events(targets, outcomes))
                     }
                     (TxOpResult::Ack(a), Touched::Group(group)) => {
-                        events.extend(released_events(std::iter::once((group.as_str(), a))))
+                        events.extend(released_events(std::iter::once((group.as_str(), a)), false))
                     }
                     // Storage answers each operation with its own kind, in order.
                     _ => debug_assert!(false, "transaction results out of order"),
@@ -569,9 +571,10 @@ fn pushed_events(targets: &[(String, String)], results: &[PushGroupResult]) -> V
         .collect()
 }
 
-/// `Released` per ack that ended a lease.
+/// `Released` per ack that ended a lease; `batch_committed`: each committed its whole batch.
 fn released_events<'a>(
     acks: impl Iterator<Item = (&'a str, &'a AckOutcome)>,
+    batch_committed: bool,
 ) -> Vec<DeliveryEvent> {
     acks.filter_map(
         |(group, o)| match (o.lease_released, &o.queue, &o.partition) {
@@ -579,6 +582,7 @@ fn released_events<'a>(
                 queue: queue.clone(),
                 partition: partition.clone(),
                 group: group.to_string(),
+                batch_committed,
             }),
             _ => None,
         },

@@ -496,6 +496,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "a committed release forgets a push made during the lease",
+            Scenario::Prompt,
+            Bugs {
+                ring: RingBugs {
+                    committed_release_forgets_pushes: true,
+                    ..RingBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "a reseed keeps stale leased state",
             Scenario::Prompt,
             Bugs {

@@ -195,8 +195,9 @@ impl DbState {
     /// The notifying triggers of migration 009, over the transaction's writes (the model's
     /// row triggers; PostgreSQL runs the same conditions per row):
     /// - a cursor whose lease ends or changes hands other than by a new claim (an ack, a nack, a
-    ///   failed ack's retryDelay hold, a seek): `Released`. A claim sets `lease_acquired_at`
-    ///   and is not announced;
+    ///   failed ack's retryDelay hold, a seek): `Released`, marked `batch_committed` when the
+    ///   cursor reached the lease's batch end. A claim sets `lease_acquired_at` and is not
+    ///   announced;
     /// - a cursor moved backwards (a seek) or deleted (a group delete): `GroupReset`;
     /// - a subscription record changed or deleted: `GroupReset`;
     /// - a queue row inserted, updated (configure) or deleted: `QueueChanged`.
@@ -219,6 +220,7 @@ impl DbState {
                             queue: queue.clone(),
                             partition,
                             group: group.clone(),
+                            batch_committed: old.batch_end.is_some_and(|e| new.committed >= e),
                         });
                     }
                     if new.committed < old.committed {

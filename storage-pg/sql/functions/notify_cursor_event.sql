@@ -4,7 +4,9 @@
 -- transaction, a seek, a group delete, retention). Payloads are one field per line; names never
 -- contain a newline (every route refuses one). PostgreSQL folds identical notifications of one
 -- transaction, so a group delete over many partitions sends one `group` line per queue.
---   release\n<queue>\n<partition>\n<group>   a lease ended or changed hands other than by a claim
+--   release\n<queue>\n<partition>\n<group>   a lease ended or changed hands other than by a claim;
+--                                            a fifth line `committed` when the cursor reached
+--                                            the lease's batch end (the whole batch acked)
 --   group\n<queue>\n<group>                  a group's cursor moved back or was deleted
 -- This one: a cursor row was updated (release, rewind) or deleted.
 CREATE OR REPLACE FUNCTION queen.notify_cursor_event() RETURNS trigger
@@ -29,7 +31,8 @@ BEGIN
     IF OLD.worker_id IS NOT NULL AND NEW.worker_id IS DISTINCT FROM OLD.worker_id
        AND NEW.lease_acquired_at IS NULL THEN
         PERFORM pg_notify('queen_event',
-            'release' || E'\n' || v_queue || E'\n' || v_partition || E'\n' || NEW.consumer_group);
+            'release' || E'\n' || v_queue || E'\n' || v_partition || E'\n' || NEW.consumer_group
+            || CASE WHEN NEW.committed >= OLD.batch_end THEN E'\ncommitted' ELSE '' END);
     END IF;
     IF NEW.committed < OLD.committed THEN
         PERFORM pg_notify('queen_event', 'group' || E'\n' || v_queue || E'\n' || NEW.consumer_group);
