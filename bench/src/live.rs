@@ -176,6 +176,19 @@ pub async fn run(
                         .iter()
                         .filter_map(|m| m.data.sent_us.map(|sent| now.saturating_sub(sent)))
                         .collect();
+                    // A message seconds late is a delivery fault, not load: say where it was.
+                    if let Some((m, l)) = answer
+                        .messages
+                        .iter()
+                        .zip(&lat)
+                        .find(|(_, l)| **l > 5_000_000)
+                    {
+                        eprintln!(
+                            "late delivery: {l} us, group {group}, partition {}, sent at {} us",
+                            m.partition_id,
+                            m.data.sent_us.unwrap_or(0)
+                        );
+                    }
                     let acks = LiveAcks {
                         acknowledgments: answer
                             .messages
