@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use queen_core::events::DeliveryEvent;
-use queen_core::storage::{AckItem, AckStatus, BatchEnd, Storage};
+use queen_core::storage::{AckItem, AckStatus, BatchEnd, Claim, Storage};
 use queen_core::Timestamp;
 use queen_sim_tests::fixtures::{block_on, group, pop_req, Ids};
 use queen_storage_pg::testing;
@@ -26,6 +26,17 @@ fn item(tx: &str, pid: &str, status: AckStatus, lease: &str) -> AckItem {
     }
 }
 
+/// A new worker's leased pop of partition p: the worker and its one claim.
+async fn lease(s: &dyn Storage, ids: &mut Ids) -> (queen_core::WorkerId, Claim) {
+    let w = ids.worker();
+    let mut r = s
+        .pop_partition(pop_req("q", "g", w, 10), "p".into())
+        .await
+        .expect("pop");
+    assert_eq!(r.claims.len(), 1, "one claim: {:?}", r.verdicts);
+    (w, r.claims.remove(0))
+}
+
 /// Three leases of one partition, each ended differently. Answers how many releases it expects.
 async fn three_releases(s: &dyn Storage) -> usize {
     let mut ids = Ids::new(3);
@@ -33,12 +44,8 @@ async fn three_releases(s: &dyn Storage) -> usize {
         .await
         .expect("push");
     // 1. Every message of the batch acked one by one: committed through its end.
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("q", "g", w, 10), "p".into())
-        .await
-        .expect("pop 1");
-    let pid = r.claims[0].partition_id.clone();
+    let (w, c) = lease(s, &mut ids).await;
+    let pid = c.partition_id;
     let items = (0..3)
         .map(|i| {
             item(
@@ -54,12 +61,8 @@ async fn three_releases(s: &dyn Storage) -> usize {
     s.push(vec![group(&mut ids, "q", "p", "u", 0..2)])
         .await
         .expect("push");
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("q", "g", w, 10), "p".into())
-        .await
-        .expect("pop 2");
-    assert_eq!(r.claims[0].first_offset, 3, "the second batch");
+    let (w, c) = lease(s, &mut ids).await;
+    assert_eq!(c.first_offset, 3, "the second batch");
     s.ack(
         "g",
         vec![item("u-0", &pid, AckStatus::Retry, &w.to_string())],
@@ -67,12 +70,7 @@ async fn three_releases(s: &dyn Storage) -> usize {
     .await
     .expect("nack");
     // 3. The redelivered batch committed whole.
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("q", "g", w, 10), "p".into())
-        .await
-        .expect("pop 3");
-    let c = &r.claims[0];
+    let (w, c) = lease(s, &mut ids).await;
     assert_eq!((c.first_offset, c.last_offset), (3, 4), "the redelivery");
     let committed = s
         .ack_batch_ends(
