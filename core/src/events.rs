@@ -73,14 +73,11 @@ impl DeliveryEvent {
                 queue,
                 partition,
                 group,
-                batch_committed: false,
-            } => format!("release\n{queue}\n{partition}\n{group}"),
-            DeliveryEvent::Released {
-                queue,
-                partition,
-                group,
-                batch_committed: true,
-            } => format!("release\n{queue}\n{partition}\n{group}\ncommitted"),
+                batch_committed,
+            } => {
+                let committed = if *batch_committed { "\ncommitted" } else { "" };
+                format!("release\n{queue}\n{partition}\n{group}{committed}")
+            }
             DeliveryEvent::GroupReset { queue, group } => {
                 format!("group\n{}\n{group}", queue.as_deref().unwrap_or(""))
             }
@@ -99,17 +96,15 @@ impl DeliveryEvent {
                 partition: partition.to_string(),
                 count: count.parse().ok()?,
             },
-            ["release", queue, partition, group] => DeliveryEvent::Released {
+            ["release", queue, partition, group, flag @ ..] => DeliveryEvent::Released {
                 queue: queue.to_string(),
                 partition: partition.to_string(),
                 group: group.to_string(),
-                batch_committed: false,
-            },
-            ["release", queue, partition, group, "committed"] => DeliveryEvent::Released {
-                queue: queue.to_string(),
-                partition: partition.to_string(),
-                group: group.to_string(),
-                batch_committed: true,
+                batch_committed: match flag {
+                    [] => false,
+                    ["committed"] => true,
+                    _ => return None,
+                },
             },
             ["group", queue, group] => DeliveryEvent::GroupReset {
                 queue: (!queue.is_empty()).then(|| queue.to_string()),

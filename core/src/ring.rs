@@ -201,6 +201,17 @@ impl HotRing {
         }
     }
 
+    /// Drops the partition's entry, and its wheel slot if it waits on one.
+    fn forget(&mut self, partition: &str) {
+        if let Some(Entry {
+            state: EntryState::Waiting { until },
+            ..
+        }) = self.entries.remove(partition)
+        {
+            self.wheel.remove(&(until, partition.to_string()));
+        }
+    }
+
     fn entry(&mut self, partition: &str) -> &mut Entry {
         self.entries.entry(partition.to_string()).or_insert(Entry {
             epoch: 0,
@@ -237,13 +248,7 @@ impl HotRing {
                         && e.drained_lease_epoch
                             .is_some_and(|d| d == e.epoch || ignore_pushes) =>
                 {
-                    if let Some(Entry {
-                        state: EntryState::Waiting { until },
-                        ..
-                    }) = self.entries.remove(partition)
-                    {
-                        self.wheel.remove(&(until, partition.to_string()));
-                    }
+                    self.forget(partition);
                     return;
                 }
                 Some(_) => {}
@@ -426,13 +431,7 @@ impl HotRing {
         now: Timestamp,
     ) {
         if verdict == Verdict::Missing {
-            if let Some(Entry {
-                state: EntryState::Waiting { until },
-                ..
-            }) = self.entries.remove(partition)
-            {
-                self.wheel.remove(&(until, partition.to_string()));
-            }
+            self.forget(partition);
             return;
         }
         let e = self.entry(partition);
