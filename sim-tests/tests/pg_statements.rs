@@ -170,3 +170,98 @@ async fn statements_per_delivered_batch() {
         assert!(n <= 16.0, "{shape} pop costs {n:.1} statements per batch");
     }
 }
+
+/// A pop of a partition with a deep backlog reads the segments it delivers, not the backlog: the
+/// forward scan's buffer reads (pg_stat_statements, track = all) stay a handful at 3,000
+/// segments. PL/pgSQL plans a loop's query for all of its rows, which without the scan's LIMIT
+/// was a read of the whole backlog and a sort (docs/benchmarks.md, "Scale, sixth look").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pop_reads_the_segments_it_delivers_not_the_backlog() {
+    use queen_core::storage::{AdminStorage, QueueConfig};
+    let name = format!("queen_deep_{}", std::process::id());
+    let mut cfg = testing::fresh_database_config(&name).await;
+    cfg.options("-c pg_stat_statements.track=all");
+    let pg = PgStorage::connect(&PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size: 1,
+    })
+    .await
+    .expect("pg");
+    let (stats, conn) = cfg
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("stats connection");
+    tokio::spawn(conn);
+    stats
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .expect("pg_stat_statements");
+    let queue_id: uuid::Uuid = pg
+        .configure_queue(QueueConfig::with_defaults("deep"))
+        .await
+        .expect("configure")
+        .queue_id
+        .parse()
+        .expect("queue id");
+    let blob = queen_core::frames::build_blob(&[Frame {
+        producer: None,
+        encrypted: false,
+        message_id: uuid::Uuid::from_u128(1),
+        transaction_id: "t".into(),
+        trace_id: None,
+        payload: b"{}".to_vec(),
+    }])
+    .expect("blob");
+    const SEGMENTS: i64 = 3000;
+    stats
+        .execute(
+            "INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
+             VALUES (gen_random_uuid(), $1, 'p', $2, now())",
+            &[&queue_id, &(SEGMENTS - 1)],
+        )
+        .await
+        .expect("partition");
+    stats
+        .execute(
+            "INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
+             SELECT p.id, k, k, 1, now(), $2 FROM queen.log_partitions p, generate_series(0::bigint, $3::bigint - 1) k
+              WHERE p.queue_id = $1",
+            &[&queue_id, &blob, &SEGMENTS],
+        )
+        .await
+        .expect("segments");
+    stats
+        .batch_execute("ANALYZE queen.log_segments; SELECT pg_stat_statements_reset()")
+        .await
+        .expect("analyze");
+    let r = pg
+        .pop_partition(
+            PopRequest {
+                queue: "deep".into(),
+                auto_ack: true,
+                ..req(1)
+            },
+            "p".into(),
+        )
+        .await
+        .expect("pop");
+    assert_eq!(r.claims.len(), 1);
+    let blocks: i64 = stats
+        .query_one(
+            "SELECT COALESCE(sum(shared_blks_hit + shared_blks_read), 0)::bigint FROM pg_stat_statements
+              WHERE query LIKE '%FROM queen.log_segments s%base_offset > v_wanted%'",
+            &[],
+        )
+        .await
+        .expect("stats")
+        .get(0);
+    eprintln!("the forward scan of a batch of 10 read {blocks} buffers at {SEGMENTS} segments");
+    assert!(
+        blocks > 0 && blocks < 30,
+        "the forward scan read {blocks} buffers for 10 messages"
+    );
+    drop(pg);
+    drop(stats);
+    testing::drop_database(&name).await;
+}
