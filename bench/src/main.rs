@@ -243,6 +243,18 @@ async fn main() {
         .unwrap_or_else(|| "target/queen-bench.json".into());
     let name = "queen_bench";
     let pg = queen_storage_pg::testing::fresh_database(name, 32).await;
+    // The in-process brokers share this pool; it is warmed as the server binary warms its own,
+    // and PG_WARM_INTERVAL_MS=0 turns it off here too (to measure what it saves).
+    let warm_ms = std::env::var("PG_WARM_INTERVAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(queen_server::config::DEFAULT_PG_WARM_INTERVAL_MS);
+    if warm_ms > 0 {
+        broker_runtime().spawn(
+            queen_storage_pg::ConnectionWarmer::default()
+                .run(pg.clone(), std::time::Duration::from_millis(warm_ms)),
+        );
+    }
     let cfg = queen_storage_pg::testing::fresh_database_config_existing(name);
     let db_url = parked::url_with_db(&queen_storage_pg::testing::database_url(), name);
     let setup = util::pg_connect(&cfg).await;

@@ -35,7 +35,12 @@ pub struct ServerConfig {
     pub sample_interval_ms: u64,
     /// Per-partition lag series at most, per scrape of /metrics/prometheus.
     pub metrics_partition_series: usize,
+    /// Milliseconds between passes that warm idle PostgreSQL connections (0: none).
+    pub pg_warm_interval_ms: u64,
 }
+
+/// Default PG_WARM_INTERVAL_MS.
+pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -53,6 +58,7 @@ impl Default for ServerConfig {
             cipher: None,
             sample_interval_ms: 60_000,
             metrics_partition_series: 1000,
+            pg_warm_interval_ms: DEFAULT_PG_WARM_INTERVAL_MS,
         }
     }
 }
@@ -106,6 +112,11 @@ pub struct Settings {
     /// DATABASE_URL may also name); unset: the webpki roots.
     #[arg(long, env = "PG_SSL_ROOT_CERT")]
     pub pg_ssl_root_cert: Option<String>,
+    /// Milliseconds between passes that warm idle pool connections: each runs a push and a first
+    /// contact once, rolled back, so a new group's first pop does not pay a cold backend's
+    /// compiles and catalog reads. A pass borrows only connections nobody waits for. 0: off.
+    #[arg(long, env = "PG_WARM_INTERVAL_MS", default_value_t = DEFAULT_PG_WARM_INTERVAL_MS)]
+    pub pg_warm_interval_ms: u64,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -305,6 +316,7 @@ impl Settings {
             cipher,
             sample_interval_ms: self.metrics_sample_interval,
             metrics_partition_series: self.metrics_partition_series,
+            pg_warm_interval_ms: self.pg_warm_interval_ms,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,
@@ -386,6 +398,7 @@ mod tests {
             "JWT_SKIP_PATHS",
             "QUEEN_ENCRYPTION_KEY",
             "PG_USE_SSL",
+            "PG_WARM_INTERVAL_MS",
         ] {
             assert!(help.contains(var), "--help does not name {var}");
         }

@@ -70,9 +70,16 @@ async fn run(settings: Settings) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
+    let warm_interval = config.pg_warm_interval_ms;
     let app = App::new(config, storage, seed);
     if let Some(pg) = &pg {
         queen_server::spawn_event_listener(app.clone(), pg);
+        if warm_interval > 0 {
+            tokio::spawn(
+                queen_storage_pg::ConnectionWarmer::default()
+                    .run(pg.clone(), Duration::from_millis(warm_interval)),
+            );
+        }
     }
 
     let janitor = {

@@ -16,6 +16,7 @@ mod retention;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
+mod warm;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,7 @@ use queen_core::{Offset, Timestamp};
 pub use config::{PgConfig, PgSettings, DEFAULT_POOL_SIZE};
 pub use error::pg_err;
 pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS};
+pub use warm::{ConnectionWarmer, WarmPass};
 
 use error::pool_err;
 
