@@ -28,8 +28,8 @@ pub use inspect::{
     SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
 pub use messages::{
-    AckItem, AckOutcome, AckStatus, BatchEnd, PushGroup, PushGroupResult, PushOutcome, QueueFull,
-    RenewOutcome, SealCheck,
+    AckItem, AckOutcome, AckStatus, BatchEnd, LeaseBatchEnds, PushGroup, PushGroupResult,
+    PushOutcome, QueueFull, RenewOutcome, SealCheck,
 };
 pub use pop::{Claim, PopRequest, PopResult, SegmentRow, Verdict};
 pub use queue::{ConfiguredQueue, QueueConfig};
@@ -164,7 +164,29 @@ pub trait MessageStorage: Send + Sync {
         group: &str,
         lease: WorkerId,
         batches: &[BatchEnd],
-    ) -> StorageResult<Vec<String>>;
+    ) -> StorageResult<Vec<String>> {
+        let one = LeaseBatchEnds {
+            group: group.to_string(),
+            lease,
+            batches: batches.to_vec(),
+        };
+        let answers = self.ack_batch_ends_many(std::slice::from_ref(&one)).await?;
+        let n = answers.len();
+        match <[Vec<String>; 1]>::try_from(answers) {
+            Ok([committed]) => Ok(committed),
+            Err(_) => Err(StorageError::Internal(format!(
+                "whole-batch ack of one lease answered {n} leases"
+            ))),
+        }
+    }
+    /// `ack_batch_ends` for several leases, of any groups, in one transaction: each lease's
+    /// committed partition ids, in order. The broker sends whole-batch acks that arrive while
+    /// one is in flight together, so a push read by many groups costs one statement for their
+    /// acks, not one per group.
+    async fn ack_batch_ends_many(
+        &self,
+        leases: &[LeaseBatchEnds],
+    ) -> StorageResult<Vec<Vec<String>>>;
     /// Extends every live lease held under `lease_id` to at least now + `seconds`.
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome>;
 }

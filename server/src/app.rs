@@ -257,6 +257,8 @@ pub struct App {
     pub(crate) pop_unavailable_warned_ms: std::sync::atomic::AtomicI64,
     /// What this broker's leased pops delivered, so whole-batch acks cost one cursor write.
     pub(crate) delivered: Mutex<DeliveryLedger>,
+    /// Whole-batch acks sent to storage in rounds, across groups.
+    pub(crate) ack_rounds: Arc<crate::ack_rounds::AckRounds>,
 }
 
 /// Delivered batches the delivery ledger remembers (about 300 bytes each: names, ids and a
@@ -309,6 +311,7 @@ impl App {
             ticker_rearm: Arc::new(Notify::new()),
             encrypted_queues: Mutex::new(std::collections::BTreeSet::new()),
             delivered: Mutex::new(DeliveryLedger::new(DELIVERY_LEDGER_CAPACITY)),
+            ack_rounds: Default::default(),
         });
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

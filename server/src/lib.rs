@@ -1,5 +1,6 @@
 //! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
 
+mod ack_rounds;
 mod admin_routes;
 pub mod app;
 pub mod auth;

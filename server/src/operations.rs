@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use queen_core::events::DeliveryEvent;
 use queen_core::ledger::WholeBatches;
 use queen_core::storage::{
-    AckItem, AckOutcome, ConfiguredQueue, DeadLetterPage, DlqQuery, GroupDeleted, PushGroup,
-    PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, Requeued, SeekTarget, StorageError,
-    StorageResult, TxOp, TxOpResult, TxOutcome,
+    AckItem, AckOutcome, ConfiguredQueue, DeadLetterPage, DlqQuery, GroupDeleted, LeaseBatchEnds,
+    PushGroup, PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, Requeued, SeekTarget,
+    StorageError, StorageResult, TxOp, TxOpResult, TxOutcome,
 };
 use queen_core::{Timestamp, WorkerId};
 
@@ -154,9 +154,15 @@ impl App {
         };
         let started = self.now();
         let committed = self
-            .storage
-            .messages
-            .ack_batch_ends(group, WorkerId(lease), &whole.ends())
+            .ack_rounds
+            .commit(
+                &self.storage.messages,
+                LeaseBatchEnds {
+                    group: group.to_string(),
+                    lease: WorkerId(lease),
+                    batches: whole.ends(),
+                },
+            )
             .await?;
         self.metrics
             .record_storage("ack", started.micros_until(self.now()));

@@ -12,8 +12,8 @@ use queen_core::claim::{CursorRow, SubscriptionIntent};
 use queen_core::delivery::claims_to_messages;
 use queen_core::frames::Frame;
 use queen_core::storage::{
-    AckItem, AckStatus, BatchEnd, PopRequest, PopResult, PushGroup, PushOutcome, QueueConfig,
-    Storage, Verdict,
+    AckItem, AckStatus, BatchEnd, LeaseBatchEnds, PopRequest, PopResult, PushGroup, PushOutcome,
+    QueueConfig, Storage, Verdict,
 };
 use queen_core::{Timestamp, WorkerId};
 use queen_storage_pg::{testing, PgConfig, PgStorage};
@@ -49,7 +49,8 @@ enum Op {
         items: Vec<(u8, u8)>,
         failed: Option<u8>,
     },
-    /// The last leased pop's batches acked whole (ack_batch_ends), `stale` naming an end one short.
+    /// The last leased pop's batches acked whole (ack_batch_ends_many), `stale` naming an end one
+    /// short.
     AckWhole {
         stale: bool,
     },
@@ -324,12 +325,35 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                     b.end_offset -= 1;
                 }
             }
+            // In one call, as the broker's ack rounds send them: the lease's batches split in
+            // two, and between them the same batches named under the other group (whose
+            // cursors this lease never held: nothing of it commits).
+            let other = GROUPS
+                .iter()
+                .find(|g| **g != first.group)
+                .expect("two groups");
+            let (head, tail) = ends.split_at(ends.len() / 2);
+            let lease = |group: &str, batches: &[BatchEnd]| LeaseBatchEnds {
+                group: group.to_string(),
+                lease: first.worker,
+                batches: batches.to_vec(),
+            };
+            let leases = [
+                lease(&first.group, head),
+                lease(other, &ends),
+                lease(&first.group, tail),
+            ];
             let committed = s
-                .ack_batch_ends(&first.group, first.worker, &ends)
+                .ack_batch_ends_many(&leases)
                 .await
                 .expect("ack whole batches");
-            // Partition ids differ between the sides: count what was committed.
-            format!("committed {} of {}", committed.len(), ends.len())
+            // Partition ids differ between the sides: count what each lease committed.
+            let counts: Vec<(usize, usize)> = committed
+                .iter()
+                .zip(&leases)
+                .map(|(c, l)| (c.len(), l.batches.len()))
+                .collect();
+            format!("committed (of) per lease {counts:?}")
         }
         Op::Advance { .. } | Op::Retention { .. } => String::new(),
         Op::Renew => {

@@ -3,12 +3,12 @@
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
 use queen_core::storage::{
-    partition_number, AckItem, AckOutcome, AckStatus, BatchEnd, MessageStorage, PushGroup,
+    partition_number, AckItem, AckOutcome, AckStatus, LeaseBatchEnds, MessageStorage, PushGroup,
     PushGroupResult, PushOutcome, QueueFull, RenewOutcome, SealCheck, StorageError, StorageResult,
 };
 use std::time::SystemTime;
 
-use queen_core::{Timestamp, WorkerId};
+use queen_core::Timestamp;
 
 use crate::error::{pg_err, pool_err, retry_contention};
 use crate::{from_system_time, int, to_system_time, PgStorage};
@@ -308,49 +308,57 @@ impl MessageStorage for PgStorage {
         .await
     }
 
-    async fn ack_batch_ends(
+    async fn ack_batch_ends_many(
         &self,
-        group: &str,
-        lease: WorkerId,
-        batches: &[BatchEnd],
-    ) -> StorageResult<Vec<String>> {
-        // A batch whose partition id is not an id cannot be under a lease: nothing to commit.
-        let known: Vec<(uuid::Uuid, &BatchEnd)> = batches
-            .iter()
-            .filter_map(|b| Some((uuid::Uuid::try_parse(&b.partition_id).ok()?, b)))
-            .collect();
-        let ids: Vec<uuid::Uuid> = known.iter().map(|(id, _)| *id).collect();
-        let ends: Vec<i64> = known.iter().map(|(_, b)| b.end_offset).collect();
-        let firsts: Vec<&str> = known
-            .iter()
-            .map(|(_, b)| b.first_transaction_id.as_str())
-            .collect();
-        let (this, ids, ends, firsts) = (self, &ids, &ends, &firsts);
-        retry_contention(move || async move {
+        leases: &[LeaseBatchEnds],
+    ) -> StorageResult<Vec<Vec<String>>> {
+        // One array entry per batch; `at` maps a batch's 1-based position back to its lease. A
+        // batch whose partition id is not an id cannot be under a lease: nothing to commit.
+        let mut at: Vec<(usize, &str)> = vec![];
+        let (mut groups, mut lease_ids, mut ids, mut ends, mut firsts) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for (k, l) in leases.iter().enumerate() {
+            for b in &l.batches {
+                let Ok(id) = uuid::Uuid::try_parse(&b.partition_id) else {
+                    continue;
+                };
+                at.push((k, b.partition_id.as_str()));
+                groups.push(l.group.as_str());
+                lease_ids.push(l.lease.0);
+                ids.push(id);
+                ends.push(b.end_offset);
+                firsts.push(b.first_transaction_id.as_str());
+            }
+        }
+        let (this, groups, lease_ids, ids, ends, firsts) =
+            (self, &groups, &lease_ids, &ids, &ends, &firsts);
+        let rows = retry_contention(move || async move {
             let client = this.pool.get().await.map_err(pool_err)?;
             let stmt = client
-                .prepare_cached("SELECT queen.ack_batch_ends_v1($1, $2, $3, $4, $5)")
+                .prepare_cached("SELECT queen.ack_batch_ends_v2($1, $2, $3, $4, $5)")
                 .await
                 .map_err(pg_err("ack whole batches"))?;
-            let rows = client
-                .query(
-                    &stmt,
-                    &[
-                        &group as &(dyn tokio_postgres::types::ToSql + Sync),
-                        &lease.0,
-                        ids,
-                        ends,
-                        firsts,
-                    ],
-                )
+            client
+                .query(&stmt, &[groups, lease_ids, ids, ends, firsts])
                 .await
-                .map_err(pg_err("ack whole batches"))?;
-            Ok(rows
-                .iter()
-                .map(|r| r.get::<_, uuid::Uuid>(0).to_string())
-                .collect())
+                .map_err(pg_err("ack whole batches"))
         })
-        .await
+        .await?;
+        let mut committed = vec![vec![]; leases.len()];
+        for r in &rows {
+            let position: i32 = r.get(0);
+            let (k, partition) = usize::try_from(position)
+                .ok()
+                .and_then(|p| at.get(p.checked_sub(1)?))
+                .ok_or_else(|| {
+                    StorageError::Internal(format!(
+                        "ack_batch_ends_v2 answered position {position} of {} batches",
+                        at.len()
+                    ))
+                })?;
+            committed[*k].push(partition.to_string());
+        }
+        Ok(committed)
     }
 
     async fn renew_lease(&self, lease_id: &str, seconds: u32) -> StorageResult<RenewOutcome> {

@@ -80,7 +80,10 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "push_v6",
     "push_take_back_txids_v1",
     "ack_v2",
+    // Superseded by v2; kept while brokers of the previous version may still call it (a rolling
+    // upgrade), to be dropped by a later migration.
     "ack_batch_ends_v1",
+    "ack_batch_ends_v2",
     "renew_lease_v1",
     "configure_queue_v1",
     "delete_queue_v1",

@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 use queen_core::storage::{
-    AckItem, AckOutcome, AdminStorage, BatchEnd, ConfiguredQueue, DeadLetterPage, DeliveryStorage,
-    DlqQuery, GroupDeleted, HealthStorage, MessageStorage, PopRequest, PopResult, PopStorage,
+    AckItem, AckOutcome, AdminStorage, ConfiguredQueue, DeadLetterPage, DeliveryStorage, DlqQuery,
+    GroupDeleted, HealthStorage, LeaseBatchEnds, MessageStorage, PopRequest, PopResult, PopStorage,
     PushGroup, PushGroupResult, QueueConfig, RenewOutcome, Requeued, RetentionBatch, RetentionMark,
     RetentionPass, RetentionStorage, SeekTarget, StorageHealth, StorageResult, StorageUsage, TxOp,
     TxOutcome,
@@ -14,7 +14,7 @@ use queen_core::storage::{
     InspectStorage, PartitionView, QueueFilter, QueueView, SegmentQuery, StoredMessage,
     StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
-use queen_core::{Timestamp, WorkerId};
+use queen_core::Timestamp;
 
 use crate::tx::lock;
 use crate::{delivery, inspect, messages, pop, queues, retention, SimDb};
@@ -154,18 +154,14 @@ impl MessageStorage for SimDb {
         .await
     }
 
-    async fn ack_batch_ends(
+    async fn ack_batch_ends_many(
         &self,
-        group: &str,
-        lease: WorkerId,
-        batches: &[BatchEnd],
-    ) -> StorageResult<Vec<String>> {
+        leases: &[LeaseBatchEnds],
+    ) -> StorageResult<Vec<Vec<String>>> {
         self.exec(messages::ack_batch_ends(
             self.shared.clone(),
             self.cell(),
-            group.to_string(),
-            lease,
-            batches.to_vec(),
+            leases.to_vec(),
         ))
         .await
     }

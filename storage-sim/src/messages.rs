@@ -7,8 +7,8 @@ use std::sync::Arc;
 use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
 use queen_core::storage::{
-    AckItem, AckOutcome, AckStatus, BatchEnd, PushGroup, PushGroupResult, PushOutcome, QueueConfig,
-    QueueFull, RenewOutcome, SealCheck, StorageError,
+    AckItem, AckOutcome, AckStatus, BatchEnd, LeaseBatchEnds, PushGroup, PushGroupResult,
+    PushOutcome, QueueConfig, QueueFull, RenewOutcome, SealCheck, StorageError,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
 
@@ -560,21 +560,30 @@ pub(crate) async fn ack_body(
     }
 }
 
-/// Whole-batch acks, as ack_batch_ends_v1: one guarded cursor write per batch, in partition-id
-/// order; a batch whose cursor is no longer under the live lease with that end (or whose first
-/// message is gone) is left untouched.
+/// Whole-batch acks of several leases, as ack_batch_ends_v2: one guarded cursor write per batch,
+/// in (partition id, group) order; a batch whose cursor is no longer under the live lease with
+/// that end (or whose first message is gone) is left untouched. Each lease's committed partition
+/// ids, in order.
 pub(crate) async fn ack_batch_ends(
     shared: Arc<Shared>,
     cell: Arc<TaskCell>,
-    group: String,
-    lease: WorkerId,
-    mut batches: Vec<BatchEnd>,
-) -> Result<Vec<String>, StorageError> {
-    batches.sort_by(|a, b| a.partition_id.cmp(&b.partition_id));
+    leases: Vec<LeaseBatchEnds>,
+) -> Result<Vec<Vec<String>>, StorageError> {
+    let mut batches: Vec<(usize, &LeaseBatchEnds, &BatchEnd)> = leases
+        .iter()
+        .enumerate()
+        .flat_map(|(k, l)| l.batches.iter().map(move |b| (k, l, b)))
+        .collect();
+    batches.sort_by(|a, b| (&a.2.partition_id, &a.1.group).cmp(&(&b.2.partition_id, &b.1.group)));
+    let batches: Vec<(usize, String, WorkerId, BatchEnd)> = batches
+        .into_iter()
+        .map(|(k, l, b)| (k, l.group.clone(), l.lease, b.clone()))
+        .collect();
+    let count = leases.len();
     in_tx(&shared, "ack_batch_ends", cell, |tx| async move {
         let now = tx.now();
-        let mut committed = vec![];
-        for b in &batches {
+        let mut committed = vec![vec![]; count];
+        for (k, group, lease, b) in &batches {
             let done = tx
                 .stmt("commit batch end", |st, t| {
                     let key = (b.partition_id.clone(), group.clone());
@@ -591,7 +600,7 @@ pub(crate) async fn ack_batch_ends(
                     let Some(mut row) = st.consumers.get(&key, t.id).cloned() else {
                         return Ok(false);
                     };
-                    if row.worker_id != Some(lease)
+                    if row.worker_id != Some(*lease)
                         || row.claimable(now)
                         || row.batch_end != Some(b.end_offset)
                         || row.committed >= b.end_offset
@@ -604,7 +613,7 @@ pub(crate) async fn ack_batch_ends(
                 })
                 .await?;
             if done {
-                committed.push(b.partition_id.clone());
+                committed[*k].push(b.partition_id.clone());
             }
         }
         Ok(committed)

@@ -3,6 +3,7 @@ use std::fmt;
 
 use crate::frames::Frame;
 use crate::types::{Offset, Timestamp};
+use crate::WorkerId;
 
 /// The messages of one push request for one (queue, partition), in request order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,6 +153,14 @@ pub struct BatchEnd {
     pub end_offset: Offset,
     /// Still stored only if the whole batch is (retention removes a partition's oldest first).
     pub first_transaction_id: String,
+}
+
+/// One lease's whole delivered batches to commit (`MessageStorage::ack_batch_ends_many`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseBatchEnds {
+    pub group: String,
+    pub lease: WorkerId,
+    pub batches: Vec<BatchEnd>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
