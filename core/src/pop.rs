@@ -431,10 +431,14 @@ enum Work {
     Config,
     Reseed,
     List(Vec<Candidate>),
+    /// `issued_at`: the ring's clock when the look was issued (`HotRing::check_in_issued`).
     Wildcard {
         first_contact: bool,
+        issued_at: u64,
     },
-    Partition,
+    Partition {
+        issued_at: u64,
+    },
     Discovery {
         queues: Vec<String>,
         next: usize,
@@ -909,9 +913,10 @@ impl PopMachine {
                     ),
                     at: now,
                 });
+                let issued_at = ctx.rings.ring(&queue, &group).clock();
                 self.work(
                     StorageCommand::PopPartition { req, partition },
-                    Work::Partition,
+                    Work::Partition { issued_at },
                     round,
                 );
             }
@@ -920,10 +925,12 @@ impl PopMachine {
             }
             PopShape::Queue { queue } => {
                 let req = self.request(&queue);
+                let issued_at = ctx.rings.ring(&queue, &group).clock();
                 self.work(
                     StorageCommand::PopWildcard { req },
                     Work::Wildcard {
                         first_contact: false,
+                        issued_at,
                     },
                     round,
                 );
@@ -968,11 +975,13 @@ impl PopMachine {
         }
         let ring = ctx.rings.ring(queue, &group);
         if !ring.first_contact_done() {
+            let issued_at = ring.clock();
             let req = self.request(queue);
             return self.work(
                 StorageCommand::PopWildcard { req },
                 Work::Wildcard {
                     first_contact: true,
+                    issued_at,
                 },
                 round,
             );
@@ -1088,7 +1097,13 @@ impl PopMachine {
                 let returned = cands.iter().any(|c| ring.is_ready(&c.partition));
                 self.deliver_or_wait(result, round, returned, now, ctx);
             }
-            (Work::Wildcard { first_contact }, StorageReply::Pop(result)) => {
+            (
+                Work::Wildcard {
+                    first_contact,
+                    issued_at,
+                },
+                StorageReply::Pop(result),
+            ) => {
                 self.note_revisits(&result.verdicts, now);
                 if let PopShape::Queue { queue } = &self.params.shape {
                     let ring = ctx.rings.ring(queue, &group);
@@ -1096,7 +1111,7 @@ impl PopMachine {
                         ring.mark_first_contact_done();
                     }
                     for (name, verdict) in &result.verdicts {
-                        ring.check_in(name, *verdict, None, now);
+                        ring.check_in_issued(name, *verdict, issued_at, now);
                     }
                     if first_contact && result.claims.is_empty() && self.config.hotlist {
                         let queue = queue.clone();
@@ -1109,12 +1124,12 @@ impl PopMachine {
                 }
                 self.deliver_or_wait(result, round, true, now, ctx);
             }
-            (Work::Partition, StorageReply::Pop(result)) => {
+            (Work::Partition { issued_at }, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
                 if let PopShape::Partition { queue, .. } = &self.params.shape {
                     let ring = ctx.rings.ring(queue, &group);
                     for (name, verdict) in &result.verdicts {
-                        ring.check_in(name, *verdict, None, now);
+                        ring.check_in_issued(name, *verdict, issued_at, now);
                     }
                 }
                 self.deliver_or_wait(result, round, true, now, ctx);

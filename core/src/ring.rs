@@ -32,6 +32,15 @@ pub const DEFAULT_CONFIG_TTL_MS: i64 = 10_000;
 /// A `Busy` candidate (row locked by a concurrent pop) is revisited after this long.
 pub const BUSY_REVISIT_MS: i64 = 20;
 
+/// What a verdict's look at storage knew of the ring when it was issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Look {
+    /// The ring handed the partition out at this epoch.
+    HandedOut(u64),
+    /// Issued when the ring's epoch clock read this, without taking the partition.
+    IssuedAt(u64),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EntryState {
     /// In the ready queue.
@@ -73,6 +82,10 @@ pub struct RingBugs {
     /// A release that committed a drained lease's batch forgets the partition even when a push
     /// landed during the lease (its messages wait for the next reseed walk).
     pub committed_release_forgets_pushes: bool,
+    /// A verdict from a look without a hand-out (a wildcard or single-partition pop) about a
+    /// partition the ring dropped while it was in flight is trusted as current: a stale
+    /// `LeasedUntil` parks the partition until a lease long released, and pushes do not free it.
+    pub stale_look_trusts_a_dropped_entry: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -94,6 +107,9 @@ pub struct HotRing {
     /// Epochs come from one counter per ring, so an entry trimmed when found empty and made
     /// again later never repeats an epoch a pop saw before.
     epoch_clock: u64,
+    /// The clock when an entry was last dropped: a look issued before it may be about a
+    /// partition whose events went with its entry.
+    dropped_at: u64,
     bugs: RingBugs,
     /// The earliest wheel time scheduled since the broker's ticker last armed (shared by every
     /// ring of a table; `i64::MAX` when none).
@@ -141,6 +157,7 @@ impl HotRing {
             reseed_interval_ms,
             jitter,
             epoch_clock: 0,
+            dropped_at: 0,
             bugs,
             new_due,
         }
@@ -203,13 +220,23 @@ impl HotRing {
 
     /// Drops the partition's entry, and its wheel slot if it waits on one.
     fn forget(&mut self, partition: &str) {
-        if let Some(Entry {
-            state: EntryState::Waiting { until },
-            ..
-        }) = self.entries.remove(partition)
-        {
-            self.wheel.remove(&(until, partition.to_string()));
+        if let Some(Entry { state, .. }) = self.entries.remove(partition) {
+            self.note_dropped();
+            if let EntryState::Waiting { until } = state {
+                self.wheel.remove(&(until, partition.to_string()));
+            }
         }
+    }
+
+    fn note_dropped(&mut self) {
+        self.epoch_clock += 1;
+        self.dropped_at = self.epoch_clock;
+    }
+
+    /// The ring's epoch clock: a pop that reads storage without a hand-out (wildcard, single
+    /// partition) notes it when issued and checks its verdicts in against it.
+    pub fn clock(&self) -> u64 {
+        self.epoch_clock
     }
 
     fn entry(&mut self, partition: &str) -> &mut Entry {
@@ -422,7 +449,8 @@ impl HotRing {
     }
 
     /// Checks a storage verdict back in. `taken_epoch` is what `take_candidates` returned, or
-    /// `None` for a partition the ring did not hand out (wildcard or single-partition pops).
+    /// `None` for a partition the ring did not hand out, from a look issued at an unknown time
+    /// (then any event the ring knows of counts as after it).
     pub fn check_in(
         &mut self,
         partition: &str,
@@ -430,10 +458,31 @@ impl HotRing {
         taken_epoch: Option<u64>,
         now: Timestamp,
     ) {
+        let look = match taken_epoch {
+            Some(t) => Look::HandedOut(t),
+            None => Look::IssuedAt(0),
+        };
+        self.check_in_look(partition, verdict, look, now);
+    }
+
+    /// Checks in a verdict of a look that did not take the partition from the ring (a wildcard
+    /// or single-partition pop), issued when the ring's `clock` read `issued_at`.
+    pub fn check_in_issued(
+        &mut self,
+        partition: &str,
+        verdict: Verdict,
+        issued_at: u64,
+        now: Timestamp,
+    ) {
+        self.check_in_look(partition, verdict, Look::IssuedAt(issued_at), now);
+    }
+
+    fn check_in_look(&mut self, partition: &str, verdict: Verdict, look: Look, now: Timestamp) {
         if verdict == Verdict::Missing {
             self.forget(partition);
             return;
         }
+        let known = self.entries.contains_key(partition);
         let e = self.entry(partition);
         e.drained_lease_epoch = None;
         let state = e.state;
@@ -446,11 +495,16 @@ impl HotRing {
             self.wheel.remove(&(until, partition.to_string()));
             self.set_state(partition, EntryState::Idle);
         }
-        // Without a hand-out epoch (wildcard or single-partition verdicts) only an idle entry is
-        // known not to have been pushed to since.
-        let pushed_since = match taken_epoch {
-            Some(t) => t != epoch,
-            None => state != EntryState::Idle,
+        // Whether a push or a release may have landed after storage's snapshot. Without a
+        // hand-out, an entry held or bumped since the look was issued says so; so does an entry
+        // dropped since, whose events went with it (else a verdict of the look, read before
+        // the ack that emptied the partition, would park it until a lease long released).
+        let pushed_since = match look {
+            Look::HandedOut(t) => t != epoch,
+            Look::IssuedAt(c) if known => state != EntryState::Idle || epoch > c,
+            Look::IssuedAt(c) => {
+                self.dropped_at > c && !self.bugs.stale_look_trusts_a_dropped_entry
+            }
         };
         match verdict {
             Verdict::Took {
@@ -497,8 +551,8 @@ impl HotRing {
     fn forget_unless_pushed(&mut self, partition: &str, pushed_since: bool) {
         if pushed_since && !self.bugs.clear_without_epoch_check {
             self.make_ready(partition);
-        } else {
-            self.entries.remove(partition);
+        } else if self.entries.remove(partition).is_some() {
+            self.note_dropped();
         }
     }
 
@@ -858,6 +912,70 @@ mod tests {
             "a lease still holds at its expiry instant"
         );
         assert!(r.has_ready(T0.plus_millis(500).just_after()));
+    }
+
+    /// Two first contacts of one group in flight at once (four consumers of a new queue): the
+    /// first's consumer acks and a pop finds the partition empty, so the ring drops it; then
+    /// the second's verdict, read while the first still held the lease, comes back. It must
+    /// not park the partition until that lease's old expiry: pushes would not free it, and it
+    /// would wait for the next reseed walk (a 30 s late delivery in the steady benchmark).
+    fn stale_lease_after_drop(bugs: RingBugs) -> HotRing {
+        let mut r = HotRing::new(DEFAULT_RESEED_INTERVAL_MS, bugs);
+        r.note_push("a", 1);
+        let second_look = r.clock();
+        // A list pop meets the first contact's lease; the release readies it; the next pop
+        // finds it empty.
+        let c = r.take_candidates(16, T0);
+        r.check_in(
+            "a",
+            Verdict::LeasedUntil(T0.plus_secs(300)),
+            Some(c[0].epoch),
+            T0,
+        );
+        r.note_freed("a", false);
+        let c = r.take_candidates(16, T0);
+        r.check_in("a", Verdict::Empty, Some(c[0].epoch), T0);
+        assert!(!r.is_ready_or_waiting("a"), "found empty: dropped");
+        r.check_in_issued(
+            "a",
+            Verdict::LeasedUntil(T0.plus_secs(300)),
+            second_look,
+            T0,
+        );
+        r
+    }
+
+    #[test]
+    fn a_stale_lease_verdict_does_not_park_a_dropped_partition() {
+        let mut r = stale_lease_after_drop(RingBugs::default());
+        assert!(r.has_ready(T0), "asked again at once");
+        let c = r.take_candidates(16, T0);
+        r.check_in("a", Verdict::Empty, Some(c[0].epoch), T0);
+        r.note_push("a", 1);
+        assert!(r.has_ready(T0), "the next push is offered");
+
+        // The bug switch parks it until the old lease's expiry, and a push does not free it.
+        let mut r = stale_lease_after_drop(RingBugs {
+            stale_look_trusts_a_dropped_entry: true,
+            ..RingBugs::default()
+        });
+        r.note_push("a", 1);
+        assert!(
+            !r.has_ready(T0.plus_secs(60)),
+            "the switch re-introduces the bug"
+        );
+    }
+
+    #[test]
+    fn a_look_issued_after_the_drop_is_trusted() {
+        let mut r = HotRing::default();
+        r.note_push("a", 1);
+        let c = r.take_candidates(16, T0);
+        r.check_in("a", Verdict::Empty, Some(c[0].epoch), T0);
+        let look = r.clock();
+        r.check_in_issued("a", Verdict::LeasedUntil(T0.plus_secs(300)), look, T0);
+        assert!(!r.has_ready(T0), "leased elsewhere: on the wheel");
+        assert_eq!(r.next_revisit(), Some(T0.plus_secs(300).just_after()));
     }
 
     #[test]
