@@ -25,10 +25,10 @@ fn req(worker: u128) -> PopRequest {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn statements_per_delivered_batch() {
-    let mut cfg =
-        testing::fresh_database_config(&format!("queen_stm_{}", std::process::id())).await;
+/// A fresh database whose sessions count nested statements too (pg_stat_statements, track =
+/// all): the storage on one connection, and a connection apart to read the counts.
+async fn counted_database(name: &str) -> (PgStorage, tokio_postgres::Client) {
+    let mut cfg = testing::fresh_database_config(name).await;
     cfg.options("-c pg_stat_statements.track=all");
     let pg = PgStorage::connect(&PgConfig {
         tls: Default::default(),
@@ -46,6 +46,12 @@ async fn statements_per_delivered_batch() {
         .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .await
         .expect("pg_stat_statements must be available (shared_preload_libraries); the test command's PostgreSQL has it");
+    (pg, stats)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_per_delivered_batch() {
+    let (pg, stats) = counted_database(&format!("queen_stm_{}", std::process::id())).await;
 
     let partitions: Vec<String> = (0..60).map(|i| format!("p{i:02}")).collect();
     let groups = partitions
@@ -179,24 +185,7 @@ async fn statements_per_delivered_batch() {
 async fn a_pop_reads_the_segments_it_delivers_not_the_backlog() {
     use queen_core::storage::{AdminStorage, QueueConfig};
     let name = format!("queen_deep_{}", std::process::id());
-    let mut cfg = testing::fresh_database_config(&name).await;
-    cfg.options("-c pg_stat_statements.track=all");
-    let pg = PgStorage::connect(&PgConfig {
-        tls: Default::default(),
-        pg: cfg.clone(),
-        pool_size: 1,
-    })
-    .await
-    .expect("pg");
-    let (stats, conn) = cfg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("stats connection");
-    tokio::spawn(conn);
-    stats
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-        .expect("pg_stat_statements");
+    let (pg, stats) = counted_database(&name).await;
     let queue_id: uuid::Uuid = pg
         .configure_queue(QueueConfig::with_defaults("deep"))
         .await
