@@ -17,6 +17,10 @@ use crate::app::lock;
 
 type Reply = oneshot::Sender<StorageResult<Vec<String>>>;
 
+/// Leases per round at most: one statement's locks and parameters stay bounded when a burst of
+/// acks piles up behind a slow round; the rest go in the rounds after it, oldest first.
+const MAX_LEASES_PER_ROUND: usize = 256;
+
 #[derive(Default)]
 pub(crate) struct AckRounds {
     state: Mutex<RoundState>,
@@ -63,7 +67,8 @@ impl AckRounds {
                     state.running = false;
                     return;
                 }
-                std::mem::take(&mut state.waiting)
+                let take = state.waiting.len().min(MAX_LEASES_PER_ROUND);
+                state.waiting.drain(..take).collect::<Vec<_>>()
             };
             let (leases, replies): (Vec<LeaseBatchEnds>, Vec<Reply>) = round.into_iter().unzip();
             match storage.ack_batch_ends_many(&leases).await {
@@ -118,6 +123,8 @@ mod tests {
     /// until `release` opens, so acks pile up behind it.
     struct Counting {
         calls: Mutex<Vec<usize>>,
+        /// Each call's first lease's group.
+        firsts: Mutex<Vec<String>>,
         release: tokio::sync::Semaphore,
     }
 
@@ -140,6 +147,7 @@ mod tests {
             let first = {
                 let mut calls = lock(&self.calls);
                 calls.push(leases.len());
+                lock(&self.firsts).push(leases[0].group.clone());
                 calls.len() == 1
             };
             if first {
@@ -171,6 +179,7 @@ mod tests {
     async fn acks_arriving_during_a_round_go_together_in_the_next() {
         let counting = Arc::new(Counting {
             calls: Mutex::new(vec![]),
+            firsts: Mutex::new(vec![]),
             release: tokio::sync::Semaphore::new(0),
         });
         let storage: Arc<dyn MessageStorage> = counting.clone();
@@ -201,9 +210,52 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pile_of_acks_goes_in_bounded_rounds_oldest_first() {
+        let counting = Arc::new(Counting {
+            calls: Mutex::new(vec![]),
+            firsts: Mutex::new(vec![]),
+            release: tokio::sync::Semaphore::new(0),
+        });
+        let storage: Arc<dyn MessageStorage> = counting.clone();
+        let rounds = Arc::new(AckRounds::default());
+        let first = tokio::spawn({
+            let (rounds, storage) = (rounds.clone(), storage.clone());
+            async move { rounds.commit(&storage, lease(0)).await }
+        });
+        while lock(&counting.calls).is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let piled = MAX_LEASES_PER_ROUND + 44;
+        let mut rest = vec![];
+        for i in 1..=piled {
+            let (round, storage) = (rounds.clone(), storage.clone());
+            rest.push(tokio::spawn(async move {
+                round.commit(&storage, lease(i)).await
+            }));
+            // Queued in this order, so the first round after the held one takes the oldest.
+            while lock(&rounds.state).waiting.len() < i {
+                tokio::task::yield_now().await;
+            }
+        }
+        counting.release.add_permits(1);
+        assert_eq!(first.await.unwrap().unwrap(), vec!["p0".to_string()]);
+        for (i, r) in rest.into_iter().enumerate() {
+            assert_eq!(r.await.unwrap().unwrap(), vec![format!("p{}", i + 1)]);
+        }
+        assert_eq!(*lock(&counting.calls), vec![1, MAX_LEASES_PER_ROUND, 44]);
+        let second_round_starts = format!("g{}", MAX_LEASES_PER_ROUND + 1);
+        assert_eq!(
+            *lock(&counting.firsts),
+            vec!["g0", "g1", &second_round_starts]
+        );
+        assert!(!lock(&rounds.state).running);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_ack_is_answered_under_contention() {
         let counting = Arc::new(Counting {
             calls: Mutex::new(vec![]),
+            firsts: Mutex::new(vec![]),
             release: tokio::sync::Semaphore::new(1),
         });
         let storage: Arc<dyn MessageStorage> = counting.clone();
