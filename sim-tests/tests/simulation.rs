@@ -551,6 +551,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "a stale look trusts a dropped entry",
+            Scenario::Prompt,
+            Bugs {
+                ring: RingBugs {
+                    stale_look_trusts_a_dropped_entry: true,
+                    ..RingBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "group delete (or seek) without a wake",
             Scenario::Prompt,
             Bugs {

@@ -520,10 +520,18 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
         PopPath::Discovery(PROMPT_NAMESPACE),
         1,
     ));
-    // Both consumers of the long-lease queue park on broker0 and ack through broker1: only a
-    // release event (or, when it is lost, the reconnect's reseed) frees the partition early.
-    cs.push(consumer(PROMPT_LONG, "g1", PopPath::Queue, 0));
-    cs.push(consumer(PROMPT_LONG, "g1", PopPath::Queue, 0));
+    // The long-lease queue's consumers park on broker0 and ack through broker1: only a release
+    // event (or, when it is lost, the reconnect's reseed) frees the partition early. They start
+    // together on a backlog, so the group's first contacts (wildcard looks) race each other's
+    // claims, releases and the ring's drop of a drained partition: a look's stale `LeasedUntil`
+    // must not park a partition the ring dropped meanwhile (a 30 s stall otherwise).
+    for _ in 0..4 {
+        cs.push(Consumer {
+            start_ms: 2_500,
+            batch: 10,
+            ..consumer(PROMPT_LONG, "g1", PopPath::Queue, 0)
+        });
+    }
     cs.push(consumer(PROMPT_RESET, SEEK_GROUP, PopPath::Queue, 0));
     cs.push(consumer(PROMPT_RESET, DELETED_GROUP, PopPath::Queue, 0));
     let mut producers: Vec<Producer> = PROMPT_QUEUES
