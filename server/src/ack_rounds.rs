@@ -175,42 +175,21 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn acks_arriving_during_a_round_go_together_in_the_next() {
-        let counting = Arc::new(Counting {
-            calls: Mutex::new(vec![]),
-            firsts: Mutex::new(vec![]),
-            release: tokio::sync::Semaphore::new(0),
-        });
-        let storage: Arc<dyn MessageStorage> = counting.clone();
-        let rounds = Arc::new(AckRounds::default());
-        let first = tokio::spawn({
-            let (rounds, storage) = (rounds.clone(), storage.clone());
-            async move { rounds.commit(&storage, lease(0)).await }
-        });
-        while lock(&counting.calls).is_empty() {
-            tokio::task::yield_now().await;
+    /// The round task sends its last replies before it finds the queue empty and stops: it stops
+    /// soon after the last answer, not before it.
+    async fn assert_rounds_stop(rounds: &AckRounds) {
+        for _ in 0..10_000 {
+            if !lock(&rounds.state).running {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
-        let rest: Vec<_> = (1..10)
-            .map(|i| {
-                let (rounds, storage) = (rounds.clone(), storage.clone());
-                tokio::spawn(async move { rounds.commit(&storage, lease(i)).await })
-            })
-            .collect();
-        while lock(&rounds.state).waiting.len() < 9 {
-            tokio::task::yield_now().await;
-        }
-        counting.release.add_permits(1);
-        assert_eq!(first.await.unwrap().unwrap(), vec!["p0".to_string()]);
-        for (i, r) in rest.into_iter().enumerate() {
-            assert_eq!(r.await.unwrap().unwrap(), vec![format!("p{}", i + 1)]);
-        }
-        assert_eq!(*lock(&counting.calls), vec![1, 9], "one round for the nine");
-        assert!(!lock(&rounds.state).running);
+        panic!("the round task kept running with nothing queued");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_pile_of_acks_goes_in_bounded_rounds_oldest_first() {
+    /// Holds a first round (one ack) in storage, queues `piled` acks behind it one after
+    /// another, releases the round and checks every answer: the storage's record of the calls.
+    async fn piled_behind_a_held_round(piled: usize) -> Arc<Counting> {
         let counting = Arc::new(Counting {
             calls: Mutex::new(vec![]),
             firsts: Mutex::new(vec![]),
@@ -225,14 +204,12 @@ mod tests {
         while lock(&counting.calls).is_empty() {
             tokio::task::yield_now().await;
         }
-        let piled = MAX_LEASES_PER_ROUND + 44;
         let mut rest = vec![];
         for i in 1..=piled {
             let (round, storage) = (rounds.clone(), storage.clone());
             rest.push(tokio::spawn(async move {
                 round.commit(&storage, lease(i)).await
             }));
-            // Queued in this order, so the first round after the held one takes the oldest.
             while lock(&rounds.state).waiting.len() < i {
                 tokio::task::yield_now().await;
             }
@@ -242,13 +219,25 @@ mod tests {
         for (i, r) in rest.into_iter().enumerate() {
             assert_eq!(r.await.unwrap().unwrap(), vec![format!("p{}", i + 1)]);
         }
+        assert_rounds_stop(&rounds).await;
+        counting
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn acks_arriving_during_a_round_go_together_in_the_next() {
+        let counting = piled_behind_a_held_round(9).await;
+        assert_eq!(*lock(&counting.calls), vec![1, 9], "one round for the nine");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pile_of_acks_goes_in_bounded_rounds_oldest_first() {
+        let counting = piled_behind_a_held_round(MAX_LEASES_PER_ROUND + 44).await;
         assert_eq!(*lock(&counting.calls), vec![1, MAX_LEASES_PER_ROUND, 44]);
         let second_round_starts = format!("g{}", MAX_LEASES_PER_ROUND + 1);
         assert_eq!(
             *lock(&counting.firsts),
             vec!["g0", "g1", &second_round_starts]
         );
-        assert!(!lock(&rounds.state).running);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,6 +266,6 @@ mod tests {
         }
         let calls = lock(&counting.calls);
         assert_eq!(calls.iter().sum::<usize>(), 4000);
-        assert!(!lock(&rounds.state).running);
+        assert_rounds_stop(&rounds).await;
     }
 }
