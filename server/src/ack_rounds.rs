@@ -264,8 +264,7 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        let calls = lock(&counting.calls);
-        assert_eq!(calls.iter().sum::<usize>(), 4000);
+        assert_eq!(lock(&counting.calls).iter().sum::<usize>(), 4000);
         assert_rounds_stop(&rounds).await;
     }
 }
