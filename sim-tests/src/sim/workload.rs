@@ -788,9 +788,12 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
         pops += 1;
         let id = shared.next_pop_id.fetch_add(1, Ordering::SeqCst);
         // A consumer taking named partitions in turn must not sit out a 30 s long-poll on an
-        // empty one while the other holds the last backlog of the drain.
+        // empty one while the other holds the last backlog of the drain. Its drain is one batch
+        // per turn, and a turn on the empty partition is this timeout: at 2 s, a retry queue's
+        // backlog (failures, retries) outlasted the drain's 60 s after a work-phase long-poll
+        // had already sat out 30 s of it (seed 1036 of a 60-seed prompt soak).
         let timeout_ms = match c.path {
-            PopPath::Partitions(_) if shared.draining.load(Ordering::SeqCst) => 2_000,
+            PopPath::Partitions(_) if shared.draining.load(Ordering::SeqCst) => 500,
             _ => c.timeout_ms,
         };
         let query = format!(
