@@ -456,11 +456,18 @@ async fn main() {
                 base.pop.p99,
             ));
             rows.push(Row::new(
-                label,
+                label.clone(),
                 "first contact ms",
                 s.first_contact_ms,
-                vs,
+                vs.clone(),
                 base.first_contact_ms,
+            ));
+            rows.push(Row::new(
+                label,
+                "a later new group's first contact ms (median of 5)",
+                s.later_contact_ms,
+                vs,
+                base.later_contact_ms,
             ));
             if smallest[k].is_none() {
                 smallest[k] = Some(s);

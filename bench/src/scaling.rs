@@ -72,6 +72,8 @@ pub struct Scaling {
     pub rate: f64,
     pub pop: Latency,
     pub first_contact_ms: f64,
+    /// The median first contact of `LATER_GROUPS` more new groups, timed right after.
+    pub later_contact_ms: f64,
 }
 
 /// Wildcard pops with autoAck for `secs`: messages per second and pop latency.
@@ -83,6 +85,19 @@ pub async fn run(addr: std::net::SocketAddr, queue: &str, group: &str, secs: u64
     let t = Instant::now();
     Client::connect(addr).await.get(&path).await;
     let first_contact_ms = t.elapsed().as_secs_f64() * 1000.0;
+    // What one more group costs once the queue has been read: each of these groups' first
+    // contact, right after (no settle between: the queue's pages and plans are as the first
+    // left them).
+    let mut later_contacts_ms = vec![];
+    for k in 1..=LATER_GROUPS {
+        let path = format!(
+            "/api/v1/pop/queue/{queue}?batch=10&wait=false&autoAck=true&consumerGroup={group}-later{k}"
+        );
+        let t = Instant::now();
+        Client::connect(addr).await.get(&path).await;
+        later_contacts_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    later_contacts_ms.sort_by(f64::total_cmp);
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let samples = Arc::new(Mutex::new(vec![]));
@@ -116,5 +131,9 @@ pub async fn run(addr: std::net::SocketAddr, queue: &str, group: &str, secs: u64
         rate: count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
         pop: latency(samples.lock().map(|v| v.clone()).unwrap_or_default()),
         first_contact_ms,
+        later_contact_ms: later_contacts_ms[LATER_GROUPS / 2],
     }
 }
+
+/// New groups timed after the first contact (odd: the median is one of them).
+const LATER_GROUPS: usize = 5;
