@@ -93,12 +93,13 @@ pub struct SubscriptionRecord {
     pub subscription_timestamp: Option<Timestamp>,
 }
 
-/// How many cursors a group's first contact seeds at once (`log_pop_wildcard_v1` says the same);
-/// the rest are seeded at their first claim, by the same rule. Each seeded row costs 20-40 us
-/// inside the first pop (cursor rule, foreign-key check, two index entries; cold pages on a large
-/// queue), so 1000 made the first pop 25-35 ms and 256 still 15-25 ms at 100k-1M partitions; 64
-/// seeds every partition of the small queues where many fresh consumers collide, and past it the
-/// lazy path's try-locks never wait.
+/// A group's first contact seeds every cursor of a queue of at most this many partitions at once
+/// (`log_pop_wildcard_v1` says the same), and none of a larger queue: there each cursor is made at
+/// its first claim, by the same rule, under try-locks that never wait. Small queues are where many
+/// fresh consumers collide on few partitions (lazy creation convoyed there); on a large one their
+/// random windows rarely meet, and each seeded row cost the first pop 20-40 us (cursor rule,
+/// foreign-key check, two index entries; cold pages): 64 rows were 1.6 of a new group's 2.9 ms
+/// at 1M partitions, 1000 made it 25-35 ms.
 pub const FIRST_CONTACT_SEED_CAP: usize = 64;
 
 /// The timestamp a first-contact registration stores for a pop's intent.

@@ -85,3 +85,86 @@ async fn first_contact_with_more_partitions_than_the_lock_table() {
         );
     }
 }
+
+/// The seed's rule at its boundary, read from the table: a first contact seeds every cursor of a
+/// queue of FIRST_CONTACT_SEED_CAP partitions and only the cursor it claims of a queue of one
+/// more; both are then drained, one message per partition, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_contact_seeds_a_small_queue_whole_and_a_larger_one_at_its_claims() {
+    let name = format!("queen_seed_rule_{}", std::process::id());
+    let cfg = testing::fresh_database_config(&name).await;
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let pg = PgStorage::connect(&PgConfig {
+        tls: Default::default(),
+        pg: cfg,
+        pool_size: 4,
+    })
+    .await
+    .expect("pg");
+    let cap = queen_core::claim::FIRST_CONTACT_SEED_CAP;
+    for (queue, partitions, seeded) in [
+        ("small", cap as u32, cap as i64),
+        ("large", cap as u32 + 1, 1),
+    ] {
+        let groups = (0..partitions)
+            .map(|p| PushGroup {
+                queue: queue.into(),
+                partition: format!("p{p}"),
+                frames: vec![Frame {
+                    producer: None,
+                    encrypted: false,
+                    message_id: uuid::Uuid::from_u128(
+                        (queue.len() as u128) * 1000 + u128::from(p) + 1,
+                    ),
+                    transaction_id: format!("t{p}"),
+                    trace_id: None,
+                    payload: b"{}".to_vec(),
+                }],
+                blob: None,
+            })
+            .collect();
+        pg.push(groups).await.expect("push");
+        let req = |i: u128| PopRequest {
+            queue: queue.into(),
+            group: "g".into(),
+            worker: WorkerId(uuid::Uuid::from_u128(i)),
+            batch: 1,
+            max_partitions: 1,
+            auto_ack: true,
+            lease_seconds: None,
+            intent: SubscriptionIntent::default(),
+            skip_window_debounce: true,
+        };
+        let first = pg.pop_wildcard(req(1)).await.expect("first contact");
+        assert_eq!(
+            first.message_count(),
+            1,
+            "{queue}: the first contact's claim"
+        );
+        let rows: i64 = client
+            .query_one(
+                "SELECT count(*) FROM queen.log_consumers c
+                   JOIN queen.log_partitions p ON p.id = c.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE q.name = $1 AND c.consumer_group = 'g'",
+                &[&queue],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(rows, seeded, "{queue}: cursor rows after the first contact");
+        let mut delivered = first.message_count();
+        for i in 2..(u128::from(partitions) * 4) {
+            let got = pg.pop_wildcard(req(i)).await.expect("pop");
+            if got.message_count() == 0 {
+                break;
+            }
+            delivered += got.message_count();
+        }
+        assert_eq!(delivered, partitions, "{queue}: each message once");
+    }
+    drop(client);
+    drop(pg);
+    testing::drop_database(&name).await;
+}

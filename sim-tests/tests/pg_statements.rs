@@ -254,3 +254,84 @@ async fn a_pop_reads_the_segments_it_delivers_not_the_backlog() {
     drop(stats);
     testing::drop_database(&name).await;
 }
+
+/// A pop's cursor probe stays a point lookup when its plan is made while log_consumers is a page:
+/// log_pop_v1 runs with enable_seqscan off, and the generic plan of a (partition, group) lookup
+/// on a table analyzed empty then holding a few rows steps on both columns. The plan a session
+/// caches there is kept while the table grows; it was a sequential scan, or a scan of the group
+/// index (then on consumer_group alone) that read every cursor of the group: 2.1 ms a pop
+/// against 0.3 in queen-bench's scaling rows (docs/benchmarks.md, "Scale, eighth look").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_probe_planned_on_a_tiny_table_steps_on_both_key_columns() {
+    let name = format!("queen_tiny_plan_{}", std::process::id());
+    let (pg, stats) = counted_database(&name).await;
+    let config: Vec<String> = stats
+        .query_one(
+            "SELECT COALESCE(proconfig, '{}') FROM pg_proc p
+               JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = 'queen' AND p.proname = 'log_pop_v1'",
+            &[],
+        )
+        .await
+        .expect("log_pop_v1")
+        .get(0);
+    assert!(
+        config.iter().any(|c| c == "enable_seqscan=off"),
+        "log_pop_v1's settings: {config:?}"
+    );
+    pg.push(
+        (0..3)
+            .map(|p| PushGroup {
+                queue: "stm".into(),
+                partition: format!("p{p}"),
+                frames: vec![Frame {
+                    producer: None,
+                    encrypted: false,
+                    message_id: uuid::Uuid::from_u128(p + 1),
+                    transaction_id: format!("t{p}"),
+                    trace_id: None,
+                    payload: b"{}".to_vec(),
+                }],
+                blob: None,
+            })
+            .collect(),
+    )
+    .await
+    .expect("push");
+    // VACUUM apart: it refuses the implicit transaction of a multi-statement query.
+    stats
+        .batch_execute("VACUUM ANALYZE queen.log_consumers")
+        .await
+        .expect("analyze while empty");
+    stats
+        .batch_execute(
+            "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+             SELECT p.id, 'g', -1 FROM queen.log_partitions p;
+             SET plan_cache_mode = force_generic_plan;
+             SET enable_seqscan = off;
+             PREPARE probe(uuid, text) AS
+                 SELECT c.committed FROM queen.log_consumers c
+                  WHERE c.partition_id = $1 AND c.consumer_group = $2
+                    FOR UPDATE SKIP LOCKED",
+        )
+        .await
+        .expect("set-up");
+    let plan: Vec<String> = stats
+        .query("EXPLAIN EXECUTE probe(gen_random_uuid(), 'g')", &[])
+        .await
+        .expect("explain")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    eprintln!("the probe's generic plan:\n{}", plan.join("\n"));
+    assert!(
+        plan.iter().any(|l| l.contains("Index Cond")
+            && l.contains("partition_id")
+            && l.contains("consumer_group")),
+        "the probe's generic plan does not step on both key columns:\n{}",
+        plan.join("\n")
+    );
+    drop(pg);
+    drop(stats);
+    testing::drop_database(&name).await;
+}

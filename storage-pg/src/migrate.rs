@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[Migration] = &[
     ),
     migration!(20, "push_v6", "020_push_v6.sql"),
     migration!(21, "partition_walks", "021_partition_walks.sql"),
+    migration!(
+        22,
+        "cursors' group index ends with the partition",
+        "022_consumers_group_index.sql"
+    ),
 ];
 
 macro_rules! functions {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use queen_core::claim::{
     apply_auto_ack, apply_lease, plan_scan, seal_target, seed_cursor, seed_rule, ttl_skip_to,
     wildcard_candidate_cap, window_hold_until, CursorRow, SegmentMeta, SubscriptionRecord,
-    WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
+    FIRST_CONTACT_SEED_CAP, WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
 };
 use queen_core::params::effective_lease_seconds;
 use queen_core::storage::{Claim, PopRequest, PopResult, SegmentRow, StorageError, Verdict};
@@ -669,8 +669,10 @@ pub(crate) async fn pop_wildcard(
                 return Ok(PopResult::default());
             };
             let mkey = (req.queue.clone(), req.group.clone());
-            // Group-first-contact bulk seed: one elected seeder seeds up to FIRST_CONTACT_SEED_CAP
-            // cursors at once.
+            // Group first contact: the subscription record elects the seeder, which seeds every
+            // cursor of a queue of at most FIRST_CONTACT_SEED_CAP partitions (none of a larger
+            // one: its cursors are all made at their first claim). One step, as the procedure's
+            // statements from its partition count to the seed's insert.
             tx.stmt("first contact", |st, t| {
                 if st.metadata.get(&mkey, t.id).is_some()
                     || !st.try_advisory(
@@ -689,7 +691,12 @@ pub(crate) async fn pop_wildcard(
                 let record = SubscriptionRecord {
                     subscription_timestamp: row.subscription_timestamp,
                 };
-                if st.metadata.insert(mkey.clone(), row, t.id) != Insert::Inserted {
+                if st.metadata.insert(mkey.clone(), row, t.id) != Insert::Inserted
+                    || st
+                        .partitions_of(&req.queue, t.id)
+                        .nth(FIRST_CONTACT_SEED_CAP)
+                        .is_some()
+                {
                     return Ok(());
                 }
                 let parts: Vec<(String, String, Offset)> = st
@@ -699,7 +706,7 @@ pub(crate) async fn pop_wildcard(
                             .get(&(p.id.clone(), req.group.clone()), t.id)
                             .is_none()
                     })
-                    .take(queen_core::claim::FIRST_CONTACT_SEED_CAP)
+                    .take(FIRST_CONTACT_SEED_CAP)
                     .map(|(name, p)| (name.to_string(), p.id.clone(), p.last_offset))
                     .collect();
                 let rule = seed_rule(&req.group, Some(record), req.intent);

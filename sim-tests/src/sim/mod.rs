@@ -82,7 +82,7 @@ pub enum Scenario {
     /// contact mid-run and new partitions keep appearing; brokers crash.
     Retention,
     /// Many partitions and groups: a queue of more partitions than a group's first contact
-    /// seeds (`FIRST_CONTACT_SEED_CAP`), filled before any group's first pop, read by four groups
+    /// seeds (`FIRST_CONTACT_SEED_CAP`: every cursor is made at its first claim), filled before any group's first pop, read by four groups
     /// that make first contact one after another, each with a consumer on a hot-list broker and
     /// one on a broker without it; reseed walks of several pages and the wildcard scan's window.
     Scale,

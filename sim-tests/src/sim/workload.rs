@@ -67,10 +67,10 @@ pub const SEEK_GROUP: &str = "gs";
 pub const PARTITION_GROUP: &str = "gp";
 pub const DELETED_GROUP: &str = "gd";
 
-/// The scale scenario's queue, its partitions (past the first contact's seed cap), and its
+/// The scale scenario's queue, its partitions (more than a first contact seeds), and its
 /// groups (their first contacts half a second apart).
 pub const SCALE_QUEUE: &str = "m";
-/// 270: four seed caps and then some, nine reseed pages of 32 names.
+/// 270: four seed caps and then some (no cursor seeded), nine reseed pages of 32 names.
 const SCALE_PARTITIONS: u32 = queen_core::claim::FIRST_CONTACT_SEED_CAP as u32 * 4 + 14;
 const SCALE_GROUPS: [&str; 4] = ["g1", "g2", "g3", "g4"];
 

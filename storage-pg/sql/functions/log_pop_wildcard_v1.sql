@@ -36,10 +36,21 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Group-first-contact bulk seed. Without it, lazy per-partition creation convoys: many
-    -- consumers of a fresh queue each wait on another's pending insert, in chains. One insert into
-    -- consumer_groups_metadata elects the seeder (its election is a try-lock, so no contender
-    -- waits), and the seeder seeds every cursor of the queue, set-based.
+    -- The queue's partition count up to 128: the seed's rule and the candidate cap's.
+    SELECT count(*) INTO v_count
+      FROM (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = q.id LIMIT 128) x;
+
+    -- Group first contact: one insert into consumer_groups_metadata records the subscription and
+    -- elects the seeder (its election is a try-lock, so no contender waits). A small queue (at
+    -- most 64 partitions, queen_core::claim::FIRST_CONTACT_SEED_CAP) has every cursor seeded by
+    -- it, set-based: there many fresh consumers collide on few partitions, and lazy
+    -- per-partition creation convoyed (each waited on another's pending insert, in chains). A
+    -- larger queue's cursors are all made lazily, at their first claim, by the same rule
+    -- (seed_cursor_v1 reads the subscription recorded here) and under the same try-locks, which
+    -- never wait: its consumers' random windows rarely meet, and seeding 64 of them (the first
+    -- ids, not this pop's candidates) cost its first contact 1.6 of 2.9 ms at 1M partitions.
+    -- Seeding more cost more: every lock is a slot of PostgreSQL's shared lock table until
+    -- commit (a queue of 100k partitions ran it out), and every row 20-40 us.
     IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata m
                     WHERE m.queue_name = p_queue AND m.consumer_group = p_group)
        AND pg_try_advisory_xact_lock(hashtextextended(q.id::text || '/' || p_group, 43)) THEN
@@ -50,13 +61,8 @@ BEGIN
                 v_now)
         ON CONFLICT DO NOTHING;
         GET DIAGNOSTICS v_inserted = ROW_COUNT;
-        IF v_inserted = 1 THEN
+        IF v_inserted = 1 AND v_count <= 64 THEN
             -- Locks first, in their own statement; rows another pop is creating are left to it.
-            -- At most 64 (queen_core::claim::FIRST_CONTACT_SEED_CAP): every lock is a slot of
-            -- PostgreSQL's shared lock table until commit, and a queue of 100k partitions ran it
-            -- out; and every seeded row costs the first pop 20-40 us (1000 made it 25-35 ms).
-            -- Partitions past the cap get their cursors lazily, at their first claim, by the
-            -- same rule and under the same try-locks, which never wait.
             SELECT array_agg(x.id) INTO v_seed_pids
               FROM (SELECT p.id
                       FROM queen.log_partitions p
@@ -99,8 +105,6 @@ BEGIN
       FROM queen.log_watermarks w
      WHERE w.queue_id = q.id AND w.consumer_group = p_group;
     v_floor := COALESCE(v_watermark, '-infinity'::timestamptz) - interval '2 minutes';
-    SELECT count(*) INTO v_count
-      FROM (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = q.id LIMIT 128) x;
     -- queen_core::claim::wildcard_candidate_cap.
     v_cap := LEAST(CASE WHEN v_count >= 128 THEN 512 ELSE LEAST(GREATEST(v_count * 4, 64), 512) END,
                    GREATEST(p_max_partitions * 16, 64));
