@@ -45,23 +45,9 @@ async fn first_contact_with_more_partitions_than_the_lock_table() {
     .await
     .expect("pg");
     for chunk in (0..partitions).collect::<Vec<_>>().chunks(2000) {
-        let groups = chunk
-            .iter()
-            .map(|&p| PushGroup {
-                queue: "wide".into(),
-                partition: format!("p{p}"),
-                frames: vec![Frame {
-                    producer: None,
-                    encrypted: false,
-                    message_id: uuid::Uuid::from_u128(p as u128 + 1),
-                    transaction_id: format!("t{p}"),
-                    trace_id: None,
-                    payload: b"{}".to_vec(),
-                }],
-                blob: None,
-            })
-            .collect();
-        pg.push(groups).await.expect("push");
+        pg.push(one_message_each("wide", chunk, 0))
+            .await
+            .expect("push");
     }
     for (i, group) in ["billing", "billing", "__QUEUE_MODE__"].iter().enumerate() {
         let req = PopRequest {
@@ -107,24 +93,10 @@ async fn a_first_contact_seeds_a_small_queue_whole_and_a_larger_one_at_its_claim
         ("small", cap as u32, cap as i64),
         ("large", cap as u32 + 1, 1),
     ] {
-        let groups = (0..partitions)
-            .map(|p| PushGroup {
-                queue: queue.into(),
-                partition: format!("p{p}"),
-                frames: vec![Frame {
-                    producer: None,
-                    encrypted: false,
-                    message_id: uuid::Uuid::from_u128(
-                        (queue.len() as u128) * 1000 + u128::from(p) + 1,
-                    ),
-                    transaction_id: format!("t{p}"),
-                    trace_id: None,
-                    payload: b"{}".to_vec(),
-                }],
-                blob: None,
-            })
-            .collect();
-        pg.push(groups).await.expect("push");
+        let names: Vec<usize> = (0..partitions as usize).collect();
+        pg.push(one_message_each(queue, &names, queue.len() * 1000))
+            .await
+            .expect("push");
         let req = |i: u128| PopRequest {
             queue: queue.into(),
             group: "g".into(),
@@ -167,4 +139,24 @@ async fn a_first_contact_seeds_a_small_queue_whole_and_a_larger_one_at_its_claim
     drop(client);
     drop(pg);
     testing::drop_database(&name).await;
+}
+
+/// One message in each partition `p{n}` of `queue`, message ids from `id_base + n + 1`.
+fn one_message_each(queue: &str, partitions: &[usize], id_base: usize) -> Vec<PushGroup> {
+    partitions
+        .iter()
+        .map(|&p| PushGroup {
+            queue: queue.into(),
+            partition: format!("p{p}"),
+            frames: vec![Frame {
+                producer: None,
+                encrypted: false,
+                message_id: uuid::Uuid::from_u128((id_base + p) as u128 + 1),
+                transaction_id: format!("t{p}"),
+                trace_id: None,
+                payload: b"{}".to_vec(),
+            }],
+            blob: None,
+        })
+        .collect()
 }
