@@ -37,13 +37,7 @@ async fn first_contact_with_more_partitions_than_the_lock_table() {
         * (setting("max_connections").await + setting("max_prepared_transactions").await);
     // Twice the table: PostgreSQL rounds shared memory up, and a lock may take some of the slack.
     let partitions = slots * 2;
-    let pg = PgStorage::connect(&PgConfig {
-        tls: Default::default(),
-        pg: cfg,
-        pool_size: 4,
-    })
-    .await
-    .expect("pg");
+    let pg = storage(cfg).await;
     for chunk in (0..partitions).collect::<Vec<_>>().chunks(2000) {
         pg.push(one_message_each("wide", chunk, 0))
             .await
@@ -81,13 +75,7 @@ async fn a_first_contact_seeds_a_small_queue_whole_and_a_larger_one_at_its_claim
     let cfg = testing::fresh_database_config(&name).await;
     let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(conn);
-    let pg = PgStorage::connect(&PgConfig {
-        tls: Default::default(),
-        pg: cfg,
-        pool_size: 4,
-    })
-    .await
-    .expect("pg");
+    let pg = storage(cfg).await;
     let cap = queen_core::claim::FIRST_CONTACT_SEED_CAP;
     for (queue, partitions, seeded) in [
         ("small", cap as u32, cap as i64),
@@ -159,4 +147,14 @@ fn one_message_each(queue: &str, partitions: &[usize], id_base: usize) -> Vec<Pu
             blob: None,
         })
         .collect()
+}
+
+async fn storage(pg: tokio_postgres::Config) -> PgStorage {
+    PgStorage::connect(&PgConfig {
+        tls: Default::default(),
+        pg,
+        pool_size: 4,
+    })
+    .await
+    .expect("pg")
 }
