@@ -814,21 +814,41 @@ async fn on_the_legacy_scan_a_push_wakes_only_the_pops_it_can_serve_and_strands_
     );
 }
 
+/// Polls `addr`'s metrics until `ready` holds of them (a loaded machine may take seconds).
+async fn until_metrics(addr: SocketAddr, what: &str, ready: impl Fn(&serde_json::Value) -> bool) {
+    for _ in 0..3_000 {
+        if ready(&metrics(addr).await) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{addr} never reached: {what}");
+}
+
 /// The legacy scan's revisit outlives the pop that heard of it. Two brokers on one PostgreSQL;
-/// on A (`QUEEN_HOTLIST=0`, re-checks a minute apart, its wakes 300 ms late) two pops of one group
-/// park in turn on an empty queue, the first with a short long-poll. On B a message is pushed
-/// and at once taken under a 5 s lease, never acked. The push's wake reaches A after the claim:
-/// it wakes A's first pop, whose probe learns when the lease ends and which answers empty at its
-/// deadline before then. A's second pop never heard of the lease, and A's rings never saw the
-/// claim (it was B's): A's ticker must wake it when the lease ends, from what the probe said.
-/// Answers what A's second pop was answered with.
-async fn a_lease_ending_after_its_listener_left(pop_bugs: queen_core::pop::PopBugs) -> Vec<String> {
+/// on A (`QUEEN_HOTLIST=0`, re-checks a minute apart) two pops of one group park in turn on an
+/// empty queue, the first with a short long-poll. On B a message is pushed and at once taken
+/// under a 5 s lease, never acked. The push's wake reaches A only after the claim (A holds its
+/// wakes until the test delivers that one): it wakes A's first pop, whose probe learns when the
+/// lease ends and which answers empty at its deadline before then. A's second pop never heard of
+/// the lease, and A's rings never saw the claim (it was B's): A's ticker must wake it when the
+/// lease ends, from what the probe said.
+/// Answers what A's second pop was answered with; `None` when the run could not set the scene
+/// (the first pop's long-poll ended before the push's wake could reach it: a stalled machine).
+async fn a_lease_ending_after_its_listener_left(
+    pop_bugs: queen_core::pop::PopBugs,
+    attempt: u32,
+) -> Option<Vec<String>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let name = format!(
-        "queen_prompt_revisit_{}_{}",
+        "queen_prompt_revisit_{}_{}_{attempt}",
         std::process::id(),
         pop_bugs.no_scan_revisit
     );
     let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    // Every wake on A is dropped until the test delivers the push's, so that nothing else (the
+    // listener's start, the queue's configuration) wakes a pop and reorders A's parked pops.
+    let holding = std::sync::Arc::new(AtomicBool::new(true));
     let mut addrs = vec![];
     let mut apps = vec![];
     for (seed, hotlist) in [(21u64, false), (22, true)] {
@@ -839,13 +859,18 @@ async fn a_lease_ending_after_its_listener_left(pop_bugs: queen_core::pop::PopBu
         })
         .await
         .unwrap();
+        let held = holding.clone();
         let hooks = queen_server::app::Hooks {
             pop_bugs,
             wake_fate: (!hotlist).then(|| {
-                let late: queen_server::app::WakeFilter = std::sync::Arc::new(|_| {
-                    queen_server::app::WakeFate::Delay(Duration::from_millis(300))
+                let held: queen_server::app::WakeFilter = std::sync::Arc::new(move |_| {
+                    if held.load(Ordering::SeqCst) {
+                        queen_server::app::WakeFate::Drop
+                    } else {
+                        queen_server::app::WakeFate::Deliver
+                    }
                 });
-                late
+                held
             }),
             ..Default::default()
         };
@@ -862,10 +887,18 @@ async fn a_lease_ending_after_its_listener_left(pop_bugs: queen_core::pop::PopBu
         apps.push(app);
     }
     let (a, b) = (addrs[0], addrs[1]);
-    // The first pop outlives the wake's delay by seconds even on a loaded machine (a wake that
-    // arrived after it left woke the second pop instead, which then heard of the lease itself),
-    // and the lease outlives the first pop.
+    let heard = |kind: &'static str| {
+        move |m: &serde_json::Value| m["deliveryEvents"][kind].as_u64() >= Some(1)
+    };
+    until_metrics(a, "A's listener is up", heard("resync")).await;
+    // The lease outlives the first pop's long-poll by at least 2 s.
     configure(b, "gone.q", json!({"leaseTime": 5})).await;
+    until_metrics(
+        a,
+        "A heard of the queue's configuration",
+        heard("queue_changed"),
+    )
+    .await;
     let path = |timeout_ms: u64| {
         format!("/api/v1/pop/queue/gone.q?wait=true&timeout={timeout_ms}&batch=1&consumerGroup=g")
     };
@@ -874,18 +907,38 @@ async fn a_lease_ending_after_its_listener_left(pop_bugs: queen_core::pop::PopBu
     push(b, "gone.q", &["m1"]).await;
     let (_, _, taken) = take(b, "gone.q", "g", 1).await;
     assert_eq!(taken, ["m1"], "B takes it before A hears of the push");
-    assert!(answered(first).await.is_empty(), "the lease outlasts it");
+    until_metrics(a, "A heard of the push", heard("push")).await;
+    // The push's wake, late: it goes to the pop parked first (a group's parked pops are woken
+    // in the order they parked), which must still be parked.
+    let scene_set = metrics(a).await["parkedPops"].as_u64() == Some(2);
+    holding.store(false, Ordering::SeqCst);
+    apps[0].wake("gone.q");
+    let first_served = answered(first).await;
     let served = answered(second).await;
     for app in apps {
         app.shutting_down.send_replace(true);
     }
-    served
+    if !scene_set {
+        return None;
+    }
+    assert!(first_served.is_empty(), "the lease outlasts the first pop");
+    Some(served)
+}
+
+/// Runs the scene until it is set (a stalled machine may end the first pop's long-poll early).
+async fn second_pop_served_after_the_lease(pop_bugs: queen_core::pop::PopBugs) -> Vec<String> {
+    for attempt in 0..3 {
+        if let Some(served) = a_lease_ending_after_its_listener_left(pop_bugs, attempt).await {
+            return served;
+        }
+    }
+    panic!("the first pop's long-poll ended before the push's wake three times");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_legacy_scan_a_lease_ending_wakes_a_pop_that_never_heard_of_it() {
     assert_eq!(
-        a_lease_ending_after_its_listener_left(PopBugs::default()).await,
+        second_pop_served_after_the_lease(PopBugs::default()).await,
         ["m1"],
         "redelivered when the lease ends"
     );
@@ -894,7 +947,7 @@ async fn on_the_legacy_scan_a_lease_ending_wakes_a_pop_that_never_heard_of_it() 
         ..PopBugs::default()
     };
     assert!(
-        a_lease_ending_after_its_listener_left(kept_by_the_pop)
+        second_pop_served_after_the_lease(kept_by_the_pop)
             .await
             .is_empty(),
         "the bug switch (the revisit kept by the pop that asked) is caught"
