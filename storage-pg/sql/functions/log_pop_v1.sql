@@ -22,9 +22,12 @@ CREATE OR REPLACE FUNCTION queen.log_pop_v1(
 -- was a page or two (a fresh database, or one analyzed while empty) was a sequential scan that
 -- the session kept while the table grew: the cursor probe read every cursor row, and a fresh
 -- group's pops on 100k partitions ran at 0.33x for as long as that plan lived (2.1 ms a pop
--- against 0.3, pg_stat_statements). The setting costs 3-5 us a call (100-110 us, psql).
+-- against 0.3, pg_stat_statements). The setting costs 3-5 us a call (100-110 us, psql). jit off
+-- with it: a statement with no index path (none here today) would cost past jit_above_cost and
+-- be compiled at every call (see ack_batch_ends_v2).
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_committed bigint;
