@@ -255,6 +255,17 @@ async fn main() {
                 .run(pg.clone(), std::time::Duration::from_millis(warm_ms)),
         );
     }
+    // Statistics kept as the server binary keeps them (PG_STATS_INTERVAL_MS=0: off).
+    let stats_ms = std::env::var("PG_STATS_INTERVAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(queen_server::config::DEFAULT_PG_STATS_INTERVAL_MS);
+    if stats_ms > 0 {
+        broker_runtime().spawn(queen_storage_pg::keep_statistics(
+            pg.clone(),
+            std::time::Duration::from_millis(stats_ms),
+        ));
+    }
     let cfg = queen_storage_pg::testing::fresh_database_config_existing(name);
     let db_url = parked::url_with_db(&queen_storage_pg::testing::database_url(), name);
     let setup = util::pg_connect(&cfg).await;

@@ -37,10 +37,16 @@ pub struct ServerConfig {
     pub metrics_partition_series: usize,
     /// Milliseconds between passes that warm idle PostgreSQL connections (0: none).
     pub pg_warm_interval_ms: u64,
+    /// Milliseconds between passes that analyze queen tables grown past their statistics (0:
+    /// none).
+    pub pg_stats_interval_ms: u64,
 }
 
 /// Default PG_WARM_INTERVAL_MS.
 pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
+
+/// Default PG_STATS_INTERVAL_MS.
+pub const DEFAULT_PG_STATS_INTERVAL_MS: u64 = 5000;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -59,6 +65,7 @@ impl Default for ServerConfig {
             sample_interval_ms: 60_000,
             metrics_partition_series: 1000,
             pg_warm_interval_ms: DEFAULT_PG_WARM_INTERVAL_MS,
+            pg_stats_interval_ms: DEFAULT_PG_STATS_INTERVAL_MS,
         }
     }
 }
@@ -117,6 +124,11 @@ pub struct Settings {
     /// compiles and catalog reads. A pass borrows only connections nobody waits for. 0: off.
     #[arg(long, env = "PG_WARM_INTERVAL_MS", default_value_t = DEFAULT_PG_WARM_INTERVAL_MS)]
     pub pg_warm_interval_ms: u64,
+    /// Milliseconds between passes that ANALYZE every queen table whose pages more than doubled
+    /// since its statistics were taken, so no session keeps a plan made when the table was tiny
+    /// (autovacuum gets there only at its next round). Brokers on one database take turns. 0: off.
+    #[arg(long, env = "PG_STATS_INTERVAL_MS", default_value_t = DEFAULT_PG_STATS_INTERVAL_MS)]
+    pub pg_stats_interval_ms: u64,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -317,6 +329,7 @@ impl Settings {
             sample_interval_ms: self.metrics_sample_interval,
             metrics_partition_series: self.metrics_partition_series,
             pg_warm_interval_ms: self.pg_warm_interval_ms,
+            pg_stats_interval_ms: self.pg_stats_interval_ms,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,
@@ -399,6 +412,7 @@ mod tests {
             "QUEEN_ENCRYPTION_KEY",
             "PG_USE_SSL",
             "PG_WARM_INTERVAL_MS",
+            "PG_STATS_INTERVAL_MS",
         ] {
             assert!(help.contains(var), "--help does not name {var}");
         }

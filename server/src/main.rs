@@ -71,6 +71,7 @@ async fn run(settings: Settings) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
     let warm_interval = config.pg_warm_interval_ms;
+    let stats_interval = config.pg_stats_interval_ms;
     let app = App::new(config, storage, seed);
     if let Some(pg) = &pg {
         queen_server::spawn_event_listener(app.clone(), pg);
@@ -79,6 +80,12 @@ async fn run(settings: Settings) -> Result<(), String> {
                 queen_storage_pg::ConnectionWarmer::default()
                     .run(pg.clone(), Duration::from_millis(warm_interval)),
             );
+        }
+        if stats_interval > 0 {
+            tokio::spawn(queen_storage_pg::keep_statistics(
+                pg.clone(),
+                Duration::from_millis(stats_interval),
+            ));
         }
     }
 

@@ -439,3 +439,86 @@ async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
     drop(stats);
     testing::drop_database(&name).await;
 }
+
+/// A table that outgrew its statistics is analyzed by the broker's statistics pass, which ends
+/// the plans sessions made while it was tiny. Sessions keep a plan until the next ANALYZE: a
+/// push's write of its partition's head, by id, planned while log_partitions was analyzed empty
+/// is a sequential scan of every partition once the table grew (21.8 ms a push at 200k
+/// partitions, psql). Counted in pages
+/// (pg_stat_statements, nested statements): the same session's pushes read hundreds of pages a
+/// call before the pass (the hazard, shown present) and a handful after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_outgrowing_its_statistics_is_analyzed_and_its_plans_remade() {
+    let name = format!("queen_outgrown_{}", std::process::id());
+    let (pg, stats) = counted_database(&name).await;
+    // VACUUM apart: it refuses the implicit transaction of a multi-statement query.
+    stats
+        .batch_execute("VACUUM ANALYZE queen.log_partitions")
+        .await
+        .expect("analyze while empty");
+    // Autovacuum's ANALYZE would re-plan too: this test is about the pass.
+    stats
+        .batch_execute("ALTER TABLE queen.log_partitions SET (autovacuum_enabled = false)")
+        .await
+        .expect("no autovacuum");
+    let push = "SELECT count(*) FROM queen.push_v6('tiny', 'first', ARRAY[gen_random_uuid()::text],
+                    ARRAY[gen_random_uuid()], '\\x00'::bytea, NULL, false, true)";
+    // Past the plan cache's five custom plans: the session now holds generic ones.
+    for _ in 0..8 {
+        stats
+            .batch_execute(push)
+            .await
+            .expect("pushes on the empty table");
+    }
+    stats
+        .batch_execute(
+            "INSERT INTO queen.log_partitions (id, queue_id, name, last_write_at)
+             SELECT gen_random_uuid(), q.id, 'p' || g, now()
+               FROM queen.queues q, generate_series(1, 20000) g WHERE q.name = 'tiny'",
+        )
+        .await
+        .expect("grow the table");
+    let pages_per_write = || async {
+        stats
+            .batch_execute("SELECT pg_stat_statements_reset()")
+            .await
+            .expect("reset");
+        for _ in 0..5 {
+            stats.batch_execute(push).await.expect("push");
+        }
+        let row = stats
+            .query_one(
+                "SELECT sum(shared_blks_hit + shared_blks_read)::float8 / sum(calls)
+                   FROM pg_stat_statements
+                  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND query LIKE 'UPDATE queen.log_partitions p%SET last_offset = v_last + v_n%'",
+                &[],
+            )
+            .await
+            .expect("counts");
+        row.get::<_, Option<f64>>(0).expect("the write was counted")
+    };
+    let before = pages_per_write().await;
+    eprintln!("partition head write before the pass: {before:.1} pages a call");
+    assert!(
+        before > 100.0,
+        "the stale plan should read every partition: {before:.1} pages a call"
+    );
+    let pass = queen_storage_pg::statistics_pass(&pg)
+        .await
+        .expect("statistics pass");
+    assert!(
+        pass.analyzed.iter().any(|t| t == "log_partitions"),
+        "{pass:?}"
+    );
+    let after = pages_per_write().await;
+    eprintln!("partition head write after the pass: {after:.1} pages a call");
+    assert!(after <= 16.0, "{after:.1} pages a call after the pass");
+    let again = queen_storage_pg::statistics_pass(&pg)
+        .await
+        .expect("second pass");
+    assert!(again.analyzed.is_empty(), "nothing grew since: {again:?}");
+    drop(pg);
+    drop(stats);
+    testing::drop_database(&name).await;
+}

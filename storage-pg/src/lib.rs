@@ -13,6 +13,7 @@ mod migrate;
 mod pop;
 mod pop_rows;
 mod retention;
+mod statistics;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
@@ -30,6 +31,7 @@ use queen_core::{Offset, Timestamp};
 pub use config::{PgConfig, PgSettings, DEFAULT_POOL_SIZE};
 pub use error::pg_err;
 pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS};
+pub use statistics::{keep_statistics, statistics_pass, StatisticsPass};
 pub use warm::{ConnectionWarmer, WarmPass};
 
 use error::pool_err;
