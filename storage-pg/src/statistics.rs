@@ -1,9 +1,9 @@
 //! Keeping the planner's statistics of the queen tables up with their growth. A session plans
 //! each statement of a procedure once and keeps the plan until the table's statistics change
 //! (an ANALYZE). A plan made while a table was a page or two stays a sequential scan, or an index
-//! scan on the wrong key, while the table grows: a push's partition lookup took 21.8 ms at 200k
-//! partitions against 0.1 ms after an ANALYZE, a whole-batch ack 43 ms against 0.1 (psql;
-//! docs/benchmarks.md, "Scale, ninth look"). Autovacuum re-analyzes a table once 10% of it
+//! scan on the wrong key, while the table grows: a push's write of its partition's head took
+//! 21.8 ms at 200k partitions against 0.1 ms after an ANALYZE, a whole-batch ack 43 ms against
+//! 0.1 (psql; docs/benchmarks.md, "Scale, ninth look"). Autovacuum re-analyzes a table once 10% of it
 //! changed, but only at its next round (autovacuum_naptime, a minute by default), and a burst of
 //! new partitions or groups outruns it.
 //!
