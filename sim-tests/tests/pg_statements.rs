@@ -444,9 +444,9 @@ async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
 /// the plans sessions made while it was tiny. Sessions keep a plan until the next ANALYZE: a
 /// push's write of its partition's head, by id, planned while log_partitions was analyzed empty
 /// is a sequential scan of every partition once the table grew (21.8 ms a push at 200k
-/// partitions, psql). Counted in pages
-/// (pg_stat_statements, nested statements): the same session's pushes read hundreds of pages a
-/// call before the pass (the hazard, shown present) and a handful after it.
+/// partitions, psql). Counted in pages (pg_stat_statements, nested statements): the same
+/// session's pushes read hundreds of pages a call before the pass (the hazard, shown present)
+/// and a handful after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_outgrowing_its_statistics_is_analyzed_and_its_plans_remade() {
     let name = format!("queen_outgrown_{}", std::process::id());
