@@ -374,16 +374,7 @@ async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
         )
         .await
         .expect("partitions");
-    // VACUUM apart: it refuses the implicit transaction of a multi-statement query.
-    stats
-        .batch_execute("VACUUM ANALYZE queen.log_consumers")
-        .await
-        .expect("analyze while empty");
-    // Autovacuum's ANALYZE would re-plan them: this test is about the plans it has not yet fixed.
-    stats
-        .batch_execute("ALTER TABLE queen.log_consumers SET (autovacuum_enabled = false)")
-        .await
-        .expect("no autovacuum");
+    analyze_empty_and_hold(&stats, "log_consumers").await;
     let calls = "SELECT count(*) FROM queen.ack_batch_ends_v2(
                      ARRAY['g'], ARRAY[gen_random_uuid()],
                      ARRAY[(SELECT id FROM queen.log_partitions ORDER BY id LIMIT 1)],
@@ -410,29 +401,18 @@ async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
             .await
             .expect("calls on the grown table");
     }
-    let reads: Vec<(String, i64, i64)> = stats
-        .query(
-            "SELECT query, calls, shared_blks_hit + shared_blks_read FROM pg_stat_statements
-              WHERE query LIKE '%UPDATE queen.log_consumers%' AND dbid = (
-                    SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[],
-        )
-        .await
-        .expect("counts")
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let ack = reads
-        .iter()
-        .find(|(q, _, _)| q.contains("batch_end = NULL"));
-    let renewal = reads.iter().find(|(q, _, _)| q.contains("GREATEST"));
-    for (what, row) in [("batch ack", ack), ("renewal", renewal)] {
-        let (query, calls, blocks) = row.unwrap_or_else(|| panic!("no {what} counted: {reads:?}"));
-        let per_call = *blocks as f64 / *calls as f64;
-        eprintln!("{what}: {per_call:.1} pages a call over {calls} calls");
+    for (what, statement) in [
+        (
+            "batch ack",
+            "%UPDATE queen.log_consumers lc%batch_end = NULL%",
+        ),
+        ("renewal", "%UPDATE queen.log_consumers c%GREATEST%"),
+    ] {
+        let per_call = pages_per_call(&stats, statement).await;
+        eprintln!("{what}: {per_call:.1} pages a call");
         assert!(
             per_call <= 16.0,
-            "the {what} reads {per_call:.1} pages a call on 20,000 cursor rows: {query}"
+            "the {what} reads {per_call:.1} pages a call on 20,000 cursor rows"
         );
     }
     drop(pg);
@@ -451,16 +431,7 @@ async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
 async fn a_table_outgrowing_its_statistics_is_analyzed_and_its_plans_remade() {
     let name = format!("queen_outgrown_{}", std::process::id());
     let (pg, stats) = counted_database(&name).await;
-    // VACUUM apart: it refuses the implicit transaction of a multi-statement query.
-    stats
-        .batch_execute("VACUUM ANALYZE queen.log_partitions")
-        .await
-        .expect("analyze while empty");
-    // Autovacuum's ANALYZE would re-plan too: this test is about the pass.
-    stats
-        .batch_execute("ALTER TABLE queen.log_partitions SET (autovacuum_enabled = false)")
-        .await
-        .expect("no autovacuum");
+    analyze_empty_and_hold(&stats, "log_partitions").await;
     let push = "SELECT count(*) FROM queen.push_v6('tiny', 'first', ARRAY[gen_random_uuid()::text],
                     ARRAY[gen_random_uuid()], '\\x00'::bytea, NULL, false, true)";
     // Past the plan cache's five custom plans: the session now holds generic ones.
@@ -486,17 +457,11 @@ async fn a_table_outgrowing_its_statistics_is_analyzed_and_its_plans_remade() {
         for _ in 0..5 {
             stats.batch_execute(push).await.expect("push");
         }
-        let row = stats
-            .query_one(
-                "SELECT sum(shared_blks_hit + shared_blks_read)::float8 / sum(calls)
-                   FROM pg_stat_statements
-                  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-                    AND query LIKE 'UPDATE queen.log_partitions p%SET last_offset = v_last + v_n%'",
-                &[],
-            )
-            .await
-            .expect("counts");
-        row.get::<_, Option<f64>>(0).expect("the write was counted")
+        pages_per_call(
+            &stats,
+            "UPDATE queen.log_partitions p%SET last_offset = v_last + v_n%",
+        )
+        .await
     };
     let before = pages_per_write().await;
     eprintln!("partition head write before the pass: {before:.1} pages a call");
@@ -521,4 +486,37 @@ async fn a_table_outgrowing_its_statistics_is_analyzed_and_its_plans_remade() {
     drop(pg);
     drop(stats);
     testing::drop_database(&name).await;
+}
+
+/// Analyzes a queen table while it is empty and keeps autovacuum off it, so the plans sessions
+/// make now stay until the test's own ANALYZE (autovacuum's would re-plan them too).
+async fn analyze_empty_and_hold(stats: &tokio_postgres::Client, table: &str) {
+    // VACUUM apart: it refuses the implicit transaction of a multi-statement query.
+    stats
+        .batch_execute(&format!("VACUUM ANALYZE queen.{table}"))
+        .await
+        .expect("analyze while empty");
+    stats
+        .batch_execute(&format!(
+            "ALTER TABLE queen.{table} SET (autovacuum_enabled = false)"
+        ))
+        .await
+        .expect("no autovacuum");
+}
+
+/// Pages (buffers hit or read) a call of the nested statement whose text matches `pattern`
+/// (LIKE), since the last pg_stat_statements_reset, in the current database.
+async fn pages_per_call(stats: &tokio_postgres::Client, pattern: &str) -> f64 {
+    let row = stats
+        .query_one(
+            "SELECT sum(shared_blks_hit + shared_blks_read)::float8 / sum(calls)
+               FROM pg_stat_statements
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND query LIKE $1",
+            &[&pattern],
+        )
+        .await
+        .expect("counts");
+    row.get::<_, Option<f64>>(0)
+        .unwrap_or_else(|| panic!("no statement like {pattern} was counted"))
 }
