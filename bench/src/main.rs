@@ -126,6 +126,10 @@ fn broker_runtime() -> &'static tokio::runtime::Runtime {
 pub(crate) fn bench_config() -> ServerConfig {
     ServerConfig {
         retention: queen_server::retention::RetentionSettings::OFF,
+        pop_rounds: std::env::var("POP_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(queen_server::config::DEFAULT_POP_ROUNDS),
         ..ServerConfig::default()
     }
 }
@@ -350,7 +354,14 @@ async fn main() {
     let mut calm_p99 = f64::NAN;
     if runs("steady") || runs("fan-out") {
         let max = live::run(addr, "steady-max", 1, 4, None, plan.steady_secs).await;
-        offered = (max.delivered * 0.1).max(100.0);
+        // BENCH_OFFERED fixes the calm rate, so runs of two builds offer the same load.
+        offered = match std::env::var("BENCH_OFFERED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            Some(fixed) => fixed,
+            None => (max.delivered * 0.1).max(100.0),
+        };
         let calm = live::run(addr, "steady-10pct", 1, 4, Some(offered), plan.steady_secs).await;
         calm_p99 = calm.groups[0].p99;
         if runs("steady") {

@@ -103,6 +103,20 @@ pub trait PopStorage: Send + Sync {
     async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult>;
     /// Candidate names from the broker's hot-list ring, one transaction (`log_pop_loop_v1`).
     async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult>;
+    /// Several ring pops, of any queues and groups, answered in order: each answer is what
+    /// `pop_list` would have answered at its turn, after the pops before it. A backend may run
+    /// them all in one transaction (PostgreSQL does: one statement instead of one per pop, which
+    /// is what a push read by many groups wakes); this default runs them one after another.
+    async fn pop_list_many(
+        &self,
+        pops: Vec<(PopRequest, Vec<String>)>,
+    ) -> Vec<StorageResult<PopResult>> {
+        let mut answers = Vec::with_capacity(pops.len());
+        for (req, candidates) in pops {
+            answers.push(self.pop_list(req, candidates).await);
+        }
+        answers
+    }
     /// The wildcard scan (legacy path, and every first contact of a (queue, group)).
     async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult>;
     /// Queues matching a namespace and/or task, for the discovery pop, in the order it tries

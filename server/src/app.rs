@@ -258,7 +258,9 @@ pub struct App {
     /// What this broker's leased pops delivered, so whole-batch acks cost one cursor write.
     pub(crate) delivered: Mutex<DeliveryLedger>,
     /// Whole-batch acks sent to storage in rounds, across groups.
-    pub(crate) ack_rounds: Arc<crate::ack_rounds::AckRounds>,
+    pub(crate) ack_rounds: Arc<crate::rounds::AckRounds>,
+    /// Ring pops sent to storage in rounds, across groups (None: POP_ROUNDS=0).
+    pub(crate) pop_rounds: Option<Arc<crate::rounds::PopRounds>>,
 }
 
 /// Delivered batches the delivery ledger remembers (about 300 bytes each: names, ids and a
@@ -289,6 +291,13 @@ impl App {
         };
         let (shutting_down, _) = watch::channel(false);
         let rng = SeededRng::new(seed);
+        let ack_rounds = Arc::new(crate::rounds::ack_rounds(storage.messages.clone()));
+        let pop_rounds = (config.pop_rounds > 0).then(|| {
+            Arc::new(crate::rounds::pop_rounds(
+                storage.pops.clone(),
+                config.pop_rounds,
+            ))
+        });
         let app = Arc::new(App {
             limiter: Limiter::new(config.vegas),
             config,
@@ -311,7 +320,8 @@ impl App {
             ticker_rearm: Arc::new(Notify::new()),
             encrypted_queues: Mutex::new(std::collections::BTreeSet::new()),
             delivered: Mutex::new(DeliveryLedger::new(DELIVERY_LEDGER_CAPACITY)),
-            ack_rounds: Default::default(),
+            ack_rounds,
+            pop_rounds,
         });
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

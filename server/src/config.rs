@@ -40,7 +40,13 @@ pub struct ServerConfig {
     /// Milliseconds between passes that analyze queen tables grown past their statistics (0:
     /// none).
     pub pg_stats_interval_ms: u64,
+    /// Ring-pop statements in flight at once per (queue, first candidate partition); pops beyond
+    /// them share the next statement (0: every pop its own statement).
+    pub pop_rounds: usize,
 }
+
+/// Default POP_ROUNDS.
+pub const DEFAULT_POP_ROUNDS: usize = 1;
 
 /// Default PG_WARM_INTERVAL_MS.
 pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
@@ -66,6 +72,7 @@ impl Default for ServerConfig {
             metrics_partition_series: 1000,
             pg_warm_interval_ms: DEFAULT_PG_WARM_INTERVAL_MS,
             pg_stats_interval_ms: DEFAULT_PG_STATS_INTERVAL_MS,
+            pop_rounds: DEFAULT_POP_ROUNDS,
         }
     }
 }
@@ -129,6 +136,13 @@ pub struct Settings {
     /// (autovacuum gets there only at its next round). Brokers on one database take turns. 0: off.
     #[arg(long, env = "PG_STATS_INTERVAL_MS", default_value_t = DEFAULT_PG_STATS_INTERVAL_MS)]
     pub pg_stats_interval_ms: u64,
+    /// Ring-pop statements in flight at once per partition (a pop's first candidate). Pops of
+    /// other groups for it that arrive while that many are running wait and go together in the
+    /// next, one statement (one transaction) for all: a push read by many groups wakes a pop of
+    /// each at the same moment. A second pop of the same group, or a pop of another partition,
+    /// does not wait. 0: every pop its own statement.
+    #[arg(long, env = "POP_ROUNDS", default_value_t = DEFAULT_POP_ROUNDS)]
+    pub pop_rounds: usize,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -330,6 +344,7 @@ impl Settings {
             metrics_partition_series: self.metrics_partition_series,
             pg_warm_interval_ms: self.pg_warm_interval_ms,
             pg_stats_interval_ms: self.pg_stats_interval_ms,
+            pop_rounds: self.pop_rounds,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,
@@ -413,6 +428,7 @@ mod tests {
             "PG_USE_SSL",
             "PG_WARM_INTERVAL_MS",
             "PG_STATS_INTERVAL_MS",
+            "POP_ROUNDS",
         ] {
             assert!(help.contains(var), "--help does not name {var}");
         }

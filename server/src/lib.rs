@@ -1,6 +1,5 @@
 //! `queen-server`: the Queen broker over HTTP/1.1, wire-compatible with Queen's clients.
 
-mod ack_rounds;
 mod admin_routes;
 pub mod app;
 pub mod auth;
@@ -13,6 +12,7 @@ mod operations;
 mod pop_route;
 mod requests;
 pub mod retention;
+mod rounds;
 mod routes;
 pub mod sampler;
 pub mod sealing;

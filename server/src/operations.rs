@@ -155,14 +155,11 @@ impl App {
         let started = self.now();
         let committed = self
             .ack_rounds
-            .commit(
-                &self.storage.messages,
-                LeaseBatchEnds {
-                    group: group.to_string(),
-                    lease: WorkerId(lease),
-                    batches: whole.ends(),
-                },
-            )
+            .call(LeaseBatchEnds {
+                group: group.to_string(),
+                lease: WorkerId(lease),
+                batches: whole.ends(),
+            })
             .await?;
         self.metrics
             .record_storage("ack", started.micros_until(self.now()));

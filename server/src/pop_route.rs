@@ -9,7 +9,9 @@ use hyper::StatusCode;
 use queen_core::delivery::{claims_to_messages, DeliveredMessage};
 use queen_core::ledger::DeliveredBatch;
 use queen_core::params::{PopParams, PopShape};
-use queen_core::pop::{execute, PopEffect, PopInput, PopMachine, PopReply};
+use queen_core::pop::{
+    execute, PopEffect, PopInput, PopMachine, PopReply, StorageCommand, StorageReply,
+};
 use queen_core::storage::{AckItem, AckStatus, Claim};
 use queen_core::time::format_iso_micros;
 use queen_core::wire::{encode_pop_frames, FramedAnswer, FramedClaim, POP_FRAMES_CONTENT_TYPE};
@@ -88,7 +90,12 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
                 PopEffect::Storage { id, command } => {
                     app.metrics.storage_calls.inc();
                     let started = app.now();
-                    let result = Box::pin(execute(&*app.storage.pops, command)).await;
+                    let result = match (command, &app.pop_rounds) {
+                        (StorageCommand::PopList { req, candidates }, Some(rounds)) => {
+                            rounds.call((req, candidates)).await.map(StorageReply::Pop)
+                        }
+                        (command, _) => Box::pin(execute(&*app.storage.pops, command)).await,
+                    };
                     app.metrics
                         .record_storage("pop", started.micros_until(app.now()));
                     if let Err(e) = &result {

@@ -66,7 +66,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..3usize, 1..4u32, prop::bool::weighted(0.15)).prop_map(|(part, n, dup)| Op::Push { part, n, dup }),
-        4 => (0..2usize, 0..3u8, 0..3usize, 1..6u32, 1..4u32, prop::bool::weighted(0.2))
+        4 => (0..2usize, 0..4u8, 0..3usize, 1..6u32, 1..4u32, prop::bool::weighted(0.2))
             .prop_map(|(group, shape, part, batch, max, auto_ack)| Op::Pop { group, shape, part, batch, max, auto_ack }),
         3 => (0..12u8, prop::bool::weighted(0.35), prop::bool::weighted(0.7)).prop_map(|(k, failed, fenced)| Op::Ack { k, failed, fenced }),
         2 => (
@@ -125,6 +125,67 @@ fn view(r: &PopResult) -> PopView {
         .collect();
     verdicts.sort();
     PopView { claims, verdicts }
+}
+
+/// A leased pop's messages as acks name them. Claims come back in scan order, which is random
+/// on both sides: the messages are sorted by (partition, offset).
+fn leased_messages(r: &PopResult, group: &str, worker: WorkerId) -> Vec<Delivered> {
+    let mut msgs = claims_to_messages(&r.claims).expect("slice");
+    msgs.sort_by(|a, b| (&a.partition, a.offset).cmp(&(&b.partition, b.offset)));
+    msgs.into_iter()
+        .map(|m| Delivered {
+            group: group.to_string(),
+            partition_id: m.partition_id,
+            offset: m.offset,
+            transaction_id: m.frame.transaction_id,
+            worker,
+        })
+        .collect()
+}
+
+/// Ring pops of both groups and a second pop of the first group (another worker) in one
+/// `pop_list_many`: PostgreSQL runs them in one statement, the model one after another, and each
+/// answers what a pop at its turn would (the second pop of a group meets the first one's lease).
+async fn pop_several(side: &mut Side, req: PopRequest, part: usize, seq: u128) -> String {
+    let names = |shift: usize| {
+        let mut names: Vec<String> = PARTS.iter().map(|p| p.to_string()).collect();
+        names.rotate_left((part + shift) % PARTS.len());
+        names
+    };
+    let other = GROUPS
+        .iter()
+        .find(|g| **g != req.group)
+        .expect("two groups");
+    let pops = vec![
+        (req.clone(), names(0)),
+        (
+            PopRequest {
+                group: other.to_string(),
+                ..req.clone()
+            },
+            names(1),
+        ),
+        (
+            PopRequest {
+                worker: WorkerId(uuid::Uuid::from_u128(seq + 500_000)),
+                ..req
+            },
+            names(0),
+        ),
+    ];
+    let answers = side.storage.pop_list_many(pops.clone()).await;
+    assert_eq!(answers.len(), pops.len(), "an answer per pop");
+    let mut views = vec![];
+    for (i, ((req, _), answer)) in pops.iter().zip(answers).enumerate() {
+        let r = answer.expect("pop");
+        // The acks that follow name the first pop's lease (one lease, sorted by partition, as
+        // they expect); the others' claims show in their answers and in the final cursors.
+        if i == 0 && !req.auto_ack && !r.claims.is_empty() {
+            side.delivered = leased_messages(&r, &req.group, req.worker);
+        }
+        views.push(view(&r));
+    }
+    format!("{views:?}")
 }
 
 /// A message the last leased pop delivered: what an ack can name.
@@ -200,6 +261,9 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
                 intent: SubscriptionIntent::default(),
                 skip_window_debounce: false,
             };
+            if *shape == 3 {
+                return pop_several(side, req, *part, seq).await;
+            }
             let r = match shape {
                 0 => s.pop_partition(req, PARTS[*part].into()).await,
                 1 => {
@@ -219,20 +283,7 @@ async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String 
             }
             .expect("pop");
             if !*auto_ack && !r.claims.is_empty() {
-                // Claims come back in scan order, which is random on both sides: name messages
-                // by (partition, offset).
-                let mut msgs = claims_to_messages(&r.claims).expect("slice");
-                msgs.sort_by(|a, b| (&a.partition, a.offset).cmp(&(&b.partition, b.offset)));
-                side.delivered = msgs
-                    .into_iter()
-                    .map(|m| Delivered {
-                        group: GROUPS[*group].into(),
-                        partition_id: m.partition_id,
-                        offset: m.offset,
-                        transaction_id: m.frame.transaction_id,
-                        worker,
-                    })
-                    .collect();
+                side.delivered = leased_messages(&r, GROUPS[*group], worker);
             }
             format!("{:?}", view(&r))
         }

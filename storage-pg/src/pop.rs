@@ -19,11 +19,24 @@ impl PgStorage {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> StorageResult<PopResult> {
+        let rows = self.pop_rows(context, sql, params).await?;
+        let mut result = pop_rows::decode(&rows, 0, context)?;
+        name_queue(&mut result, queue);
+        Ok(result)
+    }
+
+    /// A pop procedure's rows, run again on contention (its transaction rolled back whole).
+    async fn pop_rows(
+        &self,
+        context: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StorageResult<Vec<tokio_postgres::Row>> {
         let this = self;
         retry_contention(move || async move {
             let client = this.pool.get().await.map_err(pool_err)?;
             let stmt = client.prepare_cached(sql).await.map_err(pg_err(context))?;
-            let rows = client.query(&stmt, params).await.map_err(|e| {
+            client.query(&stmt, params).await.map_err(|e| {
                 // A cursor row inserted for a partition the retention worker deleted in the
                 // meantime (an empty, inactive one): the pop looks again and finds it gone.
                 if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) {
@@ -31,14 +44,126 @@ impl PgStorage {
                 } else {
                     pg_err(context)(e)
                 }
-            })?;
-            let mut result = pop_rows::decode(&rows, context)?;
-            for c in &mut result.claims {
-                c.queue = queue.to_string();
-            }
-            Ok(result)
+            })
         })
         .await
+    }
+
+    /// Ring pops of several requests in one statement: one transaction, the pops in order.
+    async fn pop_list_together(
+        &self,
+        pops: &[(PopRequest, Vec<String>)],
+    ) -> StorageResult<Vec<PopResult>> {
+        let mut queues = Vec::with_capacity(pops.len());
+        let mut groups = Vec::with_capacity(pops.len());
+        let mut workers = Vec::with_capacity(pops.len());
+        let mut batches = Vec::with_capacity(pops.len());
+        let mut max_partitions = Vec::with_capacity(pops.len());
+        let mut auto_acks = Vec::with_capacity(pops.len());
+        let mut leases = Vec::with_capacity(pops.len());
+        let mut skip_windows = Vec::with_capacity(pops.len());
+        let mut modes = Vec::with_capacity(pops.len());
+        let mut froms = Vec::with_capacity(pops.len());
+        let mut from_nows = Vec::with_capacity(pops.len());
+        // The candidates flattened, each name beside the (1-based) number of its pop: a
+        // PostgreSQL array of arrays must be rectangular.
+        let mut names: Vec<&str> = vec![];
+        let mut owners: Vec<i32> = vec![];
+        for (i, (req, candidates)) in pops.iter().enumerate() {
+            let (mode, from, now) = intent_params(req);
+            queues.push(req.queue.as_str());
+            groups.push(req.group.as_str());
+            workers.push(req.worker.0);
+            batches.push(int(req.batch));
+            max_partitions.push(int(req.max_partitions));
+            auto_acks.push(req.auto_ack);
+            leases.push(lease_param(req));
+            skip_windows.push(req.skip_window_debounce);
+            modes.push(mode);
+            froms.push(from);
+            from_nows.push(now);
+            let owner = i32::try_from(i + 1).map_err(|_| {
+                StorageError::Internal(format!("{} pops in one statement", pops.len()))
+            })?;
+            for name in candidates {
+                names.push(name);
+                owners.push(owner);
+            }
+        }
+        let context = "log_pop_loop_v1 (ring candidates of several pops)";
+        let rows = self
+            .pop_rows(
+                context,
+                // Each pop is the one-pop statement's loop call (see pop_list), laterally per
+                // request; ORDER BY keeps each pop's rows together and in the loop's order.
+                "SELECT r.i, l.o_partition, l.o_partition_id, l.o_kind, l.o_until, l.o_first,
+                        l.o_last, l.o_attempt, l.o_lease_exp, l.o_base, l.o_start, l.o_take,
+                        l.o_count, l.o_created, l.o_blob
+                   FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int[], $5::int[],
+                               $6::bool[], $7::int[], $8::bool[], $9::text[], $10::timestamptz[],
+                               $11::bool[])
+                        WITH ORDINALITY AS r(queue, grp, worker, batch, max_partitions,
+                                             auto_ack, lease, skip_window, sub_mode, sub_from,
+                                             sub_now, i)
+                  CROSS JOIN LATERAL queen.log_pop_loop_v1(
+                        (SELECT q FROM queen.queues q WHERE q.name = r.queue), r.grp,
+                        ARRAY(SELECT c.name
+                                FROM unnest($12::text[], $13::int[]) WITH ORDINALITY
+                                     AS c(name, pop, k)
+                               WHERE c.pop = r.i
+                               ORDER BY c.k),
+                        NULL::uuid[], r.worker, r.batch, r.max_partitions, r.auto_ack, r.lease,
+                        r.skip_window, r.sub_mode, r.sub_from, r.sub_now, queen.now())
+                        WITH ORDINALITY AS l
+                  ORDER BY r.i, l.ordinality",
+                &[
+                    &queues,
+                    &groups,
+                    &workers,
+                    &batches,
+                    &max_partitions,
+                    &auto_acks,
+                    &leases,
+                    &skip_windows,
+                    &modes,
+                    &froms,
+                    &from_nows,
+                    &names,
+                    &owners,
+                ],
+            )
+            .await?;
+        let mut answers = Vec::with_capacity(pops.len());
+        let mut at = 0;
+        for (i, (req, _)) in pops.iter().enumerate() {
+            let number = i64::try_from(i + 1).unwrap_or(i64::MAX);
+            let mut end = at;
+            while end < rows.len() {
+                let owner: i64 = rows[end]
+                    .try_get(0)
+                    .map_err(|e| StorageError::Internal(format!("{context}: pop number: {e}")))?;
+                if owner != number {
+                    break;
+                }
+                end += 1;
+            }
+            let mut result = pop_rows::decode(&rows[at..end], 1, context)?;
+            name_queue(&mut result, &req.queue);
+            answers.push(result);
+            at = end;
+        }
+        if at != rows.len() {
+            return Err(StorageError::Internal(format!(
+                "{context}: rows of no pop (pop numbers out of order)"
+            )));
+        }
+        Ok(answers)
+    }
+}
+
+fn name_queue(result: &mut PopResult, queue: &str) {
+    for c in &mut result.claims {
+        c.queue = queue.to_string();
     }
 }
 
@@ -158,6 +283,25 @@ impl PopStorage for PgStorage {
             ],
         )
         .await
+    }
+
+    async fn pop_list_many(
+        &self,
+        pops: Vec<(PopRequest, Vec<String>)>,
+    ) -> Vec<StorageResult<PopResult>> {
+        let mut pops = pops;
+        if pops.len() <= 1 {
+            // One pop is the one-pop statement (no arrays to build and unpack).
+            return match pops.pop() {
+                Some((req, candidates)) => vec![self.pop_list(req, candidates).await],
+                None => vec![],
+            };
+        }
+        match self.pop_list_together(&pops).await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            // One transaction: it failed for all of them, and claimed nothing for any.
+            Err(e) => pops.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 
     async fn pop_wildcard(&self, req: PopRequest) -> StorageResult<PopResult> {

@@ -16,38 +16,43 @@ fn bad(context: &str, what: &str) -> StorageError {
     StorageError::Internal(format!("{context}: malformed answer: {what}"))
 }
 
-pub fn decode(rows: &[Row], context: &str) -> StorageResult<PopResult> {
+/// The rows of one pop, its columns starting at column `at` (a statement of several pops puts
+/// the pop's number before them).
+pub fn decode(rows: &[Row], at: usize, context: &str) -> StorageResult<PopResult> {
     let mut result = PopResult::default();
     let mut slices: Vec<SegmentRow> = vec![];
     for r in rows {
-        let partition: String = r.try_get(0).map_err(|_| bad(context, "partition"))?;
-        let partition_id: Option<uuid::Uuid> =
-            r.try_get(1).map_err(|_| bad(context, "partition id"))?;
-        let kind: String = r.try_get(2).map_err(|_| bad(context, "kind"))?;
-        let until: Option<SystemTime> = r.try_get(3).map_err(|_| bad(context, "until"))?;
+        let partition: String = r.try_get(at).map_err(|_| bad(context, "partition"))?;
+        let partition_id: Option<uuid::Uuid> = r
+            .try_get(at + 1)
+            .map_err(|_| bad(context, "partition id"))?;
+        let kind: String = r.try_get(at + 2).map_err(|_| bad(context, "kind"))?;
+        let until: Option<SystemTime> = r.try_get(at + 3).map_err(|_| bad(context, "until"))?;
         let until = until.map(from_system_time);
         let verdict = match kind.as_str() {
             "row" => {
                 let u = |v: i32| u32::try_from(v).unwrap_or(0);
-                let created: SystemTime = r.try_get(12).map_err(|_| bad(context, "created_at"))?;
+                let created: SystemTime =
+                    r.try_get(at + 12).map_err(|_| bad(context, "created_at"))?;
                 slices.push(SegmentRow {
-                    base_offset: r.try_get(8).map_err(|_| bad(context, "base offset"))?,
-                    start_idx: u(r.try_get(9).map_err(|_| bad(context, "start"))?),
-                    take: u(r.try_get(10).map_err(|_| bad(context, "take"))?),
-                    msg_count: u(r.try_get(11).map_err(|_| bad(context, "count"))?),
+                    base_offset: r.try_get(at + 8).map_err(|_| bad(context, "base offset"))?,
+                    start_idx: u(r.try_get(at + 9).map_err(|_| bad(context, "start"))?),
+                    take: u(r.try_get(at + 10).map_err(|_| bad(context, "take"))?),
+                    msg_count: u(r.try_get(at + 11).map_err(|_| bad(context, "count"))?),
                     created_at: from_system_time(created),
                     blob: Arc::new(
-                        r.try_get::<_, Vec<u8>>(13)
+                        r.try_get::<_, Vec<u8>>(at + 13)
                             .map_err(|_| bad(context, "blob"))?,
                     ),
                 });
                 continue;
             }
             kind @ ("took" | "took_all") => {
-                let first: i64 = r.try_get(4).map_err(|_| bad(context, "first"))?;
-                let last: i64 = r.try_get(5).map_err(|_| bad(context, "last"))?;
-                let attempt: i32 = r.try_get(6).map_err(|_| bad(context, "attempt"))?;
-                let lease: Option<SystemTime> = r.try_get(7).map_err(|_| bad(context, "lease"))?;
+                let first: i64 = r.try_get(at + 4).map_err(|_| bad(context, "first"))?;
+                let last: i64 = r.try_get(at + 5).map_err(|_| bad(context, "last"))?;
+                let attempt: i32 = r.try_get(at + 6).map_err(|_| bad(context, "attempt"))?;
+                let lease: Option<SystemTime> =
+                    r.try_get(at + 7).map_err(|_| bad(context, "lease"))?;
                 let lease = lease.map(from_system_time);
                 let rows = std::mem::take(&mut slices);
                 let count: u32 = rows.iter().map(|s| s.take).sum();
