@@ -400,9 +400,15 @@ mod tests {
         );
     }
 
-    /// Rounds of numbers answered with their doubles; each call's size is recorded, and a call
-    /// waits until `release` has a permit for it.
-    fn held_doubling(max_running: usize) -> (Arc<Rounds<(), u32, u32>>, Arc<Counting>) {
+    /// Rounds of numbers answered with their doubles. Each round's size is recorded in `calls`,
+    /// and as "{hundreds of its first}x{size}" in `firsts`; a round waits for a permit of
+    /// `release` unless `free` says it need not.
+    fn recording<K: Ord + Clone + Send + 'static>(
+        max_running: usize,
+        key: fn(&u32) -> K,
+        member: fn(&u32) -> Option<String>,
+        free: fn(&[u32]) -> bool,
+    ) -> (Arc<Rounds<K, u32, u32>>, Arc<Counting>) {
         let counting = Arc::new(Counting {
             calls: Mutex::new(vec![]),
             firsts: Mutex::new(vec![]),
@@ -411,13 +417,16 @@ mod tests {
         let held = counting.clone();
         let rounds = Rounds::new(
             max_running,
-            |_| (),
-            |_| None,
+            key,
+            member,
             Box::new(move |items: Vec<u32>| {
                 let held = held.clone();
                 Box::pin(async move {
+                    lock(&held.firsts).push(format!("{}x{}", items[0] / 100, items.len()));
                     lock(&held.calls).push(items.len());
-                    held.release.acquire().await.expect("open").forget();
+                    if !free(&items) {
+                        held.release.acquire().await.expect("open").forget();
+                    }
                     items.into_iter().map(|i| Ok(i * 2)).collect()
                 })
             }),
@@ -427,7 +436,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_go_alone_up_to_the_limit_in_flight_and_the_rest_together() {
-        let (rounds, counting) = held_doubling(2);
+        let (rounds, counting) = recording(2, |_| (), |_| None, |_| false);
         let mut answers = vec![];
         for i in 0..9u32 {
             let round = rounds.clone();
@@ -464,27 +473,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_of_different_keys_never_wait_for_each_other() {
-        let counting = Arc::new(Counting {
-            calls: Mutex::new(vec![]),
-            firsts: Mutex::new(vec![]),
-            release: tokio::sync::Semaphore::new(0),
-        });
-        let held = counting.clone();
         // Keyed by hundreds, as pops are by their first partition.
-        let rounds = Arc::new(Rounds::new(
-            1,
-            |i: &u32| *i / 100,
-            |_| None,
-            Box::new(move |items: Vec<u32>| {
-                let held = held.clone();
-                Box::pin(async move {
-                    lock(&held.firsts).push(format!("{}x{}", items[0] / 100, items.len()));
-                    lock(&held.calls).push(items.len());
-                    held.release.acquire().await.expect("open").forget();
-                    items.into_iter().map(Ok).collect()
-                })
-            }),
-        ));
+        let (rounds, counting) = recording(1, |i| *i / 100, |_| None, |_| false);
         let mut answers = vec![];
         for (n, i) in [0u32, 100, 200, 1, 2, 101].into_iter().enumerate() {
             let round = rounds.clone();
@@ -510,28 +500,13 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_whose_member_is_already_in_its_key_goes_alone_at_once() {
-        let counting = Arc::new(Counting {
-            calls: Mutex::new(vec![]),
-            firsts: Mutex::new(vec![]),
-            release: tokio::sync::Semaphore::new(0),
-        });
-        let held = counting.clone();
-        // One key; the member is the number's parity (as a pop's group).
-        let rounds = Arc::new(Rounds::new(
+        // One key; the member is the number's parity (as a pop's group); 2's call is not held.
+        let (rounds, counting) = recording(
             1,
-            |_: &u32| (),
-            |i: &u32| Some((i % 2).to_string()),
-            Box::new(move |items: Vec<u32>| {
-                let held = held.clone();
-                Box::pin(async move {
-                    lock(&held.calls).push(items.len());
-                    if items != [2] {
-                        held.release.acquire().await.expect("open").forget();
-                    }
-                    items.into_iter().map(Ok).collect()
-                })
-            }),
-        ));
+            |_| (),
+            |i| Some((i % 2).to_string()),
+            |items| items == [2],
+        );
         let first = tokio::spawn({
             let rounds = rounds.clone();
             async move { rounds.call(0).await }
@@ -547,11 +522,11 @@ mod tests {
             tokio::task::yield_now().await;
         }
         // Member 0 is in flight: 2 does not wait behind it (its call is not held).
-        assert_eq!(rounds.call(2).await.unwrap(), 2);
+        assert_eq!(rounds.call(2).await.unwrap(), 4);
         assert_eq!(waiting(&rounds), 1, "1 still waits for the round in flight");
         counting.release.add_permits(2);
         assert_eq!(first.await.unwrap().unwrap(), 0);
-        assert_eq!(other_member.await.unwrap().unwrap(), 1);
+        assert_eq!(other_member.await.unwrap().unwrap(), 2);
         assert_eq!(*lock(&counting.calls), vec![1, 1, 1]);
         assert_rounds_stop(&rounds).await;
     }
