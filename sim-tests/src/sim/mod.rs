@@ -571,12 +571,19 @@ pub fn run(spec: Spec) -> Outcome {
             })
             .collect()
     };
+    // Ring pops in rounds (POP_ROUNDS 1) or each its own statement (0), as the seed draws per
+    // broker: both are settings a deployment may run, and they interleave pops differently.
+    let pop_rounds: Vec<usize> = {
+        let mut r = root.child("pop rounds");
+        (0..brokers.len()).map(|_| r.below(2) as usize).collect()
+    };
     if std::env::var("SIM_EVENTS").is_ok() {
-        eprintln!("hot-list per broker: {hotlist:?}");
+        eprintln!("hot-list per broker: {hotlist:?}; pop rounds per broker: {pop_rounds:?}");
     }
     for (i, name) in brokers.iter().enumerate() {
         let config = ServerConfig {
             hotlist: hotlist[i],
+            pop_rounds: pop_rounds[i],
             backoff: if spec.scenario == Scenario::Prompt {
                 PRODUCTION_BACKOFF
             } else {
