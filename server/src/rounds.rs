@@ -49,7 +49,8 @@ pub(crate) struct Rounds<K, T, A> {
 struct RoundState<T, A> {
     /// Round tasks running; each takes from `waiting` until it finds it empty.
     running: usize,
-    waiting: VecDeque<(T, Reply<A>)>,
+    /// Each waiting call with its member, as `call` found it.
+    waiting: VecDeque<(T, Option<String>, Reply<A>)>,
     /// Calls waiting or in a round, by member.
     members: BTreeMap<String, usize>,
 }
@@ -167,10 +168,10 @@ where
             waiting: VecDeque::new(),
             members: BTreeMap::new(),
         });
-        if let Some(m) = member {
-            *rounds.members.entry(m).or_insert(0) += 1;
+        if let Some(m) = &member {
+            *rounds.members.entry(m.clone()).or_insert(0) += 1;
         }
-        rounds.waiting.push_back((item, reply));
+        rounds.waiting.push_back((item, member, reply));
         let start = rounds.running < self.max_running;
         if start {
             rounds.running += 1;
@@ -212,9 +213,15 @@ where
                 let take = rounds.waiting.len().min(MAX_CALLS_PER_ROUND);
                 rounds.waiting.drain(..take).collect::<Vec<_>>()
             };
-            let (items, replies): (Vec<T>, Vec<Reply<A>>) = round.into_iter().unzip();
-            let n = replies.len();
-            let members: Vec<String> = items.iter().filter_map(|i| (self.member)(i)).collect();
+            let n = round.len();
+            let mut items = Vec::with_capacity(n);
+            let mut members = vec![];
+            let mut replies = Vec::with_capacity(n);
+            for (item, member, reply) in round {
+                items.push(item);
+                members.extend(member);
+                replies.push(reply);
+            }
             let answers = (self.send)(items).await;
             if !members.is_empty() {
                 let mut state = lock(&self.state);
