@@ -211,6 +211,7 @@ pub struct Hooks {
     pub ring_bugs: RingBugs,
     pub pop_bugs: queen_core::pop::PopBugs,
     pub event_bugs: EventBugs,
+    pub rounds_bugs: crate::rounds::RoundsBugs,
     pub reseed_interval_ms: i64,
     /// Names per page of a ring's reseed walk.
     pub reseed_page: u32,
@@ -225,6 +226,7 @@ impl Default for Hooks {
             ring_bugs: RingBugs::default(),
             pop_bugs: queen_core::pop::PopBugs::default(),
             event_bugs: EventBugs::default(),
+            rounds_bugs: crate::rounds::RoundsBugs::default(),
             reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
             reseed_page: queen_core::ring::DEFAULT_RESEED_PAGE,
             crash_points: None,
@@ -291,11 +293,15 @@ impl App {
         };
         let (shutting_down, _) = watch::channel(false);
         let rng = SeededRng::new(seed);
-        let ack_rounds = Arc::new(crate::rounds::ack_rounds(storage.messages.clone()));
+        let ack_rounds = Arc::new(crate::rounds::ack_rounds(
+            storage.messages.clone(),
+            hooks.rounds_bugs,
+        ));
         let pop_rounds = (config.pop_rounds > 0).then(|| {
             Arc::new(crate::rounds::pop_rounds(
                 storage.pops.clone(),
                 config.pop_rounds,
+                hooks.rounds_bugs,
             ))
         });
         let app = Arc::new(App {

@@ -12,7 +12,7 @@ mod operations;
 mod pop_route;
 mod requests;
 pub mod retention;
-mod rounds;
+pub mod rounds;
 mod routes;
 pub mod sampler;
 pub mod sealing;

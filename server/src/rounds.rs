@@ -33,6 +33,15 @@ type SendRound<T, A> =
 /// up behind a slow round; the rest go in the rounds after it, oldest first.
 pub(crate) const MAX_CALLS_PER_ROUND: usize = 256;
 
+/// Historical bugs of the rounds a simulation may switch back on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundsBugs {
+    /// After a round that was not full, its task leaves without looking for calls that arrived
+    /// meanwhile: they saw a round in flight and started none, so they wait until the next call
+    /// of their key starts one (a pop stranded until unrelated traffic comes).
+    pub leave_without_looking_again: bool,
+}
+
 pub(crate) struct Rounds<K, T, A> {
     /// The keys with a round in flight, and their waiting calls.
     state: Mutex<BTreeMap<K, RoundState<T, A>>>,
@@ -44,6 +53,7 @@ pub(crate) struct Rounds<K, T, A> {
     /// should find that out at once rather than after the other's round).
     member: fn(&T) -> Option<String>,
     send: SendRound<T, A>,
+    bugs: RoundsBugs,
 }
 
 struct RoundState<T, A> {
@@ -61,9 +71,10 @@ pub(crate) type AckRounds = Rounds<(), LeaseBatchEnds, Vec<String>>;
 /// Ring pops (`pop_list_many`), keyed by (queue, first candidate).
 pub(crate) type PopRounds = Rounds<(String, String), (PopRequest, Vec<String>), PopResult>;
 
-pub(crate) fn ack_rounds(storage: Arc<dyn MessageStorage>) -> AckRounds {
+pub(crate) fn ack_rounds(storage: Arc<dyn MessageStorage>, bugs: RoundsBugs) -> AckRounds {
     Rounds::new(
         1,
+        bugs,
         |_| (),
         |_| None,
         Box::new(move |leases: Vec<LeaseBatchEnds>| {
@@ -88,9 +99,14 @@ pub(crate) fn ack_rounds(storage: Arc<dyn MessageStorage>) -> AckRounds {
 
 /// `max_running`: ring-pop statements in flight at once per (queue, first candidate); pops
 /// arriving beyond them share the next round's statement.
-pub(crate) fn pop_rounds(storage: Arc<dyn PopStorage>, max_running: usize) -> PopRounds {
+pub(crate) fn pop_rounds(
+    storage: Arc<dyn PopStorage>,
+    max_running: usize,
+    bugs: RoundsBugs,
+) -> PopRounds {
     Rounds::new(
         max_running,
+        bugs,
         |(req, candidates)| {
             let first = candidates.first().cloned().unwrap_or_default();
             (req.queue.clone(), first)
@@ -111,6 +127,7 @@ where
 {
     fn new(
         max_running: usize,
+        bugs: RoundsBugs,
         key: fn(&T) -> K,
         member: fn(&T) -> Option<String>,
         send: SendRound<T, A>,
@@ -122,6 +139,7 @@ where
             key,
             member,
             send,
+            bugs,
         }
     }
 
@@ -249,6 +267,16 @@ where
                     let _ = reply.send(Err(e.clone()));
                 }
             }
+            if self.bugs.leave_without_looking_again && n < MAX_CALLS_PER_ROUND {
+                let mut state = lock(&self.state);
+                if let Some(rounds) = state.get_mut(&key) {
+                    rounds.running -= 1;
+                    if rounds.running == 0 && rounds.waiting.is_empty() {
+                        state.remove(&key);
+                    }
+                }
+                return;
+            }
         }
     }
 }
@@ -345,11 +373,24 @@ mod tests {
     }
 
     /// The round task sends its last replies before it finds the queue empty and stops: it stops
-    /// soon after the last answer, not before it.
+    /// soon after the last answer, not before it. A key whose calls wait with no round task to
+    /// take them fails at once: nothing would ever answer them.
     async fn assert_rounds_stop<K, T, A>(rounds: &Rounds<K, T, A>) {
         for _ in 0..10_000 {
-            if lock(&rounds.state).is_empty() {
-                return;
+            {
+                let state = lock(&rounds.state);
+                if state.is_empty() {
+                    return;
+                }
+                let stranded: usize = state
+                    .values()
+                    .filter(|r| r.running == 0)
+                    .map(|r| r.waiting.len())
+                    .sum();
+                assert_eq!(
+                    stranded, 0,
+                    "calls left waiting with no round task to take them"
+                );
             }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
@@ -358,14 +399,14 @@ mod tests {
 
     /// Holds a first round (one ack) in storage, queues `piled` acks behind it one after
     /// another, releases the round and checks every answer: the storage's record of the calls.
-    async fn piled_behind_a_held_round(piled: usize) -> Arc<Counting> {
+    async fn piled_behind_a_held_round(piled: usize, bugs: RoundsBugs) -> Arc<Counting> {
         let counting = Arc::new(Counting {
             calls: Mutex::new(vec![]),
             firsts: Mutex::new(vec![]),
             release: tokio::sync::Semaphore::new(0),
         });
         let storage: Arc<dyn MessageStorage> = counting.clone();
-        let rounds = Arc::new(ack_rounds(storage.clone()));
+        let rounds = Arc::new(ack_rounds(storage.clone(), bugs));
         let first = tokio::spawn({
             let rounds = rounds.clone();
             async move { rounds.call(lease(0)).await }
@@ -383,22 +424,35 @@ mod tests {
         }
         counting.release.add_permits(1);
         assert_eq!(first.await.unwrap().unwrap(), vec!["p0".to_string()]);
+        // Before awaiting the rest: a call stranded for good fails here rather than hanging.
+        assert_rounds_stop(&rounds).await;
         for (i, r) in rest.into_iter().enumerate() {
             assert_eq!(r.await.unwrap().unwrap(), vec![format!("p{}", i + 1)]);
         }
-        assert_rounds_stop(&rounds).await;
         counting
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn acks_arriving_during_a_round_go_together_in_the_next() {
-        let counting = piled_behind_a_held_round(9).await;
+        let counting = piled_behind_a_held_round(9, RoundsBugs::default()).await;
         assert_eq!(*lock(&counting.calls), vec![1, 9], "one round for the nine");
+    }
+
+    /// The switch that re-introduces a task leaving with calls queued is caught by the check
+    /// above (the simulation catches it too: `every_mutation_switch_is_caught`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[should_panic(expected = "calls left waiting with no round task")]
+    async fn a_task_leaving_with_calls_queued_is_caught() {
+        let bugs = RoundsBugs {
+            leave_without_looking_again: true,
+        };
+        piled_behind_a_held_round(9, bugs).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_pile_of_acks_goes_in_bounded_rounds_oldest_first() {
-        let counting = piled_behind_a_held_round(MAX_CALLS_PER_ROUND + 44).await;
+        let counting =
+            piled_behind_a_held_round(MAX_CALLS_PER_ROUND + 44, RoundsBugs::default()).await;
         assert_eq!(*lock(&counting.calls), vec![1, MAX_CALLS_PER_ROUND, 44]);
         let second_round_starts = format!("g{}", MAX_CALLS_PER_ROUND + 1);
         assert_eq!(
@@ -424,6 +478,7 @@ mod tests {
         let held = counting.clone();
         let rounds = Rounds::new(
             max_running,
+            RoundsBugs::default(),
             key,
             member,
             Box::new(move |items: Vec<u32>| {
@@ -546,7 +601,7 @@ mod tests {
             release: tokio::sync::Semaphore::new(1),
         });
         let storage: Arc<dyn MessageStorage> = counting.clone();
-        let rounds = Arc::new(ack_rounds(storage.clone()));
+        let rounds = Arc::new(ack_rounds(storage.clone(), RoundsBugs::default()));
         let tasks: Vec<_> = (0..8)
             .map(|t| {
                 let rounds = rounds.clone();

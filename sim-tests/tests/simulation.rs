@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
+use queen_server::rounds::RoundsBugs;
 use queen_sim_tests::sim::{run, shrink, Bugs, FaultKinds, Scenario, Spec, WORK_MS};
 use queen_storage_sim::SimBugs;
 use serde_json::json;
@@ -563,6 +564,16 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
                 ring: RingBugs {
                     stale_look_trusts_a_dropped_entry: true,
                     ..RingBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a round task leaves with calls queued",
+            Scenario::Prompt,
+            Bugs {
+                rounds: RoundsBugs {
+                    leave_without_looking_again: true,
                 },
                 ..Bugs::default()
             },

@@ -24,6 +24,7 @@ use queen_core::Timestamp;
 use queen_server::app::{App, CrashPoint, Hooks, WakeFate, WakeFilter};
 use queen_server::config::ServerConfig;
 use queen_server::retention::RetentionSettings;
+use queen_server::rounds::RoundsBugs;
 use queen_storage_sim::{PauseKind, SimBugs, SimDb};
 
 use history::{Event, History};
@@ -95,6 +96,7 @@ pub struct Bugs {
     pub ring: RingBugs,
     pub pop: PopBugs,
     pub events: EventBugs,
+    pub rounds: RoundsBugs,
 }
 
 /// One broker's notification line (its LISTEN connection): the driver can cut it, losing every
@@ -664,6 +666,7 @@ pub fn run(spec: Spec) -> Outcome {
                     ring_bugs: bugs.ring,
                     pop_bugs: bugs.pop,
                     event_bugs: bugs.events,
+                    rounds_bugs: bugs.rounds,
                     reseed_interval_ms: SIM_RESEED_INTERVAL_MS,
                     reseed_page: if spec.scenario == Scenario::Scale {
                         SCALE_RESEED_PAGE
