@@ -1,6 +1,6 @@
-//! Scenario 8: the serving limiter. The same consume loads under the adaptive (Vegas) limiter and
+//! Scenario 8: the serving limiter. The same consume loads under the adaptive limiter and
 //! under a fixed limit (the admission-arbiter alternative: a constant number of permits, as
-//! large as the pool allows), with the Vegas limit sampled every 10 ms while it runs. A limiter
+//! large as the pool allows), with the adaptive limit sampled every 10 ms while it runs. A limiter
 //! that settles far below the fixed limit while the fixed limit moves more messages is
 //! throttling work the database had room for.
 
@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use queen_core::limiter::VegasConfig;
+use queen_core::limiter::LimiterConfig;
 use queen_server::config::ServerConfig;
 
 use crate::util::Row;
@@ -68,12 +68,12 @@ fn summary(samples: &[u32]) -> (f64, f64, f64) {
 async fn run(
     pg: &queen_storage_pg::PgStorage,
     load: &Load,
-    vegas: VegasConfig,
+    limiter: LimiterConfig,
     tag: &str,
     total: usize,
 ) -> (f64, Vec<u32>) {
     let config = ServerConfig {
-        vegas,
+        limiter,
         ..crate::bench_config()
     };
     let (app, addr) = crate::start_with(pg, config, 21).await;
@@ -245,21 +245,22 @@ pub fn trace_json(label: &str, samples: &[LimitSample]) -> serde_json::Value {
     })
 }
 
-/// Per load: Vegas throughput against the fixed limit's, and where the Vegas limit sat.
+/// Per load: the adaptive limiter's throughput against the fixed limit's, and where its limit sat.
 pub async fn limiter_scenario(pg: &queen_storage_pg::PgStorage, total: usize) -> Vec<Row> {
-    let fixed = VegasConfig {
+    let fixed = LimiterConfig {
         initial_limit: FIXED_PERMITS,
         min_limit: FIXED_PERMITS,
         max_limit: FIXED_PERMITS,
-        ..VegasConfig::default()
+        ..LimiterConfig::default()
     };
     let mut rows = vec![];
     for load in &LOADS {
-        let (vegas_rate, samples) = run(pg, load, VegasConfig::default(), "vegas", total).await;
+        let (adaptive_rate, samples) =
+            run(pg, load, LimiterConfig::default(), "adaptive", total).await;
         let (fixed_rate, _) = run(pg, load, fixed, "fixed", total).await;
         let (mean, min, max) = summary(&samples);
         let label = format!(
-            "limiter, Vegas, consume {}, {} partitions, {} consumers{}",
+            "limiter, adaptive, consume {}, {} partitions, {} consumers{}",
             if load.auto_ack { "autoAck" } else { "leased" },
             load.partitions,
             load.consumers,
@@ -273,7 +274,7 @@ pub async fn limiter_scenario(pg: &queen_storage_pg::PgStorage, total: usize) ->
         rows.push(Row::new(
             label.clone(),
             "msg/s",
-            vegas_rate,
+            adaptive_rate,
             fixed_name.clone(),
             fixed_rate,
         ));

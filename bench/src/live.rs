@@ -154,6 +154,8 @@ pub async fn run(
     let samples: Vec<Arc<Mutex<Vec<u64>>>> =
         (0..groups).map(|_| Arc::new(Mutex::new(vec![]))).collect();
     let drained = Arc::new(AtomicBool::new(false));
+    // Every delivery on stderr: where in a run a tail comes from (README, benchmark knobs).
+    let dump_latencies = std::env::var("BENCH_DUMP_LAT").is_ok();
     let mut consumers = vec![];
     for (g, sink) in samples.iter().enumerate() {
         for _ in 0..per_group {
@@ -207,6 +209,14 @@ pub async fn run(
                         .await;
                     assert_eq!(a.status, 200, "ack failed");
                     delivered.fetch_add(answer.messages.len() as u64, Ordering::Relaxed);
+                    if dump_latencies {
+                        for m in &answer.messages {
+                            if let Some(sent) = m.data.sent_us {
+                                let l = now.saturating_sub(sent);
+                                eprintln!("LAT {group} {} {sent} {l}", m.partition_id);
+                            }
+                        }
+                    }
                     sink.lock().map(|mut s| s.extend(lat)).ok();
                 }
             }));

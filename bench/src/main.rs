@@ -9,7 +9,7 @@
 //! 5. partition scaling of the wildcard pop;
 //! 6. fan-out to 1, 5, 10 and 50 consumer groups (50 only in the full run);
 //! 7. wake latency per deliverability event, on one broker and across two;
-//! 8. the serving limiter: Vegas against a fixed limit under the consume loads;
+//! 8. the serving limiter: the adaptive limit against a fixed one under the consume loads;
 //! 9. retention: storage and p99 over a soak with completed retention, and the cost of one pass;
 //! 10. PostgreSQL restarted under load: throughput during and after, time to recover;
 //! 11. push and consume with JWT auth on, against auth off;
@@ -130,8 +130,26 @@ pub(crate) fn bench_config() -> ServerConfig {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(queen_server::config::DEFAULT_POP_ROUNDS),
+        limiter: bench_limiter(),
         ..ServerConfig::default()
     }
+}
+
+/// The serving limiter's bounds, from `QUEEN_LIMITER_MIN` / `QUEEN_LIMITER_MAX` as the server
+/// reads them (min = max: a fixed limit), to compare limits on one load.
+fn bench_limiter() -> queen_core::limiter::LimiterConfig {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+    let mut limiter = queen_core::limiter::LimiterConfig::default();
+    if let Some(min) = env("QUEEN_LIMITER_MIN") {
+        limiter.min_limit = min;
+    }
+    if let Some(max) = env("QUEEN_LIMITER_MAX") {
+        limiter.max_limit = max;
+    }
+    limiter.initial_limit = limiter
+        .initial_limit
+        .clamp(limiter.min_limit, limiter.max_limit.max(limiter.min_limit));
+    limiter
 }
 
 /// An in-process broker on the bench's database, serving on an ephemeral port.
@@ -551,6 +569,15 @@ async fn main() {
         )
         .await;
         let worst = r.groups.iter().map(|l| l.p99).fold(0.0, f64::max);
+        let spread: Vec<String> = r
+            .groups
+            .iter()
+            .map(|l| format!("{:.1}/{:.1}/{:.0}", l.p50, l.p99, l.max))
+            .collect();
+        eprintln!(
+            "fan-out {groups} groups, p50/p99/max ms per group (steady 10% p99 {calm_p99:.1}): {}",
+            spread.join(" ")
+        );
         let label = format!("fan-out, {groups} groups, {offered:.0} msg/s offered");
         rows.push(Row::new(
             label.clone(),
@@ -589,7 +616,7 @@ async fn main() {
         eprintln!("measured wake latency");
     }
 
-    // 8. The serving limiter under the consume loads: Vegas against a fixed limit.
+    // 8. The serving limiter under the consume loads: the adaptive limit against a fixed one.
     if runs("limiter") {
         rows.extend(limiter::limiter_scenario(&pg, plan.consume_total).await);
         eprintln!("measured the limiter");

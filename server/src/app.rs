@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use queen_core::events::{DeliveryEvent, EventBugs, Wake};
 use queen_core::ids::IdMinter;
 use queen_core::ledger::DeliveryLedger;
-use queen_core::limiter::VegasLimiter;
+use queen_core::limiter::GradientLimiter;
 use queen_core::pop::{PopConfig, PopContext};
 use queen_core::ring::{RingBugs, RingTable, DEFAULT_RESEED_INTERVAL_MS};
 use queen_core::rng::SeededRng;
@@ -38,14 +38,14 @@ pub fn wall_now() -> Timestamp {
 /// moves on every latency sample, and a semaphore cannot take back permits that are out (it could
 /// only forget them as they come back); here the limit is a number compared at acquire.
 pub struct Limiter {
-    state: Mutex<VegasLimiter>,
+    state: Mutex<GradientLimiter>,
     released: Notify,
 }
 
 impl Limiter {
-    pub fn new(config: queen_core::limiter::VegasConfig) -> Self {
+    pub fn new(config: queen_core::limiter::LimiterConfig) -> Self {
         Limiter {
-            state: Mutex::new(VegasLimiter::new(config)),
+            state: Mutex::new(GradientLimiter::new(config)),
             released: Notify::new(),
         }
     }
@@ -305,7 +305,7 @@ impl App {
             ))
         });
         let app = Arc::new(App {
-            limiter: Limiter::new(config.vegas),
+            limiter: Limiter::new(config.limiter),
             config,
             storage,
             pop_config,

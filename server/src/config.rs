@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, CommandFactory, Parser};
 use queen_core::backoff::WaitBackoff;
-use queen_core::limiter::VegasConfig;
+use queen_core::limiter::LimiterConfig;
 use queen_core::params::DEFAULT_TIMEOUT_MS;
 use queen_storage_pg::{PgConfig, PgSettings};
 
@@ -15,6 +15,23 @@ use crate::buffer::FileBuffer;
 use crate::retention::RetentionSettings;
 use crate::sealing::PayloadCipher;
 
+/// The serving limiter's settings while it was a Vegas limiter; a broker refuses to start with
+/// one of them set rather than run without the bound it names.
+const RENAMED_LIMITER_SETTINGS: [&str; 3] =
+    ["QUEEN_VEGAS_INITIAL", "QUEEN_VEGAS_MIN", "QUEEN_VEGAS_MAX"];
+
+/// Refuses a renamed limiter setting (`is_set` looks a name up in the environment): not ignored
+/// silently, the operator meant to bound the limiter.
+fn renamed_limiter_setting(is_set: impl Fn(&str) -> bool) -> Result<(), String> {
+    match RENAMED_LIMITER_SETTINGS.iter().find(|name| is_set(name)) {
+        Some(old) => Err(format!(
+            "{old} is no longer read: the serving limiter's bounds are QUEEN_LIMITER_INITIAL, \
+             QUEEN_LIMITER_MIN and QUEEN_LIMITER_MAX"
+        )),
+        None => Ok(()),
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub host: String,
@@ -22,7 +39,7 @@ pub struct ServerConfig {
     pub default_timeout_ms: u64,
     pub backoff: WaitBackoff,
     pub hotlist: bool,
-    pub vegas: VegasConfig,
+    pub limiter: LimiterConfig,
     pub max_body_bytes: usize,
     /// The push failover buffer, when FILE_BUFFER_DIR is set.
     pub file_buffer: Option<Arc<FileBuffer>>,
@@ -62,7 +79,7 @@ impl Default for ServerConfig {
             default_timeout_ms: DEFAULT_TIMEOUT_MS,
             backoff: WaitBackoff::default(),
             hotlist: true,
-            vegas: VegasConfig::default(),
+            limiter: LimiterConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
             file_buffer: None,
             retention: RetentionSettings::default(),
@@ -166,14 +183,14 @@ pub struct Settings {
           value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     pub hotlist: bool,
     /// Serving limiter: initial concurrency limit.
-    #[arg(long, env = "QUEEN_VEGAS_INITIAL", default_value_t = VegasConfig::default().initial_limit)]
-    pub vegas_initial: u32,
+    #[arg(long, env = "QUEEN_LIMITER_INITIAL", default_value_t = LimiterConfig::default().initial_limit)]
+    pub limiter_initial: u32,
     /// Serving limiter: lowest limit.
-    #[arg(long, env = "QUEEN_VEGAS_MIN", default_value_t = VegasConfig::default().min_limit)]
-    pub vegas_min: u32,
+    #[arg(long, env = "QUEEN_LIMITER_MIN", default_value_t = LimiterConfig::default().min_limit)]
+    pub limiter_min: u32,
     /// Serving limiter: highest limit.
-    #[arg(long, env = "QUEEN_VEGAS_MAX", default_value_t = VegasConfig::default().max_limit)]
-    pub vegas_max: u32,
+    #[arg(long, env = "QUEEN_LIMITER_MAX", default_value_t = LimiterConfig::default().max_limit)]
+    pub limiter_max: u32,
     /// Largest accepted request body (bytes).
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = ServerConfig::default().max_body_bytes)]
     pub max_body_bytes: usize,
@@ -302,6 +319,10 @@ impl Settings {
             ssl_reject_unauthorized: self.pg_ssl_reject_unauthorized,
             ssl_root_cert: self.pg_ssl_root_cert,
         })?;
+        renamed_limiter_setting(|name| std::env::var_os(name).is_some())?;
+        if self.limiter_min > self.limiter_max {
+            return Err("QUEEN_LIMITER_MIN must not exceed QUEEN_LIMITER_MAX".into());
+        }
         if self.retention_batch_size == 0 || self.eviction_batch_size == 0 {
             return Err("RETENTION_BATCH_SIZE and EVICTION_BATCH_SIZE must be positive".into());
         }
@@ -359,11 +380,11 @@ impl Settings {
             default_timeout_ms: self.default_timeout,
             backoff,
             hotlist: self.hotlist,
-            vegas: VegasConfig {
-                initial_limit: self.vegas_initial,
-                min_limit: self.vegas_min,
-                max_limit: self.vegas_max,
-                ..VegasConfig::default()
+            limiter: LimiterConfig {
+                initial_limit: self.limiter_initial,
+                min_limit: self.limiter_min,
+                max_limit: self.limiter_max,
+                ..LimiterConfig::default()
             },
             max_body_bytes: self.max_body_bytes,
             file_buffer: match self.file_buffer_dir {
@@ -408,6 +429,19 @@ mod tests {
         assert!(parse(&["--port", "x"]).is_err());
         assert!(parse(&["--hotlist", "maybe"]).is_err());
         assert!(parse(&["--pop-wait-initial-interval-ms", "0"]).is_err());
+        let c = parse(&["--limiter-min", "8", "--limiter-max", "64"]).unwrap();
+        assert_eq!((c.limiter.min_limit, c.limiter.max_limit), (8, 64));
+        assert!(parse(&["--limiter-min", "9", "--limiter-max", "8"]).is_err());
+    }
+
+    #[test]
+    fn a_vegas_setting_stops_the_broker_with_the_new_names() {
+        let e = renamed_limiter_setting(|name| name == "QUEEN_VEGAS_MAX").unwrap_err();
+        assert!(
+            e.contains("QUEEN_VEGAS_MAX") && e.contains("QUEEN_LIMITER_MAX"),
+            "{e}"
+        );
+        assert!(renamed_limiter_setting(|_| false).is_ok());
     }
 
     #[test]
@@ -429,6 +463,7 @@ mod tests {
             "PG_WARM_INTERVAL_MS",
             "PG_STATS_INTERVAL_MS",
             "POP_ROUNDS",
+            "QUEEN_LIMITER_MAX",
         ] {
             assert!(help.contains(var), "--help does not name {var}");
         }
