@@ -212,6 +212,9 @@ pub struct Hooks {
     pub pop_bugs: queen_core::pop::PopBugs,
     pub event_bugs: EventBugs,
     pub rounds_bugs: crate::rounds::RoundsBugs,
+    /// Scheduler turns a new storage round waits for company (`rounds::COMPANY_YIELDS`); a
+    /// simulation varies it, since it moves where a broker's tasks interleave.
+    pub round_company_yields: usize,
     pub reseed_interval_ms: i64,
     /// Names per page of a ring's reseed walk.
     pub reseed_page: u32,
@@ -227,6 +230,7 @@ impl Default for Hooks {
             pop_bugs: queen_core::pop::PopBugs::default(),
             event_bugs: EventBugs::default(),
             rounds_bugs: crate::rounds::RoundsBugs::default(),
+            round_company_yields: crate::rounds::COMPANY_YIELDS,
             reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
             reseed_page: queen_core::ring::DEFAULT_RESEED_PAGE,
             crash_points: None,
@@ -295,12 +299,14 @@ impl App {
         let rng = SeededRng::new(seed);
         let ack_rounds = Arc::new(crate::rounds::ack_rounds(
             storage.messages.clone(),
+            hooks.round_company_yields,
             hooks.rounds_bugs,
         ));
         let pop_rounds = (config.pop_rounds > 0).then(|| {
             Arc::new(crate::rounds::pop_rounds(
                 storage.pops.clone(),
                 config.pop_rounds,
+                hooks.round_company_yields,
                 hooks.rounds_bugs,
             ))
         });

@@ -7,7 +7,8 @@
 //! partition no longer contend for its pages from as many backends at once (docs/benchmarks.md,
 //! "Scale, sixth look" for acks, "tenth look" for pops). Pops of different partitions (many
 //! consumers of one group) never wait for each other. A call arriving while its key has fewer
-//! rounds than the limit in flight goes at once: a round never waits for company.
+//! rounds than the limit in flight goes at once: a round never waits for company on a timer, it
+//! only lets the calls woken with it catch up (`COMPANY_YIELDS`).
 //!
 //! Rounds run in tasks of their own, not in the request that started them: a client that leaves
 //! mid-round must not cancel the others' calls, nor leave the rounds stopped.
@@ -28,6 +29,13 @@ type Reply<A> = oneshot::Sender<StorageResult<A>>;
 /// Sends one round: an answer per call, in order.
 type SendRound<T, A> =
     Box<dyn Fn(Vec<T>) -> BoxFuture<'static, Vec<StorageResult<A>>> + Send + Sync>;
+
+/// Scheduler turns a new round task yields before its first round. Without them the task, spawned
+/// by the call that found its key idle, ran ahead of the other calls woken by the same event
+/// (tokio runs a task spawned by the running one next), so a round of the 10-group fan-out held
+/// 2.3 pops on average; with four, 5-7, and the fan-out's pop statements took half the
+/// database time (docs/benchmarks.md, "Scale, eleventh look"). Sixteen gathered no more.
+pub const COMPANY_YIELDS: usize = 4;
 
 /// Calls per round at most: one statement's locks and parameters stay bounded when a burst piles
 /// up behind a slow round; the rest go in the rounds after it, oldest first.
@@ -54,6 +62,8 @@ pub(crate) struct Rounds<K, T, A> {
     member: fn(&T) -> Option<String>,
     send: SendRound<T, A>,
     bugs: RoundsBugs,
+    /// Scheduler turns a new round task yields first (`COMPANY_YIELDS` but in a simulation).
+    company_yields: usize,
 }
 
 struct RoundState<T, A> {
@@ -71,9 +81,14 @@ pub(crate) type AckRounds = Rounds<(), LeaseBatchEnds, Vec<String>>;
 /// Ring pops (`pop_list_many`), keyed by (queue, first candidate).
 pub(crate) type PopRounds = Rounds<(String, String), (PopRequest, Vec<String>), PopResult>;
 
-pub(crate) fn ack_rounds(storage: Arc<dyn MessageStorage>, bugs: RoundsBugs) -> AckRounds {
+pub(crate) fn ack_rounds(
+    storage: Arc<dyn MessageStorage>,
+    company_yields: usize,
+    bugs: RoundsBugs,
+) -> AckRounds {
     Rounds::new(
         1,
+        company_yields,
         bugs,
         |_| (),
         |_| None,
@@ -102,10 +117,12 @@ pub(crate) fn ack_rounds(storage: Arc<dyn MessageStorage>, bugs: RoundsBugs) -> 
 pub(crate) fn pop_rounds(
     storage: Arc<dyn PopStorage>,
     max_running: usize,
+    company_yields: usize,
     bugs: RoundsBugs,
 ) -> PopRounds {
     Rounds::new(
         max_running,
+        company_yields,
         bugs,
         |(req, candidates)| {
             let first = candidates.first().cloned().unwrap_or_default();
@@ -127,6 +144,7 @@ where
 {
     fn new(
         max_running: usize,
+        company_yields: usize,
         bugs: RoundsBugs,
         key: fn(&T) -> K,
         member: fn(&T) -> Option<String>,
@@ -140,6 +158,7 @@ where
             member,
             send,
             bugs,
+            company_yields,
         }
     }
 
@@ -215,6 +234,12 @@ where
         // A round that panics drops its replies (their requests answer an error) and this guard
         // gives up its place, so the next call starts a new task rather than waiting for ever.
         let _running = LeaveOnPanic(&self.state, key.clone());
+        // Company: the tasks woken by the event that woke this round's first call (a push read by
+        // ten groups wakes a pop of each) get to the queue before the first round goes. Turns of
+        // the scheduler, not a timer: a call alone waits microseconds.
+        for _ in 0..self.company_yields {
+            tokio::task::yield_now().await;
+        }
         loop {
             let round = {
                 let mut state = lock(&self.state);
@@ -406,7 +431,7 @@ mod tests {
             release: tokio::sync::Semaphore::new(0),
         });
         let storage: Arc<dyn MessageStorage> = counting.clone();
-        let rounds = Arc::new(ack_rounds(storage.clone(), bugs));
+        let rounds = Arc::new(ack_rounds(storage.clone(), COMPANY_YIELDS, bugs));
         let first = tokio::spawn({
             let rounds = rounds.clone();
             async move { rounds.call(lease(0)).await }
@@ -478,6 +503,7 @@ mod tests {
         let held = counting.clone();
         let rounds = Rounds::new(
             max_running,
+            COMPANY_YIELDS,
             RoundsBugs::default(),
             key,
             member,
@@ -530,6 +556,37 @@ mod tests {
             vec![1, 1, 7],
             "the seven that waited went in one round"
         );
+        assert_rounds_stop(&rounds).await;
+    }
+
+    /// Calls that reach the rounds a few scheduler turns after the first (woken by the same event,
+    /// each with a step of its own first, as a pop's permit) go in the first round with it. On
+    /// one thread the order of turns is fixed, so the test is exact; with no company yields the
+    /// first round holds the first call alone.
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_a_few_turns_behind_the_first_join_its_round() {
+        let (rounds, counting) = recording(1, |_| (), |_| None, |_| true);
+        let first = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.call(0).await }
+        });
+        // Three turns behind (each of the others yields three times before its call).
+        let behind: Vec<_> = (1..10u32)
+            .map(|i| {
+                let rounds = rounds.clone();
+                tokio::spawn(async move {
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
+                    rounds.call(i).await
+                })
+            })
+            .collect();
+        assert_eq!(first.await.unwrap().unwrap(), 0);
+        for (i, b) in behind.into_iter().enumerate() {
+            assert_eq!(b.await.unwrap().unwrap(), 2 * (i as u32 + 1));
+        }
+        assert_eq!(*lock(&counting.calls), vec![10], "one round for all ten");
         assert_rounds_stop(&rounds).await;
     }
 
@@ -601,7 +658,11 @@ mod tests {
             release: tokio::sync::Semaphore::new(1),
         });
         let storage: Arc<dyn MessageStorage> = counting.clone();
-        let rounds = Arc::new(ack_rounds(storage.clone(), RoundsBugs::default()));
+        let rounds = Arc::new(ack_rounds(
+            storage.clone(),
+            COMPANY_YIELDS,
+            RoundsBugs::default(),
+        ));
         let tasks: Vec<_> = (0..8)
             .map(|t| {
                 let rounds = rounds.clone();

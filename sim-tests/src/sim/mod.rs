@@ -579,10 +579,22 @@ pub fn run(spec: Spec) -> Outcome {
         let mut r = root.child("pop rounds");
         (0..brokers.len()).map(|_| r.below(2) as usize).collect()
     };
+    // A new storage round yields for company (`COMPANY_YIELDS`) or goes at once, as the seed
+    // draws per broker: a scheduling detail, so both ways the broker's tasks interleave are run.
+    let company_yields: Vec<usize> = {
+        let mut r = root.child("round company yields");
+        (0..brokers.len())
+            .map(|_| r.below(2) as usize * queen_server::rounds::COMPANY_YIELDS)
+            .collect()
+    };
     if std::env::var("SIM_EVENTS").is_ok() {
-        eprintln!("hot-list per broker: {hotlist:?}; pop rounds per broker: {pop_rounds:?}");
+        eprintln!(
+            "hot-list per broker: {hotlist:?}; pop rounds per broker: {pop_rounds:?}; \
+             round company yields per broker: {company_yields:?}"
+        );
     }
     for (i, name) in brokers.iter().enumerate() {
+        let broker_company_yields = company_yields[i];
         let config = ServerConfig {
             hotlist: hotlist[i],
             pop_rounds: pop_rounds[i],
@@ -667,6 +679,7 @@ pub fn run(spec: Spec) -> Outcome {
                     pop_bugs: bugs.pop,
                     event_bugs: bugs.events,
                     rounds_bugs: bugs.rounds,
+                    round_company_yields: broker_company_yields,
                     reseed_interval_ms: SIM_RESEED_INTERVAL_MS,
                     reseed_page: if spec.scenario == Scenario::Scale {
                         SCALE_RESEED_PAGE
