@@ -6,10 +6,10 @@
 //! queueing in the database) the limit shrinks in proportion, by at most half a step. Averages on
 //! both sides, not single samples against the smallest latency ever seen: a permit's storage work
 //! varies (a ring pop of one partition, a first contact, a reseed page), and measured against its
-//! all-time minimum every ordinary pop read as a deep queue. The TCP-Vegas rule this replaced sat at 12 permits in
-//! every benchmark load, a fixed point of its arithmetic rather than of the database, with every
-//! permit taken while a quarter of the cores idled (docs/benchmarks.md, "the limiter's fixed
-//! point").
+//! all-time minimum every ordinary pop read as a deep queue. The TCP-Vegas rule this replaced
+//! sat at 12 permits in every benchmark load, a fixed point of its arithmetic rather than of the
+//! database, with every permit taken while a quarter of the cores idled (docs/benchmarks.md,
+//! "the limiter's fixed point").
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LimiterConfig {
