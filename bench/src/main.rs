@@ -146,9 +146,7 @@ fn bench_limiter() -> queen_core::limiter::LimiterConfig {
     if let Some(max) = env("QUEEN_LIMITER_MAX") {
         limiter.max_limit = max;
     }
-    limiter.initial_limit = limiter
-        .initial_limit
-        .clamp(limiter.min_limit, limiter.max_limit.max(limiter.min_limit));
+    // The initial limit is left as it is: the limiter holds it within the bounds itself.
     limiter
 }
 

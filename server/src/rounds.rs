@@ -598,15 +598,11 @@ mod tests {
         for (n, i) in [0u32, 100, 200, 1, 2, 101].into_iter().enumerate() {
             let round = rounds.clone();
             answers.push(tokio::spawn(async move { round.call(i).await }));
-            if n < 3 {
-                // Each key's first call: its round is in storage (held) before the next call.
-                while lock(&counting.calls).len() <= n {
-                    tokio::task::yield_now().await;
-                }
-            } else {
-                while lock(&counting.calls).len() + waiting(&rounds) <= n {
-                    tokio::task::yield_now().await;
-                }
+            // Each key's first call (the first three) has its round in storage (held) before
+            // the next call; a later call may wait behind its key's round instead.
+            let queued = |rounds: &Rounds<_, _, _>| if n < 3 { 0 } else { waiting(rounds) };
+            while lock(&counting.calls).len() + queued(&rounds) <= n {
+                tokio::task::yield_now().await;
             }
         }
         assert_eq!(
