@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use queen_server::auth::{AuthSettings, Authenticator, JwtAlgorithm};
 use queen_server::config::ServerConfig;
+use queen_server::http::auth::{AuthSettings, Authenticator, JwtAlgorithm};
 
 use crate::util::{Endpoint, Row};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use queen_core::frames::{build_blob, slice_blob, Frame};
 use queen_core::storage::PushGroup;
-use queen_server::app::App;
+use queen_server::broker::Broker;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -104,7 +104,7 @@ async fn ack_batch(c: &mut queen_raw_client::Client, acks: &[Ack<'_>]) {
 
 /// The broker: `consumers` HTTP consumers drain `total` messages spread over `partitions`.
 pub(crate) async fn broker_rate(
-    app: &Arc<App>,
+    app: &Arc<Broker>,
     broker: &Endpoint,
     queue: &str,
     partitions: usize,
@@ -295,7 +295,7 @@ async fn claim_loop_rate(
 
 /// Leased and autoAck broker runs against one claim-loop baseline, per (partitions, consumers).
 pub async fn consume_scenario(
-    app: &Arc<App>,
+    app: &Arc<Broker>,
     addr: std::net::SocketAddr,
     cfg: &tokio_postgres::Config,
     partitions: usize,

@@ -154,7 +154,7 @@ fn machine_jiffies() -> (u64, u64) {
 }
 
 impl LimitTrace {
-    pub fn start(app: &Arc<queen_server::app::App>, every: Duration) -> LimitTrace {
+    pub fn start(app: &Arc<queen_server::broker::Broker>, every: Duration) -> LimitTrace {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let sampler = {

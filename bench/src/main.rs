@@ -16,10 +16,12 @@
 //! 12. many concurrent consumers (1,000 on 1,000 partitions) against 16, with the serving
 //!     limiter's limit traced over time (also over the fan-out runs; the traces go to the JSON).
 //!
-//! Usage: DATABASE_URL=... queen-bench [--quick] [--only push,consume,...] [--json PATH]   (or `bash .ci/bench [--quick]`)
+//! Usage: `queen-bench --help` (or `bash .ci/bench [--quick]`, which starts PostgreSQL itself);
+//! `queen-bench report` turns a run's JSON into docs/benchmarks.md's table.
 
 #![allow(clippy::expect_used)] // a benchmark that cannot set up has nothing to report
 
+mod args;
 mod auth;
 mod consume;
 mod consumers;
@@ -27,6 +29,7 @@ mod limiter;
 mod live;
 mod parked;
 mod push;
+mod report;
 mod restart;
 mod retention;
 mod scaling;
@@ -35,11 +38,14 @@ mod wake;
 
 use std::sync::Arc;
 
+use clap::Parser;
 use queen_core::storage::StorageSet;
-use queen_server::app::App;
+use queen_server::broker::Broker;
 use queen_server::config::ServerConfig;
 use serde_json::json;
 use util::Row;
+
+use args::{Args, Command, RunArgs, Scenario};
 
 struct Plan {
     quick: bool,
@@ -96,7 +102,7 @@ impl Plan {
 async fn start_app(
     pg: &queen_storage_pg::PgStorage,
     hotlist: bool,
-) -> (Arc<App>, std::net::SocketAddr) {
+) -> (Arc<Broker>, std::net::SocketAddr) {
     let config = ServerConfig {
         hotlist,
         ..crate::bench_config()
@@ -125,7 +131,7 @@ fn broker_runtime() -> &'static tokio::runtime::Runtime {
 /// partitions before the pass it measures); the soak turns its own worker on.
 pub(crate) fn bench_config() -> ServerConfig {
     ServerConfig {
-        retention: queen_server::retention::RetentionSettings::OFF,
+        retention: queen_server::config::RetentionSettings::OFF,
         pop_rounds: std::env::var("POP_ROUNDS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -155,13 +161,14 @@ pub(crate) async fn start_with(
     pg: &queen_storage_pg::PgStorage,
     config: ServerConfig,
     seed: u64,
-) -> (Arc<App>, std::net::SocketAddr) {
+) -> (Arc<Broker>, std::net::SocketAddr) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener
         .set_nonblocking(true)
         .expect("nonblocking listener");
     let addr = listener.local_addr().expect("addr");
-    let app = App::new(config, StorageSet::of(Arc::new(pg.clone())), seed);
+    let app = Broker::new(config, StorageSet::of(Arc::new(pg.clone())), seed);
+    queen_server::tasks::start(&app);
     let served = app.clone();
     broker_runtime().spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
@@ -170,104 +177,121 @@ pub(crate) async fn start_with(
     (app, addr)
 }
 
-fn print_table(plan: &Plan, rows: &[Row]) {
-    println!(
-        "\nqueen-bench ({}; PostgreSQL on this host; {} s per throughput measurement)\n",
-        if plan.quick { "quick" } else { "full" },
-        plan.secs
-    );
-    println!("| scenario | metric | broker | baseline | baseline value | broker / baseline |");
-    println!("|---|---|---:|---|---:|---:|");
-    let num = |x: f64| {
-        if x.is_nan() {
-            "-".to_string()
-        } else if x.abs() >= 100.0 {
-            format!("{x:.0}")
-        } else {
-            format!("{x:.2}")
-        }
-    };
-    for r in rows {
-        let ratio = if r.ratio().is_nan() {
-            "-".into()
-        } else {
-            format!("{:.2}x", r.ratio())
-        };
-        println!(
-            "| {} | {} | {} | {} | {} | {} |",
-            r.scenario,
-            r.metric,
-            num(r.broker),
-            r.baseline_name,
-            num(r.baseline),
-            ratio
-        );
-    }
-}
-
 // The allocator of the `queen` binary (server/Cargo.toml says why), counting live bytes.
 #[global_allocator]
 static ALLOCATOR: stats_alloc::StatsAlloc<mimalloc::MiMalloc> =
     stats_alloc::StatsAlloc::new(mimalloc::MiMalloc);
 
+/// What every scenario of one run shares: the plan, the database (broker pool, raw
+/// connection settings), the main in-process broker, and the rows measured so far.
+struct Run {
+    args: RunArgs,
+    plan: Plan,
+    pg: queen_storage_pg::PgStorage,
+    cfg: tokio_postgres::Config,
+    db_url: String,
+    app: Arc<Broker>,
+    addr: std::net::SocketAddr,
+    rows: Vec<Row>,
+    /// The serving limiter's limit over time under the scale loads (JSON only: [ms, limit, in
+    /// flight, idle %] per sample).
+    limiter_series: Vec<serde_json::Value>,
+    /// The steady state's calm offered rate and its p99 (the fan-out rows compare with them).
+    offered: f64,
+    calm_p99: f64,
+    /// The commit measured, read when the run starts (the work tree may move on meanwhile).
+    commit: String,
+}
+
+/// The bench's database name.
+const DB_NAME: &str = "queen_bench";
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let plan = Plan::new(args.iter().any(|a| a == "--quick"));
-    // --only <names>: comma-separated scenarios, each at its full length, the rest skipped.
-    const SCENARIOS: [&str; 12] = [
-        "push",
-        "consume",
-        "steady",
-        "parked",
-        "scaling",
-        "fan-out",
-        "wake",
-        "limiter",
-        "retention",
-        "restart",
-        "auth",
-        "consumers",
-    ];
-    let only: Option<Vec<String>> = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|list| {
-            list.split(',')
-                .map(|n| {
-                    if n == "fanout" {
-                        "fan-out".to_string()
-                    } else {
-                        n.trim().to_string()
-                    }
-                })
-                .collect()
-        });
-    if let Some(unknown) = only
-        .iter()
-        .flatten()
-        .find(|n| !SCENARIOS.contains(&n.as_str()))
-    {
-        eprintln!(
-            "--only: unknown scenario {unknown:?}; the names are {}",
-            SCENARIOS.join(", ")
-        );
-        std::process::exit(2);
+    let args = Args::parse();
+    match args.command {
+        Some(Command::Report(r)) => {
+            if let Err(e) = report::write(&r) {
+                eprintln!("queen-bench report: {e}");
+                std::process::exit(1);
+            }
+        }
+        None => measure(args.run).await,
     }
-    let runs = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
-    let json_path = args
-        .iter()
-        .position(|a| a == "--json")
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| "target/queen-bench.json".into());
-    let name = "queen_bench";
-    let pg = queen_storage_pg::testing::fresh_database(name, 32).await;
+}
+
+/// One run: set up, every chosen scenario in order, then the table and the JSON.
+async fn measure(args: RunArgs) {
+    let mut run = set_up(args).await;
+    let only = run.args.only.clone();
+    let runs = |s: Scenario| only.is_empty() || only.contains(&s);
+    if runs(Scenario::Push) {
+        measure_push(&mut run).await;
+    }
+    if runs(Scenario::Consume) {
+        measure_consume(&mut run).await;
+    }
+    if runs(Scenario::Steady) || runs(Scenario::FanOut) {
+        measure_steady(&mut run).await;
+    }
+    if runs(Scenario::Parked) {
+        measure_parked(&mut run).await;
+    }
+    if runs(Scenario::Scaling) {
+        measure_scaling(&mut run).await;
+    }
+    if runs(Scenario::FanOut) {
+        measure_fan_out(&mut run).await;
+    }
+    if runs(Scenario::Wake) {
+        measure_wake(&mut run).await;
+    }
+    if runs(Scenario::Limiter) {
+        run.rows
+            .extend(limiter::limiter_scenario(&run.pg, run.plan.consume_total).await);
+        eprintln!("measured the limiter");
+    }
+    if runs(Scenario::Consumers) {
+        let rows = consumers::consumers_scenario(
+            &run.pg,
+            run.plan.consume_total,
+            run.plan.many_consumers,
+            &mut run.limiter_series,
+        )
+        .await;
+        run.rows.extend(rows);
+        eprintln!("measured many consumers");
+    }
+    if runs(Scenario::Retention) {
+        let soak = run.args.soak_secs.unwrap_or(run.plan.soak_secs);
+        let rows =
+            retention::retention_scenario(&run.pg, &run.cfg, soak, run.plan.retention_sizes).await;
+        run.rows.extend(rows);
+        eprintln!("measured retention");
+    }
+    if runs(Scenario::Auth) {
+        run.rows
+            .extend(auth::auth_scenario(&run.pg, run.plan.secs, run.plan.consume_total).await);
+        eprintln!("measured auth");
+    }
+    // Last: PostgreSQL restarted under load (every connection of this process is cut).
+    if runs(Scenario::Restart) {
+        let rounds = if run.plan.quick { 1 } else { 3 };
+        run.rows
+            .extend(restart::restart_scenario(run.addr, rounds).await);
+        eprintln!("measured a PostgreSQL restart");
+    }
+    finish(run).await;
+}
+
+/// The database, the pool's warmer and statistics keeper (as the server binary runs them), the
+/// raw baselines' schema, and the main broker.
+async fn set_up(args: RunArgs) -> Run {
+    let plan = Plan::new(args.quick);
+    let pg = queen_storage_pg::testing::fresh_database(DB_NAME, 32).await;
     // The in-process brokers share this pool; it is warmed as the server binary warms its own,
     // and PG_WARM_INTERVAL_MS=0 turns it off here too (to measure what it saves).
-    let warm_ms = std::env::var("PG_WARM_INTERVAL_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    let warm_ms = env_number("PG_WARM_INTERVAL_MS")
         .unwrap_or(queen_server::config::DEFAULT_PG_WARM_INTERVAL_MS);
     if warm_ms > 0 {
         broker_runtime().spawn(
@@ -276,9 +300,7 @@ async fn main() {
         );
     }
     // Statistics kept as the server binary keeps them (PG_STATS_INTERVAL_MS=0: off).
-    let stats_ms = std::env::var("PG_STATS_INTERVAL_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    let stats_ms = env_number("PG_STATS_INTERVAL_MS")
         .unwrap_or(queen_server::config::DEFAULT_PG_STATS_INTERVAL_MS);
     if stats_ms > 0 {
         broker_runtime().spawn(queen_storage_pg::keep_statistics(
@@ -286,286 +308,251 @@ async fn main() {
             std::time::Duration::from_millis(stats_ms),
         ));
     }
-    let cfg = queen_storage_pg::testing::fresh_database_config_existing(name);
-    let db_url = parked::url_with_db(&queen_storage_pg::testing::database_url(), name);
+    let cfg = queen_storage_pg::testing::fresh_database_config_existing(DB_NAME);
+    let db_url = parked::url_with_db(&queen_storage_pg::testing::database_url(), DB_NAME);
     let setup = util::pg_connect(&cfg).await;
     util::settle_before_measuring(&cfg);
     setup
-        .batch_execute(
-            "CREATE SCHEMA bench;
-             CREATE TABLE bench.rows (id bigserial PRIMARY KEY, partition text NOT NULL, txid text NOT NULL, payload jsonb NOT NULL,
-                                      created_at timestamptz NOT NULL DEFAULT now(), UNIQUE (partition, txid));
-             CREATE TABLE bench.parts (id int PRIMARY KEY, last_offset bigint NOT NULL);
-             CREATE TABLE bench.segments (pid int NOT NULL, base_offset bigint NOT NULL, end_offset bigint NOT NULL, blob bytea NOT NULL,
-                                          created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pid, base_offset));
-             ALTER TABLE bench.segments ALTER COLUMN blob SET STORAGE EXTERNAL;
-             CREATE TABLE bench.cursors (pid int PRIMARY KEY, committed bigint NOT NULL);
-             INSERT INTO bench.parts SELECT g, -1 FROM generate_series(0, 999) g;
-             INSERT INTO bench.cursors SELECT g, -1 FROM generate_series(0, 999) g;",
-        )
+        .batch_execute(BASELINE_SCHEMA)
         .await
         .expect("baseline schema");
+    drop(setup);
     let (app, addr) = start_app(&pg, true).await;
-    let mut rows = vec![];
-    // The serving limiter's limit over time under the scale loads (JSON only: [ms, limit, in flight,
-    // idle %] per sample).
-    let mut limiter_series: Vec<serde_json::Value> = vec![];
+    Run {
+        args,
+        plan,
+        pg,
+        cfg,
+        db_url,
+        app,
+        addr,
+        rows: vec![],
+        limiter_series: vec![],
+        offered: 1000.0,
+        calm_p99: f64::NAN,
+        commit: report::git_commit(),
+    }
+}
 
-    // BENCH_PUSH_BATCHES=1000 narrows the batch sizes (for a profiler's window).
-    let push_batches: Vec<usize> = match std::env::var("BENCH_PUSH_BATCHES") {
-        Ok(list) => list
-            .split(',')
-            .map(|n| match n.trim().parse() {
-                Ok(n) => n,
-                Err(_) => {
-                    eprintln!("BENCH_PUSH_BATCHES: {n:?} is not a batch size");
-                    std::process::exit(2);
-                }
-            })
-            .collect(),
-        Err(_) => vec![1, 10, 100, 1000],
-    };
-    for batch in push_batches.into_iter().filter(|_| runs("push")) {
-        rows.extend(push::push_scenario(addr, &cfg, batch, plan.secs).await);
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The raw baselines' tables: a row per message, a segment per batch, and claim cursors.
+const BASELINE_SCHEMA: &str = "CREATE SCHEMA bench;
+     CREATE TABLE bench.rows (id bigserial PRIMARY KEY, partition text NOT NULL, txid text NOT NULL, payload jsonb NOT NULL,
+                              created_at timestamptz NOT NULL DEFAULT now(), UNIQUE (partition, txid));
+     CREATE TABLE bench.parts (id int PRIMARY KEY, last_offset bigint NOT NULL);
+     CREATE TABLE bench.segments (pid int NOT NULL, base_offset bigint NOT NULL, end_offset bigint NOT NULL, blob bytea NOT NULL,
+                                  created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pid, base_offset));
+     ALTER TABLE bench.segments ALTER COLUMN blob SET STORAGE EXTERNAL;
+     CREATE TABLE bench.cursors (pid int PRIMARY KEY, committed bigint NOT NULL);
+     INSERT INTO bench.parts SELECT g, -1 FROM generate_series(0, 999) g;
+     INSERT INTO bench.cursors SELECT g, -1 FROM generate_series(0, 999) g;";
+
+/// Scenario 1: Push throughput per batch size, against (a) rows and (b) segments.
+async fn measure_push(run: &mut Run) {
+    let batches = run.args.push_batches.clone();
+    for batch in batches {
+        let rows = push::push_scenario(run.addr, &run.cfg, batch, run.plan.secs).await;
+        run.rows.extend(rows);
         eprintln!("measured push, batch {batch}");
     }
-    // BENCH_CONSUME_SHAPES=10x4,1000x16 narrows the consume shapes (for a profiler's window).
-    let consume_shapes: Vec<(usize, usize)> = match std::env::var("BENCH_CONSUME_SHAPES") {
-        Ok(list) => list
-            .split(',')
-            .map(|shape| {
-                shape
-                    .trim()
-                    .split_once('x')
-                    .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
-                    .unwrap_or_else(|| {
-                        eprintln!(
-                            "BENCH_CONSUME_SHAPES: {shape:?} is not <partitions>x<consumers>"
-                        );
-                        std::process::exit(2)
-                    })
-            })
-            .collect(),
-        Err(_) => vec![(10, 4), (10, 16), (1000, 4), (1000, 16)],
-    };
-    for (partitions, consumers) in consume_shapes.into_iter().filter(|_| runs("consume")) {
-        {
-            rows.extend(
-                consume::consume_scenario(
-                    &app,
-                    addr,
-                    &cfg,
-                    partitions,
-                    consumers,
-                    plan.consume_total,
-                )
-                .await,
-            );
-            eprintln!("measured consume, {partitions} partitions, {consumers} consumers");
-        }
-    }
+}
 
-    // 3. Steady state: the maximum first, then 10% of it, each against the raw pipeline.
-    let mut offered = 1000.0;
-    let mut calm_p99 = f64::NAN;
-    if runs("steady") || runs("fan-out") {
-        let max = live::run(addr, "steady-max", 1, 4, None, plan.steady_secs).await;
-        // BENCH_OFFERED fixes the calm rate, so runs of two builds offer the same load.
-        offered = match std::env::var("BENCH_OFFERED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
-            Some(fixed) => fixed,
-            None => (max.delivered * 0.1).max(100.0),
-        };
-        let calm = live::run(addr, "steady-10pct", 1, 4, Some(offered), plan.steady_secs).await;
-        calm_p99 = calm.groups[0].p99;
-        if runs("steady") {
-            let raw_max = live::raw_run(&cfg, None, plan.steady_secs).await;
-            let raw_calm = live::raw_run(&cfg, Some(offered), plan.steady_secs).await;
-            for (label, b, r) in [
-                ("steady state, maximum".to_string(), &max, &raw_max),
-                (
-                    format!("steady state, {offered:.0} msg/s offered (10% of max)"),
-                    &calm,
-                    &raw_calm,
-                ),
-            ] {
-                let raw = "NOTIFY + claim loop";
-                rows.push(Row::new(
+/// Scenario 2: Consume throughput per (partitions, consumers) shape, against (c) the claim loop.
+async fn measure_consume(run: &mut Run) {
+    let shapes = run.args.consume_shapes.clone();
+    for shape in shapes {
+        let (partitions, consumers) = (shape.partitions, shape.consumers);
+        let rows = consume::consume_scenario(
+            &run.app,
+            run.addr,
+            &run.cfg,
+            partitions,
+            consumers,
+            run.plan.consume_total,
+        )
+        .await;
+        run.rows.extend(rows);
+        eprintln!("measured consume, {partitions} partitions, {consumers} consumers");
+    }
+}
+
+/// Scenario 3, steady state: the maximum first, then 10% of it, each against the raw pipeline. The
+/// fan-out scenario needs its calm rate and p99 even when the steady rows are not wanted.
+async fn measure_steady(run: &mut Run) {
+    let secs = run.plan.steady_secs;
+    let max = live::run(run.addr, "steady-max", 1, 4, None, secs).await;
+    // --offered fixes the calm rate, so runs of two builds offer the same load.
+    run.offered = run
+        .args
+        .offered
+        .unwrap_or_else(|| (max.delivered * 0.1).max(100.0));
+    let offered = run.offered;
+    let calm = live::run(run.addr, "steady-10pct", 1, 4, Some(offered), secs).await;
+    run.calm_p99 = calm.groups[0].p99;
+    if run.args.runs(Scenario::Steady) {
+        let raw_max = live::raw_run(&run.cfg, None, secs).await;
+        let raw_calm = live::raw_run(&run.cfg, Some(offered), secs).await;
+        for (label, b, r) in [
+            ("steady state, maximum".to_string(), &max, &raw_max),
+            (
+                format!("steady state, {offered:.0} msg/s offered (10% of max)"),
+                &calm,
+                &raw_calm,
+            ),
+        ] {
+            let raw = "NOTIFY + claim loop";
+            let (bg, rg) = (&b.groups[0], &r.groups[0]);
+            run.rows.extend([
+                Row::new(
                     label.clone(),
                     "delivered msg/s",
                     b.delivered,
                     raw,
                     r.delivered,
-                ));
-                rows.push(Row::new(
-                    label.clone(),
-                    "p50 ms",
-                    b.groups[0].p50,
-                    raw,
-                    r.groups[0].p50,
-                ));
-                rows.push(Row::new(
-                    label.clone(),
-                    "p99 ms",
-                    b.groups[0].p99,
-                    raw,
-                    r.groups[0].p99,
-                ));
-                rows.push(Row::new(
-                    label,
-                    "max ms",
-                    b.groups[0].max,
-                    raw,
-                    r.groups[0].max,
-                ));
-            }
+                ),
+                Row::new(label.clone(), "p50 ms", bg.p50, raw, rg.p50),
+                Row::new(label.clone(), "p99 ms", bg.p99, raw, rg.p99),
+                Row::new(label, "max ms", bg.max, raw, rg.max),
+            ]);
         }
-        eprintln!("measured steady state");
     }
+    eprintln!("measured steady state");
+}
 
-    // 4. Parked long-polls, hot-list on and off, against 1 Hz raw pollers.
-    let parked_counts: Vec<usize> = match std::env::var("BENCH_PARKED") {
-        Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
-        Err(_) => plan.parked.to_vec(),
-    };
-    for consumers in parked_counts.into_iter().filter(|_| runs("parked")) {
-        let raw = parked::raw_pollers(&cfg, name, consumers, plan.parked_secs).await;
+/// Scenario 4: Parked long-polls, hot-list on and off, against 1 Hz raw pollers.
+async fn measure_parked(run: &mut Run) {
+    let counts = run
+        .args
+        .parked
+        .clone()
+        .unwrap_or_else(|| run.plan.parked.to_vec());
+    let secs = run.plan.parked_secs;
+    for consumers in counts {
+        let raw = parked::raw_pollers(&run.cfg, DB_NAME, consumers, secs).await;
         for hotlist in [true, false] {
             let p =
-                parked::broker_run(&db_url, name, &cfg, hotlist, consumers, plan.parked_secs).await;
-            rows.extend(parked::rows(consumers, hotlist, &p, raw));
+                parked::broker_run(&run.db_url, DB_NAME, &run.cfg, hotlist, consumers, secs).await;
+            run.rows.extend(parked::rows(consumers, hotlist, &p, raw));
             eprintln!("measured parked, {consumers} long-polls, hotlist {hotlist}");
         }
     }
+}
 
-    // 5. Partition scaling: the wildcard scan (QUEEN_HOTLIST=0) and the hot-list path.
-    let (_wild, wild_addr) = start_app(&pg, false).await;
+/// Scenario 5, partition scaling: the wildcard scan (QUEEN_HOTLIST=0) and the hot-list path, each
+/// size against the smallest.
+async fn measure_scaling(run: &mut Run) {
+    let (_wild, wild_addr) = start_app(&run.pg, false).await;
     let mut smallest: [Option<scaling::Scaling>; 2] = [None, None];
-    // BENCH_SCALING_SIZES=100,1000000 narrows the sizes (the smallest is every size's baseline).
-    let sizes: Vec<usize> = match std::env::var("BENCH_SCALING_SIZES") {
-        Ok(list) => {
-            let mut sizes: Vec<usize> = list
-                .split(',')
-                .map(|n| {
-                    n.trim().parse().unwrap_or_else(|_| {
-                        eprintln!("BENCH_SCALING_SIZES: {n:?} is not a partition count");
-                        std::process::exit(2)
-                    })
-                })
-                .collect();
-            sizes.sort_unstable();
-            sizes
-        }
-        Err(_) => plan.sizes.to_vec(),
-    };
-    for &size in sizes.iter().filter(|_| runs("scaling")) {
+    let mut sizes = run
+        .args
+        .scaling_sizes
+        .clone()
+        .unwrap_or_else(|| run.plan.sizes.to_vec());
+    sizes.sort_unstable();
+    for size in sizes {
         let queue = format!("scale-{size}");
-        scaling::prefill(&pg, &cfg, &queue, size).await;
-        for (k, (path, at, group)) in [
+        scaling::prefill(&run.pg, &run.cfg, &queue, size).await;
+        let paths = [
             ("wildcard pop", wild_addr, "wild"),
-            ("hot-list pop", addr, "hot"),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            // BENCH_SCALING_PATHS=hot or =wild runs one path (to profile it alone).
-            if std::env::var("BENCH_SCALING_PATHS").is_ok_and(|p| !p.split(',').any(|n| n == group))
-            {
+            ("hot-list pop", run.addr, "hot"),
+        ];
+        for (k, (path, at, group)) in paths.into_iter().enumerate() {
+            // --scaling-paths hot (or wild) runs one path (to profile it alone).
+            if !run.args.scaling_paths.iter().any(|p| p == group) {
                 continue;
             }
-            let s = scaling::run(at, &queue, group, plan.secs).await;
+            let s = scaling::run(at, &queue, group, run.plan.secs).await;
             let base = smallest[k].as_ref().unwrap_or(&s);
             let label = format!("{path}, batch 10, {size} partitions");
-            let vs = format!("{} partitions", plan.sizes[0]);
-            rows.push(Row::new(
-                label.clone(),
-                "msg/s",
-                s.rate,
-                vs.clone(),
-                base.rate,
-            ));
-            rows.push(Row::new(
-                label.clone(),
-                "pop p99 ms",
-                s.pop.p99,
-                vs.clone(),
-                base.pop.p99,
-            ));
-            rows.push(Row::new(
-                label.clone(),
-                "first contact ms",
-                s.first_contact_ms,
-                vs.clone(),
-                base.first_contact_ms,
-            ));
-            rows.push(Row::new(
-                label,
-                "a later new group's first contact ms (median of 5)",
-                s.later_contact_ms,
-                vs,
-                base.later_contact_ms,
-            ));
+            let vs = format!("{} partitions", run.plan.sizes[0]);
+            run.rows.extend([
+                Row::new(label.clone(), "msg/s", s.rate, vs.clone(), base.rate),
+                Row::new(
+                    label.clone(),
+                    "pop p99 ms",
+                    s.pop.p99,
+                    vs.clone(),
+                    base.pop.p99,
+                ),
+                Row::new(
+                    label.clone(),
+                    "first contact ms",
+                    s.first_contact_ms,
+                    vs.clone(),
+                    base.first_contact_ms,
+                ),
+                Row::new(
+                    label,
+                    "a later new group's first contact ms (median of 5)",
+                    s.later_contact_ms,
+                    vs,
+                    base.later_contact_ms,
+                ),
+            ]);
             if smallest[k].is_none() {
                 smallest[k] = Some(s);
             }
         }
-        // What the hot-list ring holds after the run, and what its entries cost: live heap
-        // bytes before and after the queue's rings are dropped.
-        let label = format!("hot-list ring, {size} partitions");
-        let (entries, freed) = {
-            let mut ctx = app.pop_ctx.lock().unwrap_or_else(|p| p.into_inner());
-            let entries = ctx.rings.entry_count();
-            let region = stats_alloc::Region::new(&ALLOCATOR);
-            ctx.rings.forget_queue(&queue);
-            let change = region.change();
-            (
-                entries,
-                change.bytes_deallocated as i64 - change.bytes_allocated as i64,
-            )
-        };
-        rows.push(Row::new(
+        weigh_ring(run, &queue, size);
+        eprintln!("measured scaling, {size} partitions");
+    }
+}
+
+/// What the hot-list ring holds after a scaling run, and what its entries cost: live heap bytes
+/// before and after the queue's rings are dropped.
+fn weigh_ring(run: &mut Run, queue: &str, size: usize) {
+    let label = format!("hot-list ring, {size} partitions");
+    let (entries, freed) = {
+        let mut ctx = queen_server::lock(&run.app.pop_ctx);
+        let entries = ctx.rings.entry_count();
+        let region = stats_alloc::Region::new(&ALLOCATOR);
+        ctx.rings.forget_queue(queue);
+        let change = region.change();
+        (
+            entries,
+            change.bytes_deallocated as i64 - change.bytes_allocated as i64,
+        )
+    };
+    run.rows.extend([
+        Row::new(
             label.clone(),
             "entries after the run",
             entries as f64,
             "partitions",
             size as f64,
-        ));
-        rows.push(Row::new(
+        ),
+        Row::new(
             label.clone(),
             "heap bytes per entry",
             freed as f64 / entries.max(1) as f64,
             "-",
             f64::NAN,
-        ));
-        rows.push(Row::new(
+        ),
+        Row::new(
             label,
             "bench process RSS MiB (broker in-process)",
             util::rss_mib("self"),
             "-",
             f64::NAN,
-        ));
-        eprintln!("measured scaling, {size} partitions");
-    }
+        ),
+    ]);
+}
 
-    // 6. Fan-out at the calm offered rate: every group must receive every message.
-    // BENCH_FANOUT_GROUPS=10 narrows the group counts (for a profile of one of them).
-    let fan_out_groups: Vec<usize> = match std::env::var("BENCH_FANOUT_GROUPS") {
-        Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
-        Err(_) => plan.fan_out_groups.to_vec(),
-    };
-    for groups in fan_out_groups.into_iter().filter(|_| runs("fan-out")) {
-        let trace = limiter::LimitTrace::start(&app, std::time::Duration::from_millis(100));
-        let r = live::run(
-            addr,
-            &format!("fanout-{groups}"),
-            groups,
-            2,
-            Some(offered),
-            plan.secs,
-        )
-        .await;
+/// Scenario 6: Fan-out at the calm offered rate: every group must receive every message.
+async fn measure_fan_out(run: &mut Run) {
+    let counts = run
+        .args
+        .fanout_groups
+        .clone()
+        .unwrap_or_else(|| run.plan.fan_out_groups.to_vec());
+    let (offered, calm_p99) = (run.offered, run.calm_p99);
+    for groups in counts {
+        let trace = limiter::LimitTrace::start(&run.app, std::time::Duration::from_millis(100));
+        let name = format!("fanout-{groups}");
+        let r = live::run(run.addr, &name, groups, 2, Some(offered), run.plan.secs).await;
         let worst = r.groups.iter().map(|l| l.p99).fold(0.0, f64::max);
         let spread: Vec<String> = r
             .groups
@@ -577,106 +564,69 @@ async fn main() {
             spread.join(" ")
         );
         let label = format!("fan-out, {groups} groups, {offered:.0} msg/s offered");
-        rows.push(Row::new(
-            label.clone(),
-            "deliveries/s",
-            r.delivered,
-            "offered x groups",
-            offered * groups as f64,
-        ));
-        rows.push(Row::new(
-            label.clone(),
-            "worst group p99 ms",
-            worst,
-            "steady 10% p99",
-            calm_p99,
-        ));
+        let ideal = offered * groups as f64;
+        run.rows.extend([
+            Row::new(
+                label.clone(),
+                "deliveries/s",
+                r.delivered,
+                "offered x groups",
+                ideal,
+            ),
+            Row::new(
+                label.clone(),
+                "worst group p99 ms",
+                worst,
+                "steady 10% p99",
+                calm_p99,
+            ),
+        ]);
         let samples = trace.stop().await;
-        rows.extend(limiter::trace_rows(&label, &samples));
-        limiter_series.push(limiter::trace_json(&label, &samples));
+        run.rows.extend(limiter::trace_rows(&label, &samples));
+        run.limiter_series
+            .push(limiter::trace_json(&label, &samples));
         eprintln!("measured fan-out, {groups} groups");
     }
+}
 
-    // 7. Wake latency per event: the consumer parks on broker B; the event happens on B (one
-    // broker) or on A (across two). Re-checks are 60 s apart there: only events deliver.
-    if runs("wake") {
-        let (_a, a_addr) = wake::start_broker(&pg, 11).await;
-        let (_b, b_addr) = wake::start_broker(&pg, 12).await;
-        let samples = if plan.quick { 10 } else { 100 };
-        for kind in wake::KINDS {
-            for across in [false, true] {
-                let actor = if across { a_addr } else { b_addr };
-                let tag = if across { "x" } else { "o" };
-                let (l, n) = wake::run(kind, actor, b_addr, tag, samples).await;
-                rows.extend(wake::rows(kind, across, &l, n));
-            }
+/// Scenario 7, wake latency per event: the consumer parks on broker B; the event happens on B
+/// (one broker) or on A (across two). Re-checks are 60 s apart there: only events deliver.
+async fn measure_wake(run: &mut Run) {
+    let (_a, a_addr) = wake::start_broker(&run.pg, 11).await;
+    let (_b, b_addr) = wake::start_broker(&run.pg, 12).await;
+    let samples = if run.plan.quick { 10 } else { 100 };
+    for kind in wake::KINDS {
+        for across in [false, true] {
+            let actor = if across { a_addr } else { b_addr };
+            let tag = if across { "x" } else { "o" };
+            let (l, n) = wake::run(kind, actor, b_addr, tag, samples).await;
+            run.rows.extend(wake::rows(kind, across, &l, n));
         }
-        eprintln!("measured wake latency");
     }
+    eprintln!("measured wake latency");
+}
 
-    // 8. The serving limiter under the consume loads: the adaptive limit against a fixed one.
-    if runs("limiter") {
-        rows.extend(limiter::limiter_scenario(&pg, plan.consume_total).await);
-        eprintln!("measured the limiter");
-    }
-
-    // 12. Many concurrent consumers, with the limiter traced.
-    if runs("consumers") {
-        rows.extend(
-            consumers::consumers_scenario(
-                &pg,
-                plan.consume_total,
-                plan.many_consumers,
-                &mut limiter_series,
-            )
-            .await,
-        );
-        eprintln!("measured many consumers");
-    }
-
-    // 9. Retention: a soak, and the cost of one pass.
-    if runs("retention") {
-        rows.extend(
-            retention::retention_scenario(
-                &pg,
-                &cfg,
-                // BENCH_SOAK_SECS: another soak length (a profiling aid).
-                std::env::var("BENCH_SOAK_SECS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(plan.soak_secs),
-                plan.retention_sizes,
-            )
-            .await,
-        );
-        eprintln!("measured retention");
-    }
-
-    // 11. JWT auth on against off.
-    if runs("auth") {
-        rows.extend(auth::auth_scenario(&pg, plan.secs, plan.consume_total).await);
-        eprintln!("measured auth");
-    }
-
-    // 10. Last: PostgreSQL restarted under load (every connection of this process is cut).
-    if runs("restart") {
-        rows.extend(restart::restart_scenario(addr, if plan.quick { 1 } else { 3 }).await);
-        eprintln!("measured a PostgreSQL restart");
-    }
-
-    print_table(&plan, &rows);
-    let out: Vec<_> = rows
+/// The table on stdout, the JSON beside it, and the database dropped.
+async fn finish(run: Run) {
+    report::print_table(run.plan.quick, run.plan.secs, &run.rows);
+    let out: Vec<_> = run
+        .rows
         .iter()
         .map(|r| json!({"scenario": r.scenario, "metric": r.metric, "broker": r.broker, "baseline": r.baseline_name, "baselineValue": r.baseline, "ratio": r.ratio()}))
         .collect();
-    let doc = json!({"mode": if plan.quick { "quick" } else { "full" }, "seconds": plan.secs, "rows": out, "limiterSeries": limiter_series});
-    if let Err(e) = std::fs::write(
-        &json_path,
-        serde_json::to_vec_pretty(&doc).unwrap_or_default(),
-    ) {
-        eprintln!("cannot write {json_path}: {e}");
+    let doc = json!({
+        "mode": if run.plan.quick { "quick" } else { "full" },
+        "seconds": run.plan.secs,
+        "commit": run.commit,
+        "date": report::today(),
+        "machine": report::machine(),
+        "rows": out,
+        "limiterSeries": run.limiter_series,
+    });
+    let path = &run.args.json;
+    if let Err(e) = std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap_or_default()) {
+        eprintln!("cannot write {}: {e}", path.display());
     }
-    drop(setup);
-    app.shutting_down.send_replace(true);
-    queen_storage_pg::testing::drop_database(name).await;
+    run.app.shutting_down.send_replace(true);
+    queen_storage_pg::testing::drop_database(DB_NAME).await;
 }

@@ -34,9 +34,32 @@ pub async fn push_scenario(
     } else {
         vec![]
     };
-    // (a) one row per message, multi-row INSERT.
+    let (rows, (_, rows_pg_cpu)) = raw_rows(cfg, batch, secs).await;
+    let (segs, (_, segs_pg_cpu)) = raw_segments(cfg, batch, secs).await;
+    let baselines = Baselines {
+        rows,
+        rows_pg_cpu,
+        segs,
+        segs_pg_cpu,
+    };
+    let forms = std::iter::once((PushForm::Json, broker)).chain(binary);
+    forms
+        .flat_map(|(form, measured)| push_rows(batch, form, measured, &baselines))
+        .collect()
+}
+
+/// The raw baselines' rates and PostgreSQL CPU per message.
+struct Baselines {
+    rows: f64,
+    rows_pg_cpu: f64,
+    segs: f64,
+    segs_pg_cpu: f64,
+}
+
+/// (a) one row per message, multi-row INSERT: (msg/s, (broker CPU, msg per PostgreSQL CPU-s)).
+async fn raw_rows(cfg: &tokio_postgres::Config, batch: usize, secs: u64) -> (f64, (f64, f64)) {
     let cfg_a = cfg.clone();
-    let (rows, (_, rows_pg_cpu)) = measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
+    measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
         let cfg = cfg_a.clone();
         async move {
             let c = pg_connect(&cfg).await;
@@ -78,10 +101,13 @@ pub async fn push_scenario(
             }
         }
     })
-    .await;
-    // (b) one segment row per batch, offsets from the partition row.
+    .await
+}
+
+/// (b) one segment row per batch, offsets from the partition row.
+async fn raw_segments(cfg: &tokio_postgres::Config, batch: usize, secs: u64) -> (f64, (f64, f64)) {
     let cfg_b = cfg.clone();
-    let (segs, (_, segs_pg_cpu)) = measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
+    measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
         let cfg = cfg_b.clone();
         async move {
             let mut c = pg_connect(&cfg).await;
@@ -109,49 +135,36 @@ pub async fn push_scenario(
             }
         }
     })
-    .await;
+    .await
+}
+
+/// One push form's rows against both baselines, by rate and per CPU-second.
+fn push_rows(
+    batch: usize,
+    form: PushForm,
+    (rate, (broker_cpu, pg_cpu)): (f64, (f64, f64)),
+    b: &Baselines,
+) -> Vec<Row> {
     let scenario = format!("push, batch {batch}, {PRODUCERS} producers, {PARTITIONS} partitions");
-    let mut out = vec![];
-    for (form, (rate, (broker_cpu, pg_cpu))) in
-        std::iter::once((PushForm::Json, broker)).chain(binary)
-    {
-        let scenario = match form {
-            PushForm::Json => scenario.clone(),
-            _ => format!("{scenario}, {}", form.name()),
-        };
-        out.push(Row::new(scenario.clone(), "msg/s", rate, "(a) rows", rows));
-        out.push(Row::new(
-            scenario.clone(),
-            "msg/s",
-            rate,
-            "(b) segments",
-            segs,
-        ));
-        // Per CPU-second (from /proc): steadier than rates on a machine the load shares.
-        let metric = "msg per PostgreSQL CPU-s";
-        out.push(Row::new(
-            scenario.clone(),
-            metric,
-            pg_cpu,
-            "(a) rows",
-            rows_pg_cpu,
-        ));
-        out.push(Row::new(
+    let scenario = match form {
+        PushForm::Json => scenario,
+        _ => format!("{scenario}, {}", form.name()),
+    };
+    // Per CPU-second (from /proc): steadier than rates on a machine the load shares.
+    let metric = "msg per PostgreSQL CPU-s";
+    vec![
+        Row::new(scenario.clone(), "msg/s", rate, "(a) rows", b.rows),
+        Row::new(scenario.clone(), "msg/s", rate, "(b) segments", b.segs),
+        Row::new(scenario.clone(), metric, pg_cpu, "(a) rows", b.rows_pg_cpu),
+        Row::new(
             scenario.clone(),
             metric,
             pg_cpu,
             "(b) segments",
-            segs_pg_cpu,
-        ));
-        out.push(Row::new(
-            scenario,
-            "msg per broker CPU-s",
-            broker_cpu,
-            "-",
-            f64::NAN,
-        ));
-    }
-    out
+            b.segs_pg_cpu,
+        ),
+        Row::new(scenario, "msg per broker CPU-s", broker_cpu, "-", f64::NAN),
+    ]
 }
 
 /// How the benchmark's producers send a push.

@@ -55,64 +55,13 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
     let mut tasks = vec![];
     for _ in 0..2 {
         let (timeline, stop, next) = (timeline.clone(), stop.clone(), next.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect(addr).await;
-            while !stop.load(Ordering::Relaxed) {
-                let base = next.fetch_add(10, Ordering::Relaxed);
-                let items: Vec<Value> = (base..base + 10)
-                    .map(|i| {
-                        json!({"queue": "restart", "partition": format!("p{}", i % 8),
-                                    "transactionId": format!("r{i}"), "payload": payload(i)})
-                    })
-                    .collect();
-                let sent = Instant::now();
-                let r = c.post("/api/v1/push", &json!({ "items": items })).await;
-                if r.status == 201 {
-                    let us = sent.elapsed().as_micros() as u64;
-                    if let Ok(mut t) = timeline.lock() {
-                        t.pushes.push((start.elapsed(), us));
-                    }
-                } else {
-                    if let Ok(mut t) = timeline.lock() {
-                        t.refused.push(start.elapsed());
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(restart_producer(
+            addr, start, timeline, stop, next,
+        )));
     }
     for _ in 0..2 {
         let (timeline, stop) = (timeline.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect(addr).await;
-            while !stop.load(Ordering::Relaxed) {
-                let r = c
-                    .get("/api/v1/pop/queue/restart?wait=true&timeout=500&batch=100&partitions=4")
-                    .await;
-                if r.status != 200 {
-                    continue;
-                }
-                let body = r.json();
-                let msgs = body["messages"].as_array().cloned().unwrap_or_default();
-                let acks: Vec<Value> = msgs
-                    .iter()
-                    .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}))
-                    .collect();
-                // As a client does: an ack that met the outage (503) is sent again after the
-                // Retry-After; dropped, its batch would stay leased for the queue's lease time.
-                let body = json!({ "acknowledgments": acks });
-                let mut a = c.post("/api/v1/ack/batch", &body).await;
-                while a.status == 503 {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    a = c.post("/api/v1/ack/batch", &body).await;
-                }
-                if a.status == 200 {
-                    if let Ok(mut t) = timeline.lock() {
-                        t.deliveries.push((start.elapsed(), msgs.len() as u64));
-                    }
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(restart_consumer(addr, start, timeline, stop)));
     }
     tokio::time::sleep(Duration::from_secs(calm_secs)).await;
     let down_at = start.elapsed();
@@ -137,28 +86,13 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
             return rows(nan, nan, nan, nan, nan, nan, nan);
         }
     };
+    print_recovery(&t, up_at + Duration::from_secs(calm_secs + 1));
     let ms_after_up = |events: &[(Duration, u64)]| {
         events
             .iter()
             .find(|(at, _)| *at >= up_at)
             .map_or(f64::NAN, |(at, _)| (*at - up_at).as_secs_f64() * 1000.0)
     };
-    // Per second, for reading the recovery: stored pushes (messages), deliveries, refusals.
-    let total = up_at + Duration::from_secs(calm_secs + 1);
-    for sec in 0..total.as_secs() + 1 {
-        let (from, to) = (Duration::from_secs(sec), Duration::from_secs(sec + 1));
-        let within = |at: &Duration| *at >= from && *at < to;
-        eprintln!(
-            "restart: second {sec}: pushed {} msgs, delivered {}, refused {} pushes",
-            t.pushes.iter().filter(|(at, _)| within(at)).count() * 10,
-            t.deliveries
-                .iter()
-                .filter(|(at, _)| within(at))
-                .map(|(_, n)| n)
-                .sum::<u64>(),
-            t.refused.iter().filter(|at| within(at)).count()
-        );
-    }
     let recovered = up_at + Duration::from_secs(1);
     let end = recovered + Duration::from_secs(calm_secs);
     let p99 = |from: Duration, to: Duration| {
@@ -180,6 +114,94 @@ pub async fn restart_scenario(addr: std::net::SocketAddr, calm_secs: u64) -> Vec
         p99(Duration::ZERO, down_at),
         p99(recovered, end),
     )
+}
+
+/// Pushes batches of 10 round eight partitions, noting each stored push and each refusal.
+async fn restart_producer(
+    addr: std::net::SocketAddr,
+    start: Instant,
+    timeline: Arc<Mutex<Timeline>>,
+    stop: Arc<AtomicBool>,
+    next: Arc<AtomicU64>,
+) {
+    let mut c = Client::connect(addr).await;
+    while !stop.load(Ordering::Relaxed) {
+        let base = next.fetch_add(10, Ordering::Relaxed);
+        let items: Vec<Value> = (base..base + 10)
+            .map(|i| {
+                json!({"queue": "restart", "partition": format!("p{}", i % 8),
+                            "transactionId": format!("r{i}"), "payload": payload(i)})
+            })
+            .collect();
+        let sent = Instant::now();
+        let r = c.post("/api/v1/push", &json!({ "items": items })).await;
+        if r.status == 201 {
+            let us = sent.elapsed().as_micros() as u64;
+            if let Ok(mut t) = timeline.lock() {
+                t.pushes.push((start.elapsed(), us));
+            }
+        } else {
+            if let Ok(mut t) = timeline.lock() {
+                t.refused.push(start.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Long-polls and acks what it got, sending an ack that met the outage again, as a client does.
+async fn restart_consumer(
+    addr: std::net::SocketAddr,
+    start: Instant,
+    timeline: Arc<Mutex<Timeline>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut c = Client::connect(addr).await;
+    while !stop.load(Ordering::Relaxed) {
+        let r = c
+            .get("/api/v1/pop/queue/restart?wait=true&timeout=500&batch=100&partitions=4")
+            .await;
+        if r.status != 200 {
+            continue;
+        }
+        let body = r.json();
+        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+        let acks: Vec<Value> = msgs
+            .iter()
+            .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}))
+            .collect();
+        // As a client does: an ack that met the outage (503) is sent again after the
+        // Retry-After; dropped, its batch would stay leased for the queue's lease time.
+        let body = json!({ "acknowledgments": acks });
+        let mut a = c.post("/api/v1/ack/batch", &body).await;
+        while a.status == 503 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            a = c.post("/api/v1/ack/batch", &body).await;
+        }
+        if a.status == 200 {
+            if let Ok(mut t) = timeline.lock() {
+                t.deliveries.push((start.elapsed(), msgs.len() as u64));
+            }
+        }
+    }
+}
+
+/// Per second, for reading the recovery: stored pushes (messages), deliveries, refusals.
+fn print_recovery(t: &Timeline, total: Duration) {
+    for sec in 0..total.as_secs() + 1 {
+        let (from, to) = (Duration::from_secs(sec), Duration::from_secs(sec + 1));
+        let within = |at: &Duration| *at >= from && *at < to;
+        eprintln!(
+            "restart: second {sec}: pushed {} msgs, delivered {}, refused {} pushes",
+            t.pushes.iter().filter(|(at, _)| within(at)).count() * 10,
+            t.deliveries
+                .iter()
+                .filter(|(at, _)| within(at))
+                .map(|(_, n)| n)
+                .sum::<u64>(),
+            t.refused.iter().filter(|at| within(at)).count()
+        );
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use queen_core::storage::RetentionPass;
 use queen_raw_client::Client;
 use queen_server::config::ServerConfig;
-use queen_server::retention::{run_pass, RetentionSettings};
+use queen_server::{config::RetentionSettings, tasks::retention::run_pass};
 use serde_json::{json, Value};
 
 use crate::util::{latency, latency_us, payload, pg_connect, Row};
@@ -64,6 +64,60 @@ async fn soak(
     };
     let (app, addr) = crate::start_with(pg, config, 11).await;
     let db = pg_connect(cfg).await;
+    prepare_soak_tables(&db).await;
+    let mut c = Client::connect(addr).await;
+    let r = c
+        .post(
+            "/api/v1/configure",
+            &json!({"queue": SOAK_QUEUE, "options": {"retentionEnabled": true, "completedRetentionSeconds": 2}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "configure the soak queue");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let pushed = Arc::new(AtomicU64::new(0));
+    let samples: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let mut tasks = vec![];
+    for t in 0..SOAK_PRODUCERS {
+        tasks.push(tokio::spawn(soak_producer(
+            addr,
+            t,
+            stop.clone(),
+            pushed.clone(),
+        )));
+    }
+    for _ in 0..SOAK_CONSUMERS {
+        tasks.push(tokio::spawn(soak_consumer(
+            addr,
+            stop.clone(),
+            samples.clone(),
+        )));
+    }
+    let quarter = Duration::from_secs_f64(secs as f64 / QUARTERS as f64);
+    let mut sizes = vec![];
+    let mut p99s = vec![];
+    for _ in 0..QUARTERS {
+        tokio::time::sleep(quarter).await;
+        sizes.push(schema_bytes(&db).await / (1024.0 * 1024.0));
+        let window = samples
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        p99s.push(latency(window).p99);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        crate::util::joined(t.await);
+    }
+    let removed = app.metrics.retention_removed("messages") as f64;
+    // Its worker stops before the pass measurements, which need the maintenance lease.
+    app.shutting_down.send_replace(true);
+    let pushed = pushed.load(Ordering::Relaxed) as f64;
+    soak_rows(secs, &sizes, &p99s, removed, pushed)
+}
+
+/// The profiling variants of the soak's tables, each behind its environment variable.
+async fn prepare_soak_tables(db: &tokio_postgres::Client) {
     // BENCH_AUTOVACUUM_DEFAULTS=1: the soak with PostgreSQL's default autovacuum settings, to
     // compare with migration 012's (docs/benchmarks.md).
     if std::env::var_os("BENCH_AUTOVACUUM_DEFAULTS").is_some() {
@@ -107,92 +161,70 @@ async fn soak(
         .expect("ballast");
         eprintln!("soak with {n} messages of ballast");
     }
-    let mut c = Client::connect(addr).await;
-    let r = c
-        .post(
-            "/api/v1/configure",
-            &json!({"queue": SOAK_QUEUE, "options": {"retentionEnabled": true, "completedRetentionSeconds": 2}}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "configure the soak queue");
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let pushed = Arc::new(AtomicU64::new(0));
-    let samples: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let mut tasks = vec![];
+/// Pushes batches of 10 at the producer's share of `SOAK_RATE`, round the soak's partitions.
+async fn soak_producer(
+    addr: std::net::SocketAddr,
+    t: usize,
+    stop: Arc<AtomicBool>,
+    pushed: Arc<AtomicU64>,
+) {
     let per_producer = Duration::from_secs_f64(10.0 * SOAK_PRODUCERS as f64 / SOAK_RATE);
-    for t in 0..SOAK_PRODUCERS {
-        let (stop, pushed) = (stop.clone(), pushed.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect(addr).await;
-            let mut next = Instant::now();
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let partition = format!("p{}", (t * 7 + i as usize) % SOAK_PARTITIONS);
-                let items: Vec<Value> = (0..10)
-                    .map(|_| {
-                        i += 1;
-                        json!({"queue": SOAK_QUEUE, "partition": partition, "payload": payload(i), "transactionId": format!("s{t}-{i}")})
-                    })
-                    .collect();
-                let r = c.post("/api/v1/push", &json!({ "items": items })).await;
-                assert_eq!(r.status, 201, "soak push");
-                pushed.fetch_add(10, Ordering::Relaxed);
-                next += per_producer;
-                tokio::time::sleep_until(next.into()).await;
-            }
-        }));
+    let mut c = Client::connect(addr).await;
+    let mut next = Instant::now();
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let partition = format!("p{}", (t * 7 + i as usize) % SOAK_PARTITIONS);
+        let items: Vec<Value> = (0..10)
+            .map(|_| {
+                i += 1;
+                json!({"queue": SOAK_QUEUE, "partition": partition, "payload": payload(i), "transactionId": format!("s{t}-{i}")})
+            })
+            .collect();
+        let r = c.post("/api/v1/push", &json!({ "items": items })).await;
+        assert_eq!(r.status, 201, "soak push");
+        pushed.fetch_add(10, Ordering::Relaxed);
+        next += per_producer;
+        tokio::time::sleep_until(next.into()).await;
     }
-    for _ in 0..SOAK_CONSUMERS {
-        let (stop, samples) = (stop.clone(), samples.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect(addr).await;
-            while !stop.load(Ordering::Relaxed) {
-                let r = c
-                    .get(&format!(
-                        "/api/v1/pop/queue/{SOAK_QUEUE}?batch=50&wait=true&timeout=1000"
-                    ))
-                    .await;
-                if r.status != 200 {
-                    continue;
-                }
-                let msgs = r.json()["messages"].as_array().cloned().unwrap_or_default();
-                if let Ok(mut s) = samples.lock() {
-                    s.extend(msgs.iter().filter_map(|m| latency_us(&m["data"])));
-                }
-                let acks: Vec<Value> = msgs
-                    .iter()
-                    .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"], "status": "completed"}))
-                    .collect();
-                let r = c
-                    .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
-                    .await;
-                assert_eq!(r.status, 200, "soak ack");
-            }
-        }));
+}
+
+/// Long-polls batches of 50, notes each message's push-to-delivery latency, acks them whole.
+async fn soak_consumer(
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<u64>>>,
+) {
+    let mut c = Client::connect(addr).await;
+    while !stop.load(Ordering::Relaxed) {
+        let r = c
+            .get(&format!(
+                "/api/v1/pop/queue/{SOAK_QUEUE}?batch=50&wait=true&timeout=1000"
+            ))
+            .await;
+        if r.status != 200 {
+            continue;
+        }
+        let msgs = r.json()["messages"].as_array().cloned().unwrap_or_default();
+        if let Ok(mut s) = samples.lock() {
+            s.extend(msgs.iter().filter_map(|m| latency_us(&m["data"])));
+        }
+        let acks: Vec<Value> = msgs
+            .iter()
+            .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"], "status": "completed"}))
+            .collect();
+        let r = c
+            .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
+            .await;
+        assert_eq!(r.status, 200, "soak ack");
     }
-    let quarter = Duration::from_secs_f64(secs as f64 / QUARTERS as f64);
-    let mut sizes = vec![];
-    let mut p99s = vec![];
-    for _ in 0..QUARTERS {
-        tokio::time::sleep(quarter).await;
-        sizes.push(schema_bytes(&db).await / (1024.0 * 1024.0));
-        let window = samples
-            .lock()
-            .map(|mut s| std::mem::take(&mut *s))
-            .unwrap_or_default();
-        p99s.push(latency(window).p99);
-    }
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        crate::util::joined(t.await);
-    }
-    let removed = app.metrics.retention_removed("messages") as f64;
-    // Its worker stops before the pass measurements, which need the maintenance lease.
-    app.shutting_down.send_replace(true);
-    let pushed = pushed.load(Ordering::Relaxed) as f64;
+}
+
+/// Each quarter's schema size and p99 against the first quarter's, and what retention removed.
+fn soak_rows(secs: u64, sizes: &[f64], p99s: &[f64], removed: f64, pushed: f64) -> Vec<Row> {
     let mut rows = vec![];
-    for (q, (size, p99)) in sizes.iter().zip(&p99s).enumerate() {
+    for (q, (size, p99)) in sizes.iter().zip(p99s).enumerate() {
         let label = format!(
             "retention soak ({SOAK_RATE:.0} msg/s, completed after 2 s), quarter {}/{QUARTERS} of {secs} s",
             q + 1

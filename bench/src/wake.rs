@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use queen_core::backoff::WaitBackoff;
 use queen_raw_client::Client;
-use queen_server::app::App;
+use queen_server::broker::Broker;
 use queen_server::config::ServerConfig;
 use serde_json::{json, Value};
 
@@ -54,7 +54,10 @@ impl Kind {
 }
 
 /// A broker with re-checks 60 s apart, listening for the other brokers' events.
-pub async fn start_broker(pg: &queen_storage_pg::PgStorage, seed: u64) -> (Arc<App>, SocketAddr) {
+pub async fn start_broker(
+    pg: &queen_storage_pg::PgStorage,
+    seed: u64,
+) -> (Arc<Broker>, SocketAddr) {
     let config = ServerConfig {
         backoff: WaitBackoff {
             initial_ms: 60_000,

@@ -204,6 +204,9 @@ fn list<'a>(v: &'a Value, key: &str) -> &'a [Value] {
         .map_or(&[], Vec::as_slice)
 }
 
+/// A command's answer: the broker's JSON, and the table printed without `--json`.
+type Answer = Result<(Value, String), String>;
+
 async fn run(cli: Cli) -> Result<String, String> {
     let broker = Broker {
         http: reqwest::Client::new(),
@@ -211,132 +214,16 @@ async fn run(cli: Cli) -> Result<String, String> {
         token: cli.token,
     };
     let (answer, text) = match cli.command {
-        Command::Queues => {
-            let v = broker.get("/api/v1/resources/queues?limit=10000").await?;
-            let rows = list(&v, "queues")
-                .iter()
-                .map(|q| {
-                    let m = &q["messages"];
-                    vec![
-                        cell(&q["name"]),
-                        cell(&q["partitions"]),
-                        cell(&m["total"]),
-                        cell(&m["pending"]),
-                        cell(&m["processing"]),
-                        cell(&m["deadLetter"]),
-                    ]
-                })
-                .collect::<Vec<_>>();
-            let t = table(
-                &[
-                    "queue",
-                    "partitions",
-                    "stored",
-                    "pending",
-                    "in flight",
-                    "dead letters",
-                ],
-                &rows,
-            );
-            (v, t)
-        }
-        Command::Queue { name } => {
-            let v = broker
-                .get(&format!("/api/v1/status/queues/{}", enc(&name)))
-                .await?;
-            let rows = list(&v, "partitions")
-                .iter()
-                .map(|p| {
-                    let cursors = list(&p["cursor"], "groups")
-                        .iter()
-                        .map(|g| format!("{}:{}", cell(&g["consumerGroup"]), cell(&g["pending"])))
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                    vec![
-                        cell(&p["name"]),
-                        cell(&p["messages"]["total"]),
-                        cell(&p["messages"]["pending"]),
-                        cell(&p["lastOffset"]),
-                        cursors,
-                    ]
-                })
-                .collect::<Vec<_>>();
-            let t = table(
-                &[
-                    "partition",
-                    "stored",
-                    "pending",
-                    "last offset",
-                    "behind (group:messages)",
-                ],
-                &rows,
-            );
-            (v, t)
-        }
+        Command::Queues => queues(&broker).await?,
+        Command::Queue { name } => queue(&broker, name).await?,
         Command::Lag {
             group,
             min_seconds: Some(secs),
-        } => {
-            let v = broker
-                .get(&format!(
-                    "/api/v1/consumer-groups/lagging?minLagSeconds={secs}"
-                ))
-                .await?;
-            let rows = v
-                .as_array()
-                .map_or(&[][..], Vec::as_slice)
-                .iter()
-                .filter(|r| group.as_deref().is_none_or(|g| r["consumer_group"] == g))
-                .map(|r| {
-                    vec![
-                        cell(&r["consumer_group"]),
-                        cell(&r["queue_name"]),
-                        cell(&r["partition_name"]),
-                        cell(&r["offset_lag"]),
-                        cell(&r["time_lag_seconds"]),
-                    ]
-                })
-                .collect::<Vec<_>>();
-            let t = table(
-                &["group", "queue", "partition", "behind", "lag seconds"],
-                &rows,
-            );
-            (v, t)
-        }
+        } => lagging(&broker, group, secs).await?,
         Command::Lag {
             group,
             min_seconds: None,
-        } => {
-            let v = broker.get("/api/v1/consumer-groups").await?;
-            let rows = v
-                .as_array()
-                .map_or(&[][..], Vec::as_slice)
-                .iter()
-                .filter(|r| group.as_deref().is_none_or(|g| r["name"] == g))
-                .map(|r| {
-                    vec![
-                        cell(&r["name"]),
-                        cell(&r["queueName"]),
-                        cell(&r["state"]),
-                        cell(&r["totalLag"]),
-                        cell(&r["maxTimeLag"]),
-                        cell(&r["partitionsWithLag"]),
-                    ]
-                })
-                .collect::<Vec<_>>();
-            let t = table(
-                &[
-                    "group",
-                    "queue",
-                    "state",
-                    "lag",
-                    "lag seconds",
-                    "partitions behind",
-                ],
-                &rows,
-            );
-            (v, t)
-        }
+        } => lag(&broker, group).await?,
         Command::Dlq {
             action:
                 DlqAction::List {
@@ -344,181 +231,339 @@ async fn run(cli: Cli) -> Result<String, String> {
                     group,
                     limit,
                 },
-        } => {
-            let mut path = format!("/api/v1/dlq?queue={}&limit={limit}", enc(&queue));
-            if let Some(g) = group {
-                path.push_str(&format!("&consumerGroup={}", enc(&g)));
-            }
-            let v = broker.get(&path).await?;
-            let rows = list(&v, "messages")
-                .iter()
-                .map(|m| {
-                    vec![
-                        cell(&m["dlqId"]),
-                        cell(&m["failedAt"]),
-                        cell(&m["partition"]),
-                        cell(&m["transactionId"]),
-                        cell(&m["consumerGroup"]),
-                        cell(&m["errorMessage"]),
-                    ]
-                })
-                .collect::<Vec<_>>();
-            let mut t = table(
-                &[
-                    "id",
-                    "failed at",
-                    "partition",
-                    "transactionId",
-                    "group",
-                    "error",
-                ],
-                &rows,
-            );
-            let _ = writeln!(t, "{} dead letters in all", cell(&v["total"]));
-            (v, t)
-        }
+        } => dlq_list(&broker, queue, group, limit).await?,
         Command::Dlq {
             action: DlqAction::Requeue { ids },
-        } => {
-            let mut answers = vec![];
-            let mut t = String::new();
-            for id in ids {
-                let v = broker
-                    .call(
-                        reqwest::Method::POST,
-                        &format!("/api/v1/dlq/{id}/requeue"),
-                        None,
-                    )
-                    .await?;
-                let _ = writeln!(
-                    t,
-                    "requeued {id} to {}/{} as message {}",
-                    cell(&v["queue"]),
-                    cell(&v["partition"]),
-                    cell(&v["messageId"])
-                );
-                answers.push(v);
-            }
-            (Value::Array(answers), t)
-        }
+        } => dlq_requeue(&broker, ids).await?,
         Command::Seek {
             group,
             queue,
             to_end,
             timestamp,
-        } => {
-            let body = match (to_end, timestamp) {
-                (true, _) => json!({"toEnd": true}),
-                (false, Some(ts)) => json!({"timestamp": ts}),
-                (false, None) => return Err("seek needs --to-end or --timestamp".into()),
-            };
-            let v = broker
-                .call(
-                    reqwest::Method::POST,
-                    &format!(
-                        "/api/v1/consumer-groups/{}/queues/{}/seek",
-                        enc(&group),
-                        enc(&queue)
-                    ),
-                    Some(body),
-                )
-                .await?;
-            let t = format!(
-                "moved {} cursors of {group} on {queue}\n",
-                cell(&v["partitionsUpdated"])
-            );
-            (v, t)
-        }
+        } => seek(&broker, group, queue, to_end, timestamp).await?,
         Command::Message {
             partition_id,
             transaction_id,
-        } => {
-            let path = format!("{}/{}", enc(&partition_id), enc(&transaction_id));
-            let m = broker.get(&format!("/api/v1/messages/{path}")).await?;
-            let traces = broker.get(&format!("/api/v1/traces/{path}")).await?;
-            let mut t = String::new();
-            let _ = writeln!(
-                t,
-                "{} {} (offset {})",
-                cell(&m["queuePath"]),
-                cell(&m["transactionId"]),
-                cell(&m["offset"])
-            );
-            let _ = writeln!(t, "status:  {}", cell(&m["status"]));
-            let _ = writeln!(t, "created: {}", cell(&m["createdAt"]));
-            if !m["errorMessage"].is_null() {
-                let _ = writeln!(
-                    t,
-                    "dead letter: {} (retries {})",
-                    cell(&m["errorMessage"]),
-                    cell(&m["retryCount"])
-                );
-            }
-            let _ = writeln!(t, "payload: {}", m["payload"]);
-            for tr in list(&traces, "traces") {
-                let _ = writeln!(
-                    t,
-                    "trace {} {} {} {}",
-                    cell(&tr["created_at"]),
-                    cell(&tr["event_type"]),
-                    cell(&tr["consumer_group"]),
-                    tr["data"]
-                );
-            }
-            (json!({"message": m, "traces": traces["traces"]}), t)
-        }
+        } => message(&broker, partition_id, transaction_id).await?,
         Command::Messages {
             queue,
             partition,
             status,
             limit,
-        } => {
-            let mut path = format!("/api/v1/messages?queue={}&limit={limit}", enc(&queue));
-            for (k, v) in [("partition", partition), ("status", status)] {
-                if let Some(v) = v {
-                    path.push_str(&format!("&{k}={}", enc(&v)));
-                }
-            }
-            let v = broker.get(&path).await?;
-            let rows = list(&v, "messages")
-                .iter()
-                .map(|m| {
-                    vec![
-                        cell(&m["createdAt"]),
-                        cell(&m["partition"]),
-                        cell(&m["partitionId"]),
-                        cell(&m["transactionId"]),
-                        cell(&m["status"]),
-                    ]
-                })
-                .collect::<Vec<_>>();
-            let t = table(
-                &[
-                    "created",
-                    "partition",
-                    "partitionId",
-                    "transactionId",
-                    "status",
-                ],
-                &rows,
-            );
-            (v, t)
-        }
-        Command::Health => {
-            let v = broker.get("/health").await?;
-            let t = format!(
-                "{} (database {})\n",
-                cell(&v["status"]),
-                cell(&v["database"])
-            );
-            (v, t)
-        }
+        } => messages(&broker, queue, partition, status, limit).await?,
+        Command::Health => health(&broker).await?,
     };
     Ok(if cli.json {
         format!("{answer:#}\n")
     } else {
         text
     })
+}
+
+/// Queue totals (`GET /api/v1/resources/queues`).
+async fn queues(broker: &Broker) -> Answer {
+    let v = broker.get("/api/v1/resources/queues?limit=10000").await?;
+    let rows = list(&v, "queues")
+        .iter()
+        .map(|q| {
+            let m = &q["messages"];
+            vec![
+                cell(&q["name"]),
+                cell(&q["partitions"]),
+                cell(&m["total"]),
+                cell(&m["pending"]),
+                cell(&m["processing"]),
+                cell(&m["deadLetter"]),
+            ]
+        })
+        .collect::<Vec<_>>();
+    let t = table(
+        &[
+            "queue",
+            "partitions",
+            "stored",
+            "pending",
+            "in flight",
+            "dead letters",
+        ],
+        &rows,
+    );
+    Ok((v, t))
+}
+
+/// One queue's partitions and how far behind each group is (`GET /api/v1/status/queues/{name}`).
+async fn queue(broker: &Broker, name: String) -> Answer {
+    let v = broker
+        .get(&format!("/api/v1/status/queues/{}", enc(&name)))
+        .await?;
+    let rows = list(&v, "partitions")
+        .iter()
+        .map(|p| {
+            let cursors = list(&p["cursor"], "groups")
+                .iter()
+                .map(|g| format!("{}:{}", cell(&g["consumerGroup"]), cell(&g["pending"])))
+                .collect::<Vec<_>>()
+                .join(" ");
+            vec![
+                cell(&p["name"]),
+                cell(&p["messages"]["total"]),
+                cell(&p["messages"]["pending"]),
+                cell(&p["lastOffset"]),
+                cursors,
+            ]
+        })
+        .collect::<Vec<_>>();
+    let t = table(
+        &[
+            "partition",
+            "stored",
+            "pending",
+            "last offset",
+            "behind (group:messages)",
+        ],
+        &rows,
+    );
+    Ok((v, t))
+}
+
+/// Partitions lagging at least `secs` (`GET /api/v1/consumer-groups/lagging`).
+async fn lagging(broker: &Broker, group: Option<String>, secs: u64) -> Answer {
+    let v = broker
+        .get(&format!(
+            "/api/v1/consumer-groups/lagging?minLagSeconds={secs}"
+        ))
+        .await?;
+    let rows = v
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|r| group.as_deref().is_none_or(|g| r["consumer_group"] == g))
+        .map(|r| {
+            vec![
+                cell(&r["consumer_group"]),
+                cell(&r["queue_name"]),
+                cell(&r["partition_name"]),
+                cell(&r["offset_lag"]),
+                cell(&r["time_lag_seconds"]),
+            ]
+        })
+        .collect::<Vec<_>>();
+    let t = table(
+        &["group", "queue", "partition", "behind", "lag seconds"],
+        &rows,
+    );
+    Ok((v, t))
+}
+
+/// Each group's lag per queue (`GET /api/v1/consumer-groups`).
+async fn lag(broker: &Broker, group: Option<String>) -> Answer {
+    let v = broker.get("/api/v1/consumer-groups").await?;
+    let rows = v
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|r| group.as_deref().is_none_or(|g| r["name"] == g))
+        .map(|r| {
+            vec![
+                cell(&r["name"]),
+                cell(&r["queueName"]),
+                cell(&r["state"]),
+                cell(&r["totalLag"]),
+                cell(&r["maxTimeLag"]),
+                cell(&r["partitionsWithLag"]),
+            ]
+        })
+        .collect::<Vec<_>>();
+    let t = table(
+        &[
+            "group",
+            "queue",
+            "state",
+            "lag",
+            "lag seconds",
+            "partitions behind",
+        ],
+        &rows,
+    );
+    Ok((v, t))
+}
+
+/// Dead letters of a queue (`GET /api/v1/dlq`).
+async fn dlq_list(broker: &Broker, queue: String, group: Option<String>, limit: u32) -> Answer {
+    let mut path = format!("/api/v1/dlq?queue={}&limit={limit}", enc(&queue));
+    if let Some(g) = group {
+        path.push_str(&format!("&consumerGroup={}", enc(&g)));
+    }
+    let v = broker.get(&path).await?;
+    let rows = list(&v, "messages")
+        .iter()
+        .map(|m| {
+            vec![
+                cell(&m["dlqId"]),
+                cell(&m["failedAt"]),
+                cell(&m["partition"]),
+                cell(&m["transactionId"]),
+                cell(&m["consumerGroup"]),
+                cell(&m["errorMessage"]),
+            ]
+        })
+        .collect::<Vec<_>>();
+    let mut t = table(
+        &[
+            "id",
+            "failed at",
+            "partition",
+            "transactionId",
+            "group",
+            "error",
+        ],
+        &rows,
+    );
+    let _ = writeln!(t, "{} dead letters in all", cell(&v["total"]));
+    Ok((v, t))
+}
+
+/// Requeues dead letters by id (`POST /api/v1/dlq/{id}/requeue`).
+async fn dlq_requeue(broker: &Broker, ids: Vec<i64>) -> Answer {
+    let mut answers = vec![];
+    let mut t = String::new();
+    for id in ids {
+        let v = broker
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/dlq/{id}/requeue"),
+                None,
+            )
+            .await?;
+        let _ = writeln!(
+            t,
+            "requeued {id} to {}/{} as message {}",
+            cell(&v["queue"]),
+            cell(&v["partition"]),
+            cell(&v["messageId"])
+        );
+        answers.push(v);
+    }
+    Ok((Value::Array(answers), t))
+}
+
+/// Moves a group's cursors on a queue (`POST /api/v1/consumer-groups/{g}/queues/{q}/seek`).
+async fn seek(
+    broker: &Broker,
+    group: String,
+    queue: String,
+    to_end: bool,
+    timestamp: Option<String>,
+) -> Answer {
+    let body = match (to_end, timestamp) {
+        (true, _) => json!({"toEnd": true}),
+        (false, Some(ts)) => json!({"timestamp": ts}),
+        (false, None) => return Err("seek needs --to-end or --timestamp".into()),
+    };
+    let v = broker
+        .call(
+            reqwest::Method::POST,
+            &format!(
+                "/api/v1/consumer-groups/{}/queues/{}/seek",
+                enc(&group),
+                enc(&queue)
+            ),
+            Some(body),
+        )
+        .await?;
+    let t = format!(
+        "moved {} cursors of {group} on {queue}\n",
+        cell(&v["partitionsUpdated"])
+    );
+    Ok((v, t))
+}
+
+/// One message with its traces.
+async fn message(broker: &Broker, partition_id: String, transaction_id: String) -> Answer {
+    let path = format!("{}/{}", enc(&partition_id), enc(&transaction_id));
+    let m = broker.get(&format!("/api/v1/messages/{path}")).await?;
+    let traces = broker.get(&format!("/api/v1/traces/{path}")).await?;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "{} {} (offset {})",
+        cell(&m["queuePath"]),
+        cell(&m["transactionId"]),
+        cell(&m["offset"])
+    );
+    let _ = writeln!(t, "status:  {}", cell(&m["status"]));
+    let _ = writeln!(t, "created: {}", cell(&m["createdAt"]));
+    if !m["errorMessage"].is_null() {
+        let _ = writeln!(
+            t,
+            "dead letter: {} (retries {})",
+            cell(&m["errorMessage"]),
+            cell(&m["retryCount"])
+        );
+    }
+    let _ = writeln!(t, "payload: {}", m["payload"]);
+    for tr in list(&traces, "traces") {
+        let _ = writeln!(
+            t,
+            "trace {} {} {} {}",
+            cell(&tr["created_at"]),
+            cell(&tr["event_type"]),
+            cell(&tr["consumer_group"]),
+            tr["data"]
+        );
+    }
+    Ok((json!({"message": m, "traces": traces["traces"]}), t))
+}
+
+/// A queue's messages, newest first (`GET /api/v1/messages`).
+async fn messages(
+    broker: &Broker,
+    queue: String,
+    partition: Option<String>,
+    status: Option<String>,
+    limit: u32,
+) -> Answer {
+    let mut path = format!("/api/v1/messages?queue={}&limit={limit}", enc(&queue));
+    for (k, v) in [("partition", partition), ("status", status)] {
+        if let Some(v) = v {
+            path.push_str(&format!("&{k}={}", enc(&v)));
+        }
+    }
+    let v = broker.get(&path).await?;
+    let rows = list(&v, "messages")
+        .iter()
+        .map(|m| {
+            vec![
+                cell(&m["createdAt"]),
+                cell(&m["partition"]),
+                cell(&m["partitionId"]),
+                cell(&m["transactionId"]),
+                cell(&m["status"]),
+            ]
+        })
+        .collect::<Vec<_>>();
+    let t = table(
+        &[
+            "created",
+            "partition",
+            "partitionId",
+            "transactionId",
+            "status",
+        ],
+        &rows,
+    );
+    Ok((v, t))
+}
+
+/// The broker's health (`GET /health`).
+async fn health(broker: &Broker) -> Answer {
+    let v = broker.get("/health").await?;
+    let t = format!(
+        "{} (database {})\n",
+        cell(&v["status"]),
+        cell(&v["database"])
+    );
+    Ok((v, t))
 }
 
 #[tokio::main(flavor = "current_thread")]

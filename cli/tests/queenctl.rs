@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use queen_core::storage::StorageSet;
 use queen_raw_client::Client;
-use queen_server::app::{wall_now, App};
+use queen_server::broker::Broker;
 use queen_server::config::ServerConfig;
+use queen_server::wall_now;
 use queen_storage_sim::{SimBugs, SimDb};
 use serde_json::{json, Value};
 
@@ -17,7 +18,8 @@ async fn broker() -> SocketAddr {
     let db = SimDb::new(1, Arc::new(wall_now), SimBugs::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = App::new(ServerConfig::default(), StorageSet::of(db), 3);
+    let app = Broker::new(ServerConfig::default(), StorageSet::of(db), 3);
+    queen_server::tasks::start(&app);
     tokio::spawn(queen_server::serve_listener(app, listener));
     addr
 }

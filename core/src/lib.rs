@@ -4,6 +4,7 @@
 //! from an injected seed, and effects leave as data. The pop state machine (`pop`) is driven by
 //! `handle(input, now, ctx)` and drained with `poll()`.
 
+pub mod apply;
 pub mod backoff;
 pub mod claim;
 pub mod dedup;

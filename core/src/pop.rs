@@ -626,6 +626,28 @@ impl PopMachine {
         self.phase = Phase::Done;
     }
 
+    /// Feeds the driver's next input, told whether the pop's wake gate opened since the driver
+    /// last looked. A wake that came while the pop waited for a permit or for storage is handled
+    /// first: the answer about to be handled was read before that event, so the pop must not
+    /// park on it as if nothing had happened.
+    pub fn handle_after_gate_check(
+        &mut self,
+        input: PopInput,
+        woke_meanwhile: bool,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
+        let busy = matches!(
+            input,
+            PopInput::PermitGranted | PopInput::StorageDone { .. }
+        );
+        if woke_meanwhile && busy && !self.config.bugs.drop_wakes_during_work {
+            self.handle(PopInput::Wake, now, ctx);
+            debug_assert!(self.effects.is_empty(), "a busy machine only notes a wake");
+        }
+        self.handle(input, now, ctx);
+    }
+
     pub fn handle(&mut self, input: PopInput, now: Timestamp, ctx: &mut PopContext) {
         debug_assert!(
             self.effects.is_empty(),
@@ -1027,31 +1049,7 @@ impl PopMachine {
     ) {
         let reply = match result {
             Ok(r) => r,
-            Err(e) => {
-                if let (Work::Reseed, PopShape::Queue { queue }) = (&work, &self.params.shape) {
-                    ctx.rings
-                        .ring(queue, &self.params.consumer_group)
-                        .reseed_failed();
-                }
-                if let Work::List(cands) = &work {
-                    // The transaction rolled back: give every candidate back to the ring.
-                    if let PopShape::Queue { queue } = &self.params.shape {
-                        let ring = ctx.rings.ring(queue, &self.params.consumer_group);
-                        for c in cands {
-                            ring.check_in(&c.partition, Verdict::NotEvaluated, Some(c.epoch), now);
-                        }
-                    }
-                }
-                self.effects
-                    .push_back(PopEffect::ReleasePermit { rtt_us: None });
-                if e.is_unavailable() {
-                    // Storage away (a restart, lost connections, contention): nothing is wrong
-                    // with the pop; a long-poll parks and looks again with the backoff, and
-                    // answers 204 at its deadline if storage is still away.
-                    return self.empty_or_park(now, round.woken);
-                }
-                return self.finish(PopReply::Failed(e));
-            }
+            Err(e) => return self.on_storage_failed(work, round, e, now, ctx),
         };
         let group = self.params.consumer_group.clone();
         match (work, reply) {
@@ -1079,23 +1077,7 @@ impl PopMachine {
                 self.next_ring_step(&queue, round, now, ctx);
             }
             (Work::List(cands), StorageReply::Pop(result)) => {
-                let queue = self.params.queue_name().unwrap_or_default().to_string();
-                let ring = ctx.rings.ring(&queue, &group);
-                for (name, verdict) in &result.verdicts {
-                    let epoch = cands.iter().find(|c| &c.partition == name).map(|c| c.epoch);
-                    ring.check_in(name, *verdict, epoch, now);
-                }
-                // Candidates storage did not mention go back as not evaluated.
-                for c in &cands {
-                    if !result.verdicts.iter().any(|(n, _)| n == &c.partition) {
-                        ring.check_in(&c.partition, Verdict::NotEvaluated, Some(c.epoch), now);
-                    }
-                }
-                if result.claims.is_empty() && round.list_rounds < 2 && ring.has_ready(now) {
-                    return self.next_ring_step(&queue, round, now, ctx);
-                }
-                let returned = cands.iter().any(|c| ring.is_ready(&c.partition));
-                self.deliver_or_wait(result, round, returned, now, ctx);
+                self.on_list_pop(&cands, result, round, now, ctx);
             }
             (
                 Work::Wildcard {
@@ -1103,27 +1085,7 @@ impl PopMachine {
                     issued_at,
                 },
                 StorageReply::Pop(result),
-            ) => {
-                self.note_revisits(&result.verdicts, now);
-                if let PopShape::Queue { queue } = &self.params.shape {
-                    let ring = ctx.rings.ring(queue, &group);
-                    if first_contact {
-                        ring.mark_first_contact_done();
-                    }
-                    for (name, verdict) in &result.verdicts {
-                        ring.check_in_issued(name, *verdict, issued_at, now);
-                    }
-                    if first_contact && result.claims.is_empty() && self.config.hotlist {
-                        let queue = queue.clone();
-                        return self.next_ring_step(&queue, round, now, ctx);
-                    }
-                }
-                if !result.claims.is_empty() && !self.config.bugs.no_scan_wake_handoff {
-                    // Another partition may be claimable too: the next parked pop asks.
-                    self.pass_wake_on_scan();
-                }
-                self.deliver_or_wait(result, round, true, now, ctx);
-            }
+            ) => self.on_wildcard_pop(first_contact, issued_at, result, round, now, ctx),
             (Work::Partition { issued_at }, StorageReply::Pop(result)) => {
                 self.note_revisits(&result.verdicts, now);
                 if let PopShape::Partition { queue, .. } = &self.params.shape {
@@ -1142,33 +1104,7 @@ impl PopMachine {
                 self.deliver_or_wait(PopResult::default(), round, true, now, ctx);
             }
             (Work::Discovery { queues, next }, reply) => {
-                let (queues, result) = match reply {
-                    StorageReply::Names(names) => (names, PopResult::default()),
-                    StorageReply::Pop(r) => (queues, r),
-                    _ => (queues, PopResult::default()),
-                };
-                self.note_revisits(&result.verdicts, now);
-                if !result.claims.is_empty() || queues.is_empty() {
-                    return self.deliver_or_wait(result, round, true, now, ctx);
-                }
-                if next >= queues.len() {
-                    // Every matching queue answered empty: when does one of them have
-                    // something (a lease held by another consumer ends, a hold expires)?
-                    let command = StorageCommand::NextPending {
-                        queues,
-                        group: self.params.consumer_group.clone(),
-                    };
-                    return self.work(command, Work::DiscoveryNext, round);
-                }
-                let req = self.request(&queues[next]);
-                self.work(
-                    StorageCommand::PopWildcard { req },
-                    Work::Discovery {
-                        queues,
-                        next: next + 1,
-                    },
-                    round,
-                );
+                self.on_discovery_step(queues, next, reply, round, now, ctx);
             }
             (_, other) => {
                 self.effects
@@ -1178,6 +1114,137 @@ impl PopMachine {
                 ))));
             }
         }
+    }
+
+    /// A storage call failed: a ring's reseed is retried and a list pop's candidates go back to
+    /// the ring (the transaction rolled back). Storage away is no error for the pop: a long-poll
+    /// parks and looks again with the backoff (204 at its deadline if storage is still away).
+    fn on_storage_failed(
+        &mut self,
+        work: Work,
+        round: PermitRound,
+        e: StorageError,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
+        if let (Work::Reseed, PopShape::Queue { queue }) = (&work, &self.params.shape) {
+            ctx.rings
+                .ring(queue, &self.params.consumer_group)
+                .reseed_failed();
+        }
+        if let Work::List(cands) = &work {
+            if let PopShape::Queue { queue } = &self.params.shape {
+                let ring = ctx.rings.ring(queue, &self.params.consumer_group);
+                for c in cands {
+                    ring.check_in(&c.partition, Verdict::NotEvaluated, Some(c.epoch), now);
+                }
+            }
+        }
+        self.effects
+            .push_back(PopEffect::ReleasePermit { rtt_us: None });
+        if e.is_unavailable() {
+            return self.empty_or_park(now, round.woken);
+        }
+        self.finish(PopReply::Failed(e));
+    }
+
+    /// A ring pop's answer: each candidate's verdict goes back into the ring (those storage did
+    /// not mention as not evaluated); an empty answer with the ring still ready tries again.
+    fn on_list_pop(
+        &mut self,
+        cands: &[Candidate],
+        result: PopResult,
+        round: PermitRound,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
+        let queue = self.params.queue_name().unwrap_or_default().to_string();
+        let ring = ctx.rings.ring(&queue, &self.params.consumer_group);
+        for (name, verdict) in &result.verdicts {
+            let epoch = cands.iter().find(|c| &c.partition == name).map(|c| c.epoch);
+            ring.check_in(name, *verdict, epoch, now);
+        }
+        // Candidates storage did not mention go back as not evaluated.
+        for c in cands {
+            if !result.verdicts.iter().any(|(n, _)| n == &c.partition) {
+                ring.check_in(&c.partition, Verdict::NotEvaluated, Some(c.epoch), now);
+            }
+        }
+        if result.claims.is_empty() && round.list_rounds < 2 && ring.has_ready(now) {
+            return self.next_ring_step(&queue, round, now, ctx);
+        }
+        let returned = cands.iter().any(|c| ring.is_ready(&c.partition));
+        self.deliver_or_wait(result, round, returned, now, ctx);
+    }
+
+    /// A wildcard scan's answer (a group's first contact, or the legacy path): its verdicts are
+    /// checked in against the epoch clock it was issued at.
+    fn on_wildcard_pop(
+        &mut self,
+        first_contact: bool,
+        issued_at: u64,
+        result: PopResult,
+        round: PermitRound,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
+        self.note_revisits(&result.verdicts, now);
+        if let PopShape::Queue { queue } = &self.params.shape {
+            let ring = ctx.rings.ring(queue, &self.params.consumer_group);
+            if first_contact {
+                ring.mark_first_contact_done();
+            }
+            for (name, verdict) in &result.verdicts {
+                ring.check_in_issued(name, *verdict, issued_at, now);
+            }
+            if first_contact && result.claims.is_empty() && self.config.hotlist {
+                let queue = queue.clone();
+                return self.next_ring_step(&queue, round, now, ctx);
+            }
+        }
+        if !result.claims.is_empty() && !self.config.bugs.no_scan_wake_handoff {
+            // Another partition may be claimable too: the next parked pop asks.
+            self.pass_wake_on_scan();
+        }
+        self.deliver_or_wait(result, round, true, now, ctx);
+    }
+
+    /// A discovery pop's step: the matching queues, then each in turn until one has claims;
+    /// when every queue answered empty, when one of them next has something.
+    fn on_discovery_step(
+        &mut self,
+        queues: Vec<String>,
+        next: usize,
+        reply: StorageReply,
+        round: PermitRound,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
+        let (queues, result) = match reply {
+            StorageReply::Names(names) => (names, PopResult::default()),
+            StorageReply::Pop(r) => (queues, r),
+            _ => (queues, PopResult::default()),
+        };
+        self.note_revisits(&result.verdicts, now);
+        if !result.claims.is_empty() || queues.is_empty() {
+            return self.deliver_or_wait(result, round, true, now, ctx);
+        }
+        if next >= queues.len() {
+            let command = StorageCommand::NextPending {
+                queues,
+                group: self.params.consumer_group.clone(),
+            };
+            return self.work(command, Work::DiscoveryNext, round);
+        }
+        let req = self.request(&queues[next]);
+        self.work(
+            StorageCommand::PopWildcard { req },
+            Work::Discovery {
+                queues,
+                next: next + 1,
+            },
+            round,
+        );
     }
 
     /// The permit found no candidate: no pop ran under it, so there is no latency sample. (A

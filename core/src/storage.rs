@@ -81,6 +81,26 @@ impl fmt::Display for StorageError {
 impl StorageError {
     /// The database is unreachable, restarting or contended: nothing is wrong with the request,
     /// and the same request later may succeed.
+    /// The SQLSTATE a PostgreSQL error carried: the PostgreSQL backend ends a database error's
+    /// text with it in parentheses (`context: message (53200)`). `None` for the model's errors
+    /// and for failures with no database answer (a broken connection).
+    pub fn sqlstate(&self) -> Option<&str> {
+        let text = match self {
+            StorageError::Unavailable(t)
+            | StorageError::Invalid(t)
+            | StorageError::Conflict(t)
+            | StorageError::Contention(t)
+            | StorageError::Internal(t) => t.as_str(),
+            StorageError::EncryptionRequired { .. } => return None,
+        };
+        let code = text.strip_suffix(')')?.rsplit_once('(')?.1;
+        (code.len() == 5
+            && code
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit()))
+        .then_some(code)
+    }
+
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
@@ -90,6 +110,23 @@ impl StorageError {
 }
 
 impl std::error::Error for StorageError {}
+
+#[cfg(test)]
+mod sqlstate_tests {
+    use super::StorageError;
+
+    #[test]
+    fn the_sqlstate_is_read_from_a_database_error_only() {
+        let e = StorageError::Unavailable("pop: out of shared memory (53200)".into());
+        assert_eq!(e.sqlstate(), Some("53200"));
+        let e = StorageError::Internal("push: relation missing (42P01)".into());
+        assert_eq!(e.sqlstate(), Some("42P01"));
+        let e = StorageError::Unavailable("no database connection: closed".into());
+        assert_eq!(e.sqlstate(), None);
+        let e = StorageError::Invalid("a name (too long)".into());
+        assert_eq!(e.sqlstate(), None);
+    }
+}
 
 pub type StorageResult<T> = Result<T, StorageError>;
 

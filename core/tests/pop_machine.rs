@@ -1457,3 +1457,64 @@ fn a_legacy_pop_passes_the_wake_on_after_a_claim_and_the_broker_keeps_its_revisi
         assert_eq!(c.arm_ticker(), None, "a revisit fires once");
     }
 }
+
+/// A partition pop whose storage answer ("nothing") was read before a push that landed while
+/// the call ran: told that its gate opened meanwhile, the machine looks again at once instead of
+/// parking on the stale answer; with the historical bug switched on it parks until its backoff.
+#[test]
+fn a_wake_during_a_storage_call_makes_the_pop_look_again() {
+    for bug in [false, true] {
+        let config = PopConfig {
+            bugs: PopBugs {
+                drop_wakes_during_work: bug,
+                ..PopBugs::default()
+            },
+            ..PopConfig::default()
+        };
+        let params = PopParams::from_query(
+            PopShape::Partition {
+                queue: "q".into(),
+                partition: "p".into(),
+            },
+            [("wait", "true"), ("timeout", "30000")],
+            30_000,
+        )
+        .expect("params");
+        let mut m = PopMachine::new(params, WorkerId(uuid::Uuid::nil()), config, T0);
+        let mut c = ctx();
+        m.handle_after_gate_check(PopInput::Start, false, T0, &mut c);
+        assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
+        m.handle_after_gate_check(PopInput::PermitGranted, false, T0, &mut c);
+        let (id, cmd) = storage_id(&drain(&mut m));
+        assert!(
+            matches!(cmd, StorageCommand::PopPartition { .. }),
+            "{cmd:?}"
+        );
+        // The push lands while the call runs; its answer was read before it.
+        push_event(&mut c, 1, T0);
+        let empty = PopInput::StorageDone {
+            id,
+            result: Ok(StorageReply::Pop(PopResult::default())),
+        };
+        m.handle_after_gate_check(empty, true, T0.plus_millis(1), &mut c);
+        let fx = drain(&mut m);
+        let now = T0.plus_millis(1);
+        let parked_until = fx.iter().find_map(|e| match e {
+            PopEffect::Park { until } => Some(*until),
+            _ => None,
+        });
+        if bug {
+            assert!(
+                parked_until.is_some_and(|u| u > now),
+                "the bug parks on the stale answer until its backoff: {fx:?}"
+            );
+        } else {
+            // Parked until now: the driver's timer fires at once and the pop asks storage again.
+            assert_eq!(
+                parked_until,
+                Some(now),
+                "the woken pop looks again at once: {fx:?}"
+            );
+        }
+    }
+}

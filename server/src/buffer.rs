@@ -21,7 +21,7 @@ use queen_core::storage::PushGroup;
 use queen_core::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::app::lock;
+use crate::helpers::lock;
 
 #[derive(Serialize, Deserialize)]
 struct Record {

@@ -10,9 +10,8 @@ use queen_core::limiter::LimiterConfig;
 use queen_core::params::DEFAULT_TIMEOUT_MS;
 use queen_storage_pg::{PgConfig, PgSettings};
 
-use crate::auth::{self, AuthSettings, Authenticator, JwtAlgorithm};
 use crate::buffer::FileBuffer;
-use crate::retention::RetentionSettings;
+use crate::http::auth::{self, AuthSettings, Authenticator, JwtAlgorithm};
 use crate::sealing::PayloadCipher;
 
 /// The serving limiter's settings while it was a Vegas limiter; a broker refuses to start with
@@ -397,6 +396,59 @@ impl Settings {
             },
         };
         Ok((server, pg))
+    }
+}
+
+/// The retention worker's settings (`tasks::retention`): Queen's settings, with its defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionSettings {
+    /// RETENTION_INTERVAL: milliseconds between retention passes (0: no retention worker).
+    pub interval_ms: u64,
+    /// RETENTION_BATCH_SIZE: partitions per retention statement.
+    pub batch_size: u32,
+    /// PARTITION_CLEANUP_DAYS: an empty partition with no push for this long is deleted (0: never).
+    pub partition_cleanup_days: u32,
+    /// EVICTION_INTERVAL: milliseconds between eviction passes (maxWaitTimeSeconds; 0: none).
+    pub eviction_interval_ms: u64,
+    /// EVICTION_BATCH_SIZE: partitions per eviction statement.
+    pub eviction_batch_size: u32,
+    /// DEAD_LETTER_RETENTION_SECONDS: dead letters older than this are deleted (0: kept until
+    /// their queue's retention removes their message).
+    pub dead_letter_retention_secs: u64,
+    /// How long a claimed maintenance lease lasts: renewed before every batch, so only a broker
+    /// that died (or lost its database) lets it run out, and the others wait this long.
+    pub lease_secs: u32,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        RetentionSettings {
+            interval_ms: 300_000,
+            // About 20 ms of partition locks per statement (docs/benchmarks.md).
+            batch_size: 500,
+            partition_cleanup_days: 30,
+            eviction_interval_ms: 60_000,
+            eviction_batch_size: 1000,
+            dead_letter_retention_secs: 0,
+            lease_secs: 30,
+        }
+    }
+}
+
+impl RetentionSettings {
+    /// No worker at all.
+    pub const OFF: RetentionSettings = RetentionSettings {
+        interval_ms: 0,
+        batch_size: 500,
+        partition_cleanup_days: 0,
+        eviction_interval_ms: 0,
+        eviction_batch_size: 1000,
+        dead_letter_retention_secs: 0,
+        lease_secs: 30,
+    };
+
+    pub fn enabled(&self) -> bool {
+        self.interval_ms > 0 || self.eviction_interval_ms > 0
     }
 }
 

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use queen_core::storage::StorageSet;
-use queen_server::app::{wall_now, App};
+use queen_server::broker::Broker;
 use queen_server::config::Settings;
+use queen_server::wall_now;
 use queen_storage_pg::PgStorage;
 use queen_storage_sim::{SimBugs, SimDb};
 use tokio::net::TcpListener;
@@ -72,9 +73,10 @@ async fn run(settings: Settings) -> Result<(), String> {
     tracing::info!(%addr, hotlist = config.hotlist, "queen listening");
     let warm_interval = config.pg_warm_interval_ms;
     let stats_interval = config.pg_stats_interval_ms;
-    let app = App::new(config, storage, seed);
+    let broker = Broker::new(config, storage, seed);
+    queen_server::tasks::start(&broker);
     if let Some(pg) = &pg {
-        queen_server::spawn_event_listener(app.clone(), pg);
+        queen_server::spawn_event_listener(broker.clone(), pg);
         if warm_interval > 0 {
             tokio::spawn(
                 queen_storage_pg::ConnectionWarmer::default()
@@ -90,11 +92,11 @@ async fn run(settings: Settings) -> Result<(), String> {
     }
 
     let janitor = {
-        let app = app.clone();
+        let broker = broker.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(60)).await;
-                app.prune_gates();
+                broker.prune_gates();
             }
         })
     };
@@ -106,9 +108,9 @@ async fn run(settings: Settings) -> Result<(), String> {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    let app = app.clone();
+                    let broker = broker.clone();
                     connections.spawn(async move {
-                        if let Err(e) = queen_server::serve_connection(app, stream).await {
+                        if let Err(e) = queen_server::serve_connection(broker, stream).await {
                             tracing::debug!(error = %e, "connection ended with an error");
                         }
                     });
@@ -124,7 +126,7 @@ async fn run(settings: Settings) -> Result<(), String> {
         }
     }
     tracing::info!("shutting down: parked pops answer 204, in-flight requests finish");
-    app.shutting_down.send_replace(true);
+    broker.shutting_down.send_replace(true);
     drop(listener);
     janitor.abort();
     let drained = async { while connections.join_next().await.is_some() {} };

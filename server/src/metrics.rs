@@ -158,6 +158,14 @@ impl StoredState {
     }
 }
 
+/// A storage error a route answered for (with 503, or an empty 204 for a pop): which route
+/// family met it and its SQLSTATE ("none" when the database gave none, e.g. a cut connection).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StorageErrorLabel {
+    route: &'static str,
+    sqlstate: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
@@ -222,6 +230,7 @@ pub struct Metrics {
     pool_in_use: Gauge,
     pool_size: Gauge,
     retention_runs: Family<PassLabel, Counter>,
+    storage_errors: Family<StorageErrorLabel, Counter>,
     retention_removed: Family<RemovedLabel, Counter>,
     /// Storage call durations by operation (push, pop, ack).
     storage_seconds: Family<OpLabel, Histogram>,
@@ -294,6 +303,7 @@ impl Default for Metrics {
             pool_in_use: Gauge::default(),
             pool_size: Gauge::default(),
             retention_runs: Family::default(),
+            storage_errors: Family::default(),
             retention_removed: Family::default(),
             // 100 µs to about 6.5 s.
             storage_seconds: Family::new_with_constructor(|| {
@@ -304,6 +314,37 @@ impl Default for Metrics {
             stored: StoredState::default(),
             registry: Registry::default(),
         };
+        m.register(
+            &mut registry,
+            LabelledFamilies {
+                pops,
+                events: events_family,
+                failed,
+                forms,
+            },
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+/// The families whose members `Metrics` keeps as separate fields, registered whole.
+struct LabelledFamilies {
+    pops: Family<OutcomeLabel, Counter>,
+    events: Family<KindLabel, Counter>,
+    failed: Family<ClassLabel, Counter>,
+    forms: Family<FormLabel, Counter>,
+}
+
+impl Metrics {
+    /// Every series under its OpenMetrics name and help text.
+    fn register(&self, registry: &mut Registry, families: LabelledFamilies) {
+        let m = self;
+        let LabelledFamilies {
+            pops,
+            events: events_family,
+            failed,
+            forms,
+        } = families;
         registry.register(
             "storage_duration_seconds",
             "Storage call durations, by operation (push, pop, ack)",
@@ -314,7 +355,7 @@ impl Default for Metrics {
             "From a wake gate opening to the parked pop it woke resuming",
             m.wake_latency.clone(),
         );
-        m.stored.register(&mut registry);
+        m.stored.register(registry);
         registry.register("pops", "Pop requests by outcome", pops);
         registry.register(
             "parked_pops",
@@ -332,10 +373,10 @@ impl Default for Metrics {
             m.pops_woken.clone(),
         );
         registry.register(
-            "wakes_passed",
-            "Wakes a queue-wide pop handed on to another parked pop of its group (it may have left work behind)",
-            m.wakes_passed.clone(),
-        );
+        "wakes_passed",
+        "Wakes a queue-wide pop handed on to another parked pop of its group (it may have left work behind)",
+        m.wakes_passed.clone(),
+    );
         registry.register(
             "delivery_events",
             "Deliverability events applied (local, from other brokers, and wheel revisits)",
@@ -434,11 +475,15 @@ impl Default for Metrics {
             m.retention_runs.clone(),
         );
         registry.register(
+            "storage_errors",
+            "Storage errors a route answered for (503, or an empty pop), by route and SQLSTATE",
+            m.storage_errors.clone(),
+        );
+        registry.register(
             "retention_removed",
             "Rows retention and eviction removed, by kind",
             m.retention_removed.clone(),
         );
-        Metrics { registry, ..m }
     }
 }
 
@@ -457,6 +502,27 @@ impl Metrics {
             .iter()
             .zip(&self.events)
             .map(|(k, c)| (*k, c.get()))
+    }
+
+    /// Counts a storage error a route answered for; the count so far of its (route, SQLSTATE).
+    pub fn count_storage_error(&self, route: &'static str, sqlstate: Option<&str>) -> u64 {
+        self.storage_errors
+            .get_or_create(&StorageErrorLabel {
+                route,
+                sqlstate: sqlstate.unwrap_or("none").to_string(),
+            })
+            .inc()
+            + 1
+    }
+
+    /// How many storage errors of (route, SQLSTATE) were counted ("none": no SQLSTATE).
+    pub fn storage_error_count(&self, route: &'static str, sqlstate: &str) -> u64 {
+        self.storage_errors
+            .get_or_create(&StorageErrorLabel {
+                route,
+                sqlstate: sqlstate.to_string(),
+            })
+            .get()
     }
 
     pub fn count_retention_run(&self, pass: RetentionPass, outcome: &'static str) {
@@ -528,7 +594,7 @@ impl Metrics {
     }
 }
 
-/// A snapshot with the gauges the app adds.
+/// A snapshot with the gauges the broker adds.
 pub struct Snapshot<'a> {
     pub metrics: &'a Metrics,
     pub limiter_limit: u32,

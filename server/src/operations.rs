@@ -13,9 +13,10 @@ use queen_core::storage::{
 };
 use queen_core::{Timestamp, WorkerId};
 
-use crate::app::{lock, App, CrashPoint};
+use crate::broker::{Broker, CrashPoint};
+use crate::helpers::lock;
 
-impl App {
+impl Broker {
     /// Stores a push request's groups in one transaction; the partitions that queued anything
     /// are published. With a file buffer, a push goes to the buffer instead while push
     /// maintenance mode is on or earlier pushes wait there (so none overtakes them), and when
@@ -36,7 +37,8 @@ impl App {
             let copy = groups.clone();
             return match self.store_push(groups, None).await {
                 Err(e) if e.is_unavailable() => {
-                    tracing::warn!(error = %e, "storage unavailable: the push goes to the file buffer");
+                    self.note_storage_error("push", &e);
+                    tracing::debug!("storage unavailable: the push goes to the file buffer");
                     self.buffer_push(copy).await
                 }
                 other => other.map(Pushed::Stored),
@@ -464,42 +466,10 @@ pub enum Pushed {
     Buffered(Vec<PushGroup>),
 }
 
-/// Stores what the file buffer holds, oldest first, whenever there is something and storage
-/// answers; sleeps while push maintenance mode is on. A buffered push storage refuses for good
-/// (its data, not its availability) is set aside so the rest can go.
-pub(crate) async fn buffer_drain(
-    app: std::sync::Weak<App>,
-    wake: std::sync::Arc<tokio::sync::Notify>,
-) {
-    const RETRY: std::time::Duration = std::time::Duration::from_millis(500);
-    loop {
-        let Some(a) = app.upgrade() else { return };
-        if a.is_shutting_down() {
-            return;
-        }
-        let work = !a.push_maintenance.load(Ordering::SeqCst)
-            && a.config
-                .file_buffer
-                .as_ref()
-                .is_some_and(|b| b.pending() > 0);
-        let stalled = work && !a.drain_step().await;
-        let mut shutdown = a.shutting_down.subscribe();
-        drop(a);
-        if work && !stalled {
-            continue;
-        }
-        tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
-            () = wake.notified() => {}
-            () = tokio::time::sleep(RETRY) => {}
-        }
-    }
-}
-
-impl App {
+impl Broker {
     /// Stores the oldest buffered push; `false` when it could not (storage away, or the buffer
     /// unreadable): the drain waits before trying again.
-    async fn drain_step(&self) -> bool {
+    pub(crate) async fn drain_step(&self) -> bool {
         let Some(buffer) = self.config.file_buffer.clone() else {
             return false;
         };

@@ -22,7 +22,7 @@ use queen_core::storage::{
 };
 use tokio::sync::oneshot;
 
-use crate::app::lock;
+use crate::helpers::lock;
 
 type Reply<A> = oneshot::Sender<StorageResult<A>>;
 

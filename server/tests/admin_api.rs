@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{start, Client, Store};
+use queen_server::config::RetentionSettings;
 use queen_server::config::ServerConfig;
-use queen_server::retention::RetentionSettings;
 use serde_json::{json, Value};
 
 fn config() -> ServerConfig {
@@ -116,6 +116,18 @@ async fn admin_routes(store: Store) {
     let pushed = push(a, q, "p2", &["b1"]).await;
     let p2 = pushed[0]["partitionId"].as_str().unwrap().to_string();
 
+    admin_resources(a, q).await;
+    admin_message_browser(a, q, &p2).await;
+    admin_traces(a, q, &p2).await;
+    admin_consumer_groups(a, q).await;
+    admin_dead_letter(a, &p2).await;
+    admin_bad_input(a).await;
+    admin_status(a).await;
+    admin_retention(a).await;
+}
+
+/// Queues, depth and one queue's partitions, after group g1 read everything.
+async fn admin_resources(a: SocketAddr, q: &str) {
     // Group g1 reads everything; queue mode has not started.
     assert_eq!(consume(a, q, "g1", "completed").await, 3);
     push(a, q, "p2", &["b2"]).await;
@@ -156,7 +168,10 @@ async fn admin_routes(store: Store) {
     )
     .await;
     assert_eq!(v["total"], 1, "{v}");
+}
 
+/// The message browser: newest first, paged, filtered; one message by id.
+async fn admin_message_browser(a: SocketAddr, q: &str, p2: &str) {
     // The message browser: newest first, paged, filtered.
     let (code, v) = get(a, &format!("/api/v1/messages?queue={q}")).await;
     assert_eq!(code, 200, "{v}");
@@ -199,7 +214,10 @@ async fn admin_routes(store: Store) {
     assert_eq!(code, 404);
     let (code, v) = get(a, "/api/v1/messages/not-a-uuid/b1").await;
     assert_eq!(code, 400, "{v}");
+}
 
+/// Traces: written against a stored message, read three ways.
+async fn admin_traces(a: SocketAddr, q: &str, p2: &str) {
     // Traces: written against a stored message, read three ways.
     for (i, names) in [json!(["order-7"]), json!(["order-7", "vip"])]
         .iter()
@@ -258,7 +276,10 @@ async fn admin_routes(store: Store) {
         by_name(&v["trace_names"], "trace_name", "vip")["message_count"],
         1
     );
+}
 
+/// Consumer groups and their lag.
+async fn admin_consumer_groups(a: SocketAddr, q: &str) {
     // Consumer groups and their lag.
     let (_, v) = get(a, "/api/v1/consumer-groups").await;
     let g1 = v
@@ -279,7 +300,10 @@ async fn admin_routes(store: Store) {
     assert_eq!(v, json!({}));
     let (code, v) = get(a, "/api/v1/consumer-groups/lagging?minLagSeconds=3600").await;
     assert_eq!((code, v), (200, json!([])));
+}
 
+/// A dead letter: shown, retried as a new message, gone; a live message is not deletable; the retried message is delivered again.
+async fn admin_dead_letter(a: SocketAddr, p2: &str) {
     // A dead letter: shown, retried as a new message, gone; a live message is not deletable.
     let (code, v) = send(
         a,
@@ -317,7 +341,10 @@ async fn admin_routes(store: Store) {
         consume(a, "adm-dlq", "__QUEUE_MODE__", "completed").await,
         1
     );
+}
 
+/// Bad input: 400 with a reason.
+async fn admin_bad_input(a: SocketAddr) {
     // Bad input: 400 with a reason.
     for path in [
         "/api/v1/messages?limit=abc",
@@ -332,7 +359,10 @@ async fn admin_routes(store: Store) {
         assert_eq!(code, 400, "{path}: {v}");
         assert!(v["error"].is_string(), "{path}: {v}");
     }
+}
 
+/// Status: the broker's samples become the time series.
+async fn admin_status(a: SocketAddr) {
     // Status: the broker's samples become the time series.
     let mut status = Value::Null;
     for _ in 0..50 {
@@ -373,7 +403,10 @@ async fn admin_routes(store: Store) {
     assert_eq!(v["queues"], 2);
     let (code, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;
     assert_eq!(code, 200, "{v}");
+}
 
+/// Retention removes traces with their messages.
+async fn admin_retention(a: SocketAddr) {
     // Retention removes traces with their messages.
     let (code, _) = send(
         a,

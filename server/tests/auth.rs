@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::{start, Broker, Client, Response, Store};
+use common::{start, Client, Response, Store, TestBroker};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
-use queen_server::auth::{AuthSettings, Authenticator, JwtAlgorithm};
 use queen_server::config::ServerConfig;
+use queen_server::http::auth::{AuthSettings, Authenticator, JwtAlgorithm};
 use serde_json::{json, Value};
 
 const SECRET: &str = "a-shared-secret-for-the-auth-tests-0123456789";
@@ -446,7 +446,7 @@ async fn refused_requests_change_nothing() {
 }
 
 /// Which tokens a broker with `settings` accepts (status of a read-write route).
-async fn status_with(b: &Broker, token: &str) -> u16 {
+async fn status_with(b: &TestBroker, token: &str) -> u16 {
     send(
         b.addr,
         Some(token),
@@ -462,15 +462,30 @@ async fn status_with(b: &Broker, token: &str) -> u16 {
 async fn each_algorithm_and_what_it_refuses() {
     let rw = claims("svc", Some("read-write"));
     let rsa_pub = fixture("rsa_public.pem");
+    an_hs256_broker_refuses_forged_and_foreign_tokens(&rw).await;
+    issuer_and_audience_are_required_when_configured(&rw).await;
+    public_key_algorithms_and_auto(&rw, rsa_pub).await;
+}
+
+/// A token with `alg: none` and no signature.
+fn unsigned_token(claims: &Value) -> String {
+    use base64::Engine;
+    let e = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+    format!(
+        "{}.{}.",
+        e(&json!({"alg": "none", "typ": "JWT"})),
+        e(claims)
+    )
+}
+
+/// An HS256 broker: a good token passes; alg none, another secret, a tampered payload, RS256
+/// and EdDSA tokens, garbage are refused; a bare token passes; expiry and not-before hold.
+async fn an_hs256_broker_refuses_forged_and_foreign_tokens(rw: &Value) {
     // HS256.
     let hs = start(Store::Memory, with_auth(hs_settings())).await;
-    assert_eq!(status_with(&hs, &hs256(&rw)).await, 204);
+    assert_eq!(status_with(&hs, &hs256(rw)).await, 204);
     // alg none: a token with no signature.
-    let none = {
-        use base64::Engine;
-        let e = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
-        format!("{}.{}.", e(&json!({"alg": "none", "typ": "JWT"})), e(&rw))
-    };
+    let none = unsigned_token(rw);
     assert_eq!(status_with(&hs, &none).await, 401);
     let r = send(
         hs.addr,
@@ -491,12 +506,12 @@ async fn each_algorithm_and_what_it_refuses() {
     // A token signed with another secret; a tampered payload.
     let other = encode(
         &Header::new(Algorithm::HS256),
-        &rw,
+        rw,
         &EncodingKey::from_secret(b"another secret"),
     )
     .unwrap();
     assert_eq!(status_with(&hs, &other).await, 401);
-    let good = hs256(&rw);
+    let good = hs256(rw);
     let mut parts: Vec<&str> = good.split('.').collect();
     let admin_payload = {
         use base64::Engine;
@@ -511,10 +526,10 @@ async fn each_algorithm_and_what_it_refuses() {
     );
     // RS256 and EdDSA tokens on an HS256 broker.
     assert_eq!(
-        status_with(&hs, &rs256(&rw, "rsa_private.pem", None)).await,
+        status_with(&hs, &rs256(rw, "rsa_private.pem", None)).await,
         401
     );
-    assert_eq!(status_with(&hs, &eddsa(&rw, None)).await, 401);
+    assert_eq!(status_with(&hs, &eddsa(rw, None)).await, 401);
     // Garbage, and the bare token (no Bearer prefix) with a lowercase header.
     assert_eq!(status_with(&hs, "not-a-jwt").await, 401);
     let mut bare = Client::connect(hs.addr)
@@ -562,7 +577,9 @@ async fn each_algorithm_and_what_it_refuses() {
         !String::from_utf8_lossy(&expired.body).contains(&stale),
         "an error never repeats the token"
     );
+}
 
+async fn issuer_and_audience_are_required_when_configured(rw: &Value) {
     // Issuer and audience.
     let strict = start(
         Store::Memory,
@@ -591,12 +608,13 @@ async fn each_algorithm_and_what_it_refuses() {
         status_with(&strict, &with("https://idp.example", "other")).await,
         401
     );
-    assert_eq!(
-        status_with(&strict, &hs256(&rw)).await,
-        401,
-        "no iss at all"
-    );
+    assert_eq!(status_with(&strict, &hs256(rw)).await, 401, "no iss at all");
+}
 
+/// RS256 and EdDSA with PEM keys, `auto` with a key per algorithm, and settings that lack the key
+/// their algorithm needs.
+async fn public_key_algorithms_and_auto(rw: &Value, rsa_pub: String) {
+    let none = unsigned_token(rw);
     // RS256 with a PEM; algorithm confusion (HS256 keyed with the public key) is refused.
     let rs = start(
         Store::Memory,
@@ -607,22 +625,22 @@ async fn each_algorithm_and_what_it_refuses() {
     )
     .await;
     assert_eq!(
-        status_with(&rs, &rs256(&rw, "rsa_private.pem", None)).await,
+        status_with(&rs, &rs256(rw, "rsa_private.pem", None)).await,
         204
     );
     assert_eq!(
-        status_with(&rs, &rs256(&rw, "rsa2_private.pem", None)).await,
+        status_with(&rs, &rs256(rw, "rsa2_private.pem", None)).await,
         401,
         "another RSA key"
     );
     let confused = encode(
         &Header::new(Algorithm::HS256),
-        &rw,
+        rw,
         &EncodingKey::from_secret(rsa_pub.as_bytes()),
     )
     .unwrap();
     assert_eq!(status_with(&rs, &confused).await, 401);
-    assert_eq!(status_with(&rs, &eddsa(&rw, None)).await, 401);
+    assert_eq!(status_with(&rs, &eddsa(rw, None)).await, 401);
 
     // EdDSA with a PEM.
     let ed = start(
@@ -633,9 +651,9 @@ async fn each_algorithm_and_what_it_refuses() {
         }),
     )
     .await;
-    assert_eq!(status_with(&ed, &eddsa(&rw, None)).await, 204);
+    assert_eq!(status_with(&ed, &eddsa(rw, None)).await, 204);
     assert_eq!(
-        status_with(&ed, &rs256(&rw, "rsa_private.pem", None)).await,
+        status_with(&ed, &rs256(rw, "rsa_private.pem", None)).await,
         401
     );
 
@@ -649,13 +667,13 @@ async fn each_algorithm_and_what_it_refuses() {
         }),
     )
     .await;
-    assert_eq!(status_with(&auto, &hs256(&rw)).await, 204);
+    assert_eq!(status_with(&auto, &hs256(rw)).await, 204);
     assert_eq!(
-        status_with(&auto, &rs256(&rw, "rsa_private.pem", None)).await,
+        status_with(&auto, &rs256(rw, "rsa_private.pem", None)).await,
         204
     );
     assert_eq!(
-        status_with(&auto, &eddsa(&rw, None)).await,
+        status_with(&auto, &eddsa(rw, None)).await,
         401,
         "no Ed25519 key configured"
     );
@@ -774,14 +792,13 @@ async fn producer_identity(store: Store, name: &str) {
     let b = start(store, config).await;
     let alice = hs256(&claims("alice", Some("admin")));
     let q = "ident";
-    let push = |tx: &str| json!({"items": [{"queue": q, "transactionId": tx, "payload": {"tx": tx}, "producerSub": "mallory"}]});
     assert_eq!(
         send(
             b.addr,
             Some(&alice),
             "POST",
             "/api/v1/push",
-            Some(&push("json"))
+            Some(&spoofed_push(q, "json"))
         )
         .await
         .status,
@@ -818,11 +835,20 @@ async fn producer_identity(store: Store, name: &str) {
             .status,
         201
     );
+    identity_through_the_failover_buffer(&b, &alice, q).await;
+    identity_in_a_framed_pop(&b, &alice, q).await;
+    identity_in_dead_letters(&b, &alice).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Through the failover buffer: maintenance on, push, maintenance off, drained; every push so far
+/// is delivered with the token's identity.
+async fn identity_through_the_failover_buffer(b: &TestBroker, alice: &str, q: &str) {
     // Through the failover buffer: maintenance on, push, maintenance off, drained.
     assert_eq!(
         send(
             b.addr,
-            Some(&alice),
+            Some(alice),
             "POST",
             "/api/v1/system/maintenance",
             Some(&json!({"enabled": true}))
@@ -833,17 +859,17 @@ async fn producer_identity(store: Store, name: &str) {
     );
     let buffered = send(
         b.addr,
-        Some(&alice),
+        Some(alice),
         "POST",
         "/api/v1/push",
-        Some(&push("buffered")),
+        Some(&spoofed_push(q, "buffered")),
     )
     .await;
     assert_eq!(buffered.json()[0]["status"], "buffered");
     assert_eq!(
         send(
             b.addr,
-            Some(&alice),
+            Some(alice),
             "POST",
             "/api/v1/system/maintenance",
             Some(&json!({"enabled": false}))
@@ -852,21 +878,25 @@ async fn producer_identity(store: Store, name: &str) {
         .status,
         200
     );
-    let seen = common::pop_until(b.addr, Some(&alice), q, 4, "producerSub").await;
+    let seen = common::pop_until(b.addr, Some(alice), q, 4, "producerSub").await;
     let expected: std::collections::BTreeMap<String, Value> = ["json", "txn", "binary", "buffered"]
         .iter()
         .map(|t| (t.to_string(), json!("alice")))
         .collect();
     assert_eq!(seen, expected);
+}
+
+/// A framed pop carries the identity in the frame (flags & 2).
+async fn identity_in_a_framed_pop(b: &TestBroker, alice: &str, q: &str) {
     // A framed pop carries it in the frame (flags & 2). (It waits: the drain may not have
     // recorded its progress yet, and a push meanwhile queues behind it in the buffer.)
     assert_eq!(
         send(
             b.addr,
-            Some(&alice),
+            Some(alice),
             "POST",
             "/api/v1/push",
-            Some(&push("framed"))
+            Some(&spoofed_push(q, "framed"))
         )
         .await
         .status,
@@ -893,11 +923,15 @@ async fn producer_identity(store: Store, name: &str) {
         .flat_map(|c| c.messages.iter().map(|m| m.producer.clone()))
         .collect();
     assert_eq!(producers, vec![Some("alice".to_string())]);
+}
+
+/// Dead letters carry the identity too.
+async fn identity_in_dead_letters(b: &TestBroker, alice: &str) {
     // Dead letters carry it too.
     let dq = "ident-dlq";
     send(
         b.addr,
-        Some(&alice),
+        Some(alice),
         "POST",
         "/api/v1/configure",
         Some(&json!({"queue": dq, "options": {"retryLimit": 0, "retryDelay": 0}})),
@@ -905,7 +939,7 @@ async fn producer_identity(store: Store, name: &str) {
     .await;
     send(
         b.addr,
-        Some(&alice),
+        Some(alice),
         "POST",
         "/api/v1/push",
         Some(&json!({"items": [{"queue": dq, "payload": {"x": 1}}]})),
@@ -913,7 +947,7 @@ async fn producer_identity(store: Store, name: &str) {
     .await;
     let popped = send(
         b.addr,
-        Some(&alice),
+        Some(alice),
         "GET",
         // Waits, as the framed pop above does: this push may queue behind the drain.
         &format!("/api/v1/pop/queue/{dq}?wait=true&timeout=5000"),
@@ -924,14 +958,14 @@ async fn producer_identity(store: Store, name: &str) {
     let m = &popped["messages"][0];
     let ack = json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"], "status": "failed"});
     assert_eq!(
-        send(b.addr, Some(&alice), "POST", "/api/v1/ack", Some(&ack))
+        send(b.addr, Some(alice), "POST", "/api/v1/ack", Some(&ack))
             .await
             .status,
         200
     );
     let dlq = send(
         b.addr,
-        Some(&alice),
+        Some(alice),
         "GET",
         &format!("/api/v1/dlq?queue={dq}"),
         None,
@@ -939,7 +973,11 @@ async fn producer_identity(store: Store, name: &str) {
     .await
     .json();
     assert_eq!(dlq["messages"][0]["producerSub"], "alice", "{dlq}");
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A push that claims to come from someone else: the broker stamps the token's identity instead.
+fn spoofed_push(q: &str, tx: &str) -> Value {
+    json!({"items": [{"queue": q, "transactionId": tx, "payload": {"tx": tx}, "producerSub": "mallory"}]})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,9 +36,17 @@ async fn binary_forms(store: Store) {
     let mut c = Client::connect(b.addr).await;
     let mut ids = 0u64;
 
+    framed_push_and_acks_by_number(&mut c, &mut ids).await;
+    plain_push_sliced_pop_and_a_transaction(&mut c, &mut ids).await;
+    hostile_binary_bodies(&mut c, &mut ids).await;
+}
+
+/// A framed push (flag 8) answered per item, its zstd frame shipped untouched by a whole-segment
+/// pop; acks by the framed answer's partition number.
+async fn framed_push_and_acks_by_number(c: &mut Client, ids: &mut u64) {
     // A framed push (flag 8): the answer is per item; a whole-segment pop ships the client's
     // zstd frame untouched.
-    let (body, blobs) = wire::push_frames(&[batch("bq", "p", 40, "a")], false, &mut ids);
+    let (body, blobs) = wire::push_frames(&[batch("bq", "p", 40, "a")], false, ids);
     let r = c
         .post_bytes("/api/v1/push", wire::PUSH_CONTENT_TYPE, &body)
         .await;
@@ -50,7 +58,7 @@ async fn binary_forms(store: Store) {
         .unwrap()
         .iter()
         .all(|a| a["status"] == "queued"));
-    let f = pop_framed(&mut c, "/api/v1/pop/queue/bq?batch=100&frames=true").await;
+    let f = pop_framed(c, "/api/v1/pop/queue/bq?batch=100&frames=true").await;
     assert_eq!(f.claims.len(), 1);
     let claim = &f.claims[0];
     assert_eq!((claim.start, claim.end, claim.records.len()), (0, 39, 1));
@@ -85,7 +93,11 @@ async fn binary_forms(store: Store) {
         )
         .await;
     assert_eq!(r.json()[0]["error"], "Message not found");
+}
 
+/// A plain push (flag 4) with a zstd body and counts; a pop of a slice of a segment ships only
+/// those frames; QTB1 acks one of them (the head's ack first, then the pushes in wire order).
+async fn plain_push_sliced_pop_and_a_transaction(c: &mut Client, ids: &mut u64) {
     // A plain push (flag 4) with a zstd body (flag 1) and counts (flag 2); a duplicate counts.
     let plain = wire::push_plain(
         &[batch("bq", "q", 100, "b")],
@@ -108,11 +120,7 @@ async fn binary_forms(store: Store) {
     );
 
     // A pop of 5 from a 100-message segment ships only those frames, raw.
-    let f = pop_framed(
-        &mut c,
-        "/api/v1/pop/queue/bq/partition/q?batch=5&frames=true",
-    )
-    .await;
+    let f = pop_framed(c, "/api/v1/pop/queue/bq/partition/q?batch=5&frames=true").await;
     let claim = &f.claims[0];
     assert_eq!((claim.start, claim.end), (0, 4));
     assert_eq!((claim.records[0].codec, claim.records[0].count), (0, 5));
@@ -122,11 +130,10 @@ async fn binary_forms(store: Store) {
         .map(|m| m.transaction_id.as_str())
         .collect();
     assert_eq!(txids, ["b-0", "b-1", "b-2", "b-3", "b-4"]);
-
     // QTB1: the head's ack first, then the pushes in wire order.
     let head = json!({"operations": [{"type": "ack", "transactionId": "b-4", "partitionId": claim.partition_id.to_string(),
         "status": "completed", "leaseId": f.lease_id}], "requiredLeases": [f.lease_id]});
-    let body = wire::transaction(&head, &[batch("out", "Default", 2, "t")], false, &mut ids);
+    let body = wire::transaction(&head, &[batch("out", "Default", 2, "t")], false, ids);
     let r = c
         .post_bytes("/api/v1/transaction", wire::PUSH_CONTENT_TYPE, &body)
         .await;
@@ -146,11 +153,14 @@ async fn binary_forms(store: Store) {
         2,
         "JSON stays the default answer"
     );
+}
 
+/// Hostile binary bodies: 400, nothing stored.
+async fn hostile_binary_bodies(c: &mut Client, ids: &mut u64) {
     // Hostile bodies: 400, nothing stored.
     let before = c.get("/metrics").await.json()["messagesPushed"].clone();
     let good = wire::push_plain(&[batch("hostile", "p", 2, "h")], 0);
-    let (framed, _) = wire::push_frames(&[batch("hostile", "p", 2, "h")], false, &mut ids);
+    let (framed, _) = wire::push_frames(&[batch("hostile", "p", 2, "h")], false, ids);
     let mut bad_flags = good.clone();
     bad_flags[4] |= 0x10;
     let mut trailing = good.clone();

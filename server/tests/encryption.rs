@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{request, start, start_pair_with, Broker, Client, Store};
+use common::{request, start, start_pair_with, Client, Store, TestBroker};
 use queen_server::config::ServerConfig;
 use queen_server::sealing::{check_cluster_key, PayloadCipher};
 use serde_json::{json, Value};
@@ -26,7 +26,7 @@ fn keyed(key: &str) -> ServerConfig {
     }
 }
 
-async fn configure(b: &Broker, queue: &str, options: Value) -> common::Response {
+async fn configure(b: &TestBroker, queue: &str, options: Value) -> common::Response {
     request(
         b.addr,
         "POST",
@@ -37,7 +37,7 @@ async fn configure(b: &Broker, queue: &str, options: Value) -> common::Response 
 }
 
 /// Pops everything (autoAck) until `n` messages came: their payloads by transactionId.
-async fn drain(b: &Broker, queue: &str, n: usize) -> std::collections::BTreeMap<String, Value> {
+async fn drain(b: &TestBroker, queue: &str, n: usize) -> std::collections::BTreeMap<String, Value> {
     common::pop_until(b.addr, None, queue, n, "data").await
 }
 
@@ -232,7 +232,7 @@ async fn plaintext_never_reaches_the_database_files() {
 }
 
 /// The frames of every segment of a queue, as stored.
-async fn stored_frames(b: &Broker, queue: &str) -> Vec<queen_core::frames::Frame> {
+async fn stored_frames(b: &TestBroker, queue: &str) -> Vec<queen_core::frames::Frame> {
     let client = b.pg.as_ref().unwrap().pool().get().await.unwrap();
     let rows = client
         .query(

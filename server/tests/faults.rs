@@ -66,76 +66,11 @@ async fn under_load<F: std::future::Future<Output = ()>>(
     let mut tasks = vec![];
     for producer in 0..2 {
         let (seen, stop, addr) = (seen.clone(), stop.clone(), a_addr);
-        tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect(addr).await;
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let tx = format!("p{producer}-{n}");
-                let body = json!({"items": [{"queue": "faults", "partition": format!("part{}", n % 4),
-                                             "transactionId": tx, "payload": {"n": n}}]});
-                let r = c.post("/api/v1/push", &body).await;
-                note(&seen, "push", &r);
-                match r.status {
-                    201 => seen.lock().unwrap().confirmed.push(tx),
-                    503 => tokio::time::sleep(Duration::from_millis(20)).await,
-                    s => panic!("a push answered {s}: {:?}", String::from_utf8_lossy(&r.body)),
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }));
+        tasks.push(tokio::spawn(produce(producer, addr, seen, stop)));
     }
     for _ in 0..2 {
         let (seen, stop, addr) = (seen.clone(), stop.clone(), b_addr);
-        tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect(addr).await;
-            while !stop.load(Ordering::Relaxed) {
-                let r = c
-                    .get("/api/v1/pop/queue/faults?wait=true&timeout=1000&batch=10&consumerGroup=g&leaseSeconds=2")
-                    .await;
-                note(&seen, "pop", &r);
-                match r.status {
-                    200 => {}
-                    204 => continue,
-                    503 => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    s => panic!("a pop answered {s}: {:?}", String::from_utf8_lossy(&r.body)),
-                }
-                let body = r.json();
-                let msgs = body["messages"].as_array().cloned().unwrap_or_default();
-                let acks: Vec<Value> = msgs
-                    .iter()
-                    .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                                    "leaseId": m["leaseId"]}))
-                    .collect();
-                {
-                    let mut s = seen.lock().unwrap();
-                    for m in &msgs {
-                        let tx = m["transactionId"].as_str().unwrap().to_string();
-                        *s.delivered.entry(tx).or_default() += 1;
-                    }
-                }
-                let r = c
-                    .post(
-                        "/api/v1/ack/batch",
-                        &json!({"consumerGroup": "g", "acknowledgments": acks}),
-                    )
-                    .await;
-                note(&seen, "ack", &r);
-                let all_acked = r.status == 200
-                    && r.json()
-                        .as_array()
-                        .is_some_and(|a| a.iter().all(|o| o["success"] == true));
-                if !all_acked {
-                    seen.lock().unwrap().failed_acks += 1;
-                }
-                if !matches!(r.status, 200 | 503) {
-                    panic!("an ack answered {}", r.status);
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(consume_and_ack(addr, seen, stop)));
     }
     outage.await;
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -231,6 +166,91 @@ async fn under_load<F: std::future::Future<Output = ()>>(
         "{twice} messages delivered twice with every ack successful"
     );
     s
+}
+
+/// A producer of the fault load: one-message pushes until stopped, noting each confirmed one.
+async fn produce(
+    producer: usize,
+    addr: std::net::SocketAddr,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut c = Client::connect(addr).await;
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let tx = format!("p{producer}-{n}");
+        let body = json!({"items": [{"queue": "faults", "partition": format!("part{}", n % 4),
+                                     "transactionId": tx, "payload": {"n": n}}]});
+        let r = c.post("/api/v1/push", &body).await;
+        note(&seen, "push", &r);
+        match r.status {
+            201 => seen.lock().unwrap().confirmed.push(tx),
+            503 => tokio::time::sleep(Duration::from_millis(20)).await,
+            s => panic!(
+                "a push answered {s}: {:?}",
+                String::from_utf8_lossy(&r.body)
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A consumer of the fault load: long-polls group g, notes every delivery, acks each batch whole.
+async fn consume_and_ack(
+    addr: std::net::SocketAddr,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut c = Client::connect(addr).await;
+    while !stop.load(Ordering::Relaxed) {
+        let r = c
+            .get("/api/v1/pop/queue/faults?wait=true&timeout=1000&batch=10&consumerGroup=g&leaseSeconds=2")
+            .await;
+        note(&seen, "pop", &r);
+        match r.status {
+            200 => {}
+            204 => continue,
+            503 => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            s => panic!("a pop answered {s}: {:?}", String::from_utf8_lossy(&r.body)),
+        }
+        let body = r.json();
+        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+        let acks: Vec<Value> = msgs
+            .iter()
+            .map(|m| {
+                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                            "leaseId": m["leaseId"]})
+            })
+            .collect();
+        {
+            let mut s = seen.lock().unwrap();
+            for m in &msgs {
+                let tx = m["transactionId"].as_str().unwrap().to_string();
+                *s.delivered.entry(tx).or_default() += 1;
+            }
+        }
+        let r = c
+            .post(
+                "/api/v1/ack/batch",
+                &json!({"consumerGroup": "g", "acknowledgments": acks}),
+            )
+            .await;
+        note(&seen, "ack", &r);
+        let all_acked = r.status == 200
+            && r.json()
+                .as_array()
+                .is_some_and(|a| a.iter().all(|o| o["success"] == true));
+        if !all_acked {
+            seen.lock().unwrap().failed_acks += 1;
+        }
+        if !matches!(r.status, 200 | 503) {
+            panic!("an ack answered {}", r.status);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,11 +355,12 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         })
         .await
         .expect("connect");
-        let app = queen_server::app::App::new(
+        let app = queen_server::broker::Broker::new(
             ServerConfig::default(),
             queen_core::storage::StorageSet::of(Arc::new(storage.clone())),
             seed,
         );
+        queen_server::tasks::start(&app);
         queen_server::spawn_event_listener(app.clone(), &storage);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -387,11 +408,12 @@ async fn more_requests_than_connections_queue_and_all_answer() {
     })
     .await
     .expect("connect");
-    let app = queen_server::app::App::new(
+    let app = queen_server::broker::Broker::new(
         ServerConfig::default(),
         queen_core::storage::StorageSet::of(Arc::new(storage)),
         9,
     );
+    queen_server::tasks::start(&app);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
@@ -524,36 +546,7 @@ async fn a_killed_broker_loses_nothing_and_applies_nothing_twice() {
     };
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut broker = spawn_broker(&url, port).await;
-    // Requests, each retried until answered: (method, path, body).
-    let mut requests: Vec<(&'static str, String, Value)> = vec![];
-    for i in 0..40 {
-        requests.push((
-            "POST",
-            "/api/v1/push".into(),
-            json!({"items": (0..5).map(|k| json!({"queue": "kill", "partition": format!("p{}", k % 3),
-                "transactionId": format!("push-{i}-{k}"), "payload": {"i": i, "k": k}})).collect::<Vec<_>>()}),
-        ));
-        requests.push((
-            "POST",
-            "/api/v1/transaction".into(),
-            json!({"operations": [{"type": "push", "items": [
-                {"queue": "kill", "partition": "tx", "transactionId": format!("tx-{i}-a"), "payload": i},
-                {"queue": "kill", "partition": "tx", "transactionId": format!("tx-{i}-b"), "payload": i}]}]}),
-        ));
-    }
-    let expected: Vec<String> = requests
-        .iter()
-        .flat_map(|(_, _, body)| {
-            let items = body["items"]
-                .as_array()
-                .cloned()
-                .or_else(|| body["operations"][0]["items"].as_array().cloned())
-                .unwrap_or_default();
-            items
-                .into_iter()
-                .map(|i| i["transactionId"].as_str().unwrap().to_string())
-        })
-        .collect();
+    let (requests, expected) = kill_test_requests();
     // First pass: the requests go out a millisecond apart, and the broker is killed as soon as
     // the first answer is back, with the others in flight or not yet sent.
     let first_answer = Arc::new(tokio::sync::Notify::new());
@@ -628,32 +621,7 @@ async fn a_killed_broker_loses_nothing_and_applies_nothing_twice() {
             .all(|o| o["success"] == true),
         "a retried ack is applied once and then answers success: {answer}"
     );
-    // The audit: every message of the queue once, from the start.
-    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
-    loop {
-        let (s, body) = try_request(
-            addr,
-            "GET",
-            "/api/v1/pop/queue/kill?batch=1000&partitions=10&autoAck=true&consumerGroup=audit"
-                .into(),
-            Value::Null,
-        )
-        .await
-        .expect("audit pop");
-        if s == 204 {
-            break;
-        }
-        for m in body["messages"].as_array().unwrap() {
-            *seen
-                .entry(m["transactionId"].as_str().unwrap().to_string())
-                .or_default() += 1;
-        }
-    }
-    let missing: Vec<&String> = expected.iter().filter(|t| !seen.contains_key(*t)).collect();
-    assert!(missing.is_empty(), "lost: {missing:?}");
-    let twice: Vec<(&String, &u32)> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "stored twice: {twice:?}");
-    assert_eq!(seen.len(), expected.len(), "stored something never pushed");
+    audit_every_push_stored_once(addr, &expected).await;
     // The worker's acked batch is not delivered to it again.
     let (s, body) = try_request(
         addr,
@@ -688,6 +656,72 @@ async fn a_killed_broker_loses_nothing_and_applies_nothing_twice() {
     queen_storage_pg::testing::drop_database(&name).await;
 }
 
+/// A request of the kill test: (method, path, body).
+type KillRequest = (&'static str, String, Value);
+
+/// Requests, each retried until answered; and the transactionIds they push.
+fn kill_test_requests() -> (Vec<KillRequest>, Vec<String>) {
+    let mut requests: Vec<KillRequest> = vec![];
+    for i in 0..40 {
+        requests.push((
+            "POST",
+            "/api/v1/push".into(),
+            json!({"items": (0..5).map(|k| json!({"queue": "kill", "partition": format!("p{}", k % 3),
+                "transactionId": format!("push-{i}-{k}"), "payload": {"i": i, "k": k}})).collect::<Vec<_>>()}),
+        ));
+        requests.push((
+            "POST",
+            "/api/v1/transaction".into(),
+            json!({"operations": [{"type": "push", "items": [
+                {"queue": "kill", "partition": "tx", "transactionId": format!("tx-{i}-a"), "payload": i},
+                {"queue": "kill", "partition": "tx", "transactionId": format!("tx-{i}-b"), "payload": i}]}]}),
+        ));
+    }
+    let expected: Vec<String> = requests
+        .iter()
+        .flat_map(|(_, _, body)| {
+            let items = body["items"]
+                .as_array()
+                .cloned()
+                .or_else(|| body["operations"][0]["items"].as_array().cloned())
+                .unwrap_or_default();
+            items
+                .into_iter()
+                .map(|i| i["transactionId"].as_str().unwrap().to_string())
+        })
+        .collect();
+    (requests, expected)
+}
+
+/// The audit: every message of the queue once, from the start; nothing else.
+async fn audit_every_push_stored_once(addr: std::net::SocketAddr, expected: &[String]) {
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    loop {
+        let (s, body) = try_request(
+            addr,
+            "GET",
+            "/api/v1/pop/queue/kill?batch=1000&partitions=10&autoAck=true&consumerGroup=audit"
+                .into(),
+            Value::Null,
+        )
+        .await
+        .expect("audit pop");
+        if s == 204 {
+            break;
+        }
+        for m in body["messages"].as_array().unwrap() {
+            *seen
+                .entry(m["transactionId"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    let missing: Vec<&String> = expected.iter().filter(|t| !seen.contains_key(*t)).collect();
+    assert!(missing.is_empty(), "lost: {missing:?}");
+    let twice: Vec<(&String, &u32)> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "stored twice: {twice:?}");
+    assert_eq!(seen.len(), expected.len(), "stored something never pushed");
+}
+
 /// A scratch directory for a file buffer, empty.
 fn buffer_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("queen-test-buffer-{name}-{}", std::process::id()));
@@ -699,13 +733,14 @@ fn buffer_dir(name: &str) -> std::path::PathBuf {
 async fn buffered_broker(
     storage: queen_core::storage::StorageSet,
     dir: &std::path::Path,
-) -> (Arc<queen_server::app::App>, std::net::SocketAddr) {
+) -> (Arc<queen_server::broker::Broker>, std::net::SocketAddr) {
     let buffer = queen_server::buffer::FileBuffer::open(dir).expect("buffer");
     let config = ServerConfig {
         file_buffer: Some(Arc::new(buffer)),
         ..ServerConfig::default()
     };
-    let app = queen_server::app::App::new(config, storage, 13);
+    let app = queen_server::broker::Broker::new(config, storage, 13);
+    queen_server::tasks::start(&app);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
@@ -750,7 +785,7 @@ async fn push_maintenance_buffers_then_stores_in_order() {
     let dir = buffer_dir("maintenance");
     let db = queen_storage_sim::SimDb::new(
         5,
-        Arc::new(queen_server::app::wall_now),
+        Arc::new(queen_server::wall_now),
         queen_storage_sim::SimBugs::default(),
     );
     let (_app, addr) = buffered_broker(queen_core::storage::StorageSet::of(db), &dir).await;
@@ -797,7 +832,7 @@ async fn push_maintenance_buffers_then_stores_in_order() {
         nothing.status, 204,
         "nothing reached storage in maintenance mode"
     );
-    let switched_off = queen_server::app::wall_now();
+    let switched_off = queen_server::wall_now();
     let off = request(
         addr,
         "POST",
@@ -940,7 +975,7 @@ async fn a_drain_cut_short_stores_nothing_twice() {
                 blob: None,
             };
             buffer
-                .append(queen_server::app::wall_now(), std::slice::from_ref(&group))
+                .append(queen_server::wall_now(), std::slice::from_ref(&group))
                 .expect("append");
             groups.push(group);
         }

@@ -26,6 +26,14 @@ async fn round_trip(store: Store) {
         "all 15 options echoed"
     );
 
+    push_pop_renew_and_ack(&mut c).await;
+    consumer_groups_and_auto_ack(&mut c).await;
+    discovery_and_maintenance(&mut c).await;
+    delete_health_and_metrics(&mut c).await;
+}
+
+/// Push (per-item status, duplicates), pop a named partition, renew, the lease's 204, acks.
+async fn push_pop_renew_and_ack(c: &mut Client) {
     // Push: 201, per-item status, duplicate answers the original id.
     let items = json!({"items": [
         {"queue": "my queue", "partition": "p/1", "payload": {"n": 1}, "transactionId": "t1"},
@@ -113,7 +121,10 @@ async fn round_trip(store: Store) {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()[0]["success"], false);
     assert_eq!(r.json()[0]["error"], "Message not found");
+}
 
+/// Consumer groups and autoAck.
+async fn consumer_groups_and_auto_ack(c: &mut Client) {
     // Consumer groups and autoAck.
     c.post(
         "/api/v1/push",
@@ -133,7 +144,10 @@ async fn round_trip(store: Store) {
         .get("/api/v1/pop/queue/my%20queue?consumerGroup=g1&autoAck=true&wait=false")
         .await;
     assert_eq!(r.status, 204, "autoAck committed");
+}
 
+/// A discovery pop needs a namespace or task; in maintenance mode pops answer 204 at once.
+async fn discovery_and_maintenance(c: &mut Client) {
     // Discovery pop needs a namespace or task.
     assert_eq!(c.get("/api/v1/pop?wait=false").await.status, 400);
     c.post(
@@ -165,7 +179,10 @@ async fn round_trip(store: Store) {
     c.post("/api/v1/system/maintenance/pop", &json!({"enabled": false}))
         .await;
     assert_eq!(c.get("/api/v1/pop/queue/m?wait=false").await.status, 200);
+}
 
+/// Deleting a queue; health and the Prometheus text.
+async fn delete_health_and_metrics(c: &mut Client) {
     // Delete.
     let r = c
         .send("DELETE", "/api/v1/resources/queues/my%20queue", None)
@@ -978,15 +995,11 @@ async fn only_a_push_that_stores_something_is_an_event_on_postgres() {
     only_a_push_that_stores_something_is_an_event(Store::Postgres("queen_http_events")).await;
 }
 
-/// The same hostile requests to a memory broker and a PostgreSQL broker: every one a 4xx with the
-/// same status and body on both, and nothing stored. NUL reaches no storage (PostgreSQL text
-/// cannot hold it; before one validation layer, the PostgreSQL broker answered 500 where the
-/// memory broker stored it), impossible dates are refused, and so are bad shapes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_requests_get_the_same_answer_from_both_backends() {
+/// Requests each carrying a NUL byte (or a NUL percent-encoded in the path) in one field.
+fn hostile_corpus() -> Vec<(&'static str, String, Option<Value>)> {
     let nul = "a\u{0}b";
     let nul_path = "a%00b";
-    let corpus: Vec<(&str, String, Option<Value>)> = vec![
+    vec![
         (
             "POST",
             "/api/v1/push".into(),
@@ -1135,7 +1148,16 @@ async fn hostile_requests_get_the_same_answer_from_both_backends() {
             format!("/api/v1/resources/queues/{nul_path}"),
             None,
         ),
-    ];
+    ]
+}
+
+/// The same hostile requests to a memory broker and a PostgreSQL broker: every one a 4xx with the
+/// same status and body on both, and nothing stored. NUL reaches no storage (PostgreSQL text
+/// cannot hold it; before one validation layer, the PostgreSQL broker answered 500 where the
+/// memory broker stored it), impossible dates are refused, and so are bad shapes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_get_the_same_answer_from_both_backends() {
+    let corpus = hostile_corpus();
     let memory = start(Store::Memory, ServerConfig::default()).await;
     let pg = start(
         Store::Postgres("queen_http_hostile"),

@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use queen_core::storage::StorageSet;
-use queen_server::app::App;
+use queen_server::broker::Broker;
 use queen_server::config::ServerConfig;
 use queen_storage_pg::tls::SslMode;
 use queen_storage_pg::{PgConfig, PgSettings, PgStorage};
@@ -158,11 +158,12 @@ async fn every_connection_of_a_broker_is_encrypted() {
         let pg = PgStorage::connect(&cfg).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap());
-        let app = App::new(
+        let app = Broker::new(
             ServerConfig::default(),
             StorageSet::of(Arc::new(pg.clone())),
             seed,
         );
+        queen_server::tasks::start(&app);
         queen_server::spawn_event_listener(app.clone(), &pg);
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
         keep.push((app, pg));

@@ -562,7 +562,7 @@ async fn a_wake_during_a_storage_call(drop_wakes_during_work: bool) -> u16 {
     use std::sync::Arc;
     let db = queen_storage_sim::SimDb::new(
         3,
-        Arc::new(queen_server::app::wall_now),
+        Arc::new(queen_server::wall_now),
         queen_storage_sim::SimBugs::default(),
     );
     let storage = Arc::new(HeldPartitionPop {
@@ -571,7 +571,7 @@ async fn a_wake_during_a_storage_call(drop_wakes_during_work: bool) -> u16 {
         entered: tokio::sync::Notify::new(),
         release: tokio::sync::Notify::new(),
     });
-    let hooks = queen_server::app::Hooks {
+    let hooks = queen_server::broker::Hooks {
         pop_bugs: queen_core::pop::PopBugs {
             drop_wakes_during_work,
             ..Default::default()
@@ -580,7 +580,8 @@ async fn a_wake_during_a_storage_call(drop_wakes_during_work: bool) -> u16 {
     };
     let mut backend = queen_core::storage::StorageSet::of(db);
     backend.pops = storage.clone();
-    let app = queen_server::app::App::with_hooks(event_driven(true), backend, 5, hooks);
+    let app = queen_server::broker::Broker::with_hooks(event_driven(true), backend, 5, hooks);
+    queen_server::tasks::start(&app);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
@@ -616,20 +617,21 @@ async fn a_wake_during_a_storage_call_is_not_slept_through() {
 /// case's hooks (its bug switches), serving on a free port.
 async fn hooked_memory_broker(
     hotlist: bool,
-    hooks: queen_server::app::Hooks,
+    hooks: queen_server::broker::Hooks,
     seed: u64,
-) -> (std::sync::Arc<queen_server::app::App>, SocketAddr) {
+) -> (std::sync::Arc<queen_server::broker::Broker>, SocketAddr) {
     let db = queen_storage_sim::SimDb::new(
         3,
-        std::sync::Arc::new(queen_server::app::wall_now),
+        std::sync::Arc::new(queen_server::wall_now),
         queen_storage_sim::SimBugs::default(),
     );
-    let app = queen_server::app::App::with_hooks(
+    let app = queen_server::broker::Broker::with_hooks(
         event_driven(hotlist),
         queen_core::storage::StorageSet::of(db),
         seed,
         hooks,
     );
+    queen_server::tasks::start(&app);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
@@ -643,7 +645,7 @@ async fn hooked_memory_broker(
 /// messages sequential wait=false pops took.
 async fn walked_backlog(walk_stops_after_first_page: bool) -> usize {
     const PARTITIONS: usize = WALKED_PARTITIONS;
-    let hooks = queen_server::app::Hooks {
+    let hooks = queen_server::broker::Hooks {
         ring_bugs: queen_core::ring::RingBugs {
             walk_stops_after_first_page,
             ..Default::default()
@@ -724,7 +726,7 @@ async fn one_push_into_four_partitions(
 ) -> (Vec<String>, u64) {
     const PARKED: usize = 20;
     const PARTITIONS: usize = 4;
-    let hooks = queen_server::app::Hooks {
+    let hooks = queen_server::broker::Hooks {
         pop_bugs,
         ..Default::default()
     };
@@ -860,26 +862,27 @@ async fn a_lease_ending_after_its_listener_left(
         .await
         .unwrap();
         let held = holding.clone();
-        let hooks = queen_server::app::Hooks {
+        let hooks = queen_server::broker::Hooks {
             pop_bugs,
             wake_fate: (!hotlist).then(|| {
-                let held: queen_server::app::WakeFilter = std::sync::Arc::new(move |_| {
+                let held: queen_server::broker::WakeFilter = std::sync::Arc::new(move |_| {
                     if held.load(Ordering::SeqCst) {
-                        queen_server::app::WakeFate::Drop
+                        queen_server::broker::WakeFate::Drop
                     } else {
-                        queen_server::app::WakeFate::Deliver
+                        queen_server::broker::WakeFate::Deliver
                     }
                 });
                 held
             }),
             ..Default::default()
         };
-        let app = queen_server::app::App::with_hooks(
+        let app = queen_server::broker::Broker::with_hooks(
             event_driven(hotlist),
             queen_core::storage::StorageSet::of(std::sync::Arc::new(pg.clone())),
             seed,
             hooks,
         );
+        queen_server::tasks::start(&app);
         queen_server::spawn_event_listener(app.clone(), &pg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap());

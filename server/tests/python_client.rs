@@ -40,7 +40,7 @@ fn token(sub: &str, role: &str) -> String {
 
 /// JWT auth (HS256).
 fn with_auth() -> ServerConfig {
-    use queen_server::auth::{AuthSettings, Authenticator, JwtAlgorithm};
+    use queen_server::http::auth::{AuthSettings, Authenticator, JwtAlgorithm};
     ServerConfig {
         auth: Some(std::sync::Arc::new(
             Authenticator::new(AuthSettings {

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{metrics, start, start_pair, Client, Store};
+use queen_server::config::RetentionSettings;
 use queen_server::config::ServerConfig;
-use queen_server::retention::RetentionSettings;
 use serde_json::json;
 
 fn config() -> ServerConfig {

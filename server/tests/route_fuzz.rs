@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{start, Broker, Client, Store};
+use common::{start, Client, Store, TestBroker};
 use proptest::prelude::*;
 use queen_server::config::ServerConfig;
 use serde_json::{json, Value};
@@ -91,7 +91,7 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// What a refused request must leave alone: the queues, and the messages stored.
-async fn fingerprint(b: &Broker) -> (Vec<String>, u64) {
+async fn fingerprint(b: &TestBroker) -> (Vec<String>, u64) {
     let queues = b
         .app
         .storage

@@ -1151,35 +1151,7 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let d = b.storage();
     let mut ids = Ids::new(18);
-    configure(
-        &*s,
-        QueueConfig {
-            retry_limit: 0,
-            ..QueueConfig::with_defaults("q")
-        },
-    )
-    .await?;
-    for p in ["a", "b"] {
-        push(&*s, &mut ids, "q", p, p, 0..2).await?;
-    }
-    for p in ["a", "b"] {
-        for _ in 0..2 {
-            let w = ids.worker();
-            let r = s
-                .pop_partition(pop_req("q", "g", w, 1), p.into())
-                .await
-                .map_err(e)?;
-            let c = &r.claims[0];
-            let tx = format!("{p}-{}", c.first_offset);
-            let mut item = ack(&tx, &c.partition_id, AckStatus::Failed, Some(w.to_string()));
-            item.error = Some(format!("boom {tx}"));
-            let o = s.ack("g", vec![item]).await.map_err(e)?;
-            ensure!(
-                o[0].dlq,
-                "retryLimit 0: the first failure dead-letters: {o:?}"
-            );
-        }
-    }
+    dead_letter_two_per_partition(&*s, &mut ids).await?;
     let all = DlqQuery {
         queue: "q".into(),
         limit: 100,
@@ -1266,7 +1238,51 @@ pub async fn dead_letter_listing(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure_eq!(total, 4, "total past the last page");
-    // Requeue the newest: it is delivered again as a new message, and leaves the DLQ.
+    requeue_the_newest_dead_letter(&*s, &*d, &mut ids, &all).await
+}
+
+/// Queue q with retryLimit 0, two messages in each of partitions a and b, each failed once by
+/// group g: four dead letters.
+async fn dead_letter_two_per_partition(s: &dyn Storage, ids: &mut Ids) -> CaseResult {
+    configure(
+        s,
+        QueueConfig {
+            retry_limit: 0,
+            ..QueueConfig::with_defaults("q")
+        },
+    )
+    .await?;
+    for p in ["a", "b"] {
+        push(s, ids, "q", p, p, 0..2).await?;
+    }
+    for p in ["a", "b"] {
+        for _ in 0..2 {
+            let w = ids.worker();
+            let r = s
+                .pop_partition(pop_req("q", "g", w, 1), p.into())
+                .await
+                .map_err(e)?;
+            let c = &r.claims[0];
+            let tx = format!("{p}-{}", c.first_offset);
+            let mut item = ack(&tx, &c.partition_id, AckStatus::Failed, Some(w.to_string()));
+            item.error = Some(format!("boom {tx}"));
+            let o = s.ack("g", vec![item]).await.map_err(e)?;
+            ensure!(
+                o[0].dlq,
+                "retryLimit 0: the first failure dead-letters: {o:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The newest dead letter requeued: delivered again as a new message, out of the DLQ, once.
+async fn requeue_the_newest_dead_letter(
+    s: &dyn Storage,
+    d: &dyn Storage,
+    ids: &mut Ids,
+    all: &DlqQuery,
+) -> CaseResult {
     let newest = d
         .dead_letters(all.clone())
         .await

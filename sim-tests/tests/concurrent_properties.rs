@@ -107,12 +107,22 @@ fn run_case(
     );
     prop_assert_eq!(ev.deadlocks, 0, "seed {}: deadlock", seed);
 
-    // Exclusivity: at most one leased claim per partition (autoAck claims commit at once and hold
-    // nothing); offsets are never delivered twice.
     let mut delivered: BTreeMap<String, BTreeSet<Offset>> = BTreeMap::new();
+    let acks = check_exclusive(&run, &pop_tasks, seed, &mut delivered)?;
+    ack_and_drain(&db, acks, seed, partitions, &names, &mut delivered)
+}
+
+/// Exclusivity: at most one leased claim per partition (autoAck claims commit at once and hold
+/// nothing); offsets are never delivered twice. The acks of what was leased.
+fn check_exclusive(
+    run: &Interleaving,
+    pop_tasks: &[usize],
+    seed: u64,
+    delivered: &mut BTreeMap<String, BTreeSet<Offset>>,
+) -> Result<Vec<(String, Vec<AckItem>)>, TestCaseError> {
     let mut claimed = BTreeSet::new();
     let mut acks: Vec<(String, Vec<AckItem>)> = vec![];
-    for t in &pop_tasks {
+    for t in pop_tasks {
         match run.result(*t) {
             Some(OpResult::Pop(Ok(r))) => {
                 for c in r.claims.iter().filter(|c| c.lease_expires_at.is_some()) {
@@ -161,7 +171,18 @@ fn run_case(
             }
         }
     }
-    // Ack everything delivered, then drain: nothing pushed may be missing.
+    Ok(acks)
+}
+
+/// Ack everything delivered, then drain: nothing pushed may be missing.
+fn ack_and_drain(
+    db: &SimDb,
+    acks: Vec<(String, Vec<AckItem>)>,
+    seed: u64,
+    partitions: usize,
+    names: &[String],
+    delivered: &mut BTreeMap<String, BTreeSet<Offset>>,
+) -> Result<(), TestCaseError> {
     for (g, items) in acks {
         let out = block_on(db.ack(&g, items)).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(
@@ -185,7 +206,7 @@ fn run_case(
             );
         }
     }
-    for n in &names {
+    for n in names {
         let last = db.partition_head("q", n).map_or(-1, |(l, _)| l);
         let want: BTreeSet<Offset> = (0..=last).collect();
         prop_assert_eq!(

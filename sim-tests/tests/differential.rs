@@ -204,217 +204,238 @@ struct Side {
 }
 
 async fn apply(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String {
-    let s = side.storage.clone();
     match op {
-        Op::Push { part, n, dup } => {
-            let frames = (0..*n)
-                .map(|i| Frame {
-                    producer: None,
-                    encrypted: false,
-                    message_id: uuid::Uuid::from_u128(seq * 100 + u128::from(i)),
-                    transaction_id: if *dup {
-                        format!("dup-{i}")
-                    } else {
-                        format!("t{seq}-{i}")
-                    },
-                    trace_id: None,
-                    payload: format!("{{\"s\":{seq}}}").into_bytes(),
-                })
-                .collect();
-            let out = s
-                .push(vec![PushGroup {
-                    queue: "q".into(),
-                    partition: PARTS[*part].into(),
-                    frames,
-                    blob: None,
-                }])
-                .await
-                .expect("push");
-            let v: Vec<String> = out[0]
-                .iter()
-                .map(|o| match o {
-                    PushOutcome::Queued { offset, .. } => format!("queued {offset}"),
-                    PushOutcome::Duplicate { message_id, .. } => {
-                        format!("duplicate of {message_id}")
-                    }
-                    PushOutcome::Rejected { full, .. } => format!("rejected: {full}"),
-                })
-                .collect();
-            format!("{v:?}")
-        }
-        Op::Pop {
-            group,
-            shape,
-            part,
-            batch,
-            max,
-            auto_ack,
-        } => {
-            let req = PopRequest {
-                queue: "q".into(),
-                group: GROUPS[*group].into(),
-                worker,
-                batch: *batch,
-                max_partitions: *max,
-                auto_ack: *auto_ack,
-                lease_seconds: Some(10),
-                intent: SubscriptionIntent::default(),
-                skip_window_debounce: false,
-            };
-            if *shape == 3 {
-                return pop_several(side, req, *part, seq).await;
-            }
-            let r = match shape {
-                0 => s.pop_partition(req, PARTS[*part].into()).await,
-                1 => {
-                    let mut names: Vec<String> = PARTS.iter().map(|p| p.to_string()).collect();
-                    names.rotate_left(*part);
-                    s.pop_list(req, names).await
-                }
-                // Everything claimable, so the scan's random order cannot change the answer.
-                _ => {
-                    s.pop_wildcard(PopRequest {
-                        batch: 1000,
-                        max_partitions: 3,
-                        ..req
-                    })
-                    .await
-                }
-            }
-            .expect("pop");
-            if !*auto_ack && !r.claims.is_empty() {
-                side.delivered = leased_messages(&r, GROUPS[*group], worker);
-            }
-            format!("{:?}", view(&r))
-        }
-        Op::Ack { k, failed, fenced } => {
-            if side.delivered.is_empty() {
-                return "nothing delivered".into();
-            }
-            let d = side.delivered[usize::from(*k) % side.delivered.len()].clone();
-            let out = s
-                .ack(
-                    &d.group,
-                    vec![AckItem {
-                        transaction_id: d.transaction_id,
-                        partition_id: d.partition_id,
-                        status: if *failed {
-                            AckStatus::Failed
-                        } else {
-                            AckStatus::Completed
-                        },
-                        lease_id: fenced.then(|| d.worker.to_string()),
-                        error: None,
-                    }],
-                )
-                .await
-                .expect("ack");
-            format!(
-                "{:?}",
-                out.iter()
-                    .map(|o| (o.success, o.error.clone(), o.lease_released, o.dlq))
-                    .collect::<Vec<_>>()
-            )
-        }
-        Op::AckMany { items, failed } => {
-            if side.delivered.is_empty() {
-                return "nothing delivered".into();
-            }
-            let group = side.delivered[0].group.clone();
-            let acks = items
-                .iter()
-                .enumerate()
-                .map(|(i, (k, naming))| {
-                    let d = side.delivered[usize::from(*k) % side.delivered.len()].clone();
-                    AckItem {
-                        transaction_id: if *naming == 3 {
-                            "never-pushed".into()
-                        } else {
-                            d.transaction_id
-                        },
-                        partition_id: d.partition_id,
-                        status: if failed.is_some_and(|f| usize::from(f) % items.len() == i) {
-                            AckStatus::Failed
-                        } else {
-                            AckStatus::Completed
-                        },
-                        lease_id: match naming {
-                            0 => None,
-                            2 => Some(uuid::Uuid::from_u128(7).to_string()),
-                            _ => Some(d.worker.to_string()),
-                        },
-                        error: None,
-                    }
-                })
-                .collect();
-            let out = s.ack(&group, acks).await.expect("ack");
-            format!(
-                "{:?}",
-                out.iter()
-                    .map(|o| (o.success, o.error.clone(), o.lease_released, o.dlq))
-                    .collect::<Vec<_>>()
-            )
-        }
-        Op::AckWhole { stale } => {
-            let Some(first) = side.delivered.first().cloned() else {
-                return "nothing delivered".into();
-            };
-            // Delivered is sorted by (partition, offset): each partition's run is one batch.
-            let mut ends: Vec<BatchEnd> = vec![];
-            for d in &side.delivered {
-                match ends.last_mut() {
-                    Some(b) if b.partition_id == d.partition_id => b.end_offset = d.offset,
-                    _ => ends.push(BatchEnd {
-                        partition_id: d.partition_id.clone(),
-                        end_offset: d.offset,
-                        first_transaction_id: d.transaction_id.clone(),
-                    }),
-                }
-            }
-            if *stale {
-                for b in &mut ends {
-                    b.end_offset -= 1;
-                }
-            }
-            // In one call, as the broker's ack rounds send them: the lease's batches split in
-            // two, and between them the same batches named under the other group (whose
-            // cursors this lease never held: nothing of it commits).
-            let other = GROUPS
-                .iter()
-                .find(|g| **g != first.group)
-                .expect("two groups");
-            let (head, tail) = ends.split_at(ends.len() / 2);
-            let lease = |group: &str, batches: &[BatchEnd]| LeaseBatchEnds {
-                group: group.to_string(),
-                lease: first.worker,
-                batches: batches.to_vec(),
-            };
-            let leases = [
-                lease(&first.group, head),
-                lease(other, &ends),
-                lease(&first.group, tail),
-            ];
-            let committed = s
-                .ack_batch_ends_many(&leases)
-                .await
-                .expect("ack whole batches");
-            // Partition ids differ between the sides: count what each lease committed.
-            let counts: Vec<(usize, usize)> = committed
-                .iter()
-                .zip(&leases)
-                .map(|(c, l)| (c.len(), l.batches.len()))
-                .collect();
-            format!("committed (of) per lease {counts:?}")
-        }
+        Op::Push { part, n, dup } => apply_push(side, part, n, dup, seq).await,
+        Op::Pop { .. } => apply_pop(side, op, seq, worker).await,
+        Op::Ack { k, failed, fenced } => apply_ack(side, k, failed, fenced).await,
+        Op::AckMany { items, failed } => apply_ack_many(side, items, failed).await,
+        Op::AckWhole { stale } => apply_ack_whole(side, stale).await,
         Op::Advance { .. } | Op::Retention { .. } => String::new(),
-        Op::Renew => {
-            let Some(w) = side.delivered.first().map(|d| d.worker) else {
-                return "nothing delivered".into();
-            };
-            let r = s.renew_lease(&w.to_string(), 60).await.expect("renew");
-            format!("renewed {}", r.renewed)
+        Op::Renew => apply_renew(side).await,
+    }
+}
+
+async fn apply_push(side: &mut Side, part: &usize, n: &u32, dup: &bool, seq: u128) -> String {
+    let s = side.storage.clone();
+    let frames = (0..*n)
+        .map(|i| Frame {
+            producer: None,
+            encrypted: false,
+            message_id: uuid::Uuid::from_u128(seq * 100 + u128::from(i)),
+            transaction_id: if *dup {
+                format!("dup-{i}")
+            } else {
+                format!("t{seq}-{i}")
+            },
+            trace_id: None,
+            payload: format!("{{\"s\":{seq}}}").into_bytes(),
+        })
+        .collect();
+    let out = s
+        .push(vec![PushGroup {
+            queue: "q".into(),
+            partition: PARTS[*part].into(),
+            frames,
+            blob: None,
+        }])
+        .await
+        .expect("push");
+    let v: Vec<String> = out[0]
+        .iter()
+        .map(|o| match o {
+            PushOutcome::Queued { offset, .. } => format!("queued {offset}"),
+            PushOutcome::Duplicate { message_id, .. } => {
+                format!("duplicate of {message_id}")
+            }
+            PushOutcome::Rejected { full, .. } => format!("rejected: {full}"),
+        })
+        .collect();
+    format!("{v:?}")
+}
+
+async fn apply_pop(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> String {
+    let Op::Pop {
+        group,
+        shape,
+        part,
+        batch,
+        max,
+        auto_ack,
+    } = op
+    else {
+        panic!("apply_pop applies pops only: {op:?}");
+    };
+    let s = side.storage.clone();
+    let req = PopRequest {
+        queue: "q".into(),
+        group: GROUPS[*group].into(),
+        worker,
+        batch: *batch,
+        max_partitions: *max,
+        auto_ack: *auto_ack,
+        lease_seconds: Some(10),
+        intent: SubscriptionIntent::default(),
+        skip_window_debounce: false,
+    };
+    if *shape == 3 {
+        return pop_several(side, req, *part, seq).await;
+    }
+    let r = match shape {
+        0 => s.pop_partition(req, PARTS[*part].into()).await,
+        1 => {
+            let mut names: Vec<String> = PARTS.iter().map(|p| p.to_string()).collect();
+            names.rotate_left(*part);
+            s.pop_list(req, names).await
+        }
+        // Everything claimable, so the scan's random order cannot change the answer.
+        _ => {
+            s.pop_wildcard(PopRequest {
+                batch: 1000,
+                max_partitions: 3,
+                ..req
+            })
+            .await
         }
     }
+    .expect("pop");
+    if !*auto_ack && !r.claims.is_empty() {
+        side.delivered = leased_messages(&r, GROUPS[*group], worker);
+    }
+    format!("{:?}", view(&r))
+}
+
+async fn apply_ack(side: &mut Side, k: &u8, failed: &bool, fenced: &bool) -> String {
+    let s = side.storage.clone();
+    if side.delivered.is_empty() {
+        return "nothing delivered".into();
+    }
+    let d = side.delivered[usize::from(*k) % side.delivered.len()].clone();
+    let out = s
+        .ack(
+            &d.group,
+            vec![AckItem {
+                transaction_id: d.transaction_id,
+                partition_id: d.partition_id,
+                status: if *failed {
+                    AckStatus::Failed
+                } else {
+                    AckStatus::Completed
+                },
+                lease_id: fenced.then(|| d.worker.to_string()),
+                error: None,
+            }],
+        )
+        .await
+        .expect("ack");
+    format!(
+        "{:?}",
+        out.iter()
+            .map(|o| (o.success, o.error.clone(), o.lease_released, o.dlq))
+            .collect::<Vec<_>>()
+    )
+}
+
+async fn apply_ack_many(side: &mut Side, items: &[(u8, u8)], failed: &Option<u8>) -> String {
+    let s = side.storage.clone();
+    if side.delivered.is_empty() {
+        return "nothing delivered".into();
+    }
+    let group = side.delivered[0].group.clone();
+    let acks = items
+        .iter()
+        .enumerate()
+        .map(|(i, (k, naming))| {
+            let d = side.delivered[usize::from(*k) % side.delivered.len()].clone();
+            AckItem {
+                transaction_id: if *naming == 3 {
+                    "never-pushed".into()
+                } else {
+                    d.transaction_id
+                },
+                partition_id: d.partition_id,
+                status: if failed.is_some_and(|f| usize::from(f) % items.len() == i) {
+                    AckStatus::Failed
+                } else {
+                    AckStatus::Completed
+                },
+                lease_id: match naming {
+                    0 => None,
+                    2 => Some(uuid::Uuid::from_u128(7).to_string()),
+                    _ => Some(d.worker.to_string()),
+                },
+                error: None,
+            }
+        })
+        .collect();
+    let out = s.ack(&group, acks).await.expect("ack");
+    format!(
+        "{:?}",
+        out.iter()
+            .map(|o| (o.success, o.error.clone(), o.lease_released, o.dlq))
+            .collect::<Vec<_>>()
+    )
+}
+
+async fn apply_ack_whole(side: &mut Side, stale: &bool) -> String {
+    let s = side.storage.clone();
+    let Some(first) = side.delivered.first().cloned() else {
+        return "nothing delivered".into();
+    };
+    // Delivered is sorted by (partition, offset): each partition's run is one batch.
+    let mut ends: Vec<BatchEnd> = vec![];
+    for d in &side.delivered {
+        match ends.last_mut() {
+            Some(b) if b.partition_id == d.partition_id => b.end_offset = d.offset,
+            _ => ends.push(BatchEnd {
+                partition_id: d.partition_id.clone(),
+                end_offset: d.offset,
+                first_transaction_id: d.transaction_id.clone(),
+            }),
+        }
+    }
+    if *stale {
+        for b in &mut ends {
+            b.end_offset -= 1;
+        }
+    }
+    // In one call, as the broker's ack rounds send them: the lease's batches split in
+    // two, and between them the same batches named under the other group (whose
+    // cursors this lease never held: nothing of it commits).
+    let other = GROUPS
+        .iter()
+        .find(|g| **g != first.group)
+        .expect("two groups");
+    let (head, tail) = ends.split_at(ends.len() / 2);
+    let lease = |group: &str, batches: &[BatchEnd]| LeaseBatchEnds {
+        group: group.to_string(),
+        lease: first.worker,
+        batches: batches.to_vec(),
+    };
+    let leases = [
+        lease(&first.group, head),
+        lease(other, &ends),
+        lease(&first.group, tail),
+    ];
+    let committed = s
+        .ack_batch_ends_many(&leases)
+        .await
+        .expect("ack whole batches");
+    // Partition ids differ between the sides: count what each lease committed.
+    let counts: Vec<(usize, usize)> = committed
+        .iter()
+        .zip(&leases)
+        .map(|(c, l)| (c.len(), l.batches.len()))
+        .collect();
+    format!("committed (of) per lease {counts:?}")
+}
+
+async fn apply_renew(side: &mut Side) -> String {
+    let s = side.storage.clone();
+    let Some(w) = side.delivered.first().map(|d| d.worker) else {
+        return "nothing delivered".into();
+    };
+    let r = s.renew_lease(&w.to_string(), 60).await.expect("renew");
+    format!("renewed {}", r.renewed)
 }
 
 /// (committed, leased, batch_end, attempt_count, attempt_offset, retry_offset, retry_count)

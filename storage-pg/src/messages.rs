@@ -91,128 +91,150 @@ pub(crate) async fn push_groups(
     });
     let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
     for i in order {
-        let g = &groups[i];
-        let sealed = (seal == SealCheck::Enforce).then(|| g.is_sealed());
-        let firsts = FirstOccurrences::of(&g.frames);
-        let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
-        let mut candidates: Vec<usize> = firsts.firsts().collect();
-        // Each round that meets duplicates answers them and retries the rest, so every round has
-        // fewer items: at most one round per item, plus one. Inside a transaction the second
-        // round has none (the partition lock is held); as single statements another push may
-        // commit one in between, which this round then answers as a duplicate.
-        for _ in 0..=g.frames.len() {
-            if candidates.is_empty() {
-                break;
-            }
-            let frames: Vec<_> = candidates.iter().map(|k| g.frames[*k].clone()).collect();
-            let blob = g
-                .segment_blob(&frames)
-                .map_err(|e| StorageError::Invalid(e.to_string()))?;
-            let txids: Vec<&str> = frames.iter().map(|f| f.transaction_id.as_str()).collect();
-            let ids: Vec<uuid::Uuid> = frames.iter().map(|f| f.message_id).collect();
-            let rows = tx
-                .query(
-                    &stmt,
-                    &[
-                        &g.queue,
-                        &g.partition,
-                        &txids,
-                        &ids,
-                        &blob,
-                        &accepted_at,
-                        &sealed,
-                        &(dedup == Dedup::ExpectNew),
-                    ],
-                )
-                .await
-                .map_err(|e| {
-                    if dedup == Dedup::ExpectNew && is_duplicate_txid(&e) {
-                        PushFailure::DuplicateMet
-                    } else {
-                        PushFailure::Storage(pg_err("push")(e))
-                    }
-                })?;
-            // Stored whole: one row, the first offset and the count.
-            if let [row] = rows.as_slice() {
-                if row.get::<_, &str>(0) == "queued" && row.get::<_, Option<i64>>(5).is_some() {
-                    let first: i64 = row.get(3);
-                    let count: i64 = row.get(5);
-                    if count != candidates.len() as i64 {
-                        return Err(PushFailure::Storage(StorageError::Internal(format!(
-                            "push_v6 stored {count} items of {}",
-                            candidates.len()
-                        ))));
-                    }
-                    let partition_id = row.get::<_, uuid::Uuid>(2).to_string();
-                    for ((k, frame), offset) in candidates.iter().zip(&frames).zip(first..) {
-                        outcome[*k] = Some(PushOutcome::Queued {
-                            message_id: frame.message_id,
-                            partition_id: partition_id.clone(),
-                            offset,
-                        });
-                    }
-                    candidates.clear();
-                    continue;
-                }
-            }
-            if rows.len() != candidates.len() {
-                return Err(PushFailure::Storage(StorageError::Internal(format!(
-                    "push_v6 answered {} rows for {} items",
-                    rows.len(),
-                    candidates.len()
-                ))));
-            }
-            let mut retry = vec![];
-            for (k, row) in candidates.iter().zip(rows.iter()) {
-                let message_id: uuid::Uuid = row.get(1);
-                let partition_id = row.get::<_, uuid::Uuid>(2).to_string();
-                outcome[*k] = match row.get::<_, &str>(0) {
-                    "queued" => Some(PushOutcome::Queued {
-                        message_id,
-                        partition_id,
-                        offset: row.get(3),
-                    }),
-                    "duplicate" => Some(PushOutcome::Duplicate {
-                        message_id,
-                        partition_id,
-                    }),
-                    "full" => Some(PushOutcome::Rejected {
-                        message_id,
-                        partition_id,
-                        full: QueueFull {
-                            queue: g.queue.clone(),
-                            max_size: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
-                            backlog: u64::try_from(row.get::<_, i64>(5)).unwrap_or(0),
-                        },
-                    }),
-                    "retry" => {
-                        retry.push(*k);
-                        None
-                    }
-                    other => {
-                        return Err(PushFailure::Storage(StorageError::Internal(format!(
-                            "push_v6 answered the unknown status {other:?}"
-                        ))))
-                    }
-                };
-            }
-            if !retry.is_empty() && retry.len() == candidates.len() {
-                return Err(PushFailure::Storage(StorageError::Internal(
-                    "push_v6 asked to retry every item of a push".into(),
-                )));
-            }
-            candidates = retry;
-        }
-        if !candidates.is_empty() {
-            return Err(PushFailure::Storage(StorageError::Internal(
-                "push_v6 kept asking to retry".into(),
-            )));
-        }
-        results[i] = firsts
-            .resolve(outcome)
-            .ok_or_else(|| StorageError::Internal("push outcome missing".into()))?;
+        results[i] = push_group(tx, &stmt, &groups[i], accepted_at, seal, dedup).await?;
     }
     Ok(results)
+}
+
+/// One group's push: its first occurrences in rounds of `push_v6` until every item has an
+/// outcome (each round that meets duplicates answers them and retries the rest).
+async fn push_group(
+    tx: &impl deadpool_postgres::GenericClient,
+    stmt: &tokio_postgres::Statement,
+    g: &PushGroup,
+    accepted_at: Option<SystemTime>,
+    seal: SealCheck,
+    dedup: Dedup,
+) -> Result<PushGroupResult, PushFailure> {
+    let sealed = (seal == SealCheck::Enforce).then(|| g.is_sealed());
+    let firsts = FirstOccurrences::of(&g.frames);
+    let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
+    let mut candidates: Vec<usize> = firsts.firsts().collect();
+    // Each round that meets duplicates answers them and retries the rest, so every round has
+    // fewer items: at most one round per item, plus one. Inside a transaction the second
+    // round has none (the partition lock is held); as single statements another push may
+    // commit one in between, which this round then answers as a duplicate.
+    for _ in 0..=g.frames.len() {
+        if candidates.is_empty() {
+            break;
+        }
+        let frames: Vec<_> = candidates.iter().map(|k| g.frames[*k].clone()).collect();
+        let blob = g
+            .segment_blob(&frames)
+            .map_err(|e| StorageError::Invalid(e.to_string()))?;
+        let txids: Vec<&str> = frames.iter().map(|f| f.transaction_id.as_str()).collect();
+        let ids: Vec<uuid::Uuid> = frames.iter().map(|f| f.message_id).collect();
+        let rows = tx
+            .query(
+                stmt,
+                &[
+                    &g.queue,
+                    &g.partition,
+                    &txids,
+                    &ids,
+                    &blob,
+                    &accepted_at,
+                    &sealed,
+                    &(dedup == Dedup::ExpectNew),
+                ],
+            )
+            .await
+            .map_err(|e| {
+                if dedup == Dedup::ExpectNew && is_duplicate_txid(&e) {
+                    PushFailure::DuplicateMet
+                } else {
+                    PushFailure::Storage(pg_err("push")(e))
+                }
+            })?;
+        // Stored whole: one row, the first offset and the count.
+        if let [row] = rows.as_slice() {
+            if row.get::<_, &str>(0) == "queued" && row.get::<_, Option<i64>>(5).is_some() {
+                let first: i64 = row.get(3);
+                let count: i64 = row.get(5);
+                if count != candidates.len() as i64 {
+                    return Err(PushFailure::Storage(StorageError::Internal(format!(
+                        "push_v6 stored {count} items of {}",
+                        candidates.len()
+                    ))));
+                }
+                let partition_id = row.get::<_, uuid::Uuid>(2).to_string();
+                for ((k, frame), offset) in candidates.iter().zip(&frames).zip(first..) {
+                    outcome[*k] = Some(PushOutcome::Queued {
+                        message_id: frame.message_id,
+                        partition_id: partition_id.clone(),
+                        offset,
+                    });
+                }
+                candidates.clear();
+                continue;
+            }
+        }
+        if rows.len() != candidates.len() {
+            return Err(PushFailure::Storage(StorageError::Internal(format!(
+                "push_v6 answered {} rows for {} items",
+                rows.len(),
+                candidates.len()
+            ))));
+        }
+        candidates = row_outcomes(g, &rows, &candidates, &mut outcome)?;
+    }
+    if !candidates.is_empty() {
+        return Err(PushFailure::Storage(StorageError::Internal(
+            "push_v6 kept asking to retry".into(),
+        )));
+    }
+    Ok(firsts
+        .resolve(outcome)
+        .ok_or_else(|| StorageError::Internal("push outcome missing".into()))?)
+}
+
+/// One round's rows, an outcome per candidate (in order); the candidates to retry.
+fn row_outcomes(
+    g: &PushGroup,
+    rows: &[tokio_postgres::Row],
+    candidates: &[usize],
+    outcome: &mut [Option<PushOutcome>],
+) -> Result<Vec<usize>, PushFailure> {
+    let mut retry = vec![];
+    for (k, row) in candidates.iter().zip(rows.iter()) {
+        let message_id: uuid::Uuid = row.get(1);
+        let partition_id = row.get::<_, uuid::Uuid>(2).to_string();
+        outcome[*k] = match row.get::<_, &str>(0) {
+            "queued" => Some(PushOutcome::Queued {
+                message_id,
+                partition_id,
+                offset: row.get(3),
+            }),
+            "duplicate" => Some(PushOutcome::Duplicate {
+                message_id,
+                partition_id,
+            }),
+            "full" => Some(PushOutcome::Rejected {
+                message_id,
+                partition_id,
+                full: QueueFull {
+                    queue: g.queue.clone(),
+                    max_size: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
+                    backlog: u64::try_from(row.get::<_, i64>(5)).unwrap_or(0),
+                },
+            }),
+            "retry" => {
+                retry.push(*k);
+                None
+            }
+            other => {
+                return Err(PushFailure::Storage(StorageError::Internal(format!(
+                    "push_v6 answered the unknown status {other:?}"
+                ))))
+            }
+        };
+    }
+    if !retry.is_empty() && retry.len() == candidates.len() {
+        return Err(PushFailure::Storage(StorageError::Internal(
+            "push_v6 asked to retry every item of a push".into(),
+        )));
+    }
+    Ok(retry)
 }
 
 /// Runs ack_v2 on a client or a transaction.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use queen_core::dedup::FirstOccurrences;
 use queen_core::events::DeliveryEvent;
+use queen_core::frames::Frame;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, BatchEnd, LeaseBatchEnds, PushGroup, PushGroupResult,
     PushOutcome, QueueConfig, QueueFull, RenewOutcome, SealCheck, StorageError,
@@ -14,7 +15,7 @@ use queen_core::{Offset, Timestamp, WorkerId};
 
 use crate::state::{DbState, DlqRow, PartitionRow, QueueRow, SegmentData, TxidRow};
 use crate::table::{Insert, Lock};
-use crate::tx::{in_tx, Shared, StmtError, TaskCell, TxHandle};
+use crate::tx::{in_tx, Shared, StmtError, TaskCell, Tx, TxHandle};
 
 pub(crate) fn insert_or_wait<K: Ord + Clone, V: Clone>(
     t: &mut crate::table::Table<K, V>,
@@ -120,147 +121,187 @@ pub(crate) async fn push_body(
     accepted_at: Option<Timestamp>,
     seal: SealCheck,
 ) -> Result<Vec<PushGroupResult>, StorageError> {
-    {
-        let now = tx.now();
-        let stamp = accepted_at.unwrap_or(now);
-        // Lock partitions in one global order so concurrent multi-partition pushes never deadlock.
-        let mut order: Vec<usize> = (0..groups.len()).collect();
-        order.sort_by(|a, b| {
-            (&groups[*a].queue, &groups[*a].partition)
-                .cmp(&(&groups[*b].queue, &groups[*b].partition))
-        });
-        let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
-        for i in order {
-            let g = &groups[i];
-            tx.stmt("upsert queue", |st, t| {
-                ensure_queue(st, &g.queue, now, t.id)
-            })
-            .await?;
-            // maxSize: capped queues serialize their pushes on the queue row, taken before the
-            // partition row (the order every push uses, so no deadlock).
-            // encryptionEnabled is read in the push's own statement, as push_v6 reads it.
-            let cap = tx
-                .stmt("lock capped queue", |st, t| {
-                    let config = st.queues.get(&g.queue, t.id).map(|q| &q.config);
-                    g.seal_check(config.is_some_and(|c| c.encryption_enabled), seal)?;
-                    let cap = config.map_or(0, |c| c.max_size);
-                    if cap > 0 {
-                        lock_or_wait(st.queues.lock(&g.queue, t.id))?;
-                    }
-                    Ok(cap)
-                })
-                .await?;
-            let pid = tx
-                .stmt("upsert and lock partition", |st, t| {
-                    ensure_partition_locked(st, &g.queue, &g.partition, now, t.id)
-                })
-                .await?;
-            results[i] = tx
-                .stmt("dedup and append", |st, t| {
-                    let key = (g.queue.clone(), g.partition.clone());
-                    let mut part = st.partitions.get(&key, t.id).cloned().ok_or_else(|| {
-                        StmtError::Abort(StorageError::Internal("partition row missing".into()))
-                    })?;
-                    // Only first occurrences within the request are stored or refused; the
-                    // repeats answer theirs (the shared rule in queen_core::dedup).
-                    let firsts = FirstOccurrences::of(&g.frames);
-                    let mut outcomes: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
-                    let mut fresh = Vec::new();
-                    for k in firsts.firsts() {
-                        let f = &g.frames[k];
-                        outcomes[k] = Some(
-                            match st.txids.get(&(pid.clone(), f.transaction_id.clone()), t.id) {
-                                Some(orig) => PushOutcome::Duplicate {
-                                    message_id: orig.message_id,
-                                    partition_id: pid.clone(),
-                                },
-                                None => {
-                                    let offset = part.last_offset + 1 + fresh.len() as Offset;
-                                    fresh.push(f.clone());
-                                    PushOutcome::Queued {
-                                        message_id: f.message_id,
-                                        partition_id: pid.clone(),
-                                        offset,
-                                    }
-                                }
-                            },
-                        );
-                    }
-                    let resolve = |outcomes| {
-                        firsts.resolve(outcomes).ok_or_else(|| {
-                            StmtError::Abort(StorageError::Internal("push outcome missing".into()))
-                        })
-                    };
-                    if fresh.is_empty() {
-                        return resolve(outcomes);
-                    }
-                    if cap > 0 {
-                        let backlog = queue_backlog(st, &g.queue, t.id);
-                        if backlog + fresh.len() as i64 > i64::from(cap) {
-                            let full = QueueFull {
-                                queue: g.queue.clone(),
-                                max_size: cap,
-                                backlog: u64::try_from(backlog).unwrap_or(0),
-                            };
-                            return resolve(refuse_new(outcomes, &full));
-                        }
-                    }
-                    let blob = g
-                        .segment_blob(&fresh)
-                        .map_err(|e| StmtError::Abort(StorageError::Invalid(e.to_string())))?;
-                    let base = part.last_offset + 1;
-                    for (i, f) in fresh.iter().enumerate() {
-                        let row = TxidRow {
-                            offset: base + i as Offset,
-                            message_id: f.message_id,
-                        };
-                        insert_or_wait(
-                            &mut st.txids,
-                            (pid.clone(), f.transaction_id.clone()),
-                            row,
-                            t.id,
-                        )?;
-                    }
-                    let end = base + fresh.len() as Offset - 1;
-                    // created_at stays monotone in base_offset even when a push that began
-                    // earlier takes the partition lock later.
-                    let newest = st
-                        .segments
-                        .range(
-                            (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
-                            t.id,
-                        )
-                        .next_back()
-                        .map(|(_, s)| s.created_at);
-                    let created_at = newest.map_or(stamp, |n| n.max(stamp));
-                    insert_or_wait(
-                        &mut st.segments,
-                        (pid.clone(), base),
-                        SegmentData {
-                            end_offset: end,
-                            created_at,
-                            blob: Arc::new(blob),
-                        },
-                        t.id,
-                    )?;
-                    part.last_offset = end;
-                    part.last_write_at = created_at.quantize_to_second();
-                    part.oldest_at = part.oldest_at.or(Some(created_at));
-                    st.partitions.update(&key, part, t.id);
-                    st.notify(
-                        t.id,
-                        DeliveryEvent::Pushed {
-                            queue: g.queue.clone(),
-                            partition: g.partition.clone(),
-                            count: fresh.len() as u64,
-                        },
-                    );
-                    resolve(outcomes)
-                })
-                .await?;
-        }
-        Ok(results)
+    let now = tx.now();
+    let stamp = accepted_at.unwrap_or(now);
+    // Lock partitions in one global order so concurrent multi-partition pushes never deadlock.
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|a, b| {
+        (&groups[*a].queue, &groups[*a].partition).cmp(&(&groups[*b].queue, &groups[*b].partition))
+    });
+    let mut results: Vec<PushGroupResult> = vec![Vec::new(); groups.len()];
+    for i in order {
+        results[i] = push_group(tx, &groups[i], now, stamp, seal).await?;
     }
+    Ok(results)
+}
+
+/// One group's statements: the queue row (locked when the queue is capped), the partition row
+/// locked, then de-duplication and the append.
+async fn push_group(
+    tx: &TxHandle,
+    g: &PushGroup,
+    now: Timestamp,
+    stamp: Timestamp,
+    seal: SealCheck,
+) -> Result<PushGroupResult, StorageError> {
+    tx.stmt("upsert queue", |st, t| {
+        ensure_queue(st, &g.queue, now, t.id)
+    })
+    .await?;
+    // maxSize: capped queues serialize their pushes on the queue row, taken before the
+    // partition row (the order every push uses, so no deadlock).
+    // encryptionEnabled is read in the push's own statement, as push_v6 reads it.
+    let cap = tx
+        .stmt("lock capped queue", |st, t| {
+            let config = st.queues.get(&g.queue, t.id).map(|q| &q.config);
+            g.seal_check(config.is_some_and(|c| c.encryption_enabled), seal)?;
+            let cap = config.map_or(0, |c| c.max_size);
+            if cap > 0 {
+                lock_or_wait(st.queues.lock(&g.queue, t.id))?;
+            }
+            Ok(cap)
+        })
+        .await?;
+    let pid = tx
+        .stmt("upsert and lock partition", |st, t| {
+            ensure_partition_locked(st, &g.queue, &g.partition, now, t.id)
+        })
+        .await?;
+    tx.stmt("dedup and append", |st, t| {
+        dedup_and_append(st, t, g, &pid, cap, stamp)
+    })
+    .await
+}
+
+/// The push's statement on its locked partition: each first occurrence is a duplicate of a
+/// stored transactionId or new; the new ones are refused whole when they would take a capped
+/// queue past its maxSize, else appended as one segment.
+fn dedup_and_append(
+    st: &mut DbState,
+    t: &Tx,
+    g: &PushGroup,
+    pid: &str,
+    cap: u32,
+    stamp: Timestamp,
+) -> Result<PushGroupResult, StmtError> {
+    let pid = pid.to_string();
+    let key = (g.queue.clone(), g.partition.clone());
+    let part =
+        st.partitions.get(&key, t.id).cloned().ok_or_else(|| {
+            StmtError::Abort(StorageError::Internal("partition row missing".into()))
+        })?;
+    // Only first occurrences within the request are stored or refused; the
+    // repeats answer theirs (the shared rule in queen_core::dedup).
+    let firsts = FirstOccurrences::of(&g.frames);
+    let mut outcomes: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
+    let mut fresh = Vec::new();
+    for k in firsts.firsts() {
+        let f = &g.frames[k];
+        outcomes[k] = Some(
+            match st.txids.get(&(pid.clone(), f.transaction_id.clone()), t.id) {
+                Some(orig) => PushOutcome::Duplicate {
+                    message_id: orig.message_id,
+                    partition_id: pid.clone(),
+                },
+                None => {
+                    let offset = part.last_offset + 1 + fresh.len() as Offset;
+                    fresh.push(f.clone());
+                    PushOutcome::Queued {
+                        message_id: f.message_id,
+                        partition_id: pid.clone(),
+                        offset,
+                    }
+                }
+            },
+        );
+    }
+    let resolve = |outcomes| {
+        firsts
+            .resolve(outcomes)
+            .ok_or_else(|| StmtError::Abort(StorageError::Internal("push outcome missing".into())))
+    };
+    if fresh.is_empty() {
+        return resolve(outcomes);
+    }
+    if cap > 0 {
+        let backlog = queue_backlog(st, &g.queue, t.id);
+        if backlog + fresh.len() as i64 > i64::from(cap) {
+            let full = QueueFull {
+                queue: g.queue.clone(),
+                max_size: cap,
+                backlog: u64::try_from(backlog).unwrap_or(0),
+            };
+            return resolve(refuse_new(outcomes, &full));
+        }
+    }
+    append_segment(st, t, g, &pid, &fresh, part, stamp)?;
+    resolve(outcomes)
+}
+
+/// Stores the new messages of a push as one segment after the partition's last offset, with
+/// their transactionIds, and announces the push.
+fn append_segment(
+    st: &mut DbState,
+    t: &Tx,
+    g: &PushGroup,
+    pid: &str,
+    fresh: &[Frame],
+    mut part: PartitionRow,
+    stamp: Timestamp,
+) -> Result<(), StmtError> {
+    let pid = pid.to_string();
+    let key = (g.queue.clone(), g.partition.clone());
+    let blob = g
+        .segment_blob(fresh)
+        .map_err(|e| StmtError::Abort(StorageError::Invalid(e.to_string())))?;
+    let base = part.last_offset + 1;
+    for (i, f) in fresh.iter().enumerate() {
+        let row = TxidRow {
+            offset: base + i as Offset,
+            message_id: f.message_id,
+        };
+        insert_or_wait(
+            &mut st.txids,
+            (pid.clone(), f.transaction_id.clone()),
+            row,
+            t.id,
+        )?;
+    }
+    let end = base + fresh.len() as Offset - 1;
+    // created_at stays monotone in base_offset even when a push that began
+    // earlier takes the partition lock later.
+    let newest = st
+        .segments
+        .range(
+            (pid.clone(), Offset::MIN)..=(pid.clone(), Offset::MAX),
+            t.id,
+        )
+        .next_back()
+        .map(|(_, s)| s.created_at);
+    let created_at = newest.map_or(stamp, |n| n.max(stamp));
+    insert_or_wait(
+        &mut st.segments,
+        (pid.clone(), base),
+        SegmentData {
+            end_offset: end,
+            created_at,
+            blob: Arc::new(blob),
+        },
+        t.id,
+    )?;
+    part.last_offset = end;
+    part.last_write_at = created_at.quantize_to_second();
+    part.oldest_at = part.oldest_at.or(Some(created_at));
+    st.partitions.update(&key, part, t.id);
+    st.notify(
+        t.id,
+        DeliveryEvent::Pushed {
+            queue: g.queue.clone(),
+            partition: g.partition.clone(),
+            count: fresh.len() as u64,
+        },
+    );
+    Ok(())
 }
 
 /// Messages of a queue that some consumer group has not passed: per partition, from the slowest
@@ -335,229 +376,291 @@ pub(crate) async fn ack(
     .await
 }
 
-/// The ack statements, inside a caller's transaction.
+/// The ack statements, inside a caller's transaction: each item's fenced cursor write, then the
+/// leases the call's failed or retried messages end.
 pub(crate) async fn ack_body(
     tx: &TxHandle,
     group: &str,
     items: &[AckItem],
 ) -> Result<Vec<AckOutcome>, StorageError> {
-    let group = group.to_string();
-    // Items naming their partition by number (a framed pop's partitionId) name it by id from here
-    // on; an unknown number names no partition, so the ack answers "Message not found".
-    let resolved;
-    let items = if items
+    let resolved = resolve_partition_numbers(tx, items).await?;
+    let items = resolved.as_deref().unwrap_or(items);
+    let now = tx.now();
+    let mut calls: BTreeMap<String, CallState> = BTreeMap::new();
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let outcome = tx
+            .stmt("ack", |st, t| ack_item(st, t, item, group, now, &mut calls))
+            .await?;
+        out.push(outcome);
+    }
+    release_call_leases(tx, group, &calls, items, &mut out, now).await?;
+    Ok(out)
+}
+
+/// Items naming their partition by number (a framed pop's partitionId) name it by id from here
+/// on; an unknown number names no partition, so the ack answers "Message not found". `None`
+/// when every item names its partition by id already.
+async fn resolve_partition_numbers(
+    tx: &TxHandle,
+    items: &[AckItem],
+) -> Result<Option<Vec<AckItem>>, StorageError> {
+    if !items
         .iter()
         .any(|i| queen_core::storage::partition_number(&i.partition_id).is_some())
     {
-        resolved = tx
-            .stmt("resolve partition numbers", |st, t| {
-                Ok(items
-                    .iter()
-                    .map(|i| AckItem {
-                        partition_id: st
-                            .partition_by_ref(&i.partition_id, t.id)
-                            .unwrap_or_default(),
-                        ..i.clone()
-                    })
-                    .collect::<Vec<_>>())
+        return Ok(None);
+    }
+    tx.stmt("resolve partition numbers", |st, t| {
+        Ok(items
+            .iter()
+            .map(|i| AckItem {
+                partition_id: st
+                    .partition_by_ref(&i.partition_id, t.id)
+                    .unwrap_or_default(),
+                ..i.clone()
             })
-            .await?;
-        resolved.as_slice()
-    } else {
-        items
+            .collect::<Vec<_>>())
+    })
+    .await
+    .map(Some)
+}
+
+/// One item's ack statement: fenced by the lease as the call first found it, and by the call's
+/// barrier (its first failed or retried offset).
+fn ack_item(
+    st: &mut DbState,
+    t: &Tx,
+    item: &AckItem,
+    group: &str,
+    now: Timestamp,
+    calls: &mut BTreeMap<String, CallState>,
+) -> Result<AckOutcome, StmtError> {
+    let group = group.to_string();
+    let Some((queue, partition)) = st.partition_ids.get(&item.partition_id, t.id).cloned() else {
+        return Ok(AckOutcome::refused("Message not found"));
     };
-    {
-        let now = tx.now();
-        let mut calls: BTreeMap<String, CallState> = BTreeMap::new();
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            let outcome = tx
-                .stmt("ack", |st, t| {
-                    let Some((queue, partition)) =
-                        st.partition_ids.get(&item.partition_id, t.id).cloned()
-                    else {
-                        return Ok(AckOutcome::refused("Message not found"));
-                    };
-                    let Some(offset) = st
-                        .txids
-                        .get(
-                            &(item.partition_id.clone(), item.transaction_id.clone()),
-                            t.id,
-                        )
-                        .map(|r| r.offset)
-                    else {
-                        return Ok(AckOutcome::refused("Message not found"));
-                    };
-                    let key = (item.partition_id.clone(), group.clone());
-                    if !lock_or_wait(st.consumers.lock(&key, t.id))? {
-                        return Ok(AckOutcome::refused(
-                            "Message not delivered to this consumer group",
-                        ));
-                    }
-                    let mut row = st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
-                        StmtError::Abort(StorageError::Internal("cursor row vanished".into()))
-                    })?;
-                    let call =
-                        calls
-                            .entry(item.partition_id.clone())
-                            .or_insert_with(|| CallState {
-                                worker: row.worker_id,
-                                live: !row.claimable(now),
-                                ..Default::default()
-                            });
-                    let mut res = AckOutcome {
-                        success: true,
-                        error: None,
-                        queue: Some(queue.clone()),
-                        partition: Some(partition.clone()),
-                        lease_released: false,
-                        dlq: false,
-                    };
-                    if offset <= row.committed {
-                        // Already committed: idempotent, whatever lease it names (a retried
-                        // transaction's ack arrives after its lease was released).
-                        return Ok(res);
-                    }
-                    if let Some(lid) = item.lease_id.as_deref().filter(|l| !l.is_empty()) {
-                        if !call.live || call.worker.map(|w| w.to_string()).as_deref() != Some(lid)
-                        {
-                            return Ok(AckOutcome {
-                                success: false,
-                                error: Some("Invalid or expired lease".into()),
-                                ..res
-                            });
-                        }
-                    }
-                    if row.batch_end.is_none_or(|e| offset > e) {
-                        return Ok(AckOutcome {
-                            success: false,
-                            error: Some("Message not delivered".into()),
-                            ..res
-                        });
-                    }
-                    let opts = st.queues.get(&queue, t.id).map_or(
-                        AckOptions {
-                            retry_limit: 3,
-                            retry_delay_ms: 0,
-                            keep_dead_letters: true,
-                            dlq_after_max_retries: true,
-                        },
-                        |q| AckOptions {
-                            retry_limit: q.config.retry_limit,
-                            retry_delay_ms: q.config.retry_delay_ms,
-                            keep_dead_letters: q.config.dead_letter_queue,
-                            dlq_after_max_retries: q.config.dlq_after_max_retries,
-                        },
-                    );
-                    call.hold_ms = opts.retry_delay_ms;
-                    let dead_letter = |st: &mut DbState, row: &queen_core::claim::CursorRow| {
-                        if !opts.keep_dead_letters {
-                            // deadLetterQueue off: the message is discarded, on purpose.
-                            return false;
-                        }
-                        st.dlq_seq += 1;
-                        let seq = st.dlq_seq;
-                        let dl = DlqRow {
-                            partition_id: item.partition_id.clone(),
-                            partition: partition.clone(),
-                            group: group.clone(),
-                            offset,
-                            transaction_id: item.transaction_id.clone(),
-                            error: item.error.clone(),
-                            retry_count: row.retry_count,
-                            failed_at: now,
-                        };
-                        let _ = st.dlq.insert((queue.clone(), seq), dl, t.id);
-                        true
-                    };
-                    let advance = |row: &mut queen_core::claim::CursorRow,
-                                   to: Offset,
-                                   barrier: Option<Offset>| {
-                        row.commit_through(barrier.map_or(to, |b| to.min(b - 1)));
-                    };
-                    match item.status {
-                        AckStatus::Completed => advance(&mut row, offset, call.barrier),
-                        AckStatus::Failed => {
-                            row.retry_count = if row.retry_offset == Some(offset) {
-                                row.retry_count + 1
-                            } else {
-                                1
-                            };
-                            row.retry_offset = Some(offset);
-                            if opts.dlq_after_max_retries
-                                && row.retry_count > opts.retry_limit
-                                && offset == row.committed + 1
-                                && call.barrier.is_none()
-                            {
-                                res.dlq = dead_letter(st, &row);
-                                advance(&mut row, offset, None);
-                            } else {
-                                call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
-                                call.release = true;
-                                call.hold = true;
-                            }
-                        }
-                        AckStatus::Retry => {
-                            call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
-                            call.release = true;
-                        }
-                        AckStatus::Dlq => {
-                            if offset == row.committed + 1 && call.barrier.is_none() {
-                                res.dlq = dead_letter(st, &row);
-                                advance(&mut row, offset, None);
-                            } else {
-                                // Earlier messages are still unacknowledged: file it when it reaches the head.
-                                row.retry_offset = Some(offset);
-                                row.retry_count = u32::MAX / 2;
-                                call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
-                                call.release = true;
-                            }
-                        }
-                    }
-                    if row.batch_end.is_some_and(|e| row.committed >= e) {
-                        row.end_lease();
-                        res.lease_released = true;
-                    }
-                    st.consumers.update(&key, row, t.id);
-                    Ok(res)
-                })
-                .await?;
-            out.push(outcome);
+    let Some(offset) = st
+        .txids
+        .get(
+            &(item.partition_id.clone(), item.transaction_id.clone()),
+            t.id,
+        )
+        .map(|r| r.offset)
+    else {
+        return Ok(AckOutcome::refused("Message not found"));
+    };
+    let key = (item.partition_id.clone(), group.clone());
+    if !lock_or_wait(st.consumers.lock(&key, t.id))? {
+        return Ok(AckOutcome::refused(
+            "Message not delivered to this consumer group",
+        ));
+    }
+    let mut row =
+        st.consumers.get(&key, t.id).cloned().ok_or_else(|| {
+            StmtError::Abort(StorageError::Internal("cursor row vanished".into()))
+        })?;
+    let call = calls
+        .entry(item.partition_id.clone())
+        .or_insert_with(|| CallState {
+            worker: row.worker_id,
+            live: !row.claimable(now),
+            ..Default::default()
+        });
+    let mut res = AckOutcome {
+        success: true,
+        error: None,
+        queue: Some(queue.clone()),
+        partition: Some(partition.clone()),
+        lease_released: false,
+        dlq: false,
+    };
+    if offset <= row.committed {
+        // Already committed: idempotent, whatever lease it names (a retried
+        // transaction's ack arrives after its lease was released).
+        return Ok(res);
+    }
+    if let Some(lid) = item.lease_id.as_deref().filter(|l| !l.is_empty()) {
+        if !call.live || call.worker.map(|w| w.to_string()).as_deref() != Some(lid) {
+            return Ok(AckOutcome {
+                success: false,
+                error: Some("Invalid or expired lease".into()),
+                ..res
+            });
         }
-        // Failed or retried messages end the lease at the end of the call: redelivery from the cursor.
-        for (pid, call) in calls.iter().filter(|(_, c)| c.release) {
-            let released = tx
-                .stmt("release lease", |st, t| {
-                    let key = (pid.clone(), group.clone());
-                    let Some(mut row) = st.consumers.get(&key, t.id).cloned() else {
-                        return Ok(false);
-                    };
-                    if row.worker_id.is_none() || row.worker_id != call.worker {
-                        return Ok(false);
-                    }
-                    if call.hold && call.hold_ms > 0 {
-                        // retryDelay: nobody in the group may claim the partition until it ends.
-                        row.worker_id = Some(WorkerId::RETRY_HOLD);
-                        row.lease_expires_at = Some(now.plus_millis(i64::from(call.hold_ms)));
-                    } else {
-                        row.worker_id = None;
-                        row.lease_expires_at = None;
-                    }
-                    row.lease_acquired_at = None;
-                    row.batch_end = None;
-                    lock_or_wait(st.consumers.update(&key, row, t.id))
-                })
-                .await?;
-            if released {
-                for (item, o) in items.iter().zip(out.iter_mut()) {
-                    if &item.partition_id == pid && o.success {
-                        o.lease_released = true;
-                    }
+    }
+    if row.batch_end.is_none_or(|e| offset > e) {
+        return Ok(AckOutcome {
+            success: false,
+            error: Some("Message not delivered".into()),
+            ..res
+        });
+    }
+    let opts = st.queues.get(&queue, t.id).map_or(
+        AckOptions {
+            retry_limit: 3,
+            retry_delay_ms: 0,
+            keep_dead_letters: true,
+            dlq_after_max_retries: true,
+        },
+        |q| AckOptions {
+            retry_limit: q.config.retry_limit,
+            retry_delay_ms: q.config.retry_delay_ms,
+            keep_dead_letters: q.config.dead_letter_queue,
+            dlq_after_max_retries: q.config.dlq_after_max_retries,
+        },
+    );
+    call.hold_ms = opts.retry_delay_ms;
+    let verdict = AckVerdict {
+        item,
+        queue: &queue,
+        partition: &partition,
+        group: &group,
+        offset,
+        now,
+        opts: &opts,
+    };
+    verdict.apply(st, t, &mut row, call, &mut res);
+    if row.batch_end.is_some_and(|e| row.committed >= e) {
+        row.end_lease();
+        res.lease_released = true;
+    }
+    st.consumers.update(&key, row, t.id);
+    Ok(res)
+}
+
+/// What one ack item does to its cursor row, by its status.
+struct AckVerdict<'a> {
+    item: &'a AckItem,
+    queue: &'a str,
+    partition: &'a str,
+    group: &'a str,
+    offset: Offset,
+    now: Timestamp,
+    opts: &'a AckOptions,
+}
+
+impl AckVerdict<'_> {
+    fn apply(
+        &self,
+        st: &mut DbState,
+        t: &Tx,
+        row: &mut queen_core::claim::CursorRow,
+        call: &mut CallState,
+        res: &mut AckOutcome,
+    ) {
+        let offset = self.offset;
+        match self.item.status {
+            AckStatus::Completed => Self::advance(row, offset, call.barrier),
+            AckStatus::Failed => {
+                row.retry_count = if row.retry_offset == Some(offset) {
+                    row.retry_count + 1
+                } else {
+                    1
+                };
+                row.retry_offset = Some(offset);
+                if self.opts.dlq_after_max_retries
+                    && row.retry_count > self.opts.retry_limit
+                    && offset == row.committed + 1
+                    && call.barrier.is_none()
+                {
+                    res.dlq = self.dead_letter(st, t, row);
+                    Self::advance(row, offset, None);
+                } else {
+                    call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
+                    call.release = true;
+                    call.hold = true;
+                }
+            }
+            AckStatus::Retry => {
+                call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
+                call.release = true;
+            }
+            AckStatus::Dlq => {
+                if offset == row.committed + 1 && call.barrier.is_none() {
+                    res.dlq = self.dead_letter(st, t, row);
+                    Self::advance(row, offset, None);
+                } else {
+                    // Earlier messages are still unacknowledged: file it when it reaches the head.
+                    row.retry_offset = Some(offset);
+                    row.retry_count = u32::MAX / 2;
+                    call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
+                    call.release = true;
                 }
             }
         }
-        Ok(out)
     }
+
+    /// Commits through `to`, but never up to the call's barrier.
+    fn advance(row: &mut queen_core::claim::CursorRow, to: Offset, barrier: Option<Offset>) {
+        row.commit_through(barrier.map_or(to, |b| to.min(b - 1)));
+    }
+
+    /// Files the message as a dead letter; false when the queue discards them instead.
+    fn dead_letter(&self, st: &mut DbState, t: &Tx, row: &queen_core::claim::CursorRow) -> bool {
+        if !self.opts.keep_dead_letters {
+            // deadLetterQueue off: the message is discarded, on purpose.
+            return false;
+        }
+        st.dlq_seq += 1;
+        let seq = st.dlq_seq;
+        let dl = DlqRow {
+            partition_id: self.item.partition_id.clone(),
+            partition: self.partition.to_string(),
+            group: self.group.to_string(),
+            offset: self.offset,
+            transaction_id: self.item.transaction_id.clone(),
+            error: self.item.error.clone(),
+            retry_count: row.retry_count,
+            failed_at: self.now,
+        };
+        let _ = st.dlq.insert((self.queue.to_string(), seq), dl, t.id);
+        true
+    }
+}
+
+/// Failed or retried messages end the lease at the end of the call: redelivery from the cursor.
+async fn release_call_leases(
+    tx: &TxHandle,
+    group: &str,
+    calls: &BTreeMap<String, CallState>,
+    items: &[AckItem],
+    out: &mut [AckOutcome],
+    now: Timestamp,
+) -> Result<(), StorageError> {
+    let group = group.to_string();
+    for (pid, call) in calls.iter().filter(|(_, c)| c.release) {
+        let released = tx
+            .stmt("release lease", |st, t| {
+                let key = (pid.clone(), group.clone());
+                let Some(mut row) = st.consumers.get(&key, t.id).cloned() else {
+                    return Ok(false);
+                };
+                if row.worker_id.is_none() || row.worker_id != call.worker {
+                    return Ok(false);
+                }
+                if call.hold && call.hold_ms > 0 {
+                    // retryDelay: nobody in the group may claim the partition until it ends.
+                    row.worker_id = Some(WorkerId::RETRY_HOLD);
+                    row.lease_expires_at = Some(now.plus_millis(i64::from(call.hold_ms)));
+                } else {
+                    row.worker_id = None;
+                    row.lease_expires_at = None;
+                }
+                row.lease_acquired_at = None;
+                row.batch_end = None;
+                lock_or_wait(st.consumers.update(&key, row, t.id))
+            })
+            .await?;
+        if released {
+            for (item, o) in items.iter().zip(out.iter_mut()) {
+                if &item.partition_id == pid && o.success {
+                    o.lease_released = true;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whole-batch acks of several leases, as ack_batch_ends_v2: one guarded cursor write per batch,

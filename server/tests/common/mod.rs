@@ -6,12 +6,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use queen_core::storage::StorageSet;
-use queen_server::app::{wall_now, App};
+use queen_server::broker::Broker;
 use queen_server::config::ServerConfig;
+use queen_server::wall_now;
 use queen_storage_sim::{SimBugs, SimDb};
 
-pub struct Broker {
-    pub app: Arc<App>,
+/// A broker serving on an ephemeral port, with its backend.
+pub struct TestBroker {
+    pub app: Arc<Broker>,
     pub addr: SocketAddr,
     /// The PostgreSQL backend, for tests that reach past the broker.
     pub pg: Option<queen_storage_pg::PgStorage>,
@@ -22,7 +24,7 @@ pub enum Store {
     Postgres(&'static str),
 }
 
-pub async fn start(store: Store, config: ServerConfig) -> Broker {
+pub async fn start(store: Store, config: ServerConfig) -> TestBroker {
     let (storage, pg) = match store {
         Store::Memory => {
             let db = SimDb::new(1, Arc::new(wall_now), SimBugs::default());
@@ -41,18 +43,23 @@ pub async fn start(store: Store, config: ServerConfig) -> Broker {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = App::new(config, storage, 7);
+    let app = Broker::new(config, storage, 7);
+    queen_server::tasks::start(&app);
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
-    Broker { app, addr, pg }
+    TestBroker { app, addr, pg }
 }
 
 /// Two brokers on one fresh PostgreSQL database, each listening for the other's events.
-pub async fn start_pair(name: &str, config: ServerConfig) -> (Broker, Broker) {
+pub async fn start_pair(name: &str, config: ServerConfig) -> (TestBroker, TestBroker) {
     start_pair_with(name, config.clone(), config).await
 }
 
 /// Two brokers on one fresh PostgreSQL database with configs of their own (a key each, say).
-pub async fn start_pair_with(name: &str, a: ServerConfig, b: ServerConfig) -> (Broker, Broker) {
+pub async fn start_pair_with(
+    name: &str,
+    a: ServerConfig,
+    b: ServerConfig,
+) -> (TestBroker, TestBroker) {
     let cfg =
         queen_storage_pg::testing::fresh_database_config(&format!("{name}_{}", std::process::id()))
             .await;
@@ -69,10 +76,11 @@ pub async fn start_pair_with(name: &str, a: ServerConfig, b: ServerConfig) -> (B
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = App::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
+        let app = Broker::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
+        queen_server::tasks::start(&app);
         queen_server::spawn_event_listener(app.clone(), &pg);
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
-        brokers.push(Broker {
+        brokers.push(TestBroker {
             app,
             addr,
             pg: Some(pg),

@@ -252,10 +252,29 @@ struct Producer {
 }
 
 fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
-    let b = |i: usize| brokers[i % brokers.len()].clone();
-    let consumer = |i: usize, queue, group, path, auto_ack| Consumer {
+    match scenario {
+        Scenario::Prompt => prompt_plan(brokers),
+        Scenario::Retention => retention_plan(brokers),
+        Scenario::Scale => scale_plan(brokers),
+        Scenario::CreationRace => creation_plan(brokers),
+        Scenario::Contention => contention_plan(brokers),
+        Scenario::LostWakes => lost_wakes_plan(brokers),
+        Scenario::Faults => faults_plan(brokers),
+    }
+}
+
+/// A consumer with the workload's defaults, named by `i` and on broker `i` (round robin).
+fn consumer(
+    brokers: &[String],
+    i: usize,
+    queue: &'static str,
+    group: &'static str,
+    path: PopPath,
+    auto_ack: bool,
+) -> Consumer {
+    Consumer {
         name: format!("consumer{i}"),
-        broker: b(i),
+        broker: brokers[i % brokers.len()].clone(),
         queue,
         group,
         path,
@@ -269,192 +288,211 @@ fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>
         ack_elsewhere: false,
         fail_p: 0.08,
         work_ms: 0,
-    };
-    match scenario {
-        Scenario::Prompt => prompt_plan(brokers),
-        Scenario::Retention => {
-            // g1 keeps up; g2 falls behind (completed retention waits for it, pending retention
-            // takes what it reaches too late); g3 makes first contact mid-run. producer1 makes
-            // a new partition with every push: groups meet it without a cursor row there.
-            let cs = vec![
-                consumer(0, RETENTION_QUEUE, "g1", PopPath::Queue, false),
-                consumer(1, RETENTION_QUEUE, "g1", PopPath::Queue, false),
-                Consumer {
-                    work_ms: 350,
-                    ..consumer(2, RETENTION_QUEUE, LAGGING_GROUP, PopPath::Queue, false)
-                },
-                Consumer {
-                    start_ms: 5_000,
-                    ..consumer(3, RETENTION_QUEUE, LATE_GROUP, PopPath::Queue, false)
-                },
-            ];
-            let producer = |i: usize, partitions, fresh_partitions, gap_ms| Producer {
-                name: format!("producer{i}"),
-                queue: RETENTION_QUEUE,
-                partitions,
-                fresh_partitions,
-                gap_ms,
-                burst: 0.0,
-                prefix: "p",
-                max_pushes: None,
-                transactions: false,
-                spread: false,
-            };
-            (
-                vec![
-                    producer(0, 3, false, (20, 150)),
-                    producer(1, 0, true, (300, 900)),
-                ],
-                cs,
-            )
-        }
-        Scenario::Scale => {
-            // The backlog first, in one push into every partition, before any group's first
-            // contact; then a trickle into random partitions.
-            let producers = vec![
-                Producer {
-                    name: "producer0".into(),
-                    queue: SCALE_QUEUE,
-                    partitions: SCALE_PARTITIONS,
-                    fresh_partitions: false,
-                    gap_ms: (0, 0),
-                    burst: 0.0,
-                    prefix: "p",
-                    max_pushes: Some(1),
-                    transactions: false,
-                    spread: true,
-                },
-                Producer {
-                    name: "producer1".into(),
-                    queue: SCALE_QUEUE,
-                    partitions: SCALE_PARTITIONS,
-                    fresh_partitions: false,
-                    gap_ms: (200, 600),
-                    burst: 0.0,
-                    prefix: "p",
-                    max_pushes: None,
-                    transactions: false,
-                    spread: false,
-                },
-            ];
-            let consumers = SCALE_GROUPS
-                .iter()
-                .enumerate()
-                .flat_map(|(g, group)| {
-                    (0..2).map(move |k| Consumer {
-                        start_ms: 500 + 500 * g as u64,
-                        batch: 10,
-                        ..consumer(2 * g + k, SCALE_QUEUE, group, PopPath::Queue, false)
-                    })
-                })
-                .collect();
-            (producers, consumers)
-        }
-        Scenario::CreationRace => (
-            vec![Producer {
-                name: "producer0".into(),
-                queue: "c",
-                partitions: 0,
-                fresh_partitions: true,
-                gap_ms: (5, 60),
-                burst: 0.0,
-                prefix: "p",
-                max_pushes: None,
-                transactions: false,
-                spread: false,
-            }],
-            (0..3)
-                .map(|i| Consumer {
-                    timeout_ms: 300,
-                    ..consumer(i, "c", "g1", PopPath::AheadOfProducer, false)
-                })
-                .collect(),
-        ),
-        Scenario::Contention => {
-            let mut cs: Vec<Consumer> = (0..8)
-                .map(|i| consumer(i, "k", "g1", PopPath::Queue, false))
-                .collect();
-            cs.extend((8..11).map(|i| Consumer {
-                start_ms: 4_000,
-                ..consumer(i, "k", "g2", PopPath::Queue, false)
-            }));
-            (
-                vec![Producer {
-                    name: "producer0".into(),
-                    queue: "k",
-                    partitions: 2,
-                    fresh_partitions: false,
-                    gap_ms: (2, 30),
-                    burst: 0.0,
-                    prefix: "p",
-                    max_pushes: None,
-                    transactions: false,
-                    spread: false,
-                }],
-                cs,
-            )
-        }
-        Scenario::LostWakes => (
-            vec![Producer {
-                name: "producer0".into(),
-                queue: "w",
-                partitions: 1,
-                fresh_partitions: false,
-                gap_ms: (1_500, 3_000),
-                burst: 0.6,
-                prefix: "p",
-                max_pushes: None,
-                transactions: false,
-                spread: false,
-            }],
-            (0..4)
-                .map(|i| Consumer {
-                    timeout_ms: 8_000,
-                    batch: 2,
-                    ..consumer(i, "w", "g1", PopPath::Queue, true)
-                })
-                .collect(),
-        ),
-        Scenario::Faults => {
-            let mut cs: Vec<Consumer> = (0..3)
-                .map(|i| Consumer {
-                    mortal: i == 0,
-                    ..consumer(i, "f", "g1", PopPath::Queue, false)
-                })
-                .collect();
-            cs.push(consumer(3, "f", "g2", PopPath::Queue, true));
-            cs.push(Consumer {
-                late: true,
-                ..consumer(4, "f", LATE_GROUP, PopPath::Queue, false)
-            });
-            (
-                (0..2)
-                    .map(|i| Producer {
-                        name: format!("producer{i}"),
-                        queue: "f",
-                        partitions: 4,
-                        fresh_partitions: false,
-                        gap_ms: (20, 200),
-                        burst: 0.0,
-                        prefix: "p",
-                        max_pushes: None,
-                        transactions: true,
-                        spread: false,
-                    })
-                    .collect(),
-                cs,
-            )
-        }
     }
 }
 
-/// The prompt scenario: consumers park on both brokers, on the partition route, the queue route
-/// and a namespace pop, while messages become deliverable by time (a lease expiring,
-/// delayedProcessing, windowBuffer, retryDelay) or by what happens on the other broker (acks,
-/// failed acks, seeks, group deletes, dead-letter requeues). Long-polls last 30 s, as Queen's
-/// Python client's do, so only an event or a revisit at the right time serves them within the
-/// bound.
+/// A producer with the workload's defaults: `partitions` named `p<n>`, pushes `gap_ms` apart.
+fn producer(name: String, queue: &'static str, partitions: u32, gap_ms: (u64, u64)) -> Producer {
+    Producer {
+        name,
+        queue,
+        partitions,
+        fresh_partitions: false,
+        gap_ms,
+        burst: 0.0,
+        prefix: "p",
+        max_pushes: None,
+        transactions: false,
+        spread: false,
+    }
+}
+
+/// g1 keeps up; g2 falls behind (completed retention waits for it, pending retention takes what
+/// it reaches too late); g3 makes first contact mid-run. producer1 makes a new partition with
+/// every push: groups meet it without a cursor row there.
+fn retention_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    let q = RETENTION_QUEUE;
+    let cs = vec![
+        consumer(brokers, 0, q, "g1", PopPath::Queue, false),
+        consumer(brokers, 1, q, "g1", PopPath::Queue, false),
+        Consumer {
+            work_ms: 350,
+            ..consumer(brokers, 2, q, LAGGING_GROUP, PopPath::Queue, false)
+        },
+        Consumer {
+            start_ms: 5_000,
+            ..consumer(brokers, 3, q, LATE_GROUP, PopPath::Queue, false)
+        },
+    ];
+    let producers = vec![
+        producer("producer0".into(), q, 3, (20, 150)),
+        Producer {
+            fresh_partitions: true,
+            ..producer("producer1".into(), q, 0, (300, 900))
+        },
+    ];
+    (producers, cs)
+}
+
+/// The backlog first, in one push into every partition, before any group's first contact; then
+/// a trickle into random partitions. Each group's two consumers start one after another group's.
+fn scale_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    let producers = vec![
+        Producer {
+            max_pushes: Some(1),
+            spread: true,
+            ..producer("producer0".into(), SCALE_QUEUE, SCALE_PARTITIONS, (0, 0))
+        },
+        producer(
+            "producer1".into(),
+            SCALE_QUEUE,
+            SCALE_PARTITIONS,
+            (200, 600),
+        ),
+    ];
+    let consumers = SCALE_GROUPS
+        .iter()
+        .enumerate()
+        .flat_map(|(g, group)| {
+            (0..2).map(move |k| Consumer {
+                start_ms: 500 + 500 * g as u64,
+                batch: 10,
+                ..consumer(
+                    brokers,
+                    2 * g + k,
+                    SCALE_QUEUE,
+                    group,
+                    PopPath::Queue,
+                    false,
+                )
+            })
+        })
+        .collect();
+    (producers, consumers)
+}
+
+/// Pops of named partitions racing the pushes that create them.
+fn creation_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    let producers = vec![Producer {
+        fresh_partitions: true,
+        ..producer("producer0".into(), "c", 0, (5, 60))
+    }];
+    let consumers = (0..3)
+        .map(|i| Consumer {
+            timeout_ms: 300,
+            ..consumer(brokers, i, "c", "g1", PopPath::AheadOfProducer, false)
+        })
+        .collect();
+    (producers, consumers)
+}
+
+/// Eight consumers of one group on two partitions (SKIP LOCKED), and a second group's first
+/// contact later.
+fn contention_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    let mut cs: Vec<Consumer> = (0..8)
+        .map(|i| consumer(brokers, i, "k", "g1", PopPath::Queue, false))
+        .collect();
+    cs.extend((8..11).map(|i| Consumer {
+        start_ms: 4_000,
+        ..consumer(brokers, i, "k", "g2", PopPath::Queue, false)
+    }));
+    (vec![producer("producer0".into(), "k", 2, (2, 30))], cs)
+}
+
+/// Bursts far apart into one partition, four autoAck consumers parked on long polls.
+fn lost_wakes_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    let producers = vec![Producer {
+        burst: 0.6,
+        ..producer("producer0".into(), "w", 1, (1_500, 3_000))
+    }];
+    let consumers = (0..4)
+        .map(|i| Consumer {
+            timeout_ms: 8_000,
+            batch: 2,
+            ..consumer(brokers, i, "w", "g1", PopPath::Queue, true)
+        })
+        .collect();
+    (producers, consumers)
+}
+
+/// Two producers (a quarter of their pushes as transactions), a group of three (one mortal), an
+/// autoAck group, and a group that makes first contact after retention removed what the others
+/// consumed.
+fn faults_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    let mut cs: Vec<Consumer> = (0..3)
+        .map(|i| Consumer {
+            mortal: i == 0,
+            ..consumer(brokers, i, "f", "g1", PopPath::Queue, false)
+        })
+        .collect();
+    cs.push(consumer(brokers, 3, "f", "g2", PopPath::Queue, true));
+    cs.push(Consumer {
+        late: true,
+        ..consumer(brokers, 4, "f", LATE_GROUP, PopPath::Queue, false)
+    });
+    let producers = (0..2)
+        .map(|i| Producer {
+            transactions: true,
+            ..producer(format!("producer{i}"), "f", 4, (20, 200))
+        })
+        .collect();
+    (producers, cs)
+}
+
+/// One producer per prompt queue (the spread queue's pushes further apart than the bound), and
+/// a quiet one for the queue whose groups are sought back and deleted.
+fn prompt_producers() -> Vec<Producer> {
+    let prefixes = ["l", "d", "w", RETRY_PREFIX, "n", "s"];
+    let mut producers: Vec<Producer> = PROMPT_QUEUES
+        .iter()
+        .zip(prefixes)
+        .enumerate()
+        .map(|(i, (q, prefix))| Producer {
+            name: format!("producer{i}"),
+            queue: q,
+            partitions: 2,
+            fresh_partitions: false,
+            gap_ms: (200, 1_500),
+            burst: 0.2,
+            prefix,
+            max_pushes: None,
+            transactions: false,
+            spread: *q == PROMPT_SPREAD,
+        })
+        .map(|p| match p.queue {
+            // Pushes further apart than the bound, so that no push's own wake serves what the
+            // previous one left behind.
+            PROMPT_SPREAD => Producer {
+                gap_ms: (2_500, 4_000),
+                burst: 0.0,
+                ..p
+            },
+            _ => p,
+        })
+        .collect();
+    producers.push(Producer {
+        name: "producer-quiet".into(),
+        queue: PROMPT_RESET,
+        partitions: 2,
+        fresh_partitions: false,
+        gap_ms: (50, 300),
+        burst: 0.0,
+        prefix: "q",
+        max_pushes: Some(5),
+        transactions: false,
+        spread: false,
+    });
+    producers
+}
+
 fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
+    (prompt_producers(), prompt_consumers(brokers))
+}
+
+/// Every pop route of the prompt scenario on every queue: one consumer of each queue's group
+/// (several on the spread queue), one of the named partitions, a discovery consumer, the
+/// long-lease queue's four, and the groups that are sought back and deleted.
+fn prompt_consumers(brokers: &[String]) -> Vec<Consumer> {
     let b = |i: usize| brokers[i % brokers.len()].clone();
     let mut n = 0;
     let mut consumer = |queue, group, path, broker: usize| {
@@ -477,7 +515,6 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
             work_ms: 0,
         }
     };
-    let prefixes = ["l", "d", "w", RETRY_PREFIX, "n", "s"];
     let partitions: [[&'static str; 2]; 6] = [
         ["l0", "l1"],
         ["d0", "d1"],
@@ -534,46 +571,7 @@ fn prompt_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
     }
     cs.push(consumer(PROMPT_RESET, SEEK_GROUP, PopPath::Queue, 0));
     cs.push(consumer(PROMPT_RESET, DELETED_GROUP, PopPath::Queue, 0));
-    let mut producers: Vec<Producer> = PROMPT_QUEUES
-        .iter()
-        .zip(prefixes)
-        .enumerate()
-        .map(|(i, (q, prefix))| Producer {
-            name: format!("producer{i}"),
-            queue: q,
-            partitions: 2,
-            fresh_partitions: false,
-            gap_ms: (200, 1_500),
-            burst: 0.2,
-            prefix,
-            max_pushes: None,
-            transactions: false,
-            spread: *q == PROMPT_SPREAD,
-        })
-        .map(|p| match p.queue {
-            // Pushes further apart than the bound, so that no push's own wake serves what the
-            // previous one left behind.
-            PROMPT_SPREAD => Producer {
-                gap_ms: (2_500, 4_000),
-                burst: 0.0,
-                ..p
-            },
-            _ => p,
-        })
-        .collect();
-    producers.push(Producer {
-        name: "producer-quiet".into(),
-        queue: PROMPT_RESET,
-        partitions: 2,
-        fresh_partitions: false,
-        gap_ms: (50, 300),
-        burst: 0.0,
-        prefix: "q",
-        max_pushes: Some(5),
-        transactions: false,
-        spread: false,
-    });
-    (producers, cs)
+    cs
 }
 
 pub fn client_names(scenario: Scenario) -> Vec<String> {
@@ -796,55 +794,8 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
             PopPath::Partitions(_) if shared.draining.load(Ordering::SeqCst) => 500,
             _ => c.timeout_ms,
         };
-        let query = format!(
-            "batch={}&wait=true&timeout={timeout_ms}&consumerGroup={}{}",
-            c.batch,
-            c.group,
-            if c.auto_ack { "&autoAck=true" } else { "" }
-        );
-        // Named pops only reach partitions near the producer: the rest, and the drain, go
-        // queue-wide.
-        let queue_wide = shared.draining.load(Ordering::SeqCst) || hit(&mut rng, 0.3);
-        let (path, wait) = match c.path {
-            PopPath::AheadOfProducer if !queue_wide => {
-                let ahead = made.load(Ordering::SeqCst) + rng.below(2);
-                let path = format!("/api/v1/pop/queue/{}/partition/n{ahead}?{query}", c.queue);
-                (path, None)
-            }
-            PopPath::Partitions(names) => {
-                let p = names[(pops % 2) as usize];
-                (
-                    format!("/api/v1/pop/queue/{}/partition/{p}?{query}", c.queue),
-                    Some((vec![c.queue], Some(p))),
-                )
-            }
-            PopPath::Discovery(ns) => (
-                format!("/api/v1/pop?namespace={ns}&{query}"),
-                Some((PROMPT_QUEUES.to_vec(), None)),
-            ),
-            _ => (
-                format!("/api/v1/pop/queue/{}?{query}", c.queue),
-                Some((vec![c.queue], None)),
-            ),
-        };
-        // During the drain, a consumer on a broker that missed another broker's pushes (a
-        // crash, a fault) may wait until the next reseed: pick brokers in turn. The prompt
-        // scenario keeps its brokers: events must reach them.
-        let broker = if shared.draining.load(Ordering::SeqCst) && c.ack_elsewhere.not() {
-            shared.brokers[(pops as usize) % shared.brokers.len()].clone()
-        } else {
-            c.broker.clone()
-        };
-        let ack_broker = if c.ack_elsewhere {
-            let i = shared
-                .brokers
-                .iter()
-                .position(|b| *b == broker)
-                .unwrap_or(0);
-            shared.brokers[(i + 1) % shared.brokers.len()].clone()
-        } else {
-            broker.clone()
-        };
+        let (path, wait) = pop_target(&shared, &c, pops, timeout_ms, &made, &mut rng);
+        let (broker, ack_broker) = brokers_for(&shared, &c, pops);
         let invoked = shared.now();
         if let Some((queues, partition)) = wait {
             shared.set_wait(
@@ -876,34 +827,9 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
         match answer {
             Ok((200, body)) => {
                 let deliveries = parse_delivery(&body, invoked, shared.now(), id, &c);
-                for d in &deliveries {
-                    if let Event::Delivered { partition, .. } = d {
-                        shared.note_delivered(c.group, partition);
-                    }
-                    shared.record(d.clone());
-                }
-                if c.auto_ack {
-                    continue;
-                }
-                if c.mortal && !shared.draining.load(Ordering::SeqCst) && hit(&mut rng, 0.15) {
-                    // Dies holding the lease: its messages come back after the lease expires.
-                    shared.bump("fault: consumer died holding a lease");
-                    if !c.revives {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(300 + rng.below(500))).await;
-                    continue;
-                }
-                if c.work_ms > 0 {
-                    tokio::time::sleep(Duration::from_millis(c.work_ms)).await;
-                }
-                if shared.faults.lease_boundary && hit(&mut rng, 0.1) {
-                    // Works until about the lease's end, so the ack races the expiry.
-                    shared.bump("fault: ack at the lease boundary");
-                    tokio::time::sleep(Duration::from_millis(1_900 + rng.below(200))).await;
-                }
-                for d in deliveries {
-                    ack(&shared, &ack_broker, &d, hit(&mut rng, c.fail_p)).await;
+                let alive = settle(&shared, &c, deliveries, &ack_broker, &mut rng).await;
+                if !alive {
+                    return;
                 }
             }
             Ok((204, _)) => shared.record(Event::Empty {
@@ -919,6 +845,115 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
             }
         }
     }
+}
+
+/// Where a consumer's next pop goes, and what the liveness checker may hold it to (the queues
+/// and the partition it waits on). Named pops only reach partitions near the producer: the rest,
+/// and the drain, go queue-wide.
+fn pop_target(
+    shared: &Shared,
+    c: &Consumer,
+    pops: u64,
+    timeout_ms: u64,
+    made: &AtomicU64,
+    rng: &mut SeededRng,
+) -> (String, Option<WaitTarget>) {
+    let query = format!(
+        "batch={}&wait=true&timeout={timeout_ms}&consumerGroup={}{}",
+        c.batch,
+        c.group,
+        if c.auto_ack { "&autoAck=true" } else { "" }
+    );
+    let queue_wide = shared.draining.load(Ordering::SeqCst) || hit(rng, 0.3);
+    match c.path {
+        PopPath::AheadOfProducer if !queue_wide => {
+            let ahead = made.load(Ordering::SeqCst) + rng.below(2);
+            let path = format!("/api/v1/pop/queue/{}/partition/n{ahead}?{query}", c.queue);
+            (path, None)
+        }
+        PopPath::Partitions(names) => {
+            let p = names[(pops % 2) as usize];
+            (
+                format!("/api/v1/pop/queue/{}/partition/{p}?{query}", c.queue),
+                Some((vec![c.queue], Some(p))),
+            )
+        }
+        PopPath::Discovery(ns) => (
+            format!("/api/v1/pop?namespace={ns}&{query}"),
+            Some((PROMPT_QUEUES.to_vec(), None)),
+        ),
+        _ => (
+            format!("/api/v1/pop/queue/{}?{query}", c.queue),
+            Some((vec![c.queue], None)),
+        ),
+    }
+}
+
+/// The queues a parked pop waits on, and its partition when it names one.
+type WaitTarget = (Vec<&'static str>, Option<&'static str>);
+
+/// The broker a pop goes to, and the one its acks go to. During the drain, a consumer on a
+/// broker that missed another broker's pushes (a crash, a fault) may wait until the next
+/// reseed: it picks brokers in turn. The prompt scenario keeps its brokers: events must reach
+/// them.
+fn brokers_for(shared: &Shared, c: &Consumer, pops: u64) -> (String, String) {
+    let broker = if shared.draining.load(Ordering::SeqCst) && c.ack_elsewhere.not() {
+        shared.brokers[(pops as usize) % shared.brokers.len()].clone()
+    } else {
+        c.broker.clone()
+    };
+    let ack_broker = if c.ack_elsewhere {
+        let i = shared
+            .brokers
+            .iter()
+            .position(|b| *b == broker)
+            .unwrap_or(0);
+        shared.brokers[(i + 1) % shared.brokers.len()].clone()
+    } else {
+        broker.clone()
+    };
+    (broker, ack_broker)
+}
+
+/// Records a delivery and acks it (unless autoAck), as the consumer's faults say: it may die
+/// holding the lease (`false`: it is gone for good), work, or ack at the lease's boundary.
+async fn settle(
+    shared: &Arc<Shared>,
+    c: &Consumer,
+    deliveries: Vec<Event>,
+    ack_broker: &str,
+    rng: &mut SeededRng,
+) -> bool {
+    for d in &deliveries {
+        if let Event::Delivered { partition, .. } = d {
+            shared.note_delivered(c.group, partition);
+        }
+        shared.record(d.clone());
+    }
+    if c.auto_ack {
+        return true;
+    }
+    if c.mortal && !shared.draining.load(Ordering::SeqCst) && hit(rng, 0.15) {
+        // Dies holding the lease: its messages come back after the lease expires.
+        shared.bump("fault: consumer died holding a lease");
+        if !c.revives {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(300 + rng.below(500))).await;
+        return true;
+    }
+    if c.work_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(c.work_ms)).await;
+    }
+    if shared.faults.lease_boundary && hit(rng, 0.1) {
+        // Works until about the lease's end, so the ack races the expiry.
+        shared.bump("fault: ack at the lease boundary");
+        tokio::time::sleep(Duration::from_millis(1_900 + rng.below(200))).await;
+    }
+    for d in deliveries {
+        ack(shared, ack_broker, &d, hit(rng, c.fail_p)).await;
+    }
+    true
 }
 
 fn parse_delivery(body: &Value, invoked: i64, at: i64, id: u64, c: &Consumer) -> Vec<Event> {

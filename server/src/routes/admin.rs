@@ -20,9 +20,13 @@ use queen_core::types::QUEUE_MODE_GROUP;
 use queen_core::Timestamp;
 use serde_json::{json, Value};
 
-use crate::app::App;
+use crate::broker::Broker;
+use crate::http::wire as requests;
 use crate::http::{self, Failure, Reply};
-use crate::requests;
+use crate::views::{
+    bucket_of, bucketed, depth, group_lags, group_lags_of, lag_stats, message_status, page,
+    processing, recent_rates, stat, Counts, Inventory,
+};
 
 type Pairs = [(String, String)];
 
@@ -89,121 +93,12 @@ fn not_found(message: &str) -> Failure {
     Failure {
         status: StatusCode::NOT_FOUND,
         message: message.to_string(),
+        storage: None,
     }
 }
 
 fn ok(v: &Value) -> Result<Reply, Failure> {
     Ok(http::json(StatusCode::OK, v))
-}
-
-fn page<T>(items: Vec<T>, limit: u32, offset: u32) -> Vec<T> {
-    items
-        .into_iter()
-        .skip(offset as usize)
-        .take(limit as usize)
-        .collect()
-}
-
-/// How deep a partition is for `group`, or (no group) for its slowest reader: the named groups'
-/// lowest cursor, queue mode only when the queue has no named group, and everything retained
-/// when nobody reads it. A group without a cursor on the partition reads it from the start.
-fn depth(p: &PartitionView, groups: &[String], group: Option<&str>) -> u64 {
-    let after = |g: &str| p.pending_after(p.cursor(g).map_or(-1, |c| c.committed));
-    match group {
-        Some(g) => after(g),
-        None => {
-            let named: Vec<&String> = groups.iter().filter(|g| *g != QUEUE_MODE_GROUP).collect();
-            if !named.is_empty() {
-                named.iter().map(|g| after(g)).max().unwrap_or(0)
-            } else if groups.iter().any(|g| g == QUEUE_MODE_GROUP) {
-                after(QUEUE_MODE_GROUP)
-            } else {
-                p.retained()
-            }
-        }
-    }
-}
-
-/// Messages leased and not yet acknowledged on a partition, by `group` or by any.
-fn processing(p: &PartitionView, group: Option<&str>) -> u64 {
-    p.cursors
-        .iter()
-        .filter(|c| group.is_none_or(|g| g == c.group))
-        .map(|c| c.in_flight())
-        .max()
-        .unwrap_or(0)
-}
-
-/// The six counts of Queen's stats objects, for a set of partitions.
-#[derive(Default, Clone, Copy)]
-struct Counts {
-    total: u64,
-    pending: u64,
-    processing: u64,
-    dead_letter: u64,
-}
-
-impl Counts {
-    fn of(p: &PartitionView, groups: &[String]) -> Counts {
-        let processing = processing(p, None);
-        Counts {
-            total: p.retained(),
-            pending: depth(p, groups, None).saturating_sub(processing),
-            processing,
-            dead_letter: 0,
-        }
-    }
-
-    fn add(&mut self, o: Counts) {
-        self.total += o.total;
-        self.pending += o.pending;
-        self.processing += o.processing;
-        self.dead_letter += o.dead_letter;
-    }
-
-    fn completed(&self) -> u64 {
-        self.total.saturating_sub(self.pending + self.processing)
-    }
-
-    fn json(&self) -> Value {
-        json!({"total": self.total, "pending": self.pending, "processing": self.processing,
-               "completed": self.completed(), "failed": 0, "deadLetter": self.dead_letter})
-    }
-}
-
-/// Queues (filtered) with their partitions.
-struct Inventory {
-    queues: Vec<QueueView>,
-    partitions: BTreeMap<String, Vec<PartitionView>>,
-}
-
-impl Inventory {
-    async fn load(app: &App, filter: QueueFilter) -> Result<Inventory, Failure> {
-        let queues = app.storage.inspect.queue_views(filter.clone()).await?;
-        let mut partitions: BTreeMap<String, Vec<PartitionView>> = BTreeMap::new();
-        let views = match (&filter.queue, queues.len()) {
-            (_, 0) => vec![],
-            (Some(q), _) => app.storage.inspect.partition_views(Some(q), None).await?,
-            (None, _) => app.storage.inspect.partition_views(None, None).await?,
-        };
-        for p in views {
-            partitions.entry(p.queue.clone()).or_default().push(p);
-        }
-        Ok(Inventory { queues, partitions })
-    }
-
-    fn partitions_of(&self, queue: &str) -> &[PartitionView] {
-        self.partitions.get(queue).map_or(&[], Vec::as_slice)
-    }
-
-    fn counts(&self, q: &QueueView) -> Counts {
-        let mut c = Counts::default();
-        for p in self.partitions_of(&q.config.name) {
-            c.add(Counts::of(p, &q.groups));
-        }
-        c.dead_letter = q.dead_letters;
-        c
-    }
 }
 
 fn queue_summary(q: &QueueView, c: &Counts) -> Value {
@@ -215,9 +110,9 @@ fn queue_summary(q: &QueueView, c: &Counts) -> Value {
 }
 
 /// GET /api/v1/resources/queues[?namespace,task,limit,offset]: newest first.
-pub async fn list_queues(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
+pub async fn list_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 1000)?;
-    let inv = Inventory::load(app, queue_filter(pairs, false)?).await?;
+    let inv = Inventory::load(broker, queue_filter(pairs, false)?).await?;
     let total = inv.queues.len();
     let queues: Vec<Value> = page(inv.queues.iter().collect(), limit, offset)
         .into_iter()
@@ -235,10 +130,10 @@ fn partition_json(p: &PartitionView, groups: &[String]) -> Value {
            "oldestMessage": p.oldest_at.map(iso), "newestMessage": p.newest_at.map(iso)})
 }
 
-async fn one_queue(app: &App, name: &str) -> Result<Inventory, Failure> {
+async fn one_queue(broker: &Broker, name: &str) -> Result<Inventory, Failure> {
     requests::check_name("queue", name)?;
     let inv = Inventory::load(
-        app,
+        broker,
         QueueFilter {
             queue: Some(name.to_string()),
             ..QueueFilter::default()
@@ -252,8 +147,8 @@ async fn one_queue(app: &App, name: &str) -> Result<Inventory, Failure> {
 }
 
 /// GET /api/v1/resources/queues/{name}: partitions sorted by name.
-pub async fn get_queue(app: &Arc<App>, name: &str) -> Result<Reply, Failure> {
-    let inv = one_queue(app, name).await?;
+pub async fn get_queue(broker: &Arc<Broker>, name: &str) -> Result<Reply, Failure> {
+    let inv = one_queue(broker, name).await?;
     let q = &inv.queues[0];
     let partitions: Vec<Value> = inv
         .partitions_of(name)
@@ -268,9 +163,13 @@ pub async fn get_queue(app: &Arc<App>, name: &str) -> Result<Reply, Failure> {
 }
 
 /// GET /api/v1/resources/queues/{name}/depth[?group=g].
-pub async fn queue_depth(app: &Arc<App>, name: &str, pairs: &Pairs) -> Result<Reply, Failure> {
+pub async fn queue_depth(
+    broker: &Arc<Broker>,
+    name: &str,
+    pairs: &Pairs,
+) -> Result<Reply, Failure> {
     let group = name_param(pairs, "group")?;
-    let inv = one_queue(app, name).await?;
+    let inv = one_queue(broker, name).await?;
     let q = &inv.queues[0];
     let mut pending = 0;
     let mut in_flight = 0;
@@ -297,11 +196,11 @@ pub async fn queue_depth(app: &Arc<App>, name: &str, pairs: &Pairs) -> Result<Re
 
 /// GET /api/v1/resources/partitions[?queue,minDepth,limit,offset]: Queen's documentation
 /// describes it and no Queen server answers it; here, every partition with its depth.
-pub async fn list_partitions(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
+pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 1000)?;
     let min_depth = u64::from(number(pairs, "minDepth", 0, u32::MAX)?);
     let inv = Inventory::load(
-        app,
+        broker,
         QueueFilter {
             queue: name_param(pairs, "queue")?,
             ..QueueFilter::default()
@@ -327,34 +226,10 @@ pub async fn list_partitions(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Fai
     )
 }
 
-fn lag_stats(values: &mut [f64]) -> Value {
-    if values.is_empty() {
-        return json!({"avg": 0, "median": 0, "min": 0, "max": 0});
-    }
-    values.sort_by(f64::total_cmp);
-    let avg = values.iter().sum::<f64>() / values.len() as f64;
-    json!({"avg": avg, "median": values[values.len() / 2], "min": values[0],
-           "max": values[values.len() - 1]})
-}
-
-/// Samples of the last `minutes` summed over brokers: (pushed, acked) per second.
-async fn recent_rates(app: &App, minutes: i64) -> Result<(f64, f64), Failure> {
-    let now = app.now();
-    let samples = app
-        .storage
-        .inspect
-        .samples(now.minus_secs(minutes * 60), now.plus_secs(60))
-        .await?;
-    let secs = (minutes * 60) as f64;
-    let pushed: u64 = samples.iter().map(|s| s.push_messages).sum();
-    let acked: u64 = samples.iter().map(|s| s.ack_messages).sum();
-    Ok((pushed as f64 / secs, acked as f64 / secs))
-}
-
 /// GET /api/v1/resources/overview.
-pub async fn overview(app: &Arc<App>) -> Result<Reply, Failure> {
-    let inv = Inventory::load(app, QueueFilter::default()).await?;
-    let now = app.now();
+pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
+    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let now = broker.now();
     let mut totals = Counts::default();
     let (mut namespaces, mut tasks) = (vec![], vec![]);
     let (mut time_lags, mut offset_lags) = (vec![], vec![]);
@@ -379,7 +254,7 @@ pub async fn overview(app: &Arc<App>) -> Result<Reply, Failure> {
         v.sort();
         v.dedup();
     }
-    let (ingested, processed) = recent_rates(app, 5).await?;
+    let (ingested, processed) = recent_rates(broker, 5).await?;
     ok(
         &json!({"queues": inv.queues.len(), "partitions": partitions,
                "namespaces": namespaces.len(), "tasks": tasks.len(),
@@ -391,8 +266,8 @@ pub async fn overview(app: &Arc<App>) -> Result<Reply, Failure> {
 }
 
 /// GET /api/v1/resources/namespaces and /tasks: queues grouped by namespace (or task).
-pub async fn groupings(app: &Arc<App>, by_task: bool) -> Result<Reply, Failure> {
-    let inv = Inventory::load(app, QueueFilter::default()).await?;
+pub async fn groupings(broker: &Arc<Broker>, by_task: bool) -> Result<Reply, Failure> {
+    let inv = Inventory::load(broker, QueueFilter::default()).await?;
     let mut by: BTreeMap<String, (u64, u64, Counts)> = BTreeMap::new();
     for q in &inv.queues {
         let key = if by_task {
@@ -423,36 +298,6 @@ pub async fn groupings(app: &Arc<App>, by_task: bool) -> Result<Reply, Failure> 
     ok(&json!({list: rows}))
 }
 
-/// A message's status for the listing: dead_letter, else (named groups only) completed once
-/// every named group passed it, else by queue mode's cursor: completed, processing, pending.
-fn message_status(
-    p: &PartitionView,
-    groups: &[String],
-    offset: i64,
-    dead: bool,
-    now: Timestamp,
-) -> (&'static str, u64, u64) {
-    let named: Vec<&String> = groups.iter().filter(|g| *g != QUEUE_MODE_GROUP).collect();
-    let passed = |g: &str| p.cursor(g).is_some_and(|c| c.committed >= offset);
-    let consumed_by = named.iter().filter(|g| passed(g)).count() as u64;
-    if dead {
-        return ("dead_letter", consumed_by, named.len() as u64);
-    }
-    let status = match p.cursor(QUEUE_MODE_GROUP) {
-        Some(c) if c.committed >= offset => "completed",
-        Some(c)
-            if c.leased_through.is_some_and(|e| e >= offset)
-                && c.leased_until.is_some_and(|t| t > now) =>
-        {
-            "processing"
-        }
-        Some(_) => "pending",
-        None if !named.is_empty() && consumed_by == named.len() as u64 => "completed",
-        None => "pending",
-    };
-    (status, consumed_by, named.len() as u64)
-}
-
 fn mode_json(groups: &[String]) -> Value {
     let has_queue_mode = groups.iter().any(|g| g == QUEUE_MODE_GROUP);
     let bus = groups.iter().filter(|g| *g != QUEUE_MODE_GROUP).count();
@@ -465,8 +310,8 @@ fn mode_json(groups: &[String]) -> Value {
     json!({"hasQueueMode": has_queue_mode, "busGroupsCount": bus, "type": kind})
 }
 
-fn frame_payload(app: &App, f: &Frame) -> Result<(Value, bool), Failure> {
-    let plain = crate::sealing::plaintext(app.config.cipher.as_deref(), f);
+fn frame_payload(broker: &Broker, f: &Frame) -> Result<(Value, bool), Failure> {
+    let plain = crate::sealing::plaintext(broker.config.cipher.as_deref(), f);
     match plain {
         Ok(bytes) => Ok((
             serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
@@ -481,17 +326,29 @@ fn frame_payload(app: &App, f: &Frame) -> Result<(Value, bool), Failure> {
 /// says so (`truncated`), rather than reading the whole log.
 const MAX_SEGMENTS_PER_LISTING: u32 = 2000;
 
-/// GET /api/v1/messages[?queue,partition,ns|namespace,task,status,from,to,limit,offset]:
-/// newest first. `from` defaults to an hour ago, as in Queen.
-pub async fn list_messages(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
-    let (limit, offset) = paging(pairs, 200)?;
-    let queue = name_param(pairs, "queue")?;
-    let partition = name_param(pairs, "partition")?;
+/// The listing's name filters: queue, partition, namespace (`ns` or `namespace`) and task.
+struct ListingNames {
+    queue: Option<String>,
+    partition: Option<String>,
+    namespace: Option<String>,
+    task: Option<String>,
+}
+
+fn listing_names(pairs: &Pairs) -> Result<ListingNames, Failure> {
     let namespace = match name_param(pairs, "ns")? {
         Some(n) => Some(n),
         None => name_param(pairs, "namespace")?,
     };
-    let task = name_param(pairs, "task")?;
+    Ok(ListingNames {
+        queue: name_param(pairs, "queue")?,
+        partition: name_param(pairs, "partition")?,
+        namespace,
+        task: name_param(pairs, "task")?,
+    })
+}
+
+/// The listing's status filter, one of the four statuses.
+fn status_param(pairs: &Pairs) -> Result<Option<&str>, Failure> {
     let status = param(pairs, "status");
     if let Some(s) = status {
         if !["pending", "processing", "completed", "dead_letter"].contains(&s) {
@@ -500,11 +357,50 @@ pub async fn list_messages(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failu
             ));
         }
     }
-    let now = app.now();
+    Ok(status)
+}
+
+/// Dead letters of the queues listed (the newest 1000 of each): their messages show as
+/// dead_letter.
+async fn dead_letter_offsets(
+    broker: &Broker,
+    inv: &Inventory,
+) -> Result<std::collections::BTreeSet<(String, i64)>, Failure> {
+    let mut dead = std::collections::BTreeSet::new();
+    for q in inv.queues.iter().filter(|q| q.dead_letters > 0) {
+        let letters = broker
+            .dead_letters(queen_core::storage::DlqQuery {
+                queue: q.config.name.clone(),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await?;
+        dead.extend(
+            letters
+                .entries
+                .into_iter()
+                .map(|d| (d.partition_id, d.offset)),
+        );
+    }
+    Ok(dead)
+}
+
+/// GET /api/v1/messages[?queue,partition,ns|namespace,task,status,from,to,limit,offset]:
+/// newest first. `from` defaults to an hour ago, as in Queen.
+pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
+    let (limit, offset) = paging(pairs, 200)?;
+    let ListingNames {
+        queue,
+        partition,
+        namespace,
+        task,
+    } = listing_names(pairs)?;
+    let status = status_param(pairs)?;
+    let now = broker.now();
     let from = time_param(pairs, "from")?.unwrap_or(now.minus_secs(3600));
     let to = time_param(pairs, "to")?;
     let inv = Inventory::load(
-        app,
+        broker,
         QueueFilter {
             queue: queue.clone(),
             namespace: namespace.clone(),
@@ -521,31 +417,14 @@ pub async fn list_messages(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failu
                 .map(move |p| (p.partition_id.as_str(), (p, q)))
         })
         .collect();
-    // Dead letters of the queues listed (the newest 1000 of each): their messages show as
-    // dead_letter.
-    let mut dead: std::collections::BTreeSet<(String, i64)> = Default::default();
-    for q in inv.queues.iter().filter(|q| q.dead_letters > 0) {
-        let letters = app
-            .dead_letters(queen_core::storage::DlqQuery {
-                queue: q.config.name.clone(),
-                limit: 1000,
-                ..Default::default()
-            })
-            .await?;
-        dead.extend(
-            letters
-                .entries
-                .into_iter()
-                .map(|d| (d.partition_id, d.offset)),
-        );
-    }
+    let dead = dead_letter_offsets(broker, &inv).await?;
     let wanted = offset as usize + limit as usize;
     let mut matched: Vec<Value> = vec![];
     let mut after = None;
     let mut read = 0u32;
     let mut truncated = false;
     'segments: loop {
-        let batch = app
+        let batch = broker
             .storage
             .inspect
             .segments(SegmentQuery {
@@ -580,8 +459,8 @@ pub async fn list_messages(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failu
                 if status.is_some_and(|w| w != st) {
                     continue;
                 }
-                let (data, encrypted) = frame_payload(app, f)?;
-                matched.push(json!({
+                let (data, encrypted) = frame_payload(broker, f)?;
+                let mut m = json!({
                     "id": f.message_id.to_string(), "transactionId": f.transaction_id,
                     "partitionId": s.partition_id, "queuePath": format!("{}/{}", s.queue, s.partition),
                     "queue": s.queue, "partition": s.partition, "namespace": q.config.namespace,
@@ -590,8 +469,11 @@ pub async fn list_messages(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failu
                     "traceId": f.trace_id.map(|t| t.to_string()), "producerSub": f.producer,
                     "queuePriority": q.config.priority, "createdAt": iso(s.row.created_at),
                     "leaseExpiresAt": p.cursor(QUEUE_MODE_GROUP).and_then(|c| c.leased_until).map(iso),
-                    "offset": offset, "data": data, "isEncrypted": encrypted,
-                }));
+                    "offset": offset,
+                });
+                m["data"] = data;
+                m["isEncrypted"] = json!(encrypted);
+                matched.push(m);
                 if matched.len() >= wanted {
                     break 'segments;
                 }
@@ -614,9 +496,10 @@ pub async fn list_messages(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failu
     )
 }
 
-async fn stored_message(app: &App, pid: &str, tx: &str) -> Result<StoredMessage, Failure> {
+async fn stored_message(broker: &Broker, pid: &str, tx: &str) -> Result<StoredMessage, Failure> {
     requests::check_name("transactionId", tx)?;
-    app.storage
+    broker
+        .storage
         .inspect
         .message(pid, tx)
         .await?
@@ -624,12 +507,12 @@ async fn stored_message(app: &App, pid: &str, tx: &str) -> Result<StoredMessage,
 }
 
 /// GET /api/v1/messages/{partitionId}/{transactionId}.
-pub async fn get_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, Failure> {
-    let m = stored_message(app, pid, tx).await?;
+pub async fn get_message(broker: &Arc<Broker>, pid: &str, tx: &str) -> Result<Reply, Failure> {
+    let m = stored_message(broker, pid, tx).await?;
     let p = &m.partition;
     // The queue's configuration and the groups that reached this partition: one row each,
     // not the queue's totals (a queue may have 100k partitions).
-    let config = app
+    let config = broker
         .storage
         .pops
         .queue_config(&p.queue)
@@ -645,8 +528,8 @@ pub async fn get_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, F
     .map_err(|e| Failure::server(format!("reading a stored segment: {e}")))?
     .pop()
     .ok_or_else(|| Failure::server("a stored segment held no frame at the message's offset"))?;
-    let (payload, encrypted) = frame_payload(app, &frame)?;
-    let now = app.now();
+    let (payload, encrypted) = frame_payload(broker, &frame)?;
+    let now = broker.now();
     let (status, consumed, group_count) =
         message_status(p, &groups, m.offset, !m.dead_letters.is_empty(), now);
     let letter = m.dead_letters.first();
@@ -684,8 +567,8 @@ pub async fn get_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, F
 /// DELETE /api/v1/messages/{pid}/{tx}: removes the message's dead letters. A message in the
 /// partition log is part of an immutable segment and of every group's offsets: it cannot be
 /// removed alone (seek a group past it instead); that answers 409 and changes nothing.
-pub async fn delete_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, Failure> {
-    let m = stored_message(app, pid, tx).await?;
+pub async fn delete_message(broker: &Arc<Broker>, pid: &str, tx: &str) -> Result<Reply, Failure> {
+    let m = stored_message(broker, pid, tx).await?;
     if m.dead_letters.is_empty() {
         return Ok(http::json(
             StatusCode::CONFLICT,
@@ -693,7 +576,11 @@ pub async fn delete_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply
                     "error": "only dead letters can be deleted: a message in the partition log is removed by retention, or skipped by seeking its consumer group past it"}),
         ));
     }
-    let n = app.storage.inspect.delete_dead_letters_of(pid, tx).await?;
+    let n = broker
+        .storage
+        .inspect
+        .delete_dead_letters_of(pid, tx)
+        .await?;
     ok(
         &json!({"success": n > 0, "partitionId": pid, "transactionId": tx,
                "deadLettersDeleted": n, "message": "Message deleted successfully"}),
@@ -703,8 +590,8 @@ pub async fn delete_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply
 /// POST /api/v1/messages/{pid}/{tx}/retry: replays the message's dead letter as a new message
 /// (under a new transactionId, so de-duplication cannot drop it) and removes the dead letter,
 /// in one transaction.
-pub async fn retry_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, Failure> {
-    let m = stored_message(app, pid, tx).await?;
+pub async fn retry_message(broker: &Arc<Broker>, pid: &str, tx: &str) -> Result<Reply, Failure> {
+    let m = stored_message(broker, pid, tx).await?;
     let Some(letter) = m.dead_letters.first() else {
         return Ok(http::json(
             StatusCode::NOT_FOUND,
@@ -712,7 +599,7 @@ pub async fn retry_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply,
                     "error": "Message not found", "message": "the message has no dead letter to retry"}),
         ));
     };
-    match app.requeue_dead_letter(letter.id).await? {
+    match broker.requeue_dead_letter(letter.id).await? {
         None => Err(not_found("Message not found")),
         Some(r) => ok(
             &json!({"success": true, "queue": r.queue, "partition": r.partition,
@@ -725,7 +612,7 @@ pub async fn retry_message(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply,
 
 /// POST /api/v1/traces: 201 with the trace's id; 404 when no such message is stored (a trace
 /// is removed with its message, so one of nothing would never be).
-pub async fn add_trace(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
+pub async fn add_trace(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Failure::bad(format!("body must be a JSON object: {e}")))?;
     let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
@@ -759,7 +646,7 @@ pub async fn add_trace(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     });
-    let id = app
+    let id = broker
         .storage
         .inspect
         .add_trace(TraceInput {
@@ -794,17 +681,21 @@ fn trace_json(t: &TraceRecord, with_message: bool) -> Value {
 }
 
 /// GET /api/v1/traces/{pid}/{tx}: oldest first.
-pub async fn traces_of(app: &Arc<App>, pid: &str, tx: &str) -> Result<Reply, Failure> {
+pub async fn traces_of(broker: &Arc<Broker>, pid: &str, tx: &str) -> Result<Reply, Failure> {
     requests::check_name("transactionId", tx)?;
-    let traces = app.storage.inspect.traces_of(pid, tx).await?;
+    let traces = broker.storage.inspect.traces_of(pid, tx).await?;
     ok(&json!({"traces": traces.iter().map(|t| trace_json(t, false)).collect::<Vec<_>>()}))
 }
 
 /// GET /api/v1/traces/by-name/{name}?limit=100&offset=0: newest first, paged.
-pub async fn traces_named(app: &Arc<App>, name: &str, pairs: &Pairs) -> Result<Reply, Failure> {
+pub async fn traces_named(
+    broker: &Arc<Broker>,
+    name: &str,
+    pairs: &Pairs,
+) -> Result<Reply, Failure> {
     requests::check_name("traceName", name)?;
     let (limit, offset) = paging(pairs, 100)?;
-    let (traces, total) = app
+    let (traces, total) = broker
         .storage
         .inspect
         .traces_named(name, limit, offset)
@@ -816,9 +707,9 @@ pub async fn traces_named(app: &Arc<App>, name: &str, pairs: &Pairs) -> Result<R
 }
 
 /// GET /api/v1/traces/names?limit=50&offset=0: most recently seen first.
-pub async fn trace_names(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
+pub async fn trace_names(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 50)?;
-    let (names, total) = app.storage.inspect.trace_names(limit, offset).await?;
+    let (names, total) = broker.storage.inspect.trace_names(limit, offset).await?;
     let rows: Vec<Value> = names
         .iter()
         .map(|n| {
@@ -851,38 +742,6 @@ fn window(
         _ => 360,
     };
     Ok((from, to, bucket))
-}
-
-fn bucket_of(t: Timestamp, minutes: i64) -> Timestamp {
-    let width = minutes * 60_000_000;
-    Timestamp(t.0 - t.0.rem_euclid(width))
-}
-
-/// Samples summed per bucket (over brokers), oldest first.
-fn bucketed(samples: &[WorkerSample], minutes: i64) -> Vec<(Timestamp, WorkerSample)> {
-    let mut by: BTreeMap<Timestamp, WorkerSample> = BTreeMap::new();
-    for s in samples {
-        let b = by.entry(bucket_of(s.bucket, minutes)).or_default();
-        b.push_requests += s.push_requests;
-        b.push_messages += s.push_messages;
-        b.pop_requests += s.pop_requests;
-        b.pop_messages += s.pop_messages;
-        b.pop_empty += s.pop_empty;
-        b.ack_requests += s.ack_requests;
-        b.ack_messages += s.ack_messages;
-        b.ack_failed += s.ack_failed;
-        b.dead_lettered += s.dead_lettered;
-        b.db_errors += s.db_errors;
-        b.lag_max_ms = b.lag_max_ms.max(s.lag_max_ms);
-        b.lag_avg_ms = b.lag_avg_ms.max(s.lag_avg_ms);
-        b.cpu_user_pct += s.cpu_user_pct;
-        b.cpu_system_pct += s.cpu_system_pct;
-        b.rss_bytes += s.rss_bytes;
-        b.pool_size += s.pool_size;
-        b.pool_in_use += s.pool_in_use;
-        b.parked += s.parked;
-    }
-    by.into_iter().collect()
 }
 
 fn point_json(t: Timestamp, s: &WorkerSample, minutes: i64) -> Value {
@@ -924,17 +783,17 @@ fn workers(samples: &[WorkerSample]) -> Vec<Value> {
 }
 
 /// GET /api/v1/status[?from,to,queue,namespace,task].
-pub async fn status(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
-    let now = app.now();
+pub async fn status(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
+    let now = broker.now();
     let (from, to, minutes) = window(pairs, now, 3600)?;
-    let samples = app.storage.inspect.samples(from, to).await?;
+    let samples = broker.storage.inspect.samples(from, to).await?;
     let points = bucketed(&samples, minutes);
     let throughput: Vec<Value> = points
         .iter()
         .rev()
         .map(|(t, s)| point_json(*t, s, minutes))
         .collect();
-    let inv = Inventory::load(app, queue_filter(pairs, true)?).await?;
+    let inv = Inventory::load(broker, queue_filter(pairs, true)?).await?;
     let mut totals = Counts::default();
     let (mut leases, mut leased_partitions, mut leased_messages) = (0u64, 0u64, 0u64);
     let mut affected = 0u64;
@@ -996,9 +855,9 @@ pub async fn status(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
 }
 
 /// GET /api/v1/status/queues[?namespace,task,limit=100,offset].
-pub async fn status_queues(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
+pub async fn status_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 100)?;
-    let inv = Inventory::load(app, queue_filter(pairs, false)?).await?;
+    let inv = Inventory::load(broker, queue_filter(pairs, false)?).await?;
     let total = inv.queues.len();
     let rows: Vec<Value> = page(inv.queues.iter().collect(), limit, offset)
         .into_iter()
@@ -1016,8 +875,8 @@ pub async fn status_queues(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failu
 }
 
 /// GET /api/v1/status/queues/{name}.
-pub async fn queue_detail(app: &Arc<App>, name: &str) -> Result<Reply, Failure> {
-    let inv = one_queue(app, name).await?;
+pub async fn queue_detail(broker: &Arc<Broker>, name: &str) -> Result<Reply, Failure> {
+    let inv = one_queue(broker, name).await?;
     let q = &inv.queues[0];
     let c = &q.config;
     let partitions: Vec<Value> = inv
@@ -1053,8 +912,8 @@ pub async fn queue_detail(app: &Arc<App>, name: &str) -> Result<Reply, Failure> 
 
 /// GET /api/v1/status/analytics[?from,to,interval,queue,namespace,task]: messages by creation
 /// time (from the segments of the window, one row per push), zero-filled, oldest first.
-pub async fn analytics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
-    let now = app.now();
+pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
+    let now = broker.now();
     let (from, to, _) = window(pairs, now, 24 * 3600)?;
     let interval = param(pairs, "interval").unwrap_or("hour");
     let step_secs: i64 = match interval {
@@ -1066,7 +925,7 @@ pub async fn analytics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> 
     if (to.0 - from.0) / 1_000_000 / step_secs > 10_000 {
         return Err(Failure::bad("the window holds more than 10000 intervals"));
     }
-    let inv = Inventory::load(app, queue_filter(pairs, true)?).await?;
+    let inv = Inventory::load(broker, queue_filter(pairs, true)?).await?;
     let queues: std::collections::BTreeSet<&str> =
         inv.queues.iter().map(|q| q.config.name.as_str()).collect();
     let mut counts: BTreeMap<i64, u64> = BTreeMap::new();
@@ -1074,7 +933,7 @@ pub async fn analytics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> 
     let mut after = None;
     let mut read = 0u32;
     loop {
-        let batch = app
+        let batch = broker
             .storage
             .inspect
             .segments(SegmentQuery {
@@ -1108,16 +967,6 @@ pub async fn analytics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> 
     ok(&json!({"dataPoints": points, "interval": interval, "from": iso(from), "to": iso(to)}))
 }
 
-fn stat(values: &[f64]) -> Value {
-    if values.is_empty() {
-        return json!({"avg": 0, "min": 0, "max": 0, "last": 0});
-    }
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    json!({"avg": values.iter().sum::<f64>() / values.len() as f64, "min": min, "max": max,
-           "last": values[values.len() - 1]})
-}
-
 fn worker_filter<'a>(
     samples: &'a [WorkerSample],
     pairs: &Pairs,
@@ -1132,10 +981,10 @@ fn worker_filter<'a>(
 
 /// GET /api/v1/analytics/system-metrics[?from,to,hostname,workerId]: one series per broker.
 /// `cpu.*_us` is CPU % × 100, as Queen's (despite the name).
-pub async fn system_metrics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
-    let now = app.now();
+pub async fn system_metrics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
+    let now = broker.now();
     let (from, to, minutes) = window(pairs, now, 3600)?;
-    let samples = app.storage.inspect.samples(from, to).await?;
+    let samples = broker.storage.inspect.samples(from, to).await?;
     let mut by: BTreeMap<(String, String), Vec<&WorkerSample>> = BTreeMap::new();
     for s in worker_filter(&samples, pairs) {
         by.entry((s.hostname.clone(), s.worker_id.clone()))
@@ -1163,7 +1012,7 @@ pub async fn system_metrics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Fail
                         "parked": stat(&f(|s| s.parked as f64))}})
                 })
                 .collect();
-            json!({"hostname": host, "workerId": id, "port": app.config.port,
+            json!({"hostname": host, "workerId": id, "port": broker.config.port,
                    "timeSeries": series})
         })
         .collect();
@@ -1176,10 +1025,10 @@ pub async fn system_metrics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Fail
 }
 
 /// GET /api/v1/analytics/worker-metrics[?from,to,hostname,workerId]: newest first.
-pub async fn worker_metrics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
-    let now = app.now();
+pub async fn worker_metrics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
+    let now = broker.now();
     let (from, to, minutes) = window(pairs, now, 3600)?;
-    let all = app.storage.inspect.samples(from, to).await?;
+    let all = broker.storage.inspect.samples(from, to).await?;
     let samples: Vec<WorkerSample> = worker_filter(&all, pairs).cloned().collect();
     let secs = (minutes * 60) as f64;
     let series: Vec<Value> = bucketed(&samples, minutes)
@@ -1214,63 +1063,10 @@ pub async fn worker_metrics(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Fail
     )
 }
 
-/// One (group, queue) pair's lag over the queue's partitions.
-struct GroupLag {
-    members: u64,
-    partitions_with_lag: u64,
-    total_lag: u64,
-    max_time_lag: u64,
-    consumed: i64,
-}
-
-/// Each group's lag on one queue, keyed (group, queue).
-fn group_lags_of(
-    inv: &Inventory,
-    q: &QueueView,
-    now: Timestamp,
-) -> BTreeMap<(String, String), GroupLag> {
-    let mut out = BTreeMap::new();
-    for g in &q.groups {
-        let mut lag = GroupLag {
-            members: 0,
-            partitions_with_lag: 0,
-            total_lag: 0,
-            max_time_lag: 0,
-            consumed: 0,
-        };
-        for p in inv.partitions_of(&q.config.name) {
-            let pending = depth(p, &q.groups, Some(g));
-            lag.total_lag += pending;
-            lag.partitions_with_lag += u64::from(pending > 0);
-            let oldest = match p.cursor(g) {
-                Some(c) => {
-                    lag.members += 1;
-                    lag.consumed += c.total_consumed;
-                    c.oldest_unconsumed_at
-                }
-                // No cursor yet: it reads from the oldest stored message.
-                None => p.oldest_at.filter(|_| pending > 0),
-            };
-            if let Some(t) = oldest {
-                lag.max_time_lag = lag.max_time_lag.max(t.millis_until(now) / 1000);
-            }
-        }
-        out.insert((g.clone(), q.config.name.clone()), lag);
-    }
-    out
-}
-
-fn group_lags(inv: &Inventory, now: Timestamp) -> BTreeMap<(String, String), GroupLag> {
-    inv.queues
-        .iter()
-        .flat_map(|q| group_lags_of(inv, q, now))
-        .collect()
-}
-
 /// GET /api/v1/consumer-groups: one entry per (group, queue), by group then queue.
-pub async fn consumer_groups(app: &Arc<App>) -> Result<Reply, Failure> {
-    let inv = Inventory::load(app, QueueFilter::default()).await?;
-    let now = app.now();
+pub async fn consumer_groups(broker: &Arc<Broker>) -> Result<Reply, Failure> {
+    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let now = broker.now();
     let rows: Vec<Value> = group_lags(&inv, now)
         .into_iter()
         .map(|((g, q), l)| {
@@ -1291,10 +1087,10 @@ pub async fn consumer_groups(app: &Arc<App>) -> Result<Reply, Failure> {
 }
 
 /// GET /api/v1/consumer-groups/{group}: keyed by queue. Unknown group: `{}`.
-pub async fn consumer_group(app: &Arc<App>, group: &str) -> Result<Reply, Failure> {
+pub async fn consumer_group(broker: &Arc<Broker>, group: &str) -> Result<Reply, Failure> {
     requests::check_name("consumerGroup", group)?;
-    let inv = Inventory::load(app, QueueFilter::default()).await?;
-    let now = app.now();
+    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let now = broker.now();
     let mut out = serde_json::Map::new();
     for q in inv
         .queues
@@ -1323,10 +1119,10 @@ pub async fn consumer_group(app: &Arc<App>, group: &str) -> Result<Reply, Failur
 }
 
 /// GET /api/v1/consumer-groups/lagging?minLagSeconds=3600: worst first.
-pub async fn lagging(app: &Arc<App>, pairs: &Pairs) -> Result<Reply, Failure> {
+pub async fn lagging(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let min_lag = u64::from(number(pairs, "minLagSeconds", 3600, u32::MAX)?);
-    let inv = Inventory::load(app, QueueFilter::default()).await?;
-    let now = app.now();
+    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let now = broker.now();
     let mut rows = vec![];
     for q in &inv.queues {
         for p in inv.partitions_of(&q.config.name) {
@@ -1362,11 +1158,11 @@ pub fn refresh_stats() -> Result<Reply, Failure> {
 
 /// Sets the scrape-time series (queue depth, group lag, partition lag under the cap) from
 /// storage. On a storage failure the previous values stay and `stored_state_ok` reads 0.
-pub(crate) async fn refresh_stored_metrics(app: &App) {
+pub(crate) async fn refresh_stored_metrics(broker: &Broker) {
     use crate::metrics::{GroupLabel, PartitionLabel, QueueLabel};
-    let stored = &app.metrics.stored;
+    let stored = &broker.metrics.stored;
     let _one_at_a_time = stored.scrape.lock().await;
-    let inv = match Inventory::load(app, QueueFilter::default()).await {
+    let inv = match Inventory::load(broker, QueueFilter::default()).await {
         Ok(inv) => inv,
         Err(e) => {
             tracing::debug!(error = %e.message, "reading the queue series for a scrape");
@@ -1374,10 +1170,10 @@ pub(crate) async fn refresh_stored_metrics(app: &App) {
             return;
         }
     };
-    let now = app.now();
+    let now = broker.now();
     let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     stored.clear();
-    let cap = app.config.metrics_partition_series;
+    let cap = broker.config.metrics_partition_series;
     let mut partition_series = 0usize;
     let mut omitted = 0u64;
     for q in &inv.queues {

@@ -1,4 +1,8 @@
-//! HTTP plumbing: bounded bodies, JSON answers, errors, query and path decoding.
+//! HTTP plumbing: bounded bodies, JSON answers, errors, query and path decoding; `auth` (who
+//! may call what) and `wire` (request bodies and their validation) beside it.
+
+pub mod auth;
+pub mod wire;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -15,6 +19,9 @@ pub type Reply = Response<Body>;
 pub struct Failure {
     pub status: StatusCode,
     pub message: String,
+    /// The storage error behind a 5xx, so the one place that answers failures can count and
+    /// log it (`Broker::note_storage_error`).
+    pub storage: Option<queen_core::storage::StorageError>,
 }
 
 impl Failure {
@@ -22,18 +29,21 @@ impl Failure {
         Failure {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
+            storage: None,
         }
     }
     pub fn server(message: impl Into<String>) -> Self {
         Failure {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: message.into(),
+            storage: None,
         }
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
         Failure {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: message.into(),
+            storage: None,
         }
     }
 }
@@ -41,18 +51,21 @@ impl Failure {
 impl From<queen_core::storage::StorageError> for Failure {
     fn from(e: queen_core::storage::StorageError) -> Self {
         use queen_core::storage::StorageError as E;
-        match e {
-            E::Invalid(m) => Failure::bad(m),
+        let failure = match &e {
+            E::Invalid(m) => Failure::bad(m.clone()),
             E::Conflict(m) => Failure {
                 status: StatusCode::CONFLICT,
-                message: m,
+                message: m.clone(),
+                storage: None,
             },
-            E::Unavailable(m) | E::Contention(m) => Failure::unavailable(m),
-            e @ E::EncryptionRequired { .. } => Failure::server(format!(
+            E::Unavailable(m) | E::Contention(m) => Failure::unavailable(m.clone()),
+            E::EncryptionRequired { .. } => Failure::server(format!(
                 "{e}, and this broker has no QUEEN_ENCRYPTION_KEY: nothing was stored"
             )),
-            E::Internal(m) => Failure::server(m),
-        }
+            E::Internal(m) => Failure::server(m.clone()),
+        };
+        let storage = failure.status.is_server_error().then_some(e);
+        Failure { storage, ..failure }
     }
 }
 
@@ -139,6 +152,7 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Failure> {
                 Err(Failure {
                     status: StatusCode::PAYLOAD_TOO_LARGE,
                     message: format!("request body larger than {limit} bytes"),
+                    storage: None,
                 })
             } else {
                 Err(Failure::bad(format!(
@@ -183,6 +197,12 @@ pub fn query_pairs(query: Option<&str>) -> Result<Vec<(String, String)>, Failure
             Ok((percent_decode(k, true)?, percent_decode(v, true)?))
         })
         .collect()
+}
+
+/// A route's answer: a reply now, or one a pop's driver task sends when it has one.
+pub enum Routed {
+    Now(Reply),
+    Later(tokio::sync::oneshot::Receiver<Reply>),
 }
 
 #[cfg(test)]

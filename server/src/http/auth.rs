@@ -27,7 +27,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::app::lock;
+use crate::helpers::lock;
 use crate::http::Failure;
 
 /// What a route requires; each level includes the ones below it.
@@ -166,6 +166,7 @@ impl Caller {
             Caller::Token(_) => Err(Failure {
                 status: StatusCode::FORBIDDEN,
                 message: "Insufficient permissions".into(),
+                storage: None,
             }),
         }
     }
@@ -183,6 +184,7 @@ fn unauthorized(message: impl Into<String>) -> Failure {
     Failure {
         status: StatusCode::UNAUTHORIZED,
         message: message.into(),
+        storage: None,
     }
 }
 

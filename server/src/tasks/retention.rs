@@ -8,60 +8,8 @@ use std::time::Duration;
 use queen_core::rng::SeededRng;
 use queen_core::storage::{Removed, RetentionPass, StorageResult};
 
-use crate::app::App;
-
-/// Queen's settings, with its defaults.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetentionSettings {
-    /// RETENTION_INTERVAL: milliseconds between retention passes (0: no retention worker).
-    pub interval_ms: u64,
-    /// RETENTION_BATCH_SIZE: partitions per retention statement.
-    pub batch_size: u32,
-    /// PARTITION_CLEANUP_DAYS: an empty partition with no push for this long is deleted (0: never).
-    pub partition_cleanup_days: u32,
-    /// EVICTION_INTERVAL: milliseconds between eviction passes (maxWaitTimeSeconds; 0: none).
-    pub eviction_interval_ms: u64,
-    /// EVICTION_BATCH_SIZE: partitions per eviction statement.
-    pub eviction_batch_size: u32,
-    /// DEAD_LETTER_RETENTION_SECONDS: dead letters older than this are deleted (0: kept until
-    /// their queue's retention removes their message).
-    pub dead_letter_retention_secs: u64,
-    /// How long a claimed maintenance lease lasts: renewed before every batch, so only a broker
-    /// that died (or lost its database) lets it run out, and the others wait this long.
-    pub lease_secs: u32,
-}
-
-impl Default for RetentionSettings {
-    fn default() -> Self {
-        RetentionSettings {
-            interval_ms: 300_000,
-            // About 20 ms of partition locks per statement (docs/benchmarks.md).
-            batch_size: 500,
-            partition_cleanup_days: 30,
-            eviction_interval_ms: 60_000,
-            eviction_batch_size: 1000,
-            dead_letter_retention_secs: 0,
-            lease_secs: 30,
-        }
-    }
-}
-
-impl RetentionSettings {
-    /// No worker at all.
-    pub const OFF: RetentionSettings = RetentionSettings {
-        interval_ms: 0,
-        batch_size: 500,
-        partition_cleanup_days: 0,
-        eviction_interval_ms: 0,
-        eviction_batch_size: 1000,
-        dead_letter_retention_secs: 0,
-        lease_secs: 30,
-    };
-
-    pub fn enabled(&self) -> bool {
-        self.interval_ms > 0 || self.eviction_interval_ms > 0
-    }
-}
+use crate::broker::Broker;
+use crate::config::RetentionSettings;
 
 /// The lease's name in `queen.maintenance_leases` (eviction shares it, as in Queen).
 pub const MAINTENANCE_LEASE: &str = "retention";
@@ -78,12 +26,12 @@ pub struct PassReport {
 
 /// Runs one pass now, under the lease (`holder` names this broker).
 pub async fn run_pass(
-    app: &App,
+    broker: &Broker,
     holder: &str,
     pass: RetentionPass,
     settings: &RetentionSettings,
 ) -> StorageResult<PassReport> {
-    let store = &app.storage.retention;
+    let store = &broker.storage.retention;
     let mut report = PassReport::default();
     if !store
         .claim_maintenance(MAINTENANCE_LEASE, holder, settings.lease_secs)
@@ -91,7 +39,7 @@ pub async fn run_pass(
     {
         return Ok(report);
     }
-    let result = pass_under_lease(app, holder, pass, settings, &mut report).await;
+    let result = pass_under_lease(broker, holder, pass, settings, &mut report).await;
     // Released whatever happened: a failed pass must not keep the others out for the lease.
     let released = store.release_maintenance(MAINTENANCE_LEASE, holder).await;
     result?;
@@ -100,13 +48,13 @@ pub async fn run_pass(
 }
 
 async fn pass_under_lease(
-    app: &App,
+    broker: &Broker,
     holder: &str,
     pass: RetentionPass,
     settings: &RetentionSettings,
     report: &mut PassReport,
 ) -> StorageResult<()> {
-    let store = &app.storage.retention;
+    let store = &broker.storage.retention;
     let limit = match pass {
         RetentionPass::Retention => settings.batch_size,
         RetentionPass::Eviction => settings.eviction_batch_size,
@@ -123,7 +71,7 @@ async fn pass_under_lease(
             let batch = store.retention_batch(&queue, pass, after, limit).await?;
             report.partitions_visited += u64::from(batch.partitions_visited);
             report.removed += batch.removed;
-            app.metrics.count_retention(pass, &batch.removed, 0);
+            broker.metrics.count_retention(pass, &batch.removed, 0);
             match batch.next {
                 Some(mark) => after = Some(mark),
                 None => break,
@@ -137,7 +85,7 @@ async fn pass_under_lease(
                 let n = store
                     .remove_inactive_partitions(inactive, settings.batch_size)
                     .await?;
-                app.metrics.count_retention(pass, &Removed::default(), n);
+                broker.metrics.count_retention(pass, &Removed::default(), n);
                 Ok(n)
             })
             .await?;
@@ -154,7 +102,7 @@ async fn pass_under_lease(
                     dead_letters: n,
                     ..Removed::default()
                 };
-                app.metrics.count_retention(pass, &removed, 0);
+                broker.metrics.count_retention(pass, &removed, 0);
                 Ok(n)
             })
             .await?;
@@ -184,8 +132,8 @@ where
 /// The worker: a retention pass every `interval_ms` and an eviction pass every
 /// `eviction_interval_ms`, the first of each at a seeded fraction of its interval (brokers
 /// started together do not fire in lockstep). Stops when the broker does.
-pub async fn retention_worker(app: Weak<App>, settings: RetentionSettings, seed: u64) {
-    let Some(holder) = app.upgrade().map(|a| a.mint_uuid().to_string()) else {
+pub async fn retention_worker(broker: Weak<Broker>, settings: RetentionSettings, seed: u64) {
+    let Some(holder) = broker.upgrade().map(|a| a.mint_uuid().to_string()) else {
         return;
     };
     let mut rng = SeededRng::new(seed).child("retention");
@@ -202,7 +150,7 @@ pub async fn retention_worker(app: Weak<App>, settings: RetentionSettings, seed:
         let Some(&(pass, every, due)) = schedule.iter().min_by_key(|(_, _, due)| *due) else {
             return;
         };
-        let shutdown = match app.upgrade() {
+        let shutdown = match broker.upgrade() {
             Some(a) => a.shutting_down.subscribe(),
             None => return,
         };
@@ -213,19 +161,21 @@ pub async fn retention_worker(app: Weak<App>, settings: RetentionSettings, seed:
         for entry in schedule.iter_mut().filter(|e| e.0 == pass) {
             entry.2 = due + every;
         }
-        let Some(app) = app.upgrade() else { return };
-        if *app.shutting_down.borrow() {
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        if *broker.shutting_down.borrow() {
             return;
         }
-        match run_pass(&app, &holder, pass, &settings).await {
+        match run_pass(&broker, &holder, pass, &settings).await {
             Ok(r) if r.held_lease => {
                 tracing::debug!(?pass, ?r, "retention pass");
-                app.metrics.count_retention_run(pass, "ran");
+                broker.metrics.count_retention_run(pass, "ran");
             }
-            Ok(_) => app.metrics.count_retention_run(pass, "skipped"),
+            Ok(_) => broker.metrics.count_retention_run(pass, "skipped"),
             Err(e) => {
                 tracing::warn!(?pass, error = %e, "retention pass failed; next cycle retries");
-                app.metrics.count_retention_run(pass, "failed");
+                broker.metrics.count_retention_run(pass, "failed");
             }
         }
     }

@@ -20,26 +20,32 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 
-use crate::app::{lock, App, CrashPoint};
+use crate::broker::{Broker, CrashPoint};
+use crate::helpers::lock;
+use crate::http::Routed;
 use crate::http::{self, Failure, Reply};
-use crate::Routed;
 
 /// Starts a pop in its own driver task; its reply comes on the returned channel.
-pub(crate) fn start(app: Arc<App>, shape: PopShape, pairs: Vec<(String, String)>) -> Routed {
+pub(crate) fn start(
+    broker: Arc<Broker>,
+    shape: PopShape,
+    query: Option<&str>,
+) -> Result<Routed, Failure> {
+    let pairs = http::query_pairs(query)?;
     let params = match PopParams::from_query(
         shape,
         pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        app.config.default_timeout_ms,
+        broker.config.default_timeout_ms,
     ) {
         Ok(p) => p,
         Err(e) => {
-            app.metrics.bad_requests.inc();
-            return Routed::Now(http::error(&Failure::bad(e.to_string())));
+            broker.metrics.bad_requests.inc();
+            return Ok(Routed::Now(http::error(&Failure::bad(e.to_string()))));
         }
     };
     let (tx, rx) = oneshot::channel();
-    tokio::spawn(drive(app, params, tx));
-    Routed::Later(rx)
+    tokio::spawn(drive(broker, params, tx));
+    Ok(Routed::Later(rx))
 }
 
 /// Drives one pop machine to its reply. Runs in its own task so that it notices a client that
@@ -47,79 +53,77 @@ pub(crate) fn start(app: Arc<App>, shape: PopShape, pairs: Vec<(String, String)>
 /// client that is gone is released at once instead of waiting out its lease. The waits other
 /// than parking are boxed, so a parked task does not carry their state beside the park's
 /// (1,976 -> 1,752 bytes measured; the machine and the park's select stay inline).
-async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>) {
+async fn drive(broker: Arc<Broker>, params: PopParams, mut tx: oneshot::Sender<Reply>) {
     let queue = params.queue_name().map(str::to_string);
-    let mut shutdown = app.shutting_down.subscribe();
-    let mut machine = PopMachine::new(params, app.mint_worker(), app.pop_config, app.now());
+    let mut shutdown = broker.shutting_down.subscribe();
+    let mut machine = PopMachine::new(
+        params,
+        broker.mint_worker(),
+        broker.pop_config,
+        broker.now(),
+    );
     let wake_group = machine
         .wakes_one_per_group()
         .then(|| machine.params().consumer_group.clone());
-    let mut gate = app.gate(queue.as_deref(), wake_group.as_deref());
+    let mut gate = broker.gate(queue.as_deref(), wake_group.as_deref());
     let mut input = PopInput::Start;
     loop {
         // Mark the gate seen before the check: a push after this point opens it for us. One that
         // came while the pop waited for a permit or for storage is told to the machine first:
         // the answer it is about to get was read before that event.
-        let missed_wake = gate.mark_seen();
+        let woke_meanwhile = gate.mark_seen();
         {
-            let mut ctx = lock(&app.pop_ctx);
-            let busy = matches!(
-                input,
-                PopInput::PermitGranted | PopInput::StorageDone { .. }
-            );
-            if missed_wake && busy && !app.pop_config.bugs.drop_wakes_during_work {
-                machine.handle(PopInput::Wake, app.now(), &mut ctx);
-                debug_assert!(machine.poll().is_none(), "a busy machine only notes a wake");
-            }
-            machine.handle(input, app.now(), &mut ctx);
+            let mut ctx = lock(&broker.pop_ctx);
+            machine.handle_after_gate_check(input, woke_meanwhile, broker.now(), &mut ctx);
             // Its verdicts may have put an earlier revisit on a ring's wheel.
-            app.rearm_ticker_if_needed(&ctx);
+            broker.rearm_ticker_if_needed(&ctx);
         }
         let mut next = None;
         while let Some(effect) = machine.poll() {
             match effect {
                 PopEffect::AcquirePermit => {
-                    next = Some(Box::pin(acquire_permit(&app, &mut tx)).await);
+                    next = Some(Box::pin(acquire_permit(&broker, &mut tx)).await);
                 }
-                PopEffect::ReleasePermit { rtt_us } => app.limiter.release(rtt_us),
+                PopEffect::ReleasePermit { rtt_us } => broker.limiter.release(rtt_us),
                 PopEffect::PassWake => {
                     if let (Some(queue), Some(group)) = (&queue, &wake_group) {
-                        app.pass_wake(queue, group);
+                        broker.pass_wake(queue, group);
                     }
                 }
                 PopEffect::Storage { id, command } => {
-                    app.metrics.storage_calls.inc();
-                    let started = app.now();
-                    let result = match (command, &app.pop_rounds) {
+                    broker.metrics.storage_calls.inc();
+                    let started = broker.now();
+                    let result = match (command, &broker.pop_rounds) {
                         (StorageCommand::PopList { req, candidates }, Some(rounds)) => {
                             rounds.call((req, candidates)).await.map(StorageReply::Pop)
                         }
-                        (command, _) => Box::pin(execute(&*app.storage.pops, command)).await,
+                        (command, _) => Box::pin(execute(&*broker.storage.pops, command)).await,
                     };
-                    app.metrics
-                        .record_storage("pop", started.micros_until(app.now()));
+                    broker
+                        .metrics
+                        .record_storage("pop", started.micros_until(broker.now()));
                     if let Err(e) = &result {
-                        warn_storage_away(&app, e);
+                        broker.note_storage_error("pop", e);
                     }
                     next = Some(PopInput::StorageDone { id, result });
                 }
                 PopEffect::Park { until } => {
-                    match park(&app, until, &mut gate, &mut tx, &mut shutdown).await {
+                    match park(&broker, until, &mut gate, &mut tx, &mut shutdown).await {
                         Some(i) => next = Some(i),
-                        None => return shut_down(&app, tx),
+                        None => return shut_down(&broker, tx),
                     }
                 }
                 PopEffect::Reply(reply) => {
                     let params = machine.params();
                     let (group, framed) = (params.consumer_group.clone(), params.frames);
-                    Box::pin(finish(&app, reply, &group, framed, tx)).await;
+                    Box::pin(finish(&broker, reply, &group, framed, tx)).await;
                     return;
                 }
             }
         }
         if machine.is_done() {
             // Cancelled: the client is gone and nothing was claimed.
-            app.metrics.pops_cancelled.inc();
+            broker.metrics.pops_cancelled.inc();
             return;
         }
         // The machine answers every input the driver feeds with its next wait (permit, storage,
@@ -132,18 +136,18 @@ async fn drive(app: Arc<App>, params: PopParams, mut tx: oneshot::Sender<Reply>)
 }
 
 /// Waits for a serving permit, or for the client to leave.
-async fn acquire_permit(app: &App, tx: &mut oneshot::Sender<Reply>) -> PopInput {
+async fn acquire_permit(broker: &Broker, tx: &mut oneshot::Sender<Reply>) -> PopInput {
     tokio::select! {
         // biased: a fixed poll order keeps simulated runs reproducible.
         biased;
-        _ = app.limiter.acquire() => PopInput::PermitGranted,
+        _ = broker.limiter.acquire() => PopInput::PermitGranted,
         _ = tx.closed() => PopInput::Cancel,
     }
 }
 
 /// Shutting down: parked pops answer empty.
-fn shut_down(app: &App, tx: oneshot::Sender<Reply>) {
-    app.metrics.pops_empty.inc();
+fn shut_down(broker: &Broker, tx: oneshot::Sender<Reply>) {
+    broker.metrics.pops_empty.inc();
     let _ = tx.send(http::no_content());
 }
 
@@ -151,32 +155,32 @@ fn shut_down(app: &App, tx: oneshot::Sender<Reply>) {
 /// partition becomes deliverable), the client leaving, or shutdown (`None`). A queue-wide pop on
 /// the hot-list path hears of its ring's revisits as wakes, from the broker's wheel ticker.
 async fn park(
-    app: &App,
+    broker: &Broker,
     until: queen_core::Timestamp,
-    gate: &mut crate::app::GateWatch,
+    gate: &mut crate::broker::GateWatch,
     tx: &mut oneshot::Sender<Reply>,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Option<PopInput> {
-    let now = app.now();
+    let now = broker.now();
     let sleep = Duration::from_micros(u64::try_from(until.0 - now.0).unwrap_or(0));
-    app.metrics.parked.inc();
-    app.crash_point(CrashPoint::LongPollParked).await;
+    broker.metrics.parked.inc();
+    broker.crash_point(CrashPoint::LongPollParked).await;
     let woke = tokio::select! {
         biased;
         () = gate.changed() => {
-            app.metrics.record_wake(gate.opened_at().micros_until(app.now()));
+            broker.metrics.record_wake(gate.opened_at().micros_until(broker.now()));
             Some(PopInput::Wake)
         }
         _ = tokio::time::sleep(sleep) => Some(PopInput::Timer),
         _ = tx.closed() => Some(PopInput::Cancel),
         _ = shutdown.wait_for(|s| *s) => None,
     };
-    app.metrics.parked.dec();
+    broker.metrics.parked.dec();
     woke
 }
 
 async fn finish(
-    app: &Arc<App>,
+    broker: &Arc<Broker>,
     reply: PopReply,
     group: &str,
     framed: bool,
@@ -184,11 +188,11 @@ async fn finish(
 ) {
     match reply {
         PopReply::Empty => {
-            app.metrics.pops_empty.inc();
+            broker.metrics.pops_empty.inc();
             let _ = tx.send(http::no_content());
         }
         PopReply::Failed(e) => {
-            app.metrics.pops_error.inc();
+            broker.metrics.pops_error.inc();
             tracing::warn!(error = %e, "pop failed");
             let _ = tx.send(http::error(&Failure::from(e)));
         }
@@ -197,10 +201,10 @@ async fn finish(
             auto_ack,
             claims,
         } => {
-            app.crash_point(CrashPoint::PopClaimed).await;
-            app.metrics.pops_messages.inc();
+            broker.crash_point(CrashPoint::PopClaimed).await;
+            broker.metrics.pops_messages.inc();
             let framed = if framed {
-                render_framed(app, &claims, worker, auto_ack, group).await
+                render_framed(broker, &claims, worker, auto_ack, group).await
             } else {
                 Ok(None)
             };
@@ -209,7 +213,7 @@ async fn finish(
                     http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE),
                     batches,
                 )),
-                Ok(None) => render(app, &claims, worker, auto_ack, group)
+                Ok(None) => render(broker, &claims, worker, auto_ack, group)
                     .map(|(bytes, batches)| (http::json_bytes(StatusCode::OK, bytes), batches)),
                 Err(f) => Err(f),
             };
@@ -218,20 +222,20 @@ async fn finish(
                     // Recorded before the answer leaves, so the client's ack cannot overtake it.
                     let lease_id = worker.to_string();
                     if !auto_ack {
-                        lock(&app.delivered).record(group, &lease_id, batches);
+                        lock(&broker.delivered).record(group, &lease_id, batches);
                     }
                     if tx.send(reply).is_err() && !auto_ack {
                         // The client left before the answer: give the leases back now.
-                        lock(&app.delivered).forget(group, &lease_id);
-                        release(app, &claims, worker, group).await;
+                        lock(&broker.delivered).forget(group, &lease_id);
+                        release(broker, &claims, worker, group).await;
                     }
                 }
                 Err(f) => {
-                    app.metrics.server_errors.inc();
+                    broker.metrics.server_errors.inc();
                     tracing::warn!(error = %f.message, "a claimed batch could not be rendered; its leases are given back");
                     // Given back before the error is sent, so the client's next pop finds them.
                     if !auto_ack {
-                        release(app, &claims, worker, group).await;
+                        release(broker, &claims, worker, group).await;
                     }
                     let _ = tx.send(http::error(&f));
                 }
@@ -241,7 +245,7 @@ async fn finish(
 }
 
 /// Releases the leases of claims nobody received (a retry ack: no retry budget is charged).
-async fn release(app: &Arc<App>, claims: &[Claim], worker: WorkerId, group: &str) {
+async fn release(broker: &Arc<Broker>, claims: &[Claim], worker: WorkerId, group: &str) {
     let Ok(messages) = claims_to_messages(claims) else {
         return;
     };
@@ -256,33 +260,12 @@ async fn release(app: &Arc<App>, claims: &[Claim], worker: WorkerId, group: &str
             lease_id: Some(worker.to_string()),
             error: None,
         };
-        match app.release_undelivered(group, vec![item]).await {
+        match broker.release_undelivered(group, vec![item]).await {
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "releasing the lease of an undelivered batch failed; it frees at expiry")
             }
         }
-    }
-}
-
-/// A pop whose storage call finds PostgreSQL away (unreachable, restarting, contended, or out of a
-/// resource such as its lock table) parks or answers 204, so its client sees nothing wrong: the
-/// log is where an operator sees it. At most one warning per 10 s per broker.
-fn warn_storage_away(app: &App, e: &queen_core::storage::StorageError) {
-    use std::sync::atomic::Ordering;
-    const EVERY_MS: i64 = 10_000;
-    if !e.is_unavailable() {
-        return;
-    }
-    let now = app.now().as_millis();
-    let last = app.pop_unavailable_warned_ms.load(Ordering::Relaxed);
-    if now.saturating_sub(last) >= EVERY_MS
-        && app
-            .pop_unavailable_warned_ms
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        tracing::warn!(error = %e, "a pop's storage call failed; pops wait or answer empty until storage answers");
     }
 }
 
@@ -323,7 +306,7 @@ struct Answer<'a> {
 
 /// The 0.15 answer shape; per-message fields are authoritative on multi-partition pops.
 fn render(
-    app: &App,
+    broker: &Broker,
     claims: &[Claim],
     worker: WorkerId,
     auto_ack: bool,
@@ -336,7 +319,7 @@ fn render(
     } else {
         worker.to_string()
     };
-    let cipher = app.config.cipher.as_deref();
+    let cipher = broker.config.cipher.as_deref();
     let payloads: Vec<Box<RawValue>> = delivered
         .iter()
         .map(|m| {
@@ -347,7 +330,7 @@ fn render(
                 .map_err(|e| Failure::server(format!("stored payload is not JSON: {e}")))
         })
         .collect::<Result<_, _>>()?;
-    record_delivery(app, claims);
+    record_delivery(broker, claims);
     let mut messages = Vec::with_capacity(delivered.len());
     for (m, data) in delivered.iter().zip(payloads.iter()) {
         messages.push(Message {
@@ -418,21 +401,24 @@ fn ledger_batches(
 
 /// Counts what an answer delivers, and each message's lag (a segment's messages share their
 /// created_at).
-fn record_delivery(app: &App, claims: &[Claim]) {
-    let now = app.now();
+fn record_delivery(broker: &Broker, claims: &[Claim]) {
+    let now = broker.now();
     for row in claims.iter().flat_map(|c| c.rows.iter()) {
         let lag = u64::try_from(now.0 - row.created_at.0).unwrap_or(0);
         for _ in 0..row.take {
-            app.metrics.record_lag(lag);
+            broker.metrics.record_lag(lag);
         }
-        app.metrics.messages_delivered.inc_by(u64::from(row.take));
+        broker
+            .metrics
+            .messages_delivered
+            .inc_by(u64::from(row.take));
     }
 }
 
 /// The framed answer (`QPF1`), or `None` where it cannot carry this answer and JSON must: claims
 /// in more than one queue (the frame names one), or partition numbers storage could not give.
 async fn render_framed(
-    app: &App,
+    broker: &Broker,
     claims: &[Claim],
     worker: WorkerId,
     auto_ack: bool,
@@ -443,11 +429,11 @@ async fn render_framed(
     };
     // A broker with a payload key answers JSON, as Queen 2.x's does: the client refuses
     // sealed frames, and opening them means re-framing every record.
-    if claims.iter().any(|c| c.queue != queue) || app.config.cipher.is_some() {
+    if claims.iter().any(|c| c.queue != queue) || broker.config.cipher.is_some() {
         return Ok(None);
     }
     let ids: Vec<String> = claims.iter().map(|c| c.partition_id.clone()).collect();
-    let numbers = match app.storage.pops.partition_numbers(&ids).await {
+    let numbers = match broker.storage.pops.partition_numbers(&ids).await {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(error = %e, "partition numbers unavailable; answering JSON");
@@ -491,47 +477,7 @@ async fn render_framed(
         claims: framed,
     })
     .map_err(|e| Failure::server(format!("framing the answer: {e}")))?;
-    record_delivery(app, claims);
-    app.metrics.framed_pops.inc();
+    record_delivery(broker, claims);
+    broker.metrics.framed_pops.inc();
     Ok(Some((bytes, batches)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::app::Hooks;
-    use crate::config::ServerConfig;
-    use queen_core::storage::{StorageError, StorageSet};
-    use queen_core::Timestamp;
-    use std::sync::atomic::{AtomicI64, Ordering};
-
-    #[tokio::test]
-    async fn storage_away_is_warned_at_most_every_ten_seconds() {
-        let ms = Arc::new(AtomicI64::new(1_000_000));
-        let read = ms.clone();
-        let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> =
-            Arc::new(move || Timestamp::from_millis(read.load(Ordering::Relaxed)));
-        let db = queen_storage_sim::SimDb::new(1, clock.clone(), Default::default());
-        let hooks = Hooks {
-            clock,
-            ..Hooks::default()
-        };
-        let app = App::with_hooks(ServerConfig::default(), StorageSet::of(db), 1, hooks);
-        let warned = || app.pop_unavailable_warned_ms.load(Ordering::Relaxed);
-        let away = StorageError::Unavailable("out of shared memory (53200)".into());
-        warn_storage_away(&app, &away);
-        assert_eq!(warned(), 1_000_000);
-        ms.fetch_add(9_999, Ordering::Relaxed);
-        warn_storage_away(&app, &away);
-        assert_eq!(warned(), 1_000_000, "within 10 s: not again");
-        ms.fetch_add(1, Ordering::Relaxed);
-        warn_storage_away(&app, &StorageError::Invalid("bad".into()));
-        assert_eq!(
-            warned(),
-            1_000_000,
-            "a client's mistake is not storage away"
-        );
-        warn_storage_away(&app, &away);
-        assert_eq!(warned(), 1_010_000);
-    }
 }

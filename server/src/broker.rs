@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
 
 use queen_core::events::{DeliveryEvent, EventBugs, Wake};
 use queen_core::ids::IdMinter;
@@ -18,21 +17,8 @@ use queen_core::{Timestamp, WorkerId};
 use tokio::sync::{watch, Notify};
 
 use crate::config::ServerConfig;
+use crate::helpers::{lock, wall_now};
 use crate::metrics::Metrics;
-
-/// Locks a std mutex, recovering from poisoning: every critical section here leaves its data
-/// consistent at each step, so a panic elsewhere must not take the broker down.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The wall clock, read only by the server (the core takes time as an argument).
-pub fn wall_now() -> Timestamp {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    Timestamp(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
 
 /// The adaptive serving limiter behind an async acquire. Not a `tokio::sync::Semaphore`: the limit
 /// moves on every latency sample, and a semaphore cannot take back permits that are out (it could
@@ -90,7 +76,7 @@ pub struct Gate {
     /// the wake for the next pop to park when none is parked, and passes it on when the pop it
     /// chose is dropped before it ran (its client left).
     groups: Mutex<BTreeMap<String, Arc<Notify>>>,
-    /// When it last opened (µs, the app's clock): a woken pop's wake latency starts here.
+    /// When it last opened (µs, the broker's clock): a woken pop's wake latency starts here.
     opened_at_us: std::sync::atomic::AtomicI64,
 }
 
@@ -238,7 +224,7 @@ impl Default for Hooks {
     }
 }
 
-pub struct App {
+pub struct Broker {
     pub config: ServerConfig,
     hooks: Hooks,
     pub storage: StorageSet,
@@ -254,19 +240,20 @@ pub struct App {
     /// Told when the file buffer has something new to drain, or maintenance mode ended.
     pub(crate) drain_wake: Arc<Notify>,
     /// Told when a ring scheduled a revisit earlier than the wheel ticker sleeps until.
-    ticker_rearm: Arc<Notify>,
+    pub(crate) ticker_rearm: Arc<Notify>,
     /// Queues known to have encryptionEnabled: their pushes are sealed before storage sees
     /// them (storage refuses plaintext for the others it turns out to encrypt).
     pub(crate) encrypted_queues: Mutex<std::collections::BTreeSet<String>>,
-    /// When (ms) the last warning that a pop's storage call found PostgreSQL away was logged
-    /// (i64::MIN: never).
-    pub(crate) pop_unavailable_warned_ms: std::sync::atomic::AtomicI64,
+    /// When (ms) a storage error of each (route, SQLSTATE) was last logged.
+    storage_errors_logged: Mutex<BTreeMap<(&'static str, String), i64>>,
     /// What this broker's leased pops delivered, so whole-batch acks cost one cursor write.
     pub(crate) delivered: Mutex<DeliveryLedger>,
     /// Whole-batch acks sent to storage in rounds, across groups.
     pub(crate) ack_rounds: Arc<crate::rounds::AckRounds>,
     /// Ring pops sent to storage in rounds, across groups (None: POP_ROUNDS=0).
     pub(crate) pop_rounds: Option<Arc<crate::rounds::PopRounds>>,
+    /// The seed this broker was built with: its background tasks draw their jitter from it.
+    pub(crate) seed: u64,
 }
 
 /// Delivered batches the delivery ledger remembers (about 300 bytes each: names, ids and a
@@ -274,21 +261,27 @@ pub struct App {
 /// item-by-item path.
 const DELIVERY_LEDGER_CAPACITY: usize = 65_536;
 
+/// How often one (route, SQLSTATE) pair's storage errors are logged (each is counted).
+const STORAGE_ERROR_LOG_EVERY_MS: i64 = 10_000;
+
 /// The gate of discovery pops (they span queues): every push opens it too.
 const ANY_QUEUE_GATE: &str = "";
 
-impl App {
-    pub fn new(config: ServerConfig, storage: StorageSet, seed: u64) -> Arc<App> {
+impl Broker {
+    /// The broker's state, with no background task running (`tasks::start` starts them), so
+    /// tests and the simulation can build one and choose what runs.
+    pub fn new(config: ServerConfig, storage: StorageSet, seed: u64) -> Arc<Broker> {
         Self::with_hooks(config, storage, seed, Hooks::default())
     }
 
-    /// A broker with a simulation's clock, wake filter and bug switches.
+    /// A broker with a simulation's clock, wake filter and bug switches. Like `new`, it starts
+    /// nothing: `tasks::start` launches its background work.
     pub fn with_hooks(
         config: ServerConfig,
         storage: StorageSet,
         seed: u64,
         hooks: Hooks,
-    ) -> Arc<App> {
+    ) -> Arc<Broker> {
         let pop_config = PopConfig {
             backoff: config.backoff,
             hotlist: config.hotlist,
@@ -310,7 +303,7 @@ impl App {
                 hooks.rounds_bugs,
             ))
         });
-        let app = Arc::new(App {
+        Arc::new(Broker {
             limiter: Limiter::new(config.limiter),
             config,
             storage,
@@ -327,37 +320,15 @@ impl App {
             metrics: Metrics::default(),
             shutting_down,
             push_maintenance: std::sync::atomic::AtomicBool::new(false),
-            pop_unavailable_warned_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
+            storage_errors_logged: Mutex::new(BTreeMap::new()),
             drain_wake: Arc::new(Notify::new()),
             ticker_rearm: Arc::new(Notify::new()),
             encrypted_queues: Mutex::new(std::collections::BTreeSet::new()),
             delivered: Mutex::new(DeliveryLedger::new(DELIVERY_LEDGER_CAPACITY)),
             ack_rounds,
             pop_rounds,
-        });
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let _guard = rt.enter();
-                crate::sampler::start(&app);
-                rt.spawn(wheel_ticker(Arc::downgrade(&app), app.ticker_rearm.clone()));
-                if app.config.retention.enabled() {
-                    rt.spawn(crate::retention::retention_worker(
-                        Arc::downgrade(&app),
-                        app.config.retention,
-                        seed,
-                    ));
-                }
-                if app.config.file_buffer.is_some() {
-                    rt.spawn(crate::operations::buffer_drain(
-                        Arc::downgrade(&app),
-                        app.drain_wake.clone(),
-                    ));
-                }
-            }
-            // Without a runtime nothing can be served either; only a misuse gets here.
-            Err(e) => debug_assert!(false, "App built outside a tokio runtime: {e}"),
-        }
-        app
+            seed,
+        })
     }
 
     pub fn now(&self) -> Timestamp {
@@ -543,53 +514,81 @@ impl App {
         });
     }
 
+    /// Every storage error a route answers for (a 5xx, or an empty 204 for a pop) comes here: it
+    /// is counted by route and SQLSTATE, and logged with both at most once per
+    /// `STORAGE_ERROR_LOG_EVERY_MS` for each pair, so an outage does not flood the log and a
+    /// resource error (SQLSTATE class 53) is not mistaken for one. Says whether it logged.
+    pub fn note_storage_error(
+        &self,
+        route: &'static str,
+        e: &queen_core::storage::StorageError,
+    ) -> bool {
+        let sqlstate = e.sqlstate();
+        let count = self.metrics.count_storage_error(route, sqlstate);
+        let now = self.now().as_millis();
+        let key = (route, sqlstate.unwrap_or("none").to_string());
+        {
+            let mut logged = lock(&self.storage_errors_logged);
+            let last = logged.entry(key).or_insert(i64::MIN);
+            if now.saturating_sub(*last) < STORAGE_ERROR_LOG_EVERY_MS {
+                return false;
+            }
+            *last = now;
+        }
+        tracing::warn!(
+            route,
+            sqlstate = sqlstate.unwrap_or("none"),
+            count,
+            error = %e,
+            "a storage call failed (its request answers 5xx; a pop waits or answers empty; a \
+             push with a file buffer is buffered)"
+        );
+        true
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         *self.shutting_down.borrow()
     }
 }
 
-/// The revisit ticker: sleeps until the earliest revisit any ring holds (a lease expiring, a
-/// delay maturing, a windowBuffer or retryDelay hold ending, a busy partition's retry) or a
-/// legacy probe said (`ProbeMemos::note_revisit`), then moves what came due to the ready queues
-/// and opens those queues' gates. Parked queue-wide pops therefore wake at the revisit itself,
-/// whatever their backoff timer says.
-async fn wheel_ticker(app: std::sync::Weak<App>, rearm: Arc<Notify>) {
-    // At most one tick per millisecond: a revisit due this very microsecond (a lease ending now,
-    // still held under storage's strict `<`) would otherwise be retried in a hot loop until the
-    // clock moved on (in a simulation the clock only moves when every task is idle).
-    const FLOOR: Duration = Duration::from_millis(1);
-    loop {
-        let Some(a) = app.upgrade() else { return };
-        if a.is_shutting_down() {
-            return;
-        }
-        let next = lock(&a.pop_ctx).arm_ticker();
-        let now = a.now();
-        let sleep =
-            next.map(|t| Duration::from_micros(u64::try_from(t.0 - now.0).unwrap_or(0)).max(FLOOR));
-        let mut shutdown = a.shutting_down.subscribe();
-        // Not holding the app while asleep: a dropped app ends its ticker.
-        drop(a);
-        let due = async {
-            match sleep {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use queen_core::storage::StorageError;
+    use std::sync::atomic::AtomicI64;
+
+    #[tokio::test]
+    async fn storage_errors_are_counted_each_and_logged_per_sqlstate_every_ten_seconds() {
+        let ms = Arc::new(AtomicI64::new(1_000_000));
+        let read = ms.clone();
+        let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> =
+            Arc::new(move || Timestamp::from_millis(read.load(Ordering::Relaxed)));
+        let db = queen_storage_sim::SimDb::new(1, clock.clone(), Default::default());
+        let hooks = Hooks {
+            clock,
+            ..Hooks::default()
         };
-        let fired = tokio::select! {
-            biased;
-            _ = shutdown.wait_for(|s| *s) => return,
-            () = rearm.notified() => false,
-            () = due => true,
-        };
-        if !fired {
-            continue;
-        }
-        let Some(a) = app.upgrade() else { return };
-        let queues = lock(&a.pop_ctx).advance_due(a.now());
-        for q in &queues {
-            a.metrics.count_event("revisit");
-            a.wake(q);
-        }
+        let broker = Broker::with_hooks(ServerConfig::default(), StorageSet::of(db), 1, hooks);
+        let lock_table_full = StorageError::Unavailable("pop: out of shared memory (53200)".into());
+        let cut = StorageError::Unavailable("no database connection: closed".into());
+        assert!(broker.note_storage_error("pop", &lock_table_full));
+        ms.fetch_add(9_999, Ordering::Relaxed);
+        assert!(
+            !broker.note_storage_error("pop", &lock_table_full),
+            "within 10 s: counted, not logged again"
+        );
+        assert!(
+            broker.note_storage_error("pop", &cut),
+            "another SQLSTATE is logged on its own"
+        );
+        assert!(
+            broker.note_storage_error("push", &lock_table_full),
+            "another route is logged on its own"
+        );
+        ms.fetch_add(1, Ordering::Relaxed);
+        assert!(broker.note_storage_error("pop", &lock_table_full));
+        assert_eq!(broker.metrics.storage_error_count("pop", "53200"), 3);
+        assert_eq!(broker.metrics.storage_error_count("pop", "none"), 1);
+        assert_eq!(broker.metrics.storage_error_count("push", "53200"), 1);
     }
 }

@@ -1,19 +1,18 @@
-//! Push, ack, lease, configure, delete, maintenance, health and metrics endpoints.
+//! `POST /api/v1/push`: JSON or framed (`QPB1`) pushes, stored (or buffered) and answered item by
+//! item in the client's order.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hyper::StatusCode;
-use queen_core::storage::{AckItem, PushGroup, PushOutcome, QueueConfig};
-use queen_core::time::format_iso_micros;
+use queen_core::storage::{PushGroup, PushOutcome};
+use queen_core::wire::{self, WireGroup};
 use serde_json::{json, Value};
 
-use crate::app::{lock, App};
+use crate::broker::Broker;
+use crate::http::wire::{self as requests, PushItem};
 use crate::http::{self, Failure, Reply};
-use crate::metrics::Snapshot;
 use crate::operations::Pushed;
-use crate::requests::{self, PushItem};
-use queen_core::wire::{self, WireGroup};
 
 /// Items grouped by (queue, partition) in first-appearance order, remembering each item's slot.
 pub(crate) fn group_items(items: Vec<PushItem>) -> (Vec<PushGroup>, Vec<(usize, usize)>) {
@@ -75,24 +74,28 @@ struct ItemHead {
 }
 
 /// `POST /api/v1/push`: a JSON body, or Queen 2.x's binary one (`QPB1`, told by its magic).
-pub async fn push(app: &Arc<App>, body: &[u8], producer: Option<&str>) -> Result<Reply, Failure> {
+pub async fn push(
+    broker: &Arc<Broker>,
+    body: &[u8],
+    producer: Option<&str>,
+) -> Result<Reply, Failure> {
     if wire::is_binary_push(body) {
-        let decoded = wire::decode_push(body, app.config.max_body_bytes, || app.mint_uuid())
+        let decoded = wire::decode_push(body, broker.config.max_body_bytes, || broker.mint_uuid())
             .map_err(|e| Failure::bad(format!("binary push: {e}")))?;
-        app.metrics.binary_pushes.inc();
+        broker.metrics.binary_pushes.inc();
         let (groups, slots) = merge_wire_groups(decoded.groups);
-        return store_and_answer(app, groups, slots, decoded.counts, producer).await;
+        return store_and_answer(broker, groups, slots, decoded.counts, producer).await;
     }
     let request: requests::PushBody = requests::body(body, None)?;
-    let items = requests::push_items(&request.items, "items", || app.mint_uuid())?;
+    let items = requests::push_items(&request.items, "items", || broker.mint_uuid())?;
     let (groups, slots) = group_items(items);
-    store_and_answer(app, groups, slots, false, producer).await
+    store_and_answer(broker, groups, slots, false, producer).await
 }
 
 /// Stores a push and answers one object per item in request order (`slots`: each item's group
 /// and place in it), or, for a binary push with flag 2, the counts.
 async fn store_and_answer(
-    app: &Arc<App>,
+    broker: &Arc<Broker>,
     groups: Vec<PushGroup>,
     slots: Vec<(usize, usize)>,
     counts: bool,
@@ -118,7 +121,7 @@ async fn store_and_answer(
             }
         })
         .collect();
-    let outcomes = match app.push(groups, producer).await? {
+    let outcomes = match broker.push(groups, producer).await? {
         Pushed::Stored(outcomes) => outcomes,
         Pushed::Buffered(groups) => {
             if counts {
@@ -263,163 +266,6 @@ fn format_uuid<'b>(id: &uuid::Uuid, buf: &'b mut QuotedUuid) -> &'b [u8] {
 }
 
 type QuotedUuid = [u8; uuid::fmt::Hyphenated::LENGTH + 2];
-
-async fn run_acks(app: &Arc<App>, group: &str, items: Vec<AckItem>) -> Result<Reply, Failure> {
-    let txids: Vec<String> = items.iter().map(|i| i.transaction_id.clone()).collect();
-    let outcomes = app.ack(group, items).await?;
-    let answer: Vec<Value> = outcomes
-        .iter()
-        .zip(txids)
-        .enumerate()
-        .map(|(index, (o, tx))| {
-            json!({"index": index, "transactionId": tx, "success": o.success, "error": o.error,
-                   "queueName": o.queue, "partitionName": o.partition,
-                   "leaseReleased": o.lease_released, "dlq": o.dlq})
-        })
-        .collect();
-    Ok(http::json(StatusCode::OK, &Value::Array(answer)))
-}
-
-pub async fn ack(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
-    let (group, item) = requests::ack(body)?;
-    run_acks(app, &group, vec![item]).await
-}
-
-pub async fn ack_batch(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
-    let request: requests::AckBatchBody = requests::body(body, None)?;
-    let (group, items) = request.into_items()?;
-    if items.is_empty() {
-        return Ok(http::json(StatusCode::OK, &json!([])));
-    }
-    run_acks(app, &group, items).await
-}
-
-pub async fn extend_lease(app: &Arc<App>, lease_id: &str, body: &[u8]) -> Result<Reply, Failure> {
-    requests::check_name("leaseId", lease_id)?;
-    let request: requests::ExtendBody = requests::body(body, Some("{}"))?;
-    let out = app.renew_lease(lease_id, request.seconds()?).await?;
-    let expires = out.expires_at.map(format_iso_micros);
-    let success = out.renewed > 0;
-    Ok(http::json(
-        StatusCode::OK,
-        &json!([{"index": 0, "leaseId": lease_id, "success": success, "renewed": out.renewed,
-                 "error": if success { Value::Null } else { json!("Lease not found or expired") },
-                 "expiresAt": expires, "newExpiresAt": expires}]),
-    ))
-}
-
-fn options_json(c: &QueueConfig) -> Value {
-    json!({"priority": c.priority, "leaseTime": c.lease_time_secs, "retryLimit": c.retry_limit, "retryDelay": c.retry_delay_ms,
-           "maxSize": c.max_size, "ttl": c.ttl_secs, "deadLetterQueue": c.dead_letter_queue,
-           "dlqAfterMaxRetries": c.dlq_after_max_retries, "delayedProcessing": c.delayed_processing_secs,
-           "windowBuffer": c.window_buffer_secs, "retentionSeconds": c.retention_seconds,
-           "completedRetentionSeconds": c.completed_retention_seconds, "retentionEnabled": c.retention_enabled,
-           "encryptionEnabled": c.encryption_enabled, "maxWaitTimeSeconds": c.max_wait_time_seconds})
-}
-
-pub async fn configure(app: &Arc<App>, body: &[u8]) -> Result<Reply, Failure> {
-    let request: requests::ConfigureBody = requests::body(body, None)?;
-    let config = request.into_config()?;
-    let configured = app.configure_queue(config.clone()).await?;
-    Ok(http::json(
-        StatusCode::OK,
-        &json!({"configured": true, "queueId": configured.queue_id,
-                "partitionId": configured.default_partition_id, "queue": config.name,
-                "namespace": config.namespace, "task": config.task, "options": options_json(&config)}),
-    ))
-}
-
-pub async fn delete_queue(app: &Arc<App>, queue: &str) -> Result<Reply, Failure> {
-    requests::check_name("queue", queue)?;
-    let existed = app.delete_queue(queue).await?;
-    Ok(http::json(
-        StatusCode::OK,
-        &json!({"deleted": true, "queue": queue, "existed": existed}),
-    ))
-}
-
-fn push_maintenance_json(app: &App) -> Value {
-    let on = app
-        .push_maintenance
-        .load(std::sync::atomic::Ordering::SeqCst);
-    let buffer = app.config.file_buffer.as_ref();
-    json!({"maintenanceMode": on,
-           "popMaintenanceMode": lock(&app.pop_ctx).pop_maintenance,
-           "bufferedMessages": buffer.map_or(0, |b| b.pending_messages()),
-           "bufferHealthy": buffer.is_some(),
-           "bufferStats": {"configured": buffer.is_some(),
-                           "pendingPushes": buffer.map_or(0, |b| b.pending()),
-                           "pendingMessages": buffer.map_or(0, |b| b.pending_messages()),
-                           "dir": buffer.map(|b| b.dir().display().to_string())}})
-}
-
-/// GET /api/v1/system/maintenance: push maintenance mode and the file buffer.
-pub fn push_maintenance_state(app: &App) -> Reply {
-    http::json(StatusCode::OK, &push_maintenance_json(app))
-}
-
-/// POST /api/v1/system/maintenance {"enabled": bool}: while on, pushes go to the file buffer
-/// (answered `buffered`) and are stored, in order, once it is switched off.
-pub fn set_push_maintenance(app: &App, body: &[u8]) -> Result<Reply, Failure> {
-    let request: requests::MaintenanceBody = requests::body(body, None)?;
-    if request.enabled && app.config.file_buffer.is_none() {
-        return Err(Failure {
-            status: StatusCode::CONFLICT,
-            message: "push maintenance mode needs a file buffer (FILE_BUFFER_DIR)".into(),
-        });
-    }
-    app.push_maintenance
-        .store(request.enabled, std::sync::atomic::Ordering::SeqCst);
-    app.drain_wake.notify_one();
-    let mut answer = push_maintenance_json(app);
-    answer["message"] = json!(if request.enabled {
-        "push maintenance is on: pushes are buffered"
-    } else {
-        "push maintenance is off: buffered pushes are being stored"
-    });
-    Ok(http::json(StatusCode::OK, &answer))
-}
-
-pub fn pop_maintenance_state(app: &App) -> Reply {
-    let on = lock(&app.pop_ctx).pop_maintenance;
-    http::json(
-        StatusCode::OK,
-        &json!({"popMaintenanceMode": on, "message": if on { "pop maintenance is on: pops answer empty" } else { "pop maintenance is off" }}),
-    )
-}
-
-pub fn set_pop_maintenance(app: &App, body: &[u8]) -> Result<Reply, Failure> {
-    let request: requests::MaintenanceBody = requests::body(body, None)?;
-    lock(&app.pop_ctx).pop_maintenance = request.enabled;
-    Ok(pop_maintenance_state(app))
-}
-
-pub async fn health(app: &App) -> Reply {
-    let health = app.storage.health.health().await;
-    let status = if health.reachable {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    http::json(
-        status,
-        &json!({"status": if health.reachable { "healthy" } else { "unhealthy" },
-                "database": health.database, "version": env!("CARGO_PKG_VERSION")}),
-    )
-}
-
-pub fn metrics_snapshot(app: &App) -> Snapshot<'_> {
-    let (limit, in_flight) = app.limiter.state();
-    let usage = app.storage.health.usage();
-    Snapshot {
-        metrics: &app.metrics,
-        limiter_limit: limit,
-        limiter_in_flight: in_flight,
-        pool_in_use: usage.pool_in_use,
-        pool_size: usage.pool_size,
-        backend: usage.backend,
-    }
-}
 
 #[cfg(test)]
 mod tests {

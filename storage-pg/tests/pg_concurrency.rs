@@ -97,64 +97,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
     total += 200 * 2;
     // Lock holders: a push that keeps its partition row locked, and a transaction that keeps
     // cursor rows locked FOR UPDATE (as an ack does) and rewrites them (an in-flight update).
-    let holders = {
-        let cfg = cfg.clone();
-        tokio::spawn(async move {
-            let (client, conn) = cfg
-                .connect(tokio_postgres::NoTls)
-                .await
-                .expect("holder connect");
-            tokio::spawn(conn);
-            let mut rng = SeededRng::new(9);
-            let mut held = 0;
-            for k in 0..12 {
-                let p = format!("p{:04}", rng.below(PARTITIONS as u64));
-                if k % 2 == 0 {
-                    // A partition that exists (committed) but has no cursor row yet, then a push
-                    // that keeps its row locked: pops creating the cursor row (whose foreign-key
-                    // check share-locks the partition row) must not wait on it.
-                    let p = format!("fresh{k}");
-                    for (round, tag) in [(0u128, "a"), (1, "b")] {
-                        let id =
-                            uuid::Uuid::from_u128(1_000_000_000 + u128::from(k as u32) * 2 + round);
-                        let blob = queen_core::frames::build_blob(&[Frame {
-                            producer: None,
-                            encrypted: false,
-                            message_id: id,
-                            transaction_id: format!("held{k}{tag}"),
-                            trace_id: None,
-                            payload: b"{}".to_vec(),
-                        }])
-                        .expect("blob");
-                        if round == 1 {
-                            client.batch_execute("BEGIN").await.expect("begin");
-                        }
-                        client
-                            .query(
-                                "SELECT * FROM queen.push_v6('conc', $1, ARRAY[$2], $3, $4, NULL, false, false)",
-                                &[&p, &format!("held{k}{tag}"), &vec![id], &blob],
-                            )
-                            .await
-                            .expect("held push");
-                    }
-                    held += 2;
-                } else {
-                    client.batch_execute("BEGIN").await.expect("begin");
-                    client
-                        .execute(
-                            "UPDATE queen.log_consumers c SET committed = c.committed FROM queen.log_partitions p
-                              WHERE p.id = c.partition_id AND p.name = $1 AND c.consumer_group = 'g'",
-                            &[&p],
-                        )
-                        .await
-                        .expect("held cursor");
-                }
-                tokio::time::sleep(Duration::from_millis(400)).await;
-                client.batch_execute("COMMIT").await.expect("commit");
-            }
-            held
-        })
-    };
+    let holders = tokio::spawn(hold_locks(cfg.clone()));
 
     let delivered: Arc<Mutex<BTreeMap<(String, i64), usize>>> =
         Arc::new(Mutex::new(BTreeMap::new()));
@@ -171,60 +114,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
         let writer = writer.clone();
         let delivered = delivered.clone();
         let names = names.clone();
-        consumers.push(tokio::spawn(async move {
-            let mut rng = SeededRng::new(100 + c as u64);
-            let mut idle = 0;
-            let mut seq = 0u128;
-            while idle < 40 {
-                seq += 1;
-                let worker = WorkerId(uuid::Uuid::from_u128(((c as u128) << 64) | seq));
-                let req = PopRequest {
-                    queue: "conc".into(),
-                    group: "g".into(),
-                    worker,
-                    batch: 20,
-                    max_partitions: 4,
-                    auto_ack: false,
-                    lease_seconds: Some(120),
-                    intent: SubscriptionIntent::default(),
-                    skip_window_debounce: true,
-                };
-                let result = match c % 3 {
-                    0 => popper.pop_wildcard(req).await,
-                    1 => {
-                        let mut cands: Vec<String> = (0..64).map(|_| names[rng.below(PARTITIONS as u64) as usize].clone()).collect();
-                        cands.extend(names[PARTITIONS..].iter().cloned());
-                        popper.pop_list(req, cands).await
-                    }
-                    _ => popper.pop_partition(req, names[rng.below(PARTITIONS as u64) as usize].clone()).await,
-                };
-                let result = result.unwrap_or_else(|e| panic!("consumer {c}: pop failed (a wait, a deadlock or an error): {e}"));
-                if result.claims.is_empty() {
-                    idle += 1;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-                idle = 0;
-                let msgs = claims_to_messages(&result.claims).expect("slice");
-                let mut items = vec![];
-                {
-                    let mut d = delivered.lock().unwrap();
-                    for m in &msgs {
-                        let prev = d.insert((m.partition.clone(), m.offset), c);
-                        assert!(prev.is_none(), "({}, {}) delivered to consumer {c} and before to {prev:?} under a live lease", m.partition, m.offset);
-                        items.push(AckItem {
-                            transaction_id: m.frame.transaction_id.clone(),
-                            partition_id: m.partition_id.clone(),
-                            status: AckStatus::Completed,
-                            lease_id: Some(worker.to_string()),
-                            error: None,
-                        });
-                    }
-                }
-                let out = writer.ack("g", items).await.expect("ack");
-                assert!(out.iter().all(|o| o.success), "consumer {c}: ack refused: {out:?}");
-            }
-        }));
+        consumers.push(tokio::spawn(consume(c, popper, writer, delivered, names)));
     }
     producer.await.expect("producer");
     total += holders.await.expect("lock holders");
@@ -281,4 +171,140 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
         .expect("stats")
         .get(0);
     assert_eq!(deadlocks, 0, "PostgreSQL detected deadlocks");
+}
+
+/// Twelve times: a fresh partition's push held in an open transaction, or an open transaction
+/// holding a partition's cursor rows; each released after 400 ms. Returns the messages pushed.
+async fn hold_locks(cfg: tokio_postgres::Config) -> usize {
+    let (client, conn) = cfg
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("holder connect");
+    tokio::spawn(conn);
+    let mut rng = SeededRng::new(9);
+    let mut held = 0;
+    for k in 0..12 {
+        let p = format!("p{:04}", rng.below(PARTITIONS as u64));
+        if k % 2 == 0 {
+            // A partition that exists (committed) but has no cursor row yet, then a push
+            // that keeps its row locked: pops creating the cursor row (whose foreign-key
+            // check share-locks the partition row) must not wait on it.
+            let p = format!("fresh{k}");
+            for (round, tag) in [(0u128, "a"), (1, "b")] {
+                let id = uuid::Uuid::from_u128(1_000_000_000 + u128::from(k as u32) * 2 + round);
+                let blob = queen_core::frames::build_blob(&[Frame {
+                    producer: None,
+                    encrypted: false,
+                    message_id: id,
+                    transaction_id: format!("held{k}{tag}"),
+                    trace_id: None,
+                    payload: b"{}".to_vec(),
+                }])
+                .expect("blob");
+                if round == 1 {
+                    client.batch_execute("BEGIN").await.expect("begin");
+                }
+                client
+                    .query(
+                        "SELECT * FROM queen.push_v6('conc', $1, ARRAY[$2], $3, $4, NULL, false, false)",
+                        &[&p, &format!("held{k}{tag}"), &vec![id], &blob],
+                    )
+                    .await
+                    .expect("held push");
+            }
+            held += 2;
+        } else {
+            client.batch_execute("BEGIN").await.expect("begin");
+            client
+                .execute(
+                    "UPDATE queen.log_consumers c SET committed = c.committed FROM queen.log_partitions p
+                      WHERE p.id = c.partition_id AND p.name = $1 AND c.consumer_group = 'g'",
+                    &[&p],
+                )
+                .await
+                .expect("held cursor");
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        client.batch_execute("COMMIT").await.expect("commit");
+    }
+    held
+}
+
+/// One consumer: pops by its route (wildcard, list or one partition), asserts no offset is
+/// delivered twice under a live lease, acks; leaves after 40 empty pops in a row.
+async fn consume(
+    c: usize,
+    popper: Arc<PgStorage>,
+    writer: PgStorage,
+    delivered: Arc<Mutex<BTreeMap<(String, i64), usize>>>,
+    names: Arc<Vec<String>>,
+) {
+    let mut rng = SeededRng::new(100 + c as u64);
+    let mut idle = 0;
+    let mut seq = 0u128;
+    while idle < 40 {
+        seq += 1;
+        let worker = WorkerId(uuid::Uuid::from_u128(((c as u128) << 64) | seq));
+        let req = PopRequest {
+            queue: "conc".into(),
+            group: "g".into(),
+            worker,
+            batch: 20,
+            max_partitions: 4,
+            auto_ack: false,
+            lease_seconds: Some(120),
+            intent: SubscriptionIntent::default(),
+            skip_window_debounce: true,
+        };
+        let result = match c % 3 {
+            0 => popper.pop_wildcard(req).await,
+            1 => {
+                let mut cands: Vec<String> = (0..64)
+                    .map(|_| names[rng.below(PARTITIONS as u64) as usize].clone())
+                    .collect();
+                cands.extend(names[PARTITIONS..].iter().cloned());
+                popper.pop_list(req, cands).await
+            }
+            _ => {
+                popper
+                    .pop_partition(req, names[rng.below(PARTITIONS as u64) as usize].clone())
+                    .await
+            }
+        };
+        let result = result.unwrap_or_else(|e| {
+            panic!("consumer {c}: pop failed (a wait, a deadlock or an error): {e}")
+        });
+        if result.claims.is_empty() {
+            idle += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        idle = 0;
+        let msgs = claims_to_messages(&result.claims).expect("slice");
+        let mut items = vec![];
+        {
+            let mut d = delivered.lock().unwrap();
+            for m in &msgs {
+                let prev = d.insert((m.partition.clone(), m.offset), c);
+                assert!(
+                    prev.is_none(),
+                    "({}, {}) delivered to consumer {c} and before to {prev:?} under a live lease",
+                    m.partition,
+                    m.offset
+                );
+                items.push(AckItem {
+                    transaction_id: m.frame.transaction_id.clone(),
+                    partition_id: m.partition_id.clone(),
+                    status: AckStatus::Completed,
+                    lease_id: Some(worker.to_string()),
+                    error: None,
+                });
+            }
+        }
+        let out = writer.ack("g", items).await.expect("ack");
+        assert!(
+            out.iter().all(|o| o.success),
+            "consumer {c}: ack refused: {out:?}"
+        );
+    }
 }

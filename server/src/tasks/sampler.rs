@@ -9,7 +9,7 @@ use std::time::Duration;
 use queen_core::storage::WorkerSample;
 use queen_core::Timestamp;
 
-use crate::app::App;
+use crate::broker::Broker;
 
 /// A week of samples, as Queen keeps its worker metrics.
 const SAMPLE_RETENTION_SECS: i64 = 7 * 24 * 3600;
@@ -32,8 +32,8 @@ struct Readings {
     cpu_system_ticks: u64,
 }
 
-fn read(app: &App) -> (Readings, u64) {
-    let m = &app.metrics;
+fn read(broker: &Broker) -> (Readings, u64) {
+    let m = &broker.metrics;
     let (lag_sum_us, lag_max_us) = m.take_lag_window();
     let (cpu_user_ticks, cpu_system_ticks) = cpu_ticks();
     (
@@ -80,24 +80,33 @@ fn minute_of(t: Timestamp) -> Timestamp {
     Timestamp(t.0 - t.0.rem_euclid(60_000_000))
 }
 
-/// Writes a sample every `interval` until the app is gone or shutting down.
-pub async fn sampler(app: Weak<App>, interval: Duration, hostname: String, worker_id: String) {
+/// Writes a sample every `interval` until the broker is gone or shutting down.
+pub async fn sampler(
+    broker: Weak<Broker>,
+    interval: Duration,
+    hostname: String,
+    worker_id: String,
+) {
     const TICKS_PER_SEC: f64 = 100.0;
-    let Some(first) = app.upgrade() else { return };
+    let Some(first) = broker.upgrade() else {
+        return;
+    };
     let (mut last, _) = read(&first);
     drop(first);
     loop {
         tokio::time::sleep(interval).await;
-        let Some(app) = app.upgrade() else { return };
-        if *app.shutting_down.borrow() {
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        if *broker.shutting_down.borrow() {
             return;
         }
-        let (now, lag_max_us) = read(&app);
+        let (now, lag_max_us) = read(&broker);
         let d = |f: fn(&Readings) -> u64| f(&now).saturating_sub(f(&last));
         let delivered = d(|r| r.pop_messages);
         let secs = interval.as_secs_f64().max(0.001);
-        let usage = app.storage.health.usage();
-        let at = app.now();
+        let usage = broker.storage.health.usage();
+        let at = broker.now();
         let sample = WorkerSample {
             hostname: hostname.clone(),
             worker_id: worker_id.clone(),
@@ -123,12 +132,12 @@ pub async fn sampler(app: Weak<App>, interval: Duration, hostname: String, worke
             rss_bytes: rss_bytes(),
             pool_size: usage.pool_size as u64,
             pool_in_use: usage.pool_in_use as u64,
-            parked: u64::try_from(app.metrics.parked.get()).unwrap_or(0),
+            parked: u64::try_from(broker.metrics.parked.get()).unwrap_or(0),
         };
-        match app.storage.inspect.record_sample(sample).await {
+        match broker.storage.inspect.record_sample(sample).await {
             Ok(()) => {
                 last = now;
-                if let Err(e) = app
+                if let Err(e) = broker
                     .storage
                     .inspect
                     .remove_samples_before(at.minus_secs(SAMPLE_RETENTION_SECS))
@@ -143,9 +152,9 @@ pub async fn sampler(app: Weak<App>, interval: Duration, hostname: String, worke
     }
 }
 
-/// Starts the sampler of `app` when its interval is not 0.
-pub fn start(app: &Arc<App>) {
-    let ms = app.config.sample_interval_ms;
+/// Starts the sampler of `broker` when its interval is not 0.
+pub fn start(broker: &Arc<Broker>) {
+    let ms = broker.config.sample_interval_ms;
     if ms == 0 {
         return;
     }
@@ -161,11 +170,11 @@ pub fn start(app: &Arc<App>) {
         .unwrap_or_else(|| "localhost".into());
     let worker_id = format!(
         "{}-{}",
-        app.config.port,
-        &app.mint_uuid().simple().to_string()[..8]
+        broker.config.port,
+        &broker.mint_uuid().simple().to_string()[..8]
     );
     tokio::spawn(sampler(
-        Arc::downgrade(app),
+        Arc::downgrade(broker),
         Duration::from_millis(ms),
         hostname,
         worker_id,

@@ -1,0 +1,36 @@
+//! The background work of a running broker: the wheel ticker, the per-minute sampler, the
+//! retention worker, the failover buffer's drain, and (with PostgreSQL) the cross-broker event
+//! listener. `Broker::new` starts none of them; `start` starts the ones its settings ask for.
+
+pub(crate) mod buffer_drain;
+pub mod events;
+pub mod retention;
+pub mod sampler;
+pub(crate) mod ticker;
+
+use std::sync::Arc;
+
+use crate::broker::Broker;
+
+/// Starts the broker's background tasks on the current tokio runtime. Each holds only a weak
+/// reference and ends when the broker shuts down or is dropped.
+pub fn start(broker: &Arc<Broker>) {
+    sampler::start(broker);
+    tokio::spawn(ticker::wheel_ticker(
+        Arc::downgrade(broker),
+        broker.ticker_rearm.clone(),
+    ));
+    if broker.config.retention.enabled() {
+        tokio::spawn(retention::retention_worker(
+            Arc::downgrade(broker),
+            broker.config.retention,
+            broker.seed,
+        ));
+    }
+    if broker.config.file_buffer.is_some() {
+        tokio::spawn(buffer_drain::buffer_drain(
+            Arc::downgrade(broker),
+            broker.drain_wake.clone(),
+        ));
+    }
+}

@@ -1,0 +1,279 @@
+//! The admin plane's read models: what the admin and observability routes show, computed from
+//! storage's inventory views (`InspectStorage`) and the brokers' per-minute samples. The routes
+//! (`routes/admin.rs`) parse parameters and render; the counting, depth, lag and bucketing rules
+//! live here, once.
+
+use std::collections::BTreeMap;
+
+use queen_core::storage::{PartitionView, QueueFilter, QueueView, WorkerSample};
+use queen_core::types::QUEUE_MODE_GROUP;
+use queen_core::Timestamp;
+use serde_json::{json, Value};
+
+use crate::broker::Broker;
+use crate::http::Failure;
+
+pub(crate) fn page<T>(items: Vec<T>, limit: u32, offset: u32) -> Vec<T> {
+    items
+        .into_iter()
+        .skip(offset as usize)
+        .take(limit as usize)
+        .collect()
+}
+
+/// How deep a partition is for `group`, or (no group) for its slowest reader: the named groups'
+/// lowest cursor, queue mode only when the queue has no named group, and everything retained
+/// when nobody reads it. A group without a cursor on the partition reads it from the start.
+pub(crate) fn depth(p: &PartitionView, groups: &[String], group: Option<&str>) -> u64 {
+    let after = |g: &str| p.pending_after(p.cursor(g).map_or(-1, |c| c.committed));
+    match group {
+        Some(g) => after(g),
+        None => {
+            let named: Vec<&String> = groups.iter().filter(|g| *g != QUEUE_MODE_GROUP).collect();
+            if !named.is_empty() {
+                named.iter().map(|g| after(g)).max().unwrap_or(0)
+            } else if groups.iter().any(|g| g == QUEUE_MODE_GROUP) {
+                after(QUEUE_MODE_GROUP)
+            } else {
+                p.retained()
+            }
+        }
+    }
+}
+
+/// Messages leased and not yet acknowledged on a partition, by `group` or by any.
+pub(crate) fn processing(p: &PartitionView, group: Option<&str>) -> u64 {
+    p.cursors
+        .iter()
+        .filter(|c| group.is_none_or(|g| g == c.group))
+        .map(|c| c.in_flight())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The six counts of Queen's stats objects, for a set of partitions.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Counts {
+    pub(crate) total: u64,
+    pub(crate) pending: u64,
+    pub(crate) processing: u64,
+    pub(crate) dead_letter: u64,
+}
+
+impl Counts {
+    pub(crate) fn of(p: &PartitionView, groups: &[String]) -> Counts {
+        let processing = processing(p, None);
+        Counts {
+            total: p.retained(),
+            pending: depth(p, groups, None).saturating_sub(processing),
+            processing,
+            dead_letter: 0,
+        }
+    }
+
+    pub(crate) fn add(&mut self, o: Counts) {
+        self.total += o.total;
+        self.pending += o.pending;
+        self.processing += o.processing;
+        self.dead_letter += o.dead_letter;
+    }
+
+    pub(crate) fn completed(&self) -> u64 {
+        self.total.saturating_sub(self.pending + self.processing)
+    }
+
+    pub(crate) fn json(&self) -> Value {
+        json!({"total": self.total, "pending": self.pending, "processing": self.processing,
+               "completed": self.completed(), "failed": 0, "deadLetter": self.dead_letter})
+    }
+}
+
+/// Queues (filtered) with their partitions.
+pub(crate) struct Inventory {
+    pub(crate) queues: Vec<QueueView>,
+    pub(crate) partitions: BTreeMap<String, Vec<PartitionView>>,
+}
+
+impl Inventory {
+    pub(crate) async fn load(broker: &Broker, filter: QueueFilter) -> Result<Inventory, Failure> {
+        let queues = broker.storage.inspect.queue_views(filter.clone()).await?;
+        let mut partitions: BTreeMap<String, Vec<PartitionView>> = BTreeMap::new();
+        let views = match (&filter.queue, queues.len()) {
+            (_, 0) => vec![],
+            (Some(q), _) => {
+                broker
+                    .storage
+                    .inspect
+                    .partition_views(Some(q), None)
+                    .await?
+            }
+            (None, _) => broker.storage.inspect.partition_views(None, None).await?,
+        };
+        for p in views {
+            partitions.entry(p.queue.clone()).or_default().push(p);
+        }
+        Ok(Inventory { queues, partitions })
+    }
+
+    pub(crate) fn partitions_of(&self, queue: &str) -> &[PartitionView] {
+        self.partitions.get(queue).map_or(&[], Vec::as_slice)
+    }
+
+    pub(crate) fn counts(&self, q: &QueueView) -> Counts {
+        let mut c = Counts::default();
+        for p in self.partitions_of(&q.config.name) {
+            c.add(Counts::of(p, &q.groups));
+        }
+        c.dead_letter = q.dead_letters;
+        c
+    }
+}
+
+pub(crate) fn lag_stats(values: &mut [f64]) -> Value {
+    if values.is_empty() {
+        return json!({"avg": 0, "median": 0, "min": 0, "max": 0});
+    }
+    values.sort_by(f64::total_cmp);
+    let avg = values.iter().sum::<f64>() / values.len() as f64;
+    json!({"avg": avg, "median": values[values.len() / 2], "min": values[0],
+           "max": values[values.len() - 1]})
+}
+
+/// Samples of the last `minutes` summed over brokers: (pushed, acked) per second.
+pub(crate) async fn recent_rates(broker: &Broker, minutes: i64) -> Result<(f64, f64), Failure> {
+    let now = broker.now();
+    let samples = broker
+        .storage
+        .inspect
+        .samples(now.minus_secs(minutes * 60), now.plus_secs(60))
+        .await?;
+    let secs = (minutes * 60) as f64;
+    let pushed: u64 = samples.iter().map(|s| s.push_messages).sum();
+    let acked: u64 = samples.iter().map(|s| s.ack_messages).sum();
+    Ok((pushed as f64 / secs, acked as f64 / secs))
+}
+
+/// A message's status for the listing: dead_letter, else (named groups only) completed once
+/// every named group passed it, else by queue mode's cursor: completed, processing, pending.
+pub(crate) fn message_status(
+    p: &PartitionView,
+    groups: &[String],
+    offset: i64,
+    dead: bool,
+    now: Timestamp,
+) -> (&'static str, u64, u64) {
+    let named: Vec<&String> = groups.iter().filter(|g| *g != QUEUE_MODE_GROUP).collect();
+    let passed = |g: &str| p.cursor(g).is_some_and(|c| c.committed >= offset);
+    let consumed_by = named.iter().filter(|g| passed(g)).count() as u64;
+    if dead {
+        return ("dead_letter", consumed_by, named.len() as u64);
+    }
+    let status = match p.cursor(QUEUE_MODE_GROUP) {
+        Some(c) if c.committed >= offset => "completed",
+        Some(c)
+            if c.leased_through.is_some_and(|e| e >= offset)
+                && c.leased_until.is_some_and(|t| t > now) =>
+        {
+            "processing"
+        }
+        Some(_) => "pending",
+        None if !named.is_empty() && consumed_by == named.len() as u64 => "completed",
+        None => "pending",
+    };
+    (status, consumed_by, named.len() as u64)
+}
+
+pub(crate) fn bucket_of(t: Timestamp, minutes: i64) -> Timestamp {
+    let width = minutes * 60_000_000;
+    Timestamp(t.0 - t.0.rem_euclid(width))
+}
+
+/// Samples summed per bucket (over brokers), oldest first.
+pub(crate) fn bucketed(samples: &[WorkerSample], minutes: i64) -> Vec<(Timestamp, WorkerSample)> {
+    let mut by: BTreeMap<Timestamp, WorkerSample> = BTreeMap::new();
+    for s in samples {
+        let b = by.entry(bucket_of(s.bucket, minutes)).or_default();
+        b.push_requests += s.push_requests;
+        b.push_messages += s.push_messages;
+        b.pop_requests += s.pop_requests;
+        b.pop_messages += s.pop_messages;
+        b.pop_empty += s.pop_empty;
+        b.ack_requests += s.ack_requests;
+        b.ack_messages += s.ack_messages;
+        b.ack_failed += s.ack_failed;
+        b.dead_lettered += s.dead_lettered;
+        b.db_errors += s.db_errors;
+        b.lag_max_ms = b.lag_max_ms.max(s.lag_max_ms);
+        b.lag_avg_ms = b.lag_avg_ms.max(s.lag_avg_ms);
+        b.cpu_user_pct += s.cpu_user_pct;
+        b.cpu_system_pct += s.cpu_system_pct;
+        b.rss_bytes += s.rss_bytes;
+        b.pool_size += s.pool_size;
+        b.pool_in_use += s.pool_in_use;
+        b.parked += s.parked;
+    }
+    by.into_iter().collect()
+}
+
+pub(crate) fn stat(values: &[f64]) -> Value {
+    if values.is_empty() {
+        return json!({"avg": 0, "min": 0, "max": 0, "last": 0});
+    }
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    json!({"avg": values.iter().sum::<f64>() / values.len() as f64, "min": min, "max": max,
+           "last": values[values.len() - 1]})
+}
+
+/// One (group, queue) pair's lag over the queue's partitions.
+pub(crate) struct GroupLag {
+    pub(crate) members: u64,
+    pub(crate) partitions_with_lag: u64,
+    pub(crate) total_lag: u64,
+    pub(crate) max_time_lag: u64,
+    pub(crate) consumed: i64,
+}
+
+/// Each group's lag on one queue, keyed (group, queue).
+pub(crate) fn group_lags_of(
+    inv: &Inventory,
+    q: &QueueView,
+    now: Timestamp,
+) -> BTreeMap<(String, String), GroupLag> {
+    let mut out = BTreeMap::new();
+    for g in &q.groups {
+        let mut lag = GroupLag {
+            members: 0,
+            partitions_with_lag: 0,
+            total_lag: 0,
+            max_time_lag: 0,
+            consumed: 0,
+        };
+        for p in inv.partitions_of(&q.config.name) {
+            let pending = depth(p, &q.groups, Some(g));
+            lag.total_lag += pending;
+            lag.partitions_with_lag += u64::from(pending > 0);
+            let oldest = match p.cursor(g) {
+                Some(c) => {
+                    lag.members += 1;
+                    lag.consumed += c.total_consumed;
+                    c.oldest_unconsumed_at
+                }
+                // No cursor yet: it reads from the oldest stored message.
+                None => p.oldest_at.filter(|_| pending > 0),
+            };
+            if let Some(t) = oldest {
+                lag.max_time_lag = lag.max_time_lag.max(t.millis_until(now) / 1000);
+            }
+        }
+        out.insert((g.clone(), q.config.name.clone()), lag);
+    }
+    out
+}
+
+pub(crate) fn group_lags(inv: &Inventory, now: Timestamp) -> BTreeMap<(String, String), GroupLag> {
+    inv.queues
+        .iter()
+        .flat_map(|q| group_lags_of(inv, q, now))
+        .collect()
+}

@@ -1,0 +1,304 @@
+//! The driver: at every simulated tick, faults during the work phase (aimed and plain crashes,
+//! held and partitioned links, cut notification lines), then heal and drain; the delivery-bound
+//! checker runs at every step where a scenario holds to it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use queen_core::rng::SeededRng;
+use queen_storage_sim::SimDb;
+
+use super::hosts::Fleet;
+use super::{
+    hit, workload, Aim, CoverageLabel, Faults, Liveness, Scenario, Shared, Spec, AIMED_POINTS,
+    DELIVERY_BOUND_US, TICK,
+};
+
+/// A link held or partitioned: (client, broker, until, is a partition).
+type HeldLink = (String, String, Duration, bool);
+
+/// The driver's state across steps; its findings and coverage go to the judge.
+pub(super) struct Driver<'a> {
+    spec: Spec,
+    faults: Faults,
+    rng: SeededRng,
+    fleet: &'a Fleet,
+    shared: &'a Shared,
+    db: &'a Arc<SimDb>,
+    clients: Vec<String>,
+    work: Duration,
+    crashed: Vec<(String, Duration)>,
+    held: Vec<HeldLink>,
+    pub counts: BTreeMap<&'static str, u64>,
+    pub liveness: Liveness,
+    /// A cut notification line: (broker index, restored at).
+    outage: Option<(usize, Duration)>,
+    quiet_since: Option<Duration>,
+    pub violations: Vec<String>,
+}
+
+impl<'a> Driver<'a> {
+    pub(super) fn new(
+        spec: Spec,
+        faults: Faults,
+        rng: SeededRng,
+        fleet: &'a Fleet,
+        shared: &'a Shared,
+        db: &'a Arc<SimDb>,
+    ) -> Driver<'a> {
+        Driver {
+            spec,
+            faults,
+            rng,
+            fleet,
+            shared,
+            db,
+            clients: workload::client_names(spec.scenario),
+            work: Duration::from_millis(spec.work_ms),
+            crashed: vec![],
+            held: vec![],
+            counts: BTreeMap::new(),
+            liveness: Liveness::new(DELIVERY_BOUND_US),
+            outage: None,
+            quiet_since: None,
+            violations: vec![],
+        }
+    }
+
+    /// Steps the simulation to its end.
+    pub(super) fn drive(&mut self, sim: &mut turmoil::Sim<'_>) {
+        loop {
+            let elapsed = sim.elapsed();
+            self.crash_reached_aims(sim, elapsed);
+            if elapsed < self.work {
+                self.inject_faults(sim, elapsed);
+            } else if !self.shared.draining.swap(true, Ordering::SeqCst) {
+                self.heal_all(sim);
+            }
+            self.restore_due(sim);
+            if self.spec.scenario == Scenario::Prompt {
+                self.cut_or_restore_line(sim.elapsed());
+                let now = i64::try_from(sim.elapsed().as_micros()).unwrap_or(i64::MAX);
+                let cut = self.outage.is_some();
+                let found = self.liveness.check(now, cut, self.shared, self.db);
+                self.violations.extend(found);
+            }
+            if self.spec.scenario == Scenario::Scale {
+                // A large queue's cursors are made at their first claim (no first-contact seed):
+                // a partition without one is held to the same bound as any other.
+                let now = i64::try_from(sim.elapsed().as_micros()).unwrap_or(i64::MAX);
+                let found = self.liveness.check(now, false, self.shared, self.db);
+                self.violations.extend(found);
+            }
+            if self.shared.draining.load(Ordering::SeqCst)
+                && !self.shared.done.load(Ordering::SeqCst)
+            {
+                self.judge_drain(sim.elapsed());
+            }
+            match sim.step() {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    self.violations.push(format!("simulation error: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A broker whose armed point was reached dies now.
+    fn crash_reached_aims(&mut self, sim: &mut turmoil::Sim<'_>, elapsed: Duration) {
+        for (i, b) in self.fleet.names.iter().enumerate() {
+            let reached = self.fleet.aims[i].lock().ok().and_then(|mut a| {
+                let point = a.point.filter(|_| a.reached);
+                if point.is_some() {
+                    *a = Aim::default();
+                }
+                point
+            });
+            if let Some(point) = reached {
+                sim.crash(b.as_str());
+                let back = elapsed + Duration::from_millis(200 + self.rng.below(1500));
+                self.crashed.push((b.clone(), back));
+                *self.counts.entry(point.coverage_label()).or_default() += 1;
+            }
+        }
+    }
+
+    /// The work phase's faults, each drawn per step at its per-second chance.
+    fn inject_faults(&mut self, sim: &mut turmoil::Sim<'_>, elapsed: Duration) {
+        let per_step = TICK.as_secs_f64();
+        let faults = self.faults;
+        for (i, b) in self.fleet.names.iter().enumerate() {
+            if !self.crashed.iter().any(|(c, _)| c == b)
+                && hit(&mut self.rng, faults.aimed_crash * per_step)
+            {
+                if let Ok(mut a) = self.fleet.aims[i].lock() {
+                    if a.point.is_none() {
+                        a.point =
+                            Some(AIMED_POINTS[self.rng.below(AIMED_POINTS.len() as u64) as usize]);
+                    }
+                }
+            }
+        }
+        for b in &self.fleet.names {
+            if !self.crashed.iter().any(|(c, _)| c == b)
+                && hit(&mut self.rng, faults.crash * per_step)
+            {
+                sim.crash(b.as_str());
+                let back = elapsed + Duration::from_millis(200 + self.rng.below(1500));
+                self.crashed.push((b.clone(), back));
+                *self.counts.entry("fault: broker crash").or_default() += 1;
+            }
+            let n = self.clients.len() as f64;
+            for c in &self.clients {
+                if hit(&mut self.rng, faults.hold * per_step / n) {
+                    sim.hold(c.as_str(), b.as_str());
+                    let until = elapsed + Duration::from_millis(50 + self.rng.below(800));
+                    self.held.push((c.clone(), b.clone(), until, false));
+                    *self.counts.entry("fault: hold").or_default() += 1;
+                }
+                if hit(&mut self.rng, faults.partition * per_step / n) {
+                    sim.partition(c.as_str(), b.as_str());
+                    let until = elapsed + Duration::from_millis(100 + self.rng.below(1500));
+                    self.held.push((c.clone(), b.clone(), until, true));
+                    *self.counts.entry("fault: partition").or_default() += 1;
+                }
+            }
+        }
+    }
+
+    /// The work phase ended: heal everything; no more aimed crashes (one reached meanwhile was
+    /// handled already).
+    fn heal_all(&mut self, sim: &mut turmoil::Sim<'_>) {
+        for a in &self.fleet.aims {
+            if let Ok(mut a) = a.lock() {
+                if !a.reached {
+                    *a = Aim::default();
+                }
+            }
+        }
+        for (c, b, _, _) in self.held.drain(..) {
+            sim.release(c.as_str(), b.as_str());
+            sim.repair(c.as_str(), b.as_str());
+        }
+    }
+
+    /// Crashed brokers come back, and held links heal, when their time comes (brokers at once
+    /// while draining).
+    fn restore_due(&mut self, sim: &mut turmoil::Sim<'_>) {
+        let draining = self.shared.draining.load(Ordering::SeqCst);
+        self.crashed.retain(|(b, back)| {
+            if sim.elapsed() >= *back || draining {
+                sim.bounce(b.as_str());
+                false
+            } else {
+                true
+            }
+        });
+        self.held.retain(|(c, b, until, is_partition)| {
+            if sim.elapsed() >= *until {
+                if *is_partition {
+                    sim.repair(c.as_str(), b.as_str());
+                } else {
+                    sim.release(c.as_str(), b.as_str());
+                }
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// The prompt scenario cuts one broker's notification line now and then (LISTEN lost), and
+    /// restores it later with the resync a reconnect does.
+    fn cut_or_restore_line(&mut self, elapsed: Duration) {
+        let lines = &self.fleet.lines;
+        let per_step = TICK.as_secs_f64();
+        match self.outage {
+            None if elapsed < self.work && hit(&mut self.rng, 0.15 * per_step) => {
+                let b = self.rng.below(lines.len() as u64) as usize;
+                lines[b].down.store(true, Ordering::SeqCst);
+                let back = elapsed + Duration::from_millis(1_000 + self.rng.below(3_000));
+                self.outage = Some((b, back));
+                *self
+                    .counts
+                    .entry("fault: notification line cut (LISTEN lost)")
+                    .or_default() += 1;
+            }
+            Some((b, back)) if elapsed >= back || self.shared.draining.load(Ordering::SeqCst) => {
+                // Reconnected: the listener resyncs before anything else, as
+                // `PgStorage::listen_events` does.
+                lines[b].down.store(false, Ordering::SeqCst);
+                if std::env::var("SIM_EVENTS").is_ok() {
+                    eprintln!("{} ms broker{b} line restored: Resync", elapsed.as_millis());
+                }
+                if let Ok(l) = lines[b].events.lock() {
+                    if let Some(tx) = l.as_ref() {
+                        let _ = tx.send(queen_core::events::DeliveryEvent::Resync);
+                    }
+                }
+                self.outage = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// While draining: the run is done once every group stayed drained for a second (the
+    /// faults scenario first removes what every group consumed and starts a late group), and
+    /// fails if anything is still pending a minute after healing.
+    fn judge_drain(&mut self, elapsed: Duration) {
+        let scenario = self.spec.scenario;
+        let queue = workload::queue_of(scenario);
+        let db = self.db;
+        // Drained: every group's cursor is at every partition's head (a held lease or a
+        // retry hold is not drained, whatever has_pending says).
+        let drained_for = |targets: &[(&str, &str)]| {
+            targets.iter().all(|(queue, g)| {
+                db.partitions(queue).iter().all(|p| {
+                    let head = db.partition_head(queue, p).map_or(-1, |(h, _)| h);
+                    head < 0 || db.cursor(queue, p, g).is_some_and(|c| c.committed >= head)
+                })
+            })
+        };
+        let mut targets = workload::drain_targets(scenario);
+        let late = scenario == Scenario::Faults;
+        let go = &self.shared.late_group_go;
+        if late && !go.load(Ordering::SeqCst) && drained_for(&targets) {
+            // Retention of everything every group has consumed, then a group's first
+            // contact: its cursors start below segments that are gone (the seal's case).
+            for p in db.partitions(queue) {
+                let head = db.partition_head(queue, &p).map_or(-1, |(h, _)| h);
+                if head >= 0 && db.drop_segments(queue, &p, head + 1).is_ok() {
+                    *self
+                        .counts
+                        .entry("fault: retention removed a consumed partition")
+                        .or_default() += 1;
+                }
+            }
+            go.store(true, Ordering::SeqCst);
+        }
+        if late {
+            targets.push((queue, workload::LATE_GROUP));
+        }
+        let drained = (!late || go.load(Ordering::SeqCst)) && drained_for(&targets);
+        if !drained {
+            self.quiet_since = None;
+        } else if self.quiet_since.is_none() {
+            self.quiet_since = Some(elapsed);
+        }
+        if self
+            .quiet_since
+            .is_some_and(|q| elapsed >= q + Duration::from_secs(1))
+        {
+            self.shared.done.store(true, Ordering::SeqCst);
+        }
+        if elapsed > self.work + Duration::from_secs(60) {
+            self.violations
+                .push("liveness: messages still pending 60 s after healing".to_string());
+            self.shared.done.store(true, Ordering::SeqCst);
+        }
+    }
+}

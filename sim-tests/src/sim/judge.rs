@@ -1,0 +1,266 @@
+//! After a run: the history checkers' verdicts over what the clients saw and what the model
+//! removed, the model's own findings (waits, deadlocks, pending messages), the coverage counters
+//! and the trace's hash.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use queen_core::Timestamp;
+use queen_storage_sim::{SimDb, SimEvents};
+
+use super::driver::Driver;
+use super::history::{self, Event};
+use super::hosts::Fleet;
+use super::{workload, Outcome, Scenario, Shared, Spec, EPOCH_SECS, LEASE_SECS};
+
+/// The outcome of a finished run.
+pub(super) fn judge(
+    spec: &Spec,
+    shared: &Shared,
+    db: &Arc<SimDb>,
+    fleet: &Fleet,
+    driver: Driver<'_>,
+    simulated_secs: f64,
+) -> Outcome {
+    let mut counts = driver.counts.clone();
+    let mut violations = driver.violations.clone();
+    // The groups the prompt scenario seeks back and deletes are rewound on purpose: the
+    // history checkers below judge every other group (the liveness checker judged them all).
+    let events: Vec<Event> = shared
+        .history
+        .events()
+        .into_iter()
+        .filter(|e| !workload::is_rewound(e))
+        .collect();
+    let ev = db.events();
+    let removals = removals(db);
+    if spec.scenario == Scenario::Retention {
+        violations.extend(history::retention_entitled(
+            &events,
+            &removals,
+            &["g1", workload::LAGGING_GROUP],
+            &[workload::LATE_GROUP],
+            i64::from(workload::RETENTION_PENDING_SECS) * 1_000_000,
+        ));
+        counts.insert(
+            "retention: a pop stepped over removed messages",
+            history::gap_steps(&events, &removals),
+        );
+        for r in &removals {
+            *counts
+                .entry(if r.expired {
+                    "retention: messages removed as expired"
+                } else {
+                    "retention: messages removed as completed"
+                })
+                .or_default() += r.txids.len() as u64;
+        }
+    }
+    violations.extend(history_verdicts(spec, &events, &removals));
+    violations.extend(model_verdicts(&ev));
+    if spec.scenario == Scenario::LostWakes {
+        // One backoff interval (1,000 ms) plus the network and a storage round trip.
+        let (stranded, covered) = history::parked_consumers_served(&events, 1_250_000);
+        violations.extend(stranded);
+        counts.insert(
+            "race: message pushed to a parked consumer, wakes dropped",
+            u64::from(covered),
+        );
+    }
+    violations.extend(pending_after_drain(spec, db));
+    count_coverage(&mut counts, spec, &ev, fleet);
+    for (k, v) in driver.liveness.coverage() {
+        counts.insert(k, v);
+    }
+    if let Ok(c) = shared.counters.lock() {
+        counts.extend(c.iter().map(|(k, v)| (*k, *v)));
+    }
+    count_deliveries(&mut counts, &events);
+    let (trace_hash, trace_tail) = trace(&events, &ev);
+    Outcome {
+        violations,
+        coverage: counts,
+        trace_hash,
+        trace_tail,
+        simulated_secs,
+    }
+}
+
+/// What the model removed (retention, eviction, the driver's drops), in the checkers' terms.
+fn removals(db: &SimDb) -> Vec<history::Removal> {
+    let epoch = Timestamp::from_secs(EPOCH_SECS as i64).0;
+    db.removals()
+        .into_iter()
+        .map(|r| history::Removal {
+            partition: r.partition,
+            base: r.base_offset,
+            end: r.end_offset,
+            expired: r.reason == queen_core::storage::Removal::Expired,
+            txids: r.transaction_ids,
+            committed_at: r.committed_at.0 - epoch,
+        })
+        .collect()
+}
+
+/// The history checkers every scenario runs.
+fn history_verdicts(spec: &Spec, events: &[Event], removals: &[history::Removal]) -> Vec<String> {
+    let mut violations = vec![];
+    let groups = workload::groups_of(spec.scenario);
+    let removed: std::collections::BTreeSet<String> =
+        removals.iter().flat_map(|r| r.txids.clone()).collect();
+    violations.extend(history::nothing_lost(events, &groups, &removed));
+    violations.extend(history::leases_exclusive(events, LEASE_SECS));
+    violations.extend(history::batches_well_formed(events));
+    // The prompt scenario's retry queue dead-letters often by design (retryLimit 1), which moves
+    // cursors past messages; the skip checker has no model of that, so it judges the other
+    // queues there (every message of the retry queue is still held to `nothing_lost`).
+    let skip_judged: Vec<Event> = events
+        .iter()
+        .filter(|e| {
+            spec.scenario != Scenario::Prompt
+                || !e.partition().is_some_and(workload::is_retry_partition)
+        })
+        .cloned()
+        .collect();
+    violations.extend(history::no_skips(&skip_judged, removals));
+    violations.extend(history::attempts_count_up(events));
+    violations.extend(history::auto_ack_once(events));
+    violations
+}
+
+/// What the model saw: pushes serialize on their partition row and acks on the cursor row, by
+/// design; a pop never waits, and nothing deadlocks.
+fn model_verdicts(ev: &SimEvents) -> Vec<String> {
+    let mut violations = vec![];
+    let pop_waits: Vec<_> = ev
+        .waits
+        .iter()
+        .filter(|w| w.procedure.contains("pop"))
+        .collect();
+    if let Some(first) = pop_waits.first() {
+        violations.push(format!(
+            "{} pop waits (first: {first:?}); pops must never wait",
+            pop_waits.len()
+        ));
+    }
+    if ev.deadlocks > 0 {
+        violations.push(format!("{} deadlocks", ev.deadlocks));
+    }
+    violations
+}
+
+/// Every drained group's queue has nothing pending once the run ends (SIM_DUMP=1 prints each
+/// partition's head, cursor and deliverability first: a replay aid).
+fn pending_after_drain(spec: &Spec, db: &SimDb) -> Vec<String> {
+    let mut live = workload::drain_targets(spec.scenario);
+    if spec.scenario == Scenario::Faults {
+        live.push((workload::queue_of(spec.scenario), workload::LATE_GROUP));
+    }
+    if std::env::var("SIM_DUMP").is_ok() {
+        for (queue, g) in &live {
+            for p in db.partitions(queue) {
+                eprintln!(
+                    "dump {queue}/{p} {g}: head {:?} cursor {:?} deliverable {}",
+                    db.partition_head(queue, &p),
+                    db.cursor(queue, &p, g),
+                    db.deliverable_now(queue, &p, g)
+                );
+            }
+        }
+    }
+    live.iter()
+        .filter(|(queue, g)| db.has_pending_now(queue, g))
+        .map(|(queue, g)| {
+            format!("liveness: {queue} still has pending messages for {g} after the drain")
+        })
+        .collect()
+}
+
+/// The races the model saw and the faults the hosts met.
+fn count_coverage(
+    counts: &mut BTreeMap<&'static str, u64>,
+    spec: &Spec,
+    ev: &SimEvents,
+    fleet: &Fleet,
+) {
+    counts.insert(
+        "race: partition created under a racing pop",
+        u64::from(ev.creation_races),
+    );
+    counts.insert("race: SKIP LOCKED skip", u64::from(ev.skip_locked));
+    counts.insert("race: advisory try-lock skip", u64::from(ev.advisory_skips));
+    if spec.scenario == Scenario::Retention {
+        counts.insert(
+            "race: retention skipped a partition a push held",
+            u64::from(ev.retention_skips),
+        );
+    }
+    counts.insert(
+        "fault: wake dropped",
+        fleet.dropped_wakes.load(Ordering::Relaxed),
+    );
+    counts.insert(
+        "fault: notification lost",
+        fleet
+            .lines
+            .iter()
+            .map(|l| l.dropped.load(Ordering::Relaxed))
+            .sum(),
+    );
+    counts.insert(
+        "fault: wake delayed",
+        fleet.delayed_wakes.load(Ordering::Relaxed),
+    );
+    counts.insert(
+        "fault: broker restart",
+        fleet
+            .restarts
+            .load(Ordering::Relaxed)
+            .saturating_sub(fleet.names.len() as u64),
+    );
+    counts.insert("interleaving: statements", ev.statements.values().sum());
+}
+
+fn count_deliveries(counts: &mut BTreeMap<&'static str, u64>, events: &[Event]) {
+    for e in events {
+        if let Event::Delivered {
+            attempt, auto_ack, ..
+        } = e
+        {
+            *counts
+                .entry(if *auto_ack {
+                    "delivery: autoAck"
+                } else if *attempt > 1 {
+                    "delivery: redelivery (attempt > 1)"
+                } else {
+                    "delivery: first attempt"
+                })
+                .or_default() += 1;
+        }
+    }
+}
+
+/// The whole trace's hash (a replay must match it) and its tail for a failure report (SIM_TRACE=1:
+/// the whole history of the run, a replay aid).
+fn trace(events: &[Event], ev: &SimEvents) -> (u64, Vec<String>) {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for e in events {
+        format!("{e:?}").hash(&mut hasher);
+    }
+    format!("{:?}", ev.statements).hash(&mut hasher);
+    let keep = if std::env::var("SIM_TRACE").is_ok() {
+        events.len()
+    } else {
+        12
+    };
+    let tail = events
+        .iter()
+        .rev()
+        .take(keep)
+        .rev()
+        .map(|e| format!("{e:?}"))
+        .collect();
+    (hasher.finish(), tail)
+}
