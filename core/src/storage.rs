@@ -9,6 +9,7 @@
 
 mod delivery;
 mod inspect;
+mod kv;
 mod messages;
 mod pop;
 mod queue;
@@ -21,12 +22,13 @@ use async_trait::async_trait;
 
 pub use delivery::{
     requeue_transaction_id, DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued,
-    SeekTarget, TxOp, TxOpResult, TxOutcome,
+    SeekTarget, TxOp, TxOpResult, TxOutcome, KV_PRECONDITION,
 };
 pub use inspect::{
     CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentMark,
     SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
+pub use kv::KvStorage;
 pub use messages::{
     AckItem, AckOutcome, AckStatus, BatchEnd, LeaseBatchEnds, PushGroup, PushGroupResult,
     PushOutcome, QueueFull, RenewOutcome, SealCheck,
@@ -370,6 +372,7 @@ pub trait Storage:
     + RetentionStorage
     + HealthStorage
     + InspectStorage
+    + KvStorage
 {
 }
 
@@ -381,6 +384,7 @@ impl<T> Storage for T where
         + RetentionStorage
         + HealthStorage
         + InspectStorage
+        + KvStorage
 {
 }
 
@@ -395,6 +399,7 @@ pub struct StorageSet {
     pub retention: Arc<dyn RetentionStorage>,
     pub health: Arc<dyn HealthStorage>,
     pub inspect: Arc<dyn InspectStorage>,
+    pub kv: Arc<dyn KvStorage>,
 }
 
 impl StorageSet {
@@ -407,7 +412,8 @@ impl StorageSet {
             delivery: backend.clone(),
             retention: backend.clone(),
             health: backend.clone(),
-            inspect: backend,
+            inspect: backend.clone(),
+            kv: backend,
         }
     }
 }

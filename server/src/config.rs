@@ -59,6 +59,8 @@ pub struct ServerConfig {
     /// Ring-pop statements in flight at once per (queue, first candidate partition); pops beyond
     /// them share the next statement (0: every pop its own statement).
     pub pop_rounds: usize,
+    /// Sizes the KV and locks surfaces accept.
+    pub kv_limits: queen_core::kv::KvLimits,
 }
 
 /// Default POP_ROUNDS.
@@ -80,6 +82,7 @@ impl Default for ServerConfig {
             hotlist: true,
             limiter: LimiterConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
+            kv_limits: queen_core::kv::KvLimits::default(),
             file_buffer: None,
             retention: RetentionSettings::default(),
             auth: None,
@@ -190,6 +193,15 @@ pub struct Settings {
     /// Serving limiter: highest limit.
     #[arg(long, env = "QUEEN_LIMITER_MAX", default_value_t = LimiterConfig::default().max_limit)]
     pub limiter_max: u32,
+    /// Operations per KV, locks or timers call (and per transaction rider).
+    #[arg(long, env = "KV_MAX_OPERATIONS", default_value_t = queen_core::kv::KvLimits::default().max_ops)]
+    pub kv_max_operations: usize,
+    /// Largest KV key (bytes).
+    #[arg(long, env = "KV_MAX_KEY_BYTES", default_value_t = queen_core::kv::KvLimits::default().max_key_bytes)]
+    pub kv_max_key_bytes: usize,
+    /// Largest KV value (bytes of its JSON text).
+    #[arg(long, env = "KV_MAX_VALUE_BYTES", default_value_t = queen_core::kv::KvLimits::default().max_value_bytes)]
+    pub kv_max_value_bytes: usize,
     /// Largest accepted request body (bytes).
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = ServerConfig::default().max_body_bytes)]
     pub max_body_bytes: usize,
@@ -386,6 +398,12 @@ impl Settings {
                 ..LimiterConfig::default()
             },
             max_body_bytes: self.max_body_bytes,
+            kv_limits: queen_core::kv::KvLimits {
+                max_ops: self.kv_max_operations,
+                max_key_bytes: self.kv_max_key_bytes,
+                max_value_bytes: self.kv_max_value_bytes,
+                ..queen_core::kv::KvLimits::default()
+            },
             file_buffer: match self.file_buffer_dir {
                 None => None,
                 Some(dir) => {
@@ -505,6 +523,7 @@ mod tests {
             "QUEEN_HOTLIST",
             "POP_WAIT_MAX_INTERVAL_MS",
             "MAX_BODY_BYTES",
+            "KV_MAX_OPERATIONS",
             "RETENTION_INTERVAL",
             "PARTITION_CLEANUP_DAYS",
             "EVICTION_BATCH_SIZE",

@@ -256,6 +256,7 @@ impl Broker {
                         .collect(),
                 ),
                 TxOp::Ack { group, .. } => Touched::Group(group.clone()),
+                TxOp::Kv(_) => Touched::Nothing,
             })
             .collect();
         for op in &mut ops {
@@ -267,7 +268,7 @@ impl Broker {
         let out = loop {
             let pushed = ops.iter().flat_map(|op| match op {
                 TxOp::Push(g) => g.as_slice(),
-                TxOp::Ack { .. } => &[],
+                TxOp::Ack { .. } | TxOp::Kv(_) => &[],
             });
             let again = self.may_need_sealing(pushed).then(|| ops.clone());
             match self.storage.delivery.transaction(ops).await {
@@ -290,6 +291,7 @@ impl Broker {
                     (TxOpResult::Ack(a), Touched::Group(group)) => {
                         events.extend(released_events(std::iter::once((group.as_str(), a)), false))
                     }
+                    (TxOpResult::Kv { .. }, Touched::Nothing) => {}
                     // Storage answers each operation with its own kind, in order.
                     _ => debug_assert!(false, "transaction results out of order"),
                 }
@@ -522,6 +524,8 @@ impl Broker {
 enum Touched {
     Partitions(Vec<(String, String)>),
     Group(String),
+    /// A KV rider: nothing a parked pop waits for.
+    Nothing,
 }
 
 /// `Pushed` per (queue, partition) group that queued anything (duplicates and refusals append

@@ -171,6 +171,7 @@ impl PgStorage {
             .await
             .map_err(pg_err("transaction: begin"))?;
         let mut results = Vec::with_capacity(ops.len());
+        let mut kv_now = None;
         for op in ops {
             let result = match op {
                 TxOp::Push(groups) => TxOpResult::Push(
@@ -185,6 +186,19 @@ impl PgStorage {
                         .next()
                         .ok_or_else(|| StorageError::Internal("ack_v2 answered no row".into()))?,
                 ),
+                TxOp::Kv(op) => {
+                    let now = match kv_now {
+                        Some(now) => now,
+                        None => *kv_now.insert(crate::kv::db_now(&tx).await?),
+                    };
+                    let limits = queen_core::kv::KvLimits::default();
+                    let (answer, refused) = crate::kv::kv_op(&tx, op, now, &limits).await?;
+                    TxOpResult::Kv {
+                        answer,
+                        refused,
+                        required: op.required(),
+                    }
+                }
             };
             // Why the transaction must roll back, if this operation was refused.
             let refusal = result.refusal();

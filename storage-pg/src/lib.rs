@@ -7,6 +7,7 @@ mod config;
 mod delivery;
 mod error;
 mod inspect;
+mod kv;
 mod listen;
 mod messages;
 mod migrate;

@@ -64,6 +64,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "cursors' group index ends with the partition",
         "022_consumers_group_index.sql"
     ),
+    migration!(23, "key/value store", "023_kv.sql"),
 ];
 
 macro_rules! functions {

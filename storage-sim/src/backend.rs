@@ -17,7 +17,7 @@ use queen_core::storage::{
 use queen_core::Timestamp;
 
 use crate::tx::lock;
-use crate::{delivery, inspect, messages, pop, queues, retention, SimDb};
+use crate::{delivery, inspect, kv, messages, pop, queues, retention, SimDb};
 
 #[async_trait]
 impl PopStorage for SimDb {
@@ -465,5 +465,40 @@ impl InspectStorage for SimDb {
             &mut lock(&self.shared.state),
             before,
         ))
+    }
+}
+
+#[async_trait]
+impl queen_core::storage::KvStorage for SimDb {
+    async fn kv_batch(
+        &self,
+        ops: Vec<queen_core::kv::KvOp>,
+    ) -> StorageResult<queen_core::kv::KvBatch> {
+        self.exec(kv::kv_batch(
+            self.shared.clone(),
+            self.cell(),
+            ops,
+            queen_core::kv::KvLimits::default(),
+        ))
+        .await
+    }
+
+    async fn lock_op(
+        &self,
+        op: queen_core::locks::LockOp,
+        minted_owner: String,
+    ) -> StorageResult<serde_json::Value> {
+        self.exec(kv::lock_op(
+            self.shared.clone(),
+            self.cell(),
+            op,
+            minted_owner,
+        ))
+        .await
+    }
+
+    async fn sweep_expired_kv(&self, limit: u32) -> StorageResult<u64> {
+        self.exec(kv::sweep_expired(self.shared.clone(), self.cell(), limit))
+            .await
     }
 }

@@ -37,6 +37,15 @@ pub(crate) async fn transaction(
                         .await?
                         .remove(0),
                 ),
+                TxOp::Kv(op) => {
+                    let (answer, refused) =
+                        crate::kv::kv_op(&tx, op, &queen_core::kv::KvLimits::default()).await?;
+                    TxOpResult::Kv {
+                        answer,
+                        refused,
+                        required: op.required(),
+                    }
+                }
             };
             let refusal = result.refusal();
             results.push(result);

@@ -9,6 +9,7 @@
 mod backend;
 mod delivery;
 mod inspect;
+mod kv;
 mod messages;
 mod pop;
 mod queues;

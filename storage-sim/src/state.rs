@@ -128,6 +128,10 @@ pub struct DbState {
     /// queen.message_traces: (partition id, trace id) → trace.
     pub traces: Table<(String, i64), TraceRow>,
     pub trace_seq: i64,
+    /// queen.kv: (namespace, key) → row.
+    pub kv: Table<(String, String), queen_core::kv::KvRow>,
+    /// queen.kv_versions: the last version handed out (a sequence: not rolled back).
+    pub kv_seq: i64,
     /// queen.worker_samples: (bucket, hostname, worker id) → sample. Not transactional: a
     /// sample is one broker's own write, never read back within a transaction.
     pub samples: BTreeMap<(Timestamp, String, String), queen_core::storage::WorkerSample>,
@@ -167,6 +171,8 @@ impl DbState {
             cluster_settings: Table::default(),
             traces: Table::default(),
             trace_seq: 0,
+            kv: Table::default(),
+            kv_seq: 0,
             samples: BTreeMap::new(),
             removals: Vec::new(),
             record_removals: false,
@@ -316,7 +322,8 @@ impl DbState {
             dlq,
             maintenance,
             cluster_settings,
-            traces
+            traces,
+            kv
         );
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);

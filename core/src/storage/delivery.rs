@@ -1,20 +1,32 @@
 //! Transactions, dead letters and consumer-group management.
 use super::messages::{AckItem, AckOutcome, PushGroup, PushGroupResult, PushOutcome};
 use super::pop::SegmentRow;
+use crate::kv::KvOp;
 use crate::types::{Offset, Timestamp};
 
 /// One operation of a transaction, in the order given.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum TxOp {
     Push(Vec<PushGroup>),
-    Ack { group: String, item: AckItem },
+    Ack {
+        group: String,
+        item: AckItem,
+    },
+    /// A KV rider op (a lock guard is a `check`).
+    Kv(KvOp),
 }
 
 /// The answer of one transaction operation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum TxOpResult {
     Push(Vec<PushGroupResult>),
     Ack(AckOutcome),
+    /// A KV rider's answer; `refused` when it is `applied: false`.
+    Kv {
+        answer: serde_json::Value,
+        refused: bool,
+        required: bool,
+    },
 }
 
 impl TxOpResult {
@@ -34,12 +46,18 @@ impl TxOpResult {
                     a.error.as_deref().unwrap_or("refused")
                 )
             }),
+            TxOpResult::Kv {
+                refused, required, ..
+            } => (*refused && *required).then(|| KV_PRECONDITION.to_string()),
         }
     }
 }
 
+/// The refusal of a transaction whose `required` KV rider op did not apply.
+pub const KV_PRECONDITION: &str = "kv_precondition";
+
 /// A transaction's outcome: committed with every result, or rolled back at the failing ack.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TxOutcome {
     pub committed: bool,
     pub results: Vec<TxOpResult>,

@@ -167,6 +167,7 @@ impl Caller {
                 status: StatusCode::FORBIDDEN,
                 message: "Insufficient permissions".into(),
                 storage: None,
+                code: None,
             }),
         }
     }
@@ -185,6 +186,7 @@ fn unauthorized(message: impl Into<String>) -> Failure {
         status: StatusCode::UNAUTHORIZED,
         message: message.into(),
         storage: None,
+        code: None,
     }
 }
 

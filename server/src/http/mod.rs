@@ -22,14 +22,24 @@ pub struct Failure {
     /// The storage error behind a 5xx, so the one place that answers failures can count and
     /// log it (`Broker::note_storage_error`).
     pub storage: Option<queen_core::storage::StorageError>,
+    /// A machine-readable error code (`body.code`), for the surfaces whose clients branch on it.
+    pub code: Option<&'static str>,
 }
 
 impl Failure {
+    /// A 400 with the client's error code.
+    pub fn coded(code: &'static str, message: impl Into<String>) -> Self {
+        Failure {
+            code: Some(code),
+            ..Failure::bad(message)
+        }
+    }
     pub fn bad(message: impl Into<String>) -> Self {
         Failure {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             storage: None,
+            code: None,
         }
     }
     pub fn server(message: impl Into<String>) -> Self {
@@ -37,6 +47,7 @@ impl Failure {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: message.into(),
             storage: None,
+            code: None,
         }
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
@@ -44,6 +55,7 @@ impl Failure {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: message.into(),
             storage: None,
+            code: None,
         }
     }
 }
@@ -57,6 +69,7 @@ impl From<queen_core::storage::StorageError> for Failure {
                 status: StatusCode::CONFLICT,
                 message: m.clone(),
                 storage: None,
+                code: None,
             },
             E::Unavailable(m) | E::Contention(m) => Failure::unavailable(m.clone()),
             E::EncryptionRequired { .. } => Failure::server(format!(
@@ -129,7 +142,11 @@ pub fn no_content() -> Reply {
 pub const RETRY_AFTER_SECS: &str = "1";
 
 pub fn error(f: &Failure) -> Reply {
-    let mut r = json(f.status, &serde_json::json!({ "error": f.message }));
+    let body = match f.code {
+        Some(code) => serde_json::json!({ "error": f.message, "code": code }),
+        None => serde_json::json!({ "error": f.message }),
+    };
+    let mut r = json(f.status, &body);
     if f.status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut()
             .insert("retry-after", HeaderValue::from_static(RETRY_AFTER_SECS));
@@ -153,6 +170,7 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Failure> {
                     status: StatusCode::PAYLOAD_TOO_LARGE,
                     message: format!("request body larger than {limit} bytes"),
                     storage: None,
+                    code: None,
                 })
             } else {
                 Err(Failure::bad(format!(

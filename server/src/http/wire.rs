@@ -339,6 +339,12 @@ pub struct TransactionBody {
     /// Stands in for acks without their own leaseId when it names exactly one lease.
     #[serde(default)]
     pub required_leases: Option<Vec<String>>,
+    /// 2.x KV rider: KV ops (lock guards first) that commit with the transaction.
+    #[serde(default)]
+    pub kv: Option<Vec<serde_json::Value>>,
+    /// 2.x timer rider: timer ops that commit with the transaction.
+    #[serde(default)]
+    pub timers: Option<Vec<serde_json::Value>>,
 }
 
 /// The kind of one transaction operation; the rest of its fields depend on it.

@@ -94,6 +94,7 @@ fn not_found(message: &str) -> Failure {
         status: StatusCode::NOT_FOUND,
         message: message.to_string(),
         storage: None,
+        code: None,
     }
 }
 

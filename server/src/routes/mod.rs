@@ -4,6 +4,8 @@
 mod ack;
 mod admin;
 mod groups;
+mod kv;
+mod locks;
 mod pop;
 mod push;
 mod queues;
@@ -44,6 +46,8 @@ pub(crate) fn surface(path: &str) -> &'static str {
         "pop" => "pop",
         "ack" | "lease" => "ack",
         "transaction" => "transaction",
+        "kv" => "kv",
+        "locks" => "locks",
         "configure" => "configure",
         "dlq" | "consumer-groups" => "groups",
         "resources" | "messages" | "traces" | "status" | "analytics" | "stats" | "system" => {
@@ -166,6 +170,30 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
             need(Admin)?;
             let q = q.to_string();
             queues::delete_queue(&broker, &q).await
+        }
+        (&Method::POST, ["api", "v1", "kv"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            kv::batch(&broker, &b).await
+        }
+        (&Method::GET, ["api", "v1", "kv", ns, key @ ..]) if !key.is_empty() => {
+            need(ReadOnly)?;
+            kv::get(&broker, ns, &key.join("/"), req.headers()).await
+        }
+        (&Method::PUT, ["api", "v1", "kv", ns, key @ ..]) if !key.is_empty() => {
+            need(ReadWrite)?;
+            let (ns, key, headers) = (ns.to_string(), key.join("/"), req.headers().clone());
+            let b = body(&broker, req).await?;
+            kv::put(&broker, &ns, &key, query.as_deref(), &headers, &b).await
+        }
+        (&Method::DELETE, ["api", "v1", "kv", ns, key @ ..]) if !key.is_empty() => {
+            need(ReadWrite)?;
+            kv::delete(&broker, ns, &key.join("/"), req.headers()).await
+        }
+        (&Method::POST, ["api", "v1", "locks"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            locks::batch(&broker, &b).await
         }
         (&Method::POST, ["api", "v1", "transaction"]) => {
             need(ReadWrite)?;

@@ -37,6 +37,7 @@ pub fn set_push_maintenance(broker: &Broker, body: &[u8]) -> Result<Reply, Failu
             status: StatusCode::CONFLICT,
             message: "push maintenance mode needs a file buffer (FILE_BUFFER_DIR)".into(),
             storage: None,
+            code: None,
         });
     }
     broker

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use hyper::StatusCode;
-use queen_core::storage::{PushOutcome, TxOp, TxOpResult, TxOutcome};
+use queen_core::storage::{PushOutcome, TxOp, TxOpResult, TxOutcome, KV_PRECONDITION};
 use queen_core::wire::{self, WireGroup};
 use serde_json::{json, Value};
 
@@ -26,7 +26,12 @@ pub async fn transaction(
     let out = broker.transaction(tx_ops, producer).await?;
     let results = results(&out.results, &rendered_ops, &shapes)?;
     let id = broker.mint_uuid().to_string();
-    let answer = if counts {
+    let answer = if let Some(refused) = kv_refusal(&out, &results) {
+        let mut answer = refused;
+        answer["transactionId"] = json!(id);
+        answer["results"] = json!(results);
+        answer
+    } else if counts {
         counted_answer(&id, &out, &results)
     } else if out.committed {
         json!({"transactionId": id, "success": true, "results": results})
@@ -65,7 +70,14 @@ fn operations(
     pushes: Option<Vec<WireGroup>>,
 ) -> Result<(Vec<TxOp>, Shapes), Failure> {
     let operations = request.operations.unwrap_or_default();
-    if operations.is_empty() && pushes.as_ref().is_none_or(|g| g.is_empty()) {
+    let riders = crate::routes::kv::parse_ops(broker, request.kv.as_deref().unwrap_or_default())?;
+    if request.timers.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(Failure::coded(
+            "timers_unsupported",
+            "timer riders are not served by this broker yet; nothing was applied",
+        ));
+    }
+    if operations.is_empty() && pushes.as_ref().is_none_or(|g| g.is_empty()) && riders.is_empty() {
         return Err(Failure::bad("operations array cannot be empty"));
     }
     let required = request.required_leases.unwrap_or_default();
@@ -121,6 +133,11 @@ fn operations(
         );
         tx_ops.push(TxOp::Push(merge_wire_groups(groups).0));
     }
+    // Riders after every operation: their results follow the pushes' and acks' in the answer.
+    for op in riders {
+        shapes.push(vec![]);
+        tx_ops.push(TxOp::Kv(op));
+    }
     Ok((tx_ops, shapes))
 }
 
@@ -164,10 +181,32 @@ fn results(outcomes: &[TxOpResult], ops: &[TxOp], shapes: &Shapes) -> Result<Vec
                                         "transactionId": txid, "messageId": message_id, "partitionId": partition_id, "queueName": queue}));
                 }
             }
+            (TxOpResult::Kv { answer, .. }, TxOp::Kv(_)) => {
+                let mut element = answer.clone();
+                element["index"] = json!(results.len());
+                element["type"] = json!("kv");
+                results.push(element);
+            }
             _ => return Err(Failure::server("transaction results out of order")),
         }
     }
     Ok(results)
+}
+
+/// A transaction rolled back by a `required` KV op that did not apply: returned to the client
+/// (not raised) as `{success: false, reason: "kv_precondition", failedIndex, kvReason, value,
+/// version}`. Storage stops at the refused op, so it is the last result.
+fn kv_refusal(out: &TxOutcome, results: &[Value]) -> Option<Value> {
+    if out.committed || out.error.as_deref() != Some(KV_PRECONDITION) {
+        return None;
+    }
+    let failed = results.last()?;
+    Some(
+        json!({"success": false, "reason": KV_PRECONDITION, "error": KV_PRECONDITION,
+                "failedIndex": results.len() - 1, "kvReason": failed["reason"],
+                "value": failed.get("value").cloned().unwrap_or(Value::Null),
+                "version": failed.get("version").cloned().unwrap_or(Value::Null)}),
+    )
 }
 
 /// Flag 2's answer: the pushes' and acks' results counted, not listed.

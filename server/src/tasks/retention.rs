@@ -20,6 +20,8 @@ pub struct PassReport {
     pub partitions_visited: u64,
     pub removed: Removed,
     pub partitions_deleted: u64,
+    /// Expired KV rows (and lock permits) removed.
+    pub kv_swept: u64,
     /// False: another broker held the lease, or this one lost it mid-pass.
     pub held_lease: bool,
 }
@@ -107,6 +109,15 @@ async fn pass_under_lease(
             })
             .await?;
         }
+        // Expired KV rows are already absent to every reader; sweeping them only frees space.
+        report.kv_swept += until_short(settings.batch_size, || async {
+            broker
+                .storage
+                .kv
+                .sweep_expired_kv(settings.batch_size)
+                .await
+        })
+        .await?;
     }
     report.held_lease = true;
     Ok(())
