@@ -48,6 +48,9 @@ macro_rules! ensure_eq {
     }};
 }
 
+mod kv;
+pub use kv::*;
+
 /// Whether the group has any backlog in the queue, claimable or leased.
 async fn backlog(s: &dyn Storage, queue: &str, group: &str) -> Result<bool, String> {
     Ok(s.next_pending(&[queue.to_string()], group)
@@ -2556,4 +2559,9 @@ cases!(
     inactive_partitions_are_deleted,
     the_maintenance_lease_admits_one_holder,
     old_dead_letters_are_removed,
+    kv_versions_rise_and_preconditions_hold,
+    kv_expiry_is_absence,
+    kv_prefix_pages_and_get_many,
+    kv_required_rolls_back,
+    locks_fence_their_holders,
 );
