@@ -288,3 +288,30 @@ async fn dashboard_in_chromium_with_auth_postgres() {
     )
     .await;
 }
+
+/// KV, locks and semaphores, transaction riders and a supervised consumer (coordination.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_coordination_json_memory() {
+    run_script_with(
+        Store::Memory,
+        ServerConfig::default(),
+        "coordination.py",
+        &["json"],
+        &[],
+        "coordination",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_coordination_compressed_postgres() {
+    run_script_with(
+        Store::Postgres("queen_py_coordination"),
+        ServerConfig::default(),
+        "coordination.py",
+        &["compressed"],
+        &[],
+        "coordination",
+    )
+    .await;
+}
