@@ -22,6 +22,7 @@ pub mod ring;
 pub mod rng;
 pub mod storage;
 pub mod time;
+pub mod timers;
 pub mod types;
 pub mod wire;
 

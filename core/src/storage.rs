@@ -14,6 +14,7 @@ mod messages;
 mod pop;
 mod queue;
 mod retention;
+mod timers;
 
 use std::fmt;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub use retention::{
     reads_from, removal, ConsumedFloor, Cutoffs, Removal, Removed, RetentionBatch, RetentionMark,
     RetentionPass,
 };
+pub use timers::TimerStorage;
 
 use crate::types::{Timestamp, WorkerId};
 
@@ -373,6 +375,7 @@ pub trait Storage:
     + HealthStorage
     + InspectStorage
     + KvStorage
+    + TimerStorage
 {
 }
 
@@ -385,6 +388,7 @@ impl<T> Storage for T where
         + HealthStorage
         + InspectStorage
         + KvStorage
+        + TimerStorage
 {
 }
 
@@ -400,6 +404,7 @@ pub struct StorageSet {
     pub health: Arc<dyn HealthStorage>,
     pub inspect: Arc<dyn InspectStorage>,
     pub kv: Arc<dyn KvStorage>,
+    pub timers: Arc<dyn TimerStorage>,
 }
 
 impl StorageSet {
@@ -413,7 +418,8 @@ impl StorageSet {
             retention: backend.clone(),
             health: backend.clone(),
             inspect: backend.clone(),
-            kv: backend,
+            kv: backend.clone(),
+            timers: backend,
         }
     }
 }

@@ -241,6 +241,9 @@ pub struct Broker {
     pub(crate) drain_wake: Arc<Notify>,
     /// Told when a ring scheduled a revisit earlier than the wheel ticker sleeps until.
     pub(crate) ticker_rearm: Arc<Notify>,
+    /// Told when this broker scheduled a timer: the timer worker reads the earliest due time
+    /// again, so a timer fires at its due time, not at the next re-scan.
+    pub(crate) timer_wake: Arc<Notify>,
     /// Queues known to have encryptionEnabled: their pushes are sealed before storage sees
     /// them (storage refuses plaintext for the others it turns out to encrypt).
     pub(crate) encrypted_queues: Mutex<std::collections::BTreeSet<String>>,
@@ -323,6 +326,7 @@ impl Broker {
             storage_errors_logged: Mutex::new(BTreeMap::new()),
             drain_wake: Arc::new(Notify::new()),
             ticker_rearm: Arc::new(Notify::new()),
+            timer_wake: Arc::new(Notify::new()),
             encrypted_queues: Mutex::new(std::collections::BTreeSet::new()),
             delivered: Mutex::new(DeliveryLedger::new(DELIVERY_LEDGER_CAPACITY)),
             ack_rounds,

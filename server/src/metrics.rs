@@ -209,6 +209,8 @@ pub struct Metrics {
     pub whole_batch_acks: Counter,
     /// Messages acks sent to the dead-letter queue.
     pub dead_lettered: Counter,
+    /// Timers whose message this broker pushed.
+    pub timers_fired: Counter,
     pub bad_requests: Counter,
     pub server_errors: Counter,
     /// Requests and answers in Queen 2.x's binary forms.
@@ -289,6 +291,7 @@ impl Default for Metrics {
             ack_requests: Counter::default(),
             whole_batch_acks: Counter::default(),
             dead_lettered: Counter::default(),
+            timers_fired: Counter::default(),
             bad_requests,
             server_errors,
             events,
@@ -428,6 +431,11 @@ impl Metrics {
             "dead_lettered",
             "Messages acks moved to the dead-letter queue",
             m.dead_lettered.clone(),
+        );
+        registry.register(
+            "timers_fired",
+            "Timers whose message this broker pushed (each timer fires once, on one broker)",
+            m.timers_fired.clone(),
         );
         registry.register(
             "binary_requests",

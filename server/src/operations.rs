@@ -256,7 +256,7 @@ impl Broker {
                         .collect(),
                 ),
                 TxOp::Ack { group, .. } => Touched::Group(group.clone()),
-                TxOp::Kv(_) => Touched::Nothing,
+                TxOp::Kv(_) | TxOp::Timer(_) | TxOp::FireTimer { .. } => Touched::Nothing,
             })
             .collect();
         for op in &mut ops {
@@ -268,7 +268,7 @@ impl Broker {
         let out = loop {
             let pushed = ops.iter().flat_map(|op| match op {
                 TxOp::Push(g) => g.as_slice(),
-                TxOp::Ack { .. } | TxOp::Kv(_) => &[],
+                TxOp::Ack { .. } | TxOp::Kv(_) | TxOp::Timer(_) | TxOp::FireTimer { .. } => &[],
             });
             let again = self.may_need_sealing(pushed).then(|| ops.clone());
             match self.storage.delivery.transaction(ops).await {
@@ -281,6 +281,14 @@ impl Broker {
             }
         };
         self.crash_point(CrashPoint::TransactionStored).await;
+        if out.committed
+            && out
+                .results
+                .iter()
+                .any(|r| matches!(r, TxOpResult::Timer(_)))
+        {
+            self.timer_wake.notify_one();
+        }
         if out.committed {
             let mut events = vec![];
             for (result, touched) in out.results.iter().zip(&touched) {
@@ -291,7 +299,10 @@ impl Broker {
                     (TxOpResult::Ack(a), Touched::Group(group)) => {
                         events.extend(released_events(std::iter::once((group.as_str(), a)), false))
                     }
-                    (TxOpResult::Kv { .. }, Touched::Nothing) => {}
+                    (
+                        TxOpResult::Kv { .. } | TxOpResult::Timer(_) | TxOpResult::Fired(_),
+                        Touched::Nothing,
+                    ) => {}
                     // Storage answers each operation with its own kind, in order.
                     _ => debug_assert!(false, "transaction results out of order"),
                 }

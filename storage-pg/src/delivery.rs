@@ -199,6 +199,18 @@ impl PgStorage {
                         required: op.required(),
                     }
                 }
+                TxOp::Timer(op) => {
+                    let now = match kv_now {
+                        Some(now) => now,
+                        None => *kv_now.insert(crate::kv::db_now(&tx).await?),
+                    };
+                    TxOpResult::Timer(crate::timers::timer_op(&tx, op, now).await?)
+                }
+                TxOp::FireTimer {
+                    queue,
+                    key,
+                    message_id,
+                } => TxOpResult::Fired(crate::timers::fire(&tx, queue, key, message_id).await?),
             };
             // Why the transaction must roll back, if this operation was refused.
             let refusal = result.refusal();

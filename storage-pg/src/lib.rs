@@ -17,6 +17,7 @@ mod retention;
 mod statistics;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod timers;
 pub mod tls;
 mod warm;
 

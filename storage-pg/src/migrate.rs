@@ -65,6 +65,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "022_consumers_group_index.sql"
     ),
     migration!(23, "key/value store", "023_kv.sql"),
+    migration!(24, "timers", "024_timers.sql"),
 ];
 
 macro_rules! functions {

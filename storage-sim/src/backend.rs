@@ -17,7 +17,7 @@ use queen_core::storage::{
 use queen_core::Timestamp;
 
 use crate::tx::lock;
-use crate::{delivery, inspect, kv, messages, pop, queues, retention, SimDb};
+use crate::{delivery, inspect, kv, messages, pop, queues, retention, timers, SimDb};
 
 #[async_trait]
 impl PopStorage for SimDb {
@@ -500,5 +500,47 @@ impl queen_core::storage::KvStorage for SimDb {
     async fn sweep_expired_kv(&self, limit: u32) -> StorageResult<u64> {
         self.exec(kv::sweep_expired(self.shared.clone(), self.cell(), limit))
             .await
+    }
+}
+
+#[async_trait]
+impl queen_core::storage::TimerStorage for SimDb {
+    async fn timers_batch(
+        &self,
+        ops: Vec<queen_core::timers::TimerOp>,
+    ) -> StorageResult<Vec<serde_json::Value>> {
+        self.exec(timers::batch(self.shared.clone(), self.cell(), ops))
+            .await
+    }
+
+    async fn timer_peek(
+        &self,
+        queue: &str,
+        key: &str,
+    ) -> StorageResult<Option<queen_core::timers::TimerRow>> {
+        Ok(timers::peek(&lock(&self.shared.state), queue, key))
+    }
+
+    async fn timer_page(
+        &self,
+        queue: &str,
+        after: Option<String>,
+        limit: u32,
+    ) -> StorageResult<Vec<(String, queen_core::timers::TimerRow)>> {
+        Ok(timers::page(
+            &lock(&self.shared.state),
+            queue,
+            after.as_deref(),
+            limit,
+        ))
+    }
+
+    async fn due_timers(&self, limit: u32) -> StorageResult<Vec<queen_core::timers::DueTimer>> {
+        let now = (self.shared.clock)();
+        Ok(timers::due(&lock(&self.shared.state), now, limit))
+    }
+
+    async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>> {
+        Ok(timers::next_due(&lock(&self.shared.state)))
     }
 }

@@ -46,6 +46,12 @@ pub(crate) async fn transaction(
                         required: op.required(),
                     }
                 }
+                TxOp::Timer(op) => TxOpResult::Timer(crate::timers::timer_op(&tx, op).await?),
+                TxOp::FireTimer {
+                    queue,
+                    key,
+                    message_id,
+                } => TxOpResult::Fired(crate::timers::fire(&tx, queue, key, *message_id).await?),
             };
             let refusal = result.refusal();
             results.push(result);

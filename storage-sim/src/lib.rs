@@ -17,6 +17,7 @@ mod retention;
 pub mod sched;
 mod state;
 pub mod table;
+mod timers;
 mod tx;
 
 use std::future::Future;

@@ -132,6 +132,8 @@ pub struct DbState {
     pub kv: Table<(String, String), queen_core::kv::KvRow>,
     /// queen.kv_versions: the last version handed out (a sequence: not rolled back).
     pub kv_seq: i64,
+    /// queen.timers: (queue, timer key) → pending timer.
+    pub timers: Table<(String, String), queen_core::timers::TimerRow>,
     /// queen.worker_samples: (bucket, hostname, worker id) → sample. Not transactional: a
     /// sample is one broker's own write, never read back within a transaction.
     pub samples: BTreeMap<(Timestamp, String, String), queen_core::storage::WorkerSample>,
@@ -173,6 +175,7 @@ impl DbState {
             trace_seq: 0,
             kv: Table::default(),
             kv_seq: 0,
+            timers: Table::default(),
             samples: BTreeMap::new(),
             removals: Vec::new(),
             record_removals: false,
@@ -323,7 +326,8 @@ impl DbState {
             maintenance,
             cluster_settings,
             traces,
-            kv
+            kv,
+            timers
         );
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);

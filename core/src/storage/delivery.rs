@@ -2,6 +2,7 @@
 use super::messages::{AckItem, AckOutcome, PushGroup, PushGroupResult, PushOutcome};
 use super::pop::SegmentRow;
 use crate::kv::KvOp;
+use crate::timers::TimerOp;
 use crate::types::{Offset, Timestamp};
 
 /// One operation of a transaction, in the order given.
@@ -14,6 +15,15 @@ pub enum TxOp {
     },
     /// A KV rider op (a lock guard is a `check`).
     Kv(KvOp),
+    /// A timer rider op.
+    Timer(TimerOp),
+    /// Removes a due timer (this incarnation: its message id) so its push in the same
+    /// transaction is its one firing; refused when it is no longer pending or not yet due.
+    FireTimer {
+        queue: String,
+        key: String,
+        message_id: uuid::Uuid,
+    },
 }
 
 /// The answer of one transaction operation.
@@ -27,6 +37,9 @@ pub enum TxOpResult {
         refused: bool,
         required: bool,
     },
+    Timer(serde_json::Value),
+    /// Whether the timer was still pending and due (and is now removed).
+    Fired(bool),
 }
 
 impl TxOpResult {
@@ -49,6 +62,10 @@ impl TxOpResult {
             TxOpResult::Kv {
                 refused, required, ..
             } => (*refused && *required).then(|| KV_PRECONDITION.to_string()),
+            TxOpResult::Timer(_) => None,
+            TxOpResult::Fired(fired) => {
+                (!fired).then(|| "the timer is no longer pending, or not yet due".to_string())
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ mod pop;
 mod push;
 mod queues;
 mod system;
+mod timers;
 mod transaction;
 
 use std::sync::Arc;
@@ -48,6 +49,7 @@ pub(crate) fn surface(path: &str) -> &'static str {
         "transaction" => "transaction",
         "kv" => "kv",
         "locks" => "locks",
+        "timers" => "timers",
         "configure" => "configure",
         "dlq" | "consumer-groups" => "groups",
         "resources" | "messages" | "traces" | "status" | "analytics" | "stats" | "system" => {
@@ -194,6 +196,23 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
             need(ReadWrite)?;
             let b = body(&broker, req).await?;
             locks::batch(&broker, &b).await
+        }
+        (&Method::POST, ["api", "v1", "timers"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            timers::batch(&broker, &b).await
+        }
+        (&Method::GET, ["api", "v1", "timers", q]) => {
+            need(ReadOnly)?;
+            timers::list(&broker, q, query.as_deref()).await
+        }
+        (&Method::GET, ["api", "v1", "timers", q, key @ ..]) if !key.is_empty() => {
+            need(ReadOnly)?;
+            timers::peek(&broker, q, &key.join("/")).await
+        }
+        (&Method::DELETE, ["api", "v1", "timers", q, key @ ..]) if !key.is_empty() => {
+            need(ReadWrite)?;
+            timers::cancel(&broker, q, &key.join("/"), query.as_deref()).await
         }
         (&Method::POST, ["api", "v1", "transaction"]) => {
             need(ReadWrite)?;

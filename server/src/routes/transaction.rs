@@ -71,13 +71,13 @@ fn operations(
 ) -> Result<(Vec<TxOp>, Shapes), Failure> {
     let operations = request.operations.unwrap_or_default();
     let riders = crate::routes::kv::parse_ops(broker, request.kv.as_deref().unwrap_or_default())?;
-    if request.timers.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(Failure::coded(
-            "timers_unsupported",
-            "timer riders are not served by this broker yet; nothing was applied",
-        ));
-    }
-    if operations.is_empty() && pushes.as_ref().is_none_or(|g| g.is_empty()) && riders.is_empty() {
+    let timer_riders =
+        crate::routes::timers::parse_ops(broker, request.timers.as_deref().unwrap_or_default())?;
+    if operations.is_empty()
+        && pushes.as_ref().is_none_or(|g| g.is_empty())
+        && riders.is_empty()
+        && timer_riders.is_empty()
+    {
         return Err(Failure::bad("operations array cannot be empty"));
     }
     let required = request.required_leases.unwrap_or_default();
@@ -138,6 +138,10 @@ fn operations(
         shapes.push(vec![]);
         tx_ops.push(TxOp::Kv(op));
     }
+    for op in timer_riders {
+        shapes.push(vec![]);
+        tx_ops.push(TxOp::Timer(op));
+    }
     Ok((tx_ops, shapes))
 }
 
@@ -185,6 +189,12 @@ fn results(outcomes: &[TxOpResult], ops: &[TxOp], shapes: &Shapes) -> Result<Vec
                 let mut element = answer.clone();
                 element["index"] = json!(results.len());
                 element["type"] = json!("kv");
+                results.push(element);
+            }
+            (TxOpResult::Timer(answer), TxOp::Timer(_)) => {
+                let mut element = answer.clone();
+                element["index"] = json!(results.len());
+                element["type"] = json!("timer");
                 results.push(element);
             }
             _ => return Err(Failure::server("transaction results out of order")),

@@ -1,5 +1,5 @@
 //! The background work of a running broker: the wheel ticker, the per-minute sampler, the
-//! retention worker, the failover buffer's drain, and (with PostgreSQL) the cross-broker event
+//! retention worker, the timer worker, the failover buffer's drain, and (with PostgreSQL) the cross-broker event
 //! listener. `Broker::new` starts none of them; `start` starts the ones its settings ask for.
 
 pub(crate) mod buffer_drain;
@@ -7,6 +7,7 @@ pub mod events;
 pub mod retention;
 pub mod sampler;
 pub(crate) mod ticker;
+pub mod timers;
 
 use std::sync::Arc;
 
@@ -19,6 +20,10 @@ pub fn start(broker: &Arc<Broker>) {
     tokio::spawn(ticker::wheel_ticker(
         Arc::downgrade(broker),
         broker.ticker_rearm.clone(),
+    ));
+    tokio::spawn(timers::timer_worker(
+        Arc::downgrade(broker),
+        broker.timer_wake.clone(),
     ));
     if broker.config.retention.enabled() {
         tokio::spawn(retention::retention_worker(

@@ -1,0 +1,122 @@
+//! The timer worker: fires due timers. Each broker runs one and none leads: a firing is one
+//! transaction that removes the timer (this incarnation, if still pending and due) and pushes its
+//! message, so when two brokers fire one timer the second removes nothing and rolls back.
+//!
+//! It sleeps until the earliest due time it read, and reads it again when this broker schedules a
+//! timer (`Broker::timer_wake`), so a timer fires at its due time by an event. Timers other
+//! brokers scheduled are fired by them the same way; the re-scan every `TIMER_RESCAN_MS` only
+//! covers a broker that died holding the next due time in memory.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use queen_core::storage::{PushGroup, StorageResult, TxOp};
+use queen_core::timers::DueTimer;
+
+use crate::broker::Broker;
+use crate::helpers::wall_now;
+
+/// Timers fired per transaction.
+const FIRE_BATCH: u32 = 100;
+/// The longest the worker sleeps without reading the earliest due time again.
+const RESCAN: Duration = Duration::from_millis(1000);
+/// After a storage error.
+const ERROR_PAUSE: Duration = Duration::from_millis(500);
+
+pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        if *b.shutting_down.borrow() {
+            return;
+        }
+        let pause = match fire_due(&b).await {
+            Ok(()) => match b.storage.timers.next_timer_due().await {
+                Ok(Some(at)) => {
+                    let wait_ms = (at.0 - wall_now().0).div_euclid(1000).max(0) as u64;
+                    // Due by this clock but not by the database's: come back shortly.
+                    Duration::from_millis(wait_ms.max(5)).min(RESCAN)
+                }
+                Ok(None) => RESCAN,
+                Err(e) => {
+                    b.note_storage_error("timers", &e);
+                    ERROR_PAUSE
+                }
+            },
+            Err(e) => {
+                b.note_storage_error("timers", &e);
+                ERROR_PAUSE
+            }
+        };
+        drop(b);
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = wake.notified() => {}
+        }
+    }
+}
+
+/// Fires every timer due now, a batch per transaction; a batch that lost a timer to another
+/// broker (or a cancel) is fired again one timer at a time.
+pub async fn fire_due(broker: &Arc<Broker>) -> StorageResult<()> {
+    loop {
+        let due = broker.storage.timers.due_timers(FIRE_BATCH).await?;
+        if due.is_empty() {
+            return Ok(());
+        }
+        let full = due.len() == FIRE_BATCH as usize;
+        let out = broker.transaction(firing(&due), None).await?;
+        if out.committed {
+            broker.metrics.timers_fired.inc_by(due.len() as u64);
+        } else {
+            for timer in &due {
+                let one = broker
+                    .transaction(firing(std::slice::from_ref(timer)), None)
+                    .await?;
+                if one.committed {
+                    broker.metrics.timers_fired.inc();
+                }
+            }
+        }
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
+/// The removal of each timer, then their messages' pushes (ids and transaction ids minted at
+/// schedule time, so the delivered message is the one the schedule answered).
+fn firing(due: &[DueTimer]) -> Vec<TxOp> {
+    let mut ops: Vec<TxOp> = due
+        .iter()
+        .map(|t| TxOp::FireTimer {
+            queue: t.queue.clone(),
+            key: t.key.clone(),
+            message_id: t.row.message_id,
+        })
+        .collect();
+    let mut groups: Vec<PushGroup> = vec![];
+    for t in due {
+        let frame = queen_core::frames::Frame {
+            message_id: t.row.message_id,
+            transaction_id: t.row.txn.clone(),
+            trace_id: None,
+            producer: None,
+            encrypted: false,
+            payload: t.row.payload.clone(),
+        };
+        match groups
+            .iter_mut()
+            .find(|g| g.queue == t.queue && g.partition == t.row.partition)
+        {
+            Some(g) => g.frames.push(frame),
+            None => groups.push(PushGroup {
+                queue: t.queue.clone(),
+                partition: t.row.partition.clone(),
+                frames: vec![frame],
+                blob: None,
+            }),
+        }
+    }
+    ops.push(TxOp::Push(groups));
+    ops
+}
