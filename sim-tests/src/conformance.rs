@@ -2564,4 +2564,5 @@ cases!(
     kv_prefix_pages_and_get_many,
     kv_required_rolls_back,
     locks_fence_their_holders,
+    timers_fire_once_never_early,
 );

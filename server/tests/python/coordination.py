@@ -1,13 +1,15 @@
 """The coordination surfaces of Queen's real Python client (queen-mq 2.6.0): every method of
 `client.kv`, `client.locks`, `client.lock` / `client.semaphore` (context manager, automatic
 renewal, `on_lost`), the transaction riders (`tx.once`, `guard`, `tx.kv`), and a consumer with
-`.supervision()`, against a running broker.
+`.supervision()`, and every method of `client.timers` / `client.timer(q)` with the
+timer rider, against a running broker.
 
 Usage: python coordination.py http://127.0.0.1:PORT [json|compressed]
 Exits non-zero on the first failed expectation.
 """
 import asyncio
 import sys
+import time
 import uuid
 
 import httpx
@@ -180,6 +182,52 @@ async def riders(queen, ns):
     check(only_kv.get("success"), "a transaction of KV ops alone")
 
 
+async def timers(queen):
+    q = f"tm-{uuid.uuid4().hex[:8]}"
+    await queen.queue(q).create()
+    t = queen.timers
+    first = await t.schedule(q, "order:1:expire", {"order": 1}, delay_ms=60_000)
+    check(first and first["status"] == "scheduled" and first["messageId"], f"schedule ({dict(first)})")
+    again = await t.reschedule(q, "order:1:expire", {"order": 1, "v": 2}, delay_ms=60_000)
+    check(again["status"] == "rescheduled" and again["messageId"] != first["messageId"], "reschedule is the same upsert, a new incarnation")
+    peeked = await t.peek(q, "order:1:expire")
+    check(peeked and peeked["txn"] == again["txn"], "peek")
+    check(not await t.peek(q, "nope") and (await t.peek(q, "nope")) == {"found": False}, "peek of a miss: found false, 200")
+    for i in range(3):
+        await t.schedule(q, f"k/{i}", i, delay_ms=60_000)
+    page = await t.list(q, limit=2)
+    check(len(page["rows"]) == 2 and page["truncated"], "list pages")
+    check(len(await t.list_all(q, limit=2)) == 4, "list_all walks the pages")
+    gone = await t.cancel(q, "order:1:expire", txn=again["txn"])
+    check(gone and gone["status"] == "cancelled", "cancel over DELETE")
+    absent = await t.cancel(q, "order:1:expire", txn=again["txn"])
+    check(not absent and absent["status"] == "absent" and absent["txn"] == again["txn"], "a second cancel: absent, txn echoed")
+    try:
+        await t.batch([{"op": "schedule", "queue": q, "timerKey": "far", "payload": "MQ==", "delayMs": 91 * 86_400_000, "txn": "x"}])
+        check(False, "a delay past the horizon is refused")
+    except Exception as e:
+        check(getattr(e, "status", None) == 400, "a delay past the horizon: 400")
+
+    # A consumer parked on the queue gets the message once it is due, never before.
+    parked = asyncio.ensure_future(queen.queue(q).partition("due").batch(5).wait(True).timeout_millis(10_000).pop())
+    await asyncio.sleep(0.2)
+    built = await queen.timer(q).key("due-1").payload({"due": True}).after_ms(700).schedule()
+    check(built and built["status"] == "scheduled", "the timer builder schedules")
+    # The builder names no partition; the parked consumer waits on one, so schedule through it.
+    due = await t.schedule(q, "due-2", {"due": 2}, delay_ms=700, partition="due")
+    sent = time.time()
+    msgs = await parked
+    got = time.time()
+    check([m["data"] for m in msgs] == [{"due": 2}], f"the parked consumer gets the timer's message ({msgs})")
+    check(got - sent >= 0.65, f"not before deliverAt ({got - sent:.3f} s after a 700 ms delay)")
+    check(msgs[0]["transactionId"] == due["txn"], "the message carries the schedule's txn")
+    check(msgs[0]["id"] == due["messageId"], "the message has the id the schedule promised")
+    res = await queen.transaction().timer(q).key("rider").payload({"r": 1}).after_ms(0).schedule().commit()
+    check(res.get("success") and res["results"][0]["status"] == "scheduled", "a timer rider commits")
+    rest = await queen.queue(q).batch(10).wait(True).timeout_millis(5000).pop()
+    check(any(m["data"] == {"r": 1} for m in rest) or any(m["data"] == {"due": True} for m in rest), "the rider's timer fires")
+
+
 async def supervised(queen):
     q = f"sup-{uuid.uuid4().hex[:8]}"
     await queen.queue(q).create()
@@ -202,6 +250,7 @@ async def main():
         await kv(queen, ns)
         await locks(queen, f"lock-{uuid.uuid4().hex[:8]}")
         await riders(queen, ns)
+        await timers(queen)
         await supervised(queen)
     print("coordination: all checks passed")
 

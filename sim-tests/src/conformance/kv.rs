@@ -1,13 +1,15 @@
-//! Conformance cases of the key/value store, its locks and the KV rider of transactions.
+//! Conformance cases of the key/value store, its locks, timers and the riders of transactions.
 
 use serde_json::{json, Value};
 
+use queen_core::frames::Frame;
 use queen_core::kv::{parse_op, KvLimits, KvOp};
 use queen_core::locks;
-use queen_core::storage::{KvStorage, TxOp};
+use queen_core::storage::{KvStorage, PushGroup, TxOp};
+use queen_core::timers::{DueTimer, TimerOp};
 
 use super::{e, Backend, CaseResult};
-use crate::fixtures::{group, Ids};
+use crate::fixtures::{group, payload_ns, pop_req, Ids};
 
 fn op(v: Value) -> Result<KvOp, String> {
     parse_op(&v, &KvLimits::default()).map_err(|e| e.message)
@@ -417,6 +419,173 @@ pub async fn locks_fence_their_holders(b: &dyn Backend) -> CaseResult {
         guard["reason"],
         json!("absent"),
         "a released permit's guard fails"
+    );
+    Ok(())
+}
+
+fn schedule(queue: &str, key: &str, n: u32, delay_ms: i64, id: u128) -> TimerOp {
+    TimerOp::Schedule {
+        queue: queue.into(),
+        key: key.into(),
+        partition: "p".into(),
+        payload: format!("{{\"n\":{n}}}").into_bytes(),
+        delay_ms,
+        txn: format!("txn-{n}"),
+        message_id: uuid::Uuid::from_u128(id),
+    }
+}
+
+fn firing(t: &DueTimer) -> Vec<TxOp> {
+    vec![
+        TxOp::FireTimer {
+            queue: t.queue.clone(),
+            key: t.key.clone(),
+            message_id: t.row.message_id,
+        },
+        TxOp::Push(vec![PushGroup {
+            queue: t.queue.clone(),
+            partition: t.row.partition.clone(),
+            frames: vec![Frame {
+                message_id: t.row.message_id,
+                transaction_id: t.row.txn.clone(),
+                trace_id: None,
+                producer: None,
+                encrypted: false,
+                payload: t.row.payload.clone(),
+            }],
+            blob: None,
+        }]),
+    ]
+}
+
+/// A timer is an upsert on (queue, key); it is due only from its deliverAt; a firing removes the
+/// incarnation it read, so a second firing (another broker) or a firing of a replaced
+/// incarnation commits nothing, and the message is stored once.
+pub async fn timers_fire_once_never_early(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let first = s
+        .timers_batch(vec![schedule("tq", "k", 1, 10_000, 1)])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        first[0]["status"],
+        json!("scheduled"),
+        "a new key: {}",
+        first[0]
+    );
+    let again = s
+        .timers_batch(vec![schedule("tq", "k", 2, 10_000, 2)])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        again[0]["status"],
+        json!("rescheduled"),
+        "the same key again"
+    );
+    ensure_eq!(
+        again[0]["messageId"],
+        json!(uuid::Uuid::from_u128(2).to_string()),
+        "a new incarnation"
+    );
+    let peeked = s.timer_peek("tq", "k").await.map_err(e)?;
+    ensure!(
+        peeked.as_ref().is_some_and(|r| r.payload == b"{\"n\":2}"),
+        "peek: {peeked:?}"
+    );
+    s.timers_batch(vec![schedule("tq", "other", 3, 60_000, 3)])
+        .await
+        .map_err(e)?;
+    let page = s.timer_page("tq", None, 1).await.map_err(e)?;
+    ensure_eq!(
+        page.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        vec!["k", "other"],
+        "a page of one, plus the one that says more"
+    );
+    ensure!(
+        s.due_timers(10).await.map_err(e)?.is_empty(),
+        "nothing is due before deliverAt"
+    );
+    let early = s
+        .transaction(firing(&DueTimer {
+            queue: "tq".into(),
+            key: "k".into(),
+            row: peeked.clone().ok_or("peeked")?,
+        }))
+        .await
+        .map_err(e)?;
+    ensure!(
+        !early.committed,
+        "a firing before deliverAt is refused: {early:?}"
+    );
+    b.advance_secs(11).await;
+    let due = s.due_timers(10).await.map_err(e)?;
+    ensure_eq!(due.len(), 1, "due after deliverAt: {due:?}");
+    let fired = s.transaction(firing(&due[0])).await.map_err(e)?;
+    ensure!(fired.committed, "the firing commits: {fired:?}");
+    let twice = s.transaction(firing(&due[0])).await.map_err(e)?;
+    ensure!(
+        !twice.committed,
+        "a second firing commits nothing: {twice:?}"
+    );
+    ensure!(
+        s.timer_peek("tq", "k").await.map_err(e)?.is_none(),
+        "the timer row is gone"
+    );
+    let mut ids = Ids::new(31);
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("tq", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![2],
+        "the rescheduled payload, stored once"
+    );
+    let cancelled = s
+        .timers_batch(vec![
+            TimerOp::Cancel {
+                queue: "tq".into(),
+                key: "other".into(),
+                txn: None,
+            },
+            TimerOp::Cancel {
+                queue: "tq".into(),
+                key: "k".into(),
+                txn: Some("txn-2".into()),
+            },
+        ])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        cancelled[0]["status"],
+        json!("cancelled"),
+        "a pending timer"
+    );
+    ensure_eq!(
+        cancelled[1]["status"],
+        json!("absent"),
+        "a delivered timer is absent"
+    );
+    ensure_eq!(
+        cancelled[1]["txn"],
+        json!("txn-2"),
+        "the caller's txn is echoed"
+    );
+    // A timer rider commits with its transaction, or not at all.
+    let refused = s
+        .transaction(vec![
+            TxOp::Timer(schedule("tq", "rider", 4, 0, 4)),
+            TxOp::Kv(op(
+                json!({"op":"check","ns":"n","key":"none","expect":3,"required":true}),
+            )?),
+        ])
+        .await
+        .map_err(e)?;
+    ensure!(!refused.committed, "the guard fails");
+    ensure!(
+        s.timer_peek("tq", "rider").await.map_err(e)?.is_none(),
+        "the rider's timer rolled back"
     );
     Ok(())
 }
