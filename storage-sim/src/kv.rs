@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::state::DbState;
 use crate::table::{Insert, Lock};
-use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell, TxHandle};
+use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell, Tx, TxHandle};
 
 type Key = (String, String);
 
@@ -23,12 +23,18 @@ fn store(
     existed: bool,
     value: Value,
     expires_at: Option<Timestamp>,
-    now: Timestamp,
-    tx: u64,
+    t: &Tx,
 ) -> Result<KvRow, StmtError> {
+    let (now, tx) = (t.now, t.id);
+    let version = if t.shared.bugs.kv_versions_repeat {
+        // SimBugs::kv_versions_repeat: a version per key, recycled after a delete.
+        st.kv.get(key, tx).map_or(1, |r| r.version + 1)
+    } else {
+        st.kv_seq + 1
+    };
     let row = KvRow {
         value,
-        version: st.kv_seq + 1,
+        version,
         expires_at,
         updated_at: now,
     };
@@ -114,8 +120,7 @@ pub(crate) async fn kv_op(
                 match kv::decide(op, row.as_ref(), t.now) {
                     Decision::Answer { answer, refused } => Ok((answer, refused)),
                     Decision::Write { value, expires_at } => {
-                        let written =
-                            store(st, &key, row.is_some(), value, expires_at, t.now, t.id)?;
+                        let written = store(st, &key, row.is_some(), value, expires_at, t)?;
                         Ok((kv::written(&key.1, &written), false))
                     }
                     Decision::Delete { answer } => {
@@ -136,7 +141,7 @@ fn prefix_rows(
     prefix: &str,
     after: Option<&str>,
     take: usize,
-    t: &crate::tx::Tx,
+    t: &Tx,
 ) -> Vec<(String, KvRow)> {
     let start = (ns.to_string(), prefix.to_string());
     st.kv
@@ -209,7 +214,17 @@ pub(crate) async fn lock_op(
                         return Err(StmtError::Blocked(h));
                     }
                     let slots: Vec<(u32, Option<KvRow>)> = (0..*limit)
-                        .map(|s| (s, st.kv.get(&permit(name, s), t.id).cloned()))
+                        .map(|s| {
+                            let row = st.kv.get(&permit(name, s), t.id).cloned();
+                            // SimBugs::expired_permits_count: every stored permit looks live.
+                            let row = row.map(|r| KvRow {
+                                expires_at: r
+                                    .expires_at
+                                    .filter(|_| !t.shared.bugs.expired_permits_count),
+                                ..r
+                            });
+                            (s, row)
+                        })
                         .collect();
                     match locks::decide_acquire(&slots, &owner, *limit, t.now) {
                         AcquireDecision::Already { slot, row } => {
@@ -221,15 +236,7 @@ pub(crate) async fn lock_op(
                             let existing = locked_row(st, &key, t.id)?;
                             let expires_at = kv::Expiry::Ttl(*ttl_seconds).at(t.now);
                             let value = locks::permit_value(&owner, t.now);
-                            let row = store(
-                                st,
-                                &key,
-                                existing.is_some(),
-                                value,
-                                expires_at,
-                                t.now,
-                                t.id,
-                            )?;
+                            let row = store(st, &key, existing.is_some(), value, expires_at, t)?;
                             Ok(locks::acquired(name, slot, &row, false))
                         }
                     }
@@ -249,7 +256,7 @@ pub(crate) async fn lock_op(
                         Some(r) => {
                             let expires_at = kv::Expiry::Ttl(*ttl_seconds).at(t.now);
                             let value = locks::renewed_value(&r);
-                            let row = store(st, &key, true, value, expires_at, t.now, t.id)?;
+                            let row = store(st, &key, true, value, expires_at, t)?;
                             Ok(locks::renewed(name, *slot, &row))
                         }
                         None => Ok(locks::lost_renew(locks::holders(

@@ -89,6 +89,13 @@ pub struct SimBugs {
     /// contact had seeded every partition: past `FIRST_CONTACT_SEED_CAP` a backlog from before
     /// the first contact is never found.
     pub pending_scans_need_a_cursor: bool,
+    /// A KV write's version is the key's previous version plus one (1 for a new key), so a key
+    /// deleted or expired and written again repeats versions: a stale compare-and-set succeeds.
+    pub kv_versions_repeat: bool,
+    /// A lock acquire counts expired permits as held.
+    pub expired_permits_count: bool,
+    /// A timer's firing neither checks nor removes the timer row: two brokers both fire it.
+    pub timers_fire_without_removal: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.

@@ -15,7 +15,7 @@ use queen_core::storage::{
 };
 
 use crate::tx::{lock, TaskCell};
-use crate::{messages, pop, SimDb};
+use crate::{delivery, kv, messages, pop, SimDb};
 
 /// One operation a task performs: a storage procedure.
 #[derive(Clone, Debug)]
@@ -26,6 +26,10 @@ pub enum Op {
     PopWildcard(PopRequest),
     Ack(String, Vec<AckItem>),
     Renew(String, u32),
+    Kv(Vec<queen_core::kv::KvOp>),
+    /// A lock op and the owner minted for an acquire that names none.
+    Lock(queen_core::locks::LockOp, String),
+    Transaction(Vec<queen_core::storage::TxOp>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +38,9 @@ pub enum OpResult {
     Pop(StorageResult<PopResult>),
     Ack(StorageResult<Vec<AckOutcome>>),
     Renew(StorageResult<RenewOutcome>),
+    Kv(StorageResult<queen_core::kv::KvBatch>),
+    Lock(StorageResult<serde_json::Value>),
+    Transaction(StorageResult<queen_core::storage::TxOutcome>),
 }
 
 type TaskFuture = Pin<Box<dyn Future<Output = OpResult> + Send>>;
@@ -91,6 +98,16 @@ impl Interleaving {
                     async move { OpResult::Renew(messages::renew(shared, c, lease, secs).await) },
                 )
             }
+            Op::Kv(ops) => Box::pin(async move {
+                let limits = queen_core::kv::KvLimits::default();
+                OpResult::Kv(kv::kv_batch(shared, c, ops, limits).await)
+            }),
+            Op::Lock(op, owner) => {
+                Box::pin(async move { OpResult::Lock(kv::lock_op(shared, c, op, owner).await) })
+            }
+            Op::Transaction(ops) => Box::pin(async move {
+                OpResult::Transaction(delivery::transaction(shared, c, ops).await)
+            }),
         };
         self.tasks.push(Task {
             cell,

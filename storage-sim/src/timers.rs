@@ -84,6 +84,9 @@ pub(crate) async fn fire(
 ) -> Result<bool, StorageError> {
     let k: Key = (queue.to_string(), key.to_string());
     tx.stmt("timer fire", |st, t| {
+        if t.shared.bugs.timers_fire_without_removal {
+            return Ok(true);
+        }
         free(st, &k, t.id)?;
         let due = st
             .timers

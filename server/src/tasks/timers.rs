@@ -10,8 +10,8 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use queen_core::storage::{PushGroup, StorageResult, TxOp};
-use queen_core::timers::DueTimer;
+use queen_core::storage::StorageResult;
+use queen_core::timers::firing;
 
 use crate::broker::Broker;
 use crate::helpers::wall_now;
@@ -81,42 +81,4 @@ pub async fn fire_due(broker: &Arc<Broker>) -> StorageResult<()> {
             return Ok(());
         }
     }
-}
-
-/// The removal of each timer, then their messages' pushes (ids and transaction ids minted at
-/// schedule time, so the delivered message is the one the schedule answered).
-fn firing(due: &[DueTimer]) -> Vec<TxOp> {
-    let mut ops: Vec<TxOp> = due
-        .iter()
-        .map(|t| TxOp::FireTimer {
-            queue: t.queue.clone(),
-            key: t.key.clone(),
-            message_id: t.row.message_id,
-        })
-        .collect();
-    let mut groups: Vec<PushGroup> = vec![];
-    for t in due {
-        let frame = queen_core::frames::Frame {
-            message_id: t.row.message_id,
-            transaction_id: t.row.txn.clone(),
-            trace_id: None,
-            producer: None,
-            encrypted: false,
-            payload: t.row.payload.clone(),
-        };
-        match groups
-            .iter_mut()
-            .find(|g| g.queue == t.queue && g.partition == t.row.partition)
-        {
-            Some(g) => g.frames.push(frame),
-            None => groups.push(PushGroup {
-                queue: t.queue.clone(),
-                partition: t.row.partition.clone(),
-                frames: vec![frame],
-                blob: None,
-            }),
-        }
-    }
-    ops.push(TxOp::Push(groups));
-    ops
 }

@@ -2,10 +2,9 @@
 
 use serde_json::{json, Value};
 
-use queen_core::frames::Frame;
 use queen_core::kv::{parse_op, KvLimits, KvOp};
 use queen_core::locks;
-use queen_core::storage::{KvStorage, PushGroup, TxOp};
+use queen_core::storage::{KvStorage, TxOp};
 use queen_core::timers::{DueTimer, TimerOp};
 
 use super::{e, Backend, CaseResult};
@@ -436,26 +435,7 @@ fn schedule(queue: &str, key: &str, n: u32, delay_ms: i64, id: u128) -> TimerOp 
 }
 
 fn firing(t: &DueTimer) -> Vec<TxOp> {
-    vec![
-        TxOp::FireTimer {
-            queue: t.queue.clone(),
-            key: t.key.clone(),
-            message_id: t.row.message_id,
-        },
-        TxOp::Push(vec![PushGroup {
-            queue: t.queue.clone(),
-            partition: t.row.partition.clone(),
-            frames: vec![Frame {
-                message_id: t.row.message_id,
-                transaction_id: t.row.txn.clone(),
-                trace_id: None,
-                producer: None,
-                encrypted: false,
-                payload: t.row.payload.clone(),
-            }],
-            blob: None,
-        }]),
-    ]
+    queen_core::timers::firing(std::slice::from_ref(t))
 }
 
 /// A timer is an upsert on (queue, key); it is due only from its deliverAt; a firing removes the
