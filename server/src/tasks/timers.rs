@@ -14,7 +14,6 @@ use queen_core::storage::StorageResult;
 use queen_core::timers::firing;
 
 use crate::broker::Broker;
-use crate::helpers::wall_now;
 
 /// Timers fired per transaction.
 const FIRE_BATCH: u32 = 100;
@@ -32,7 +31,7 @@ pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) 
         let pause = match fire_due(&b).await {
             Ok(()) => match b.storage.timers.next_timer_due().await {
                 Ok(Some(at)) => {
-                    let wait_ms = (at.0 - wall_now().0).div_euclid(1000).max(0) as u64;
+                    let wait_ms = (at.0 - b.now().0).div_euclid(1000).max(0) as u64;
                     // Due by this clock but not by the database's: come back shortly.
                     Duration::from_millis(wait_ms.max(5)).min(RESCAN)
                 }
