@@ -205,6 +205,9 @@ pub struct Hooks {
     /// Names per page of a ring's reseed walk.
     pub reseed_page: u32,
     pub crash_points: Option<CrashHook>,
+    /// The longest the timer worker sleeps without reading the earliest due time again.
+    pub timer_rescan_ms: u64,
+    pub timer_bugs: crate::tasks::timers::TimerBugs,
 }
 
 impl Default for Hooks {
@@ -220,6 +223,8 @@ impl Default for Hooks {
             reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
             reseed_page: queen_core::ring::DEFAULT_RESEED_PAGE,
             crash_points: None,
+            timer_rescan_ms: crate::tasks::timers::RESCAN_MS,
+            timer_bugs: crate::tasks::timers::TimerBugs::default(),
         }
     }
 }
@@ -337,6 +342,11 @@ impl Broker {
 
     pub fn now(&self) -> Timestamp {
         (self.hooks.clock)()
+    }
+
+    /// The timer worker's re-scan interval and bug switches.
+    pub(crate) fn timer_hooks(&self) -> (u64, crate::tasks::timers::TimerBugs) {
+        (self.hooks.timer_rescan_ms, self.hooks.timer_bugs)
     }
 
     /// A crash point: in production nothing happens; in a simulation that aimed a crash here,

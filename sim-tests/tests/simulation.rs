@@ -579,6 +579,16 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "a due timer waits for the sweep",
+            Scenario::Prompt,
+            Bugs {
+                timers: queen_server::tasks::timers::TimerBugs {
+                    wait_for_rescan: true,
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "group delete (or seek) without a wake",
             Scenario::Prompt,
             Bugs {

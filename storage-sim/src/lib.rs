@@ -225,6 +225,11 @@ impl SimDb {
         .is_some_and(|t| t <= now)
     }
 
+    /// Timers not yet fired (a simulation's drain waits for them).
+    pub fn pending_timers(&self) -> usize {
+        lock(&self.shared.state).timers.iter(0).count()
+    }
+
     /// Whether a pop of `group` could take a message of the partition now (a simulation's
     /// liveness oracle; see `pop::deliverable_now`).
     pub fn deliverable_now(&self, queue: &str, partition: &str, group: &str) -> bool {

@@ -923,6 +923,14 @@ pub(crate) fn pending_partitions(
 /// of the partition now, by the claim rules over committed state (no side effects). A partition
 /// without a cursor row counts from its start, unless the group has a subscription timestamp
 /// (that seeding is the pop's to judge, and the oracle stays silent).
+/// Whether a timer due at `now` will push into (queue, partition).
+fn due_timer_targets(st: &DbState, queue: &str, partition: &str, now: Timestamp) -> bool {
+    st.timers
+        .range((queue.to_string(), String::new()).., 0)
+        .take_while(|((q, _), _)| q == queue)
+        .any(|(_, t)| t.partition == partition && t.deliver_at <= now)
+}
+
 pub(crate) fn deliverable_now(
     st: &DbState,
     queue: &str,
@@ -955,7 +963,11 @@ pub(crate) fn deliverable_now(
         }
     };
     if p.last_offset <= committed {
-        return false;
+        // Nothing stored is pending: a due timer's message would be the head, deliverable as
+        // soon as it fires (where no delay or window holds a new message).
+        return q.config.window_buffer_secs == 0
+            && q.config.delayed_processing_secs == 0
+            && due_timer_targets(st, queue, partition, now);
     }
     let segments = |from: Offset, to: Offset| {
         st.segments

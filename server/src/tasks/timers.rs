@@ -17,8 +17,18 @@ use crate::broker::Broker;
 
 /// Timers fired per transaction.
 const FIRE_BATCH: u32 = 100;
-/// The longest the worker sleeps without reading the earliest due time again.
-const RESCAN: Duration = Duration::from_millis(1000);
+/// The longest the worker sleeps without reading the earliest due time again (`Hooks` may set
+/// another: the simulation sets one longer than its delivery bound, so only the event path can
+/// keep it).
+pub const RESCAN_MS: u64 = 1000;
+
+/// Bugs the simulation can re-introduce.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimerBugs {
+    /// The worker ignores its broker's schedules and finds due timers only at its re-scan: a due
+    /// timer waits for the sweep.
+    pub wait_for_rescan: bool,
+}
 /// After a storage error.
 const ERROR_PAUSE: Duration = Duration::from_millis(500);
 
@@ -28,14 +38,20 @@ pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) 
         if *b.shutting_down.borrow() {
             return;
         }
+        let (rescan_ms, bugs) = b.timer_hooks();
+        let rescan = Duration::from_millis(rescan_ms);
         let pause = match fire_due(&b).await {
             Ok(()) => match b.storage.timers.next_timer_due().await {
                 Ok(Some(at)) => {
                     let wait_ms = (at.0 - b.now().0).div_euclid(1000).max(0) as u64;
                     // Due by this clock but not by the database's: come back shortly.
-                    Duration::from_millis(wait_ms.max(5)).min(RESCAN)
+                    if bugs.wait_for_rescan {
+                        rescan
+                    } else {
+                        Duration::from_millis(wait_ms.max(5)).min(rescan)
+                    }
                 }
-                Ok(None) => RESCAN,
+                Ok(None) => rescan,
                 Err(e) => {
                     b.note_storage_error("timers", &e);
                     ERROR_PAUSE
@@ -47,6 +63,10 @@ pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) 
             }
         };
         drop(b);
+        if bugs.wait_for_rescan {
+            tokio::time::sleep(pause).await;
+            continue;
+        }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             _ = wake.notified() => {}

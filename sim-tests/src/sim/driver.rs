@@ -283,7 +283,10 @@ impl<'a> Driver<'a> {
         if late {
             targets.push((queue, workload::LATE_GROUP));
         }
-        let drained = (!late || go.load(Ordering::SeqCst)) && drained_for(&targets);
+        // A pending timer is a message to come.
+        let drained = (!late || go.load(Ordering::SeqCst))
+            && drained_for(&targets)
+            && db.pending_timers() == 0;
         if !drained {
             self.quiet_since = None;
         } else if self.quiet_since.is_none() {

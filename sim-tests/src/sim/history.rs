@@ -609,6 +609,34 @@ pub fn auto_ack_once(events: &[Event]) -> Vec<Violation> {
     out
 }
 
+/// A timer's message is never delivered before the `deliverAt` its schedule answered: the count
+/// of timer messages delivered, and the violations.
+pub fn timers_never_early(
+    events: &[Event],
+    due: &BTreeMap<String, Micros>,
+) -> (Vec<Violation>, u64) {
+    let (mut out, mut seen) = (vec![], 0);
+    for e in events {
+        if let Event::Delivered {
+            at, msgs, group, ..
+        } = e
+        {
+            for m in msgs {
+                if let Some(d) = due.get(&m.txid) {
+                    seen += 1;
+                    if at < d {
+                        out.push(format!(
+                            "timer {} delivered to {group} at {at} us, before its deliverAt {d} us",
+                            m.txid
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    (out, seen)
+}
+
 /// Lost wakes: a message pushed while a consumer of the group was parked reaches a consumer
 /// within `bound_us` of the push's acknowledgment.
 pub fn parked_consumers_served(events: &[Event], bound_us: i64) -> (Vec<Violation>, u32) {

@@ -16,7 +16,7 @@ use queen_storage_sim::{PauseKind, SimDb};
 
 use super::{
     hit, Aim, Faults, ListenLine, Scenario, Spec, PRODUCTION_BACKOFF, SCALE_RESEED_PAGE,
-    SIM_RESEED_INTERVAL_MS, SIM_RESEED_PAGE,
+    SIM_RESEED_INTERVAL_MS, SIM_RESEED_PAGE, SIM_TIMER_RESCAN_MS,
 };
 
 /// The model, interleaved as the seed draws: before every statement the transaction yields
@@ -281,6 +281,8 @@ async fn serve_broker(parts: HostParts, incarnation: u64) -> turmoil::Result {
             SIM_RESEED_PAGE
         },
         crash_points: Some(crash_hook(parts.aim.clone())),
+        timer_rescan_ms: SIM_TIMER_RESCAN_MS,
+        timer_bugs: bugs.timers,
     };
     let app = Broker::with_hooks(
         parts.config.clone(),

@@ -59,6 +59,13 @@ pub(super) fn judge(
         }
     }
     violations.extend(history_verdicts(spec, &events, &removals));
+    if let Ok(due) = shared.timer_due.lock() {
+        let (early, delivered) = history::timers_never_early(&events, &due);
+        violations.extend(early);
+        if delivered > 0 {
+            counts.insert("timers: messages delivered", delivered);
+        }
+    }
     violations.extend(model_verdicts(&ev));
     if spec.scenario == Scenario::LostWakes {
         // One backoff interval (1,000 ms) plus the network and a storage round trip.

@@ -50,6 +50,9 @@ pub const DELIVERY_BOUND_US: i64 = 1_000_000;
 /// The bound while a broker's notification line is cut (events from the other broker are lost):
 /// the sim's ring reseed interval, plus the longest re-check interval, plus slack.
 const LOOSE_BOUND_US: i64 = (SIM_RESEED_INTERVAL_MS + 10_000 + 1_000) * 1_000;
+/// The brokers' timer re-scan in the simulation: longer than the delivery bound, so a due timer
+/// reaches a parked consumer in time only by its broker's own schedule event.
+const SIM_TIMER_RESCAN_MS: u64 = 5_000;
 /// The brokers' ring reseed interval in the simulation.
 const SIM_RESEED_INTERVAL_MS: i64 = 5_000;
 /// Names per page of a ring's reseed walk: two, so every reseed of the simulation's queues (a
@@ -96,6 +99,7 @@ pub struct Bugs {
     pub pop: PopBugs,
     pub events: EventBugs,
     pub rounds: RoundsBugs,
+    pub timers: queen_server::tasks::timers::TimerBugs,
 }
 
 /// One broker's notification line (its LISTEN connection): the driver can cut it, losing every
@@ -402,6 +406,9 @@ pub(crate) struct Shared {
     pub delivered: Mutex<BTreeMap<(String, String), u64>>,
     /// Coverage counters the clients bump.
     pub counters: Mutex<BTreeMap<&'static str, u64>>,
+    /// Each timer's transaction id → the earliest `deliverAt` a schedule of it answered
+    /// (simulated microseconds), for the never-early checker.
+    pub timer_due: Mutex<BTreeMap<String, i64>>,
 }
 
 /// A seeded coin with probability `p`.
@@ -506,6 +513,7 @@ pub fn run(spec: Spec) -> Outcome {
         faults,
         brokers: hosts::broker_names(spec.scenario),
         counters: Mutex::new(BTreeMap::new()),
+        timer_due: Mutex::new(BTreeMap::new()),
         next_pop_id: AtomicU64::new(1),
         waits: Mutex::new(BTreeMap::new()),
         delivered: Mutex::new(BTreeMap::new()),

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
 use queen_core::rng::SeededRng;
 use serde_json::{json, Value};
 
@@ -249,6 +250,9 @@ struct Producer {
     /// Each push writes into every partition of the producer in one request: one event makes
     /// several partitions ready at once.
     spread: bool,
+    /// Each message goes as a timer (`POST /api/v1/timers`) due 100 ms to 2.5 s later, through
+    /// one broker, while the queue's consumers are parked on the brokers.
+    timers: bool,
 }
 
 fn plan(scenario: Scenario, brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
@@ -304,6 +308,7 @@ fn producer(name: String, queue: &'static str, partitions: u32, gap_ms: (u64, u6
         max_pushes: None,
         transactions: false,
         spread: false,
+        timers: false,
     }
 }
 
@@ -458,6 +463,7 @@ fn prompt_producers() -> Vec<Producer> {
             max_pushes: None,
             transactions: false,
             spread: *q == PROMPT_SPREAD,
+            timers: false,
         })
         .map(|p| match p.queue {
             // Pushes further apart than the bound, so that no push's own wake serves what the
@@ -481,6 +487,22 @@ fn prompt_producers() -> Vec<Producer> {
         max_pushes: Some(5),
         transactions: false,
         spread: false,
+        timers: false,
+    });
+    // Timers into the lease queue's partitions: a due timer is a deliverability event the
+    // liveness checker holds to the same bound (`SimDb::deliverable_now` counts a due timer).
+    producers.push(Producer {
+        name: "timers".into(),
+        queue: PROMPT_LEASE,
+        partitions: 2,
+        fresh_partitions: false,
+        gap_ms: (1_500, 3_000),
+        burst: 0.0,
+        prefix: "l",
+        max_pushes: None,
+        transactions: false,
+        spread: false,
+        timers: true,
     });
     producers
 }
@@ -700,6 +722,12 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
                 })
             })
             .collect();
+        if p.timers {
+            schedule_timers(&shared, &p, &writes, k, &mut rng).await;
+            let (lo, hi) = p.gap_ms;
+            tokio::time::sleep(Duration::from_millis(lo + rng.below(hi - lo + 1))).await;
+            continue;
+        }
         let as_transaction = p.transactions && rng.below(4) == 0;
         let (path, request_body) = if as_transaction {
             (
@@ -770,6 +798,77 @@ async fn produce(shared: Arc<Shared>, p: Producer, made: Arc<AtomicU64>, mut rng
             p.gap_ms
         };
         tokio::time::sleep(Duration::from_millis(lo + rng.below(hi - lo + 1))).await;
+    }
+}
+
+/// Schedules each message as a timer through one broker (another on a retry), and records it as
+/// pushed at its `deliverAt`: from then it is deliverable.
+async fn schedule_timers(
+    shared: &Shared,
+    p: &Producer,
+    writes: &[(String, Vec<String>)],
+    k: u64,
+    rng: &mut SeededRng,
+) {
+    let ops: Vec<Value> = writes
+        .iter()
+        .flat_map(|(partition, txids)| txids.iter().map(move |t| (partition, t)))
+        .map(|(partition, t)| {
+            let payload =
+                base64::engine::general_purpose::STANDARD.encode(json!({"tx": t}).to_string());
+            json!({"op": "schedule", "queue": p.queue, "timerKey": t, "partition": partition,
+                   "payload": payload, "delayMs": 100 + rng.below(2_400), "txn": t})
+        })
+        .collect();
+    let invoked = shared.now();
+    for attempt in 0..20 {
+        let broker = &shared.brokers[(k as usize + attempt) % shared.brokers.len()];
+        let body = json!({ "operations": ops });
+        match request(
+            broker,
+            "POST",
+            "/api/v1/timers",
+            Some(&body),
+            Duration::from_secs(2),
+        )
+        .await
+        {
+            Ok((200, answer)) => {
+                let results = answer["results"].as_array().cloned().unwrap_or_default();
+                if results.len() != ops.len() || results.iter().any(|r| r["ok"] != true) {
+                    shared.bump("fault: timers refused");
+                    return;
+                }
+                shared.bump("timers: scheduled");
+                for (op, r) in ops.iter().zip(&results) {
+                    let Some(at) = r["deliverAt"]
+                        .as_str()
+                        .and_then(queen_core::time::parse_iso)
+                        .map(|t| t.0 - super::sim_timestamp(0).0)
+                    else {
+                        shared.bump("fault: timer answer without deliverAt");
+                        continue;
+                    };
+                    let txid = op["txn"].as_str().unwrap_or_default().to_string();
+                    if let Ok(mut due) = shared.timer_due.lock() {
+                        let e = due.entry(txid.clone()).or_insert(at);
+                        *e = (*e).min(at);
+                    }
+                    shared.record(Event::Pushed {
+                        invoked,
+                        at,
+                        queue: p.queue.into(),
+                        partition: op["partition"].as_str().unwrap_or_default().into(),
+                        txids: vec![txid],
+                    });
+                }
+                return;
+            }
+            _ => {
+                shared.bump("fault: request without an answer (timers)");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 
