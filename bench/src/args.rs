@@ -50,6 +50,7 @@ pub enum Scenario {
     Restart,
     Auth,
     Consumers,
+    Coordination,
 }
 
 /// A consume shape: `<partitions>x<consumers>`.

@@ -25,6 +25,7 @@ mod args;
 mod auth;
 mod consume;
 mod consumers;
+mod coordination;
 mod limiter;
 mod live;
 mod parked;
@@ -60,6 +61,8 @@ struct Plan {
     fan_out_groups: &'static [usize],
     /// The many-consumer count of scenario 12.
     many_consumers: usize,
+    /// Timers due within one second in scenario 13.
+    due_timers: usize,
 }
 
 impl Plan {
@@ -78,6 +81,7 @@ impl Plan {
                 retention_sizes: [1_000, 10_000],
                 fan_out_groups: &[1, 5, 10],
                 many_consumers: 200,
+                due_timers: 2_000,
             }
         } else {
             Plan {
@@ -94,6 +98,7 @@ impl Plan {
                 retention_sizes: [10_000, 100_000],
                 fan_out_groups: &[1, 5, 10, 50],
                 many_consumers: 1_000,
+                due_timers: 10_000,
             }
         }
     }
@@ -273,6 +278,17 @@ async fn measure(args: RunArgs) {
         run.rows
             .extend(auth::auth_scenario(&run.pg, run.plan.secs, run.plan.consume_total).await);
         eprintln!("measured auth");
+    }
+    if runs(Scenario::Coordination) {
+        let rows = coordination::coordination_scenario(
+            run.addr,
+            &run.cfg,
+            run.plan.secs,
+            run.plan.due_timers,
+        )
+        .await;
+        run.rows.extend(rows);
+        eprintln!("measured the coordination surfaces");
     }
     // Last: PostgreSQL restarted under load (every connection of this process is cut).
     if runs(Scenario::Restart) {
