@@ -187,10 +187,14 @@ fn parse_op(raw: &Value, mint: &mut impl FnMut() -> uuid::Uuid) -> Result<TimerO
 
 fn text(obj: &Map<String, Value>, field: &str) -> Result<String, TimerInvalid> {
     match obj.get(field) {
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_KEY_BYTES => Ok(s.clone()),
+        Some(Value::String(s))
+            if !s.is_empty() && s.len() <= MAX_KEY_BYTES && !s.chars().any(char::is_control) =>
+        {
+            Ok(s.clone())
+        }
         _ => Err(invalid(
             "timers_invalid_operation",
-            format!("{field} must be a non-empty string of at most {MAX_KEY_BYTES} bytes"),
+            format!("{field} must be a non-empty string of at most {MAX_KEY_BYTES} bytes, without control characters"),
         )),
     }
 }

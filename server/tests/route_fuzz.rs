@@ -21,6 +21,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/consumer-groups/g/queues/fz/seek"),
     ("POST", "/api/v1/consumer-groups/g/subscription"),
     ("POST", "/api/v1/system/maintenance/pop"),
+    ("POST", "/api/v1/kv"),
+    ("PUT", "/api/v1/kv/fz/k"),
+    ("POST", "/api/v1/locks"),
+    ("POST", "/api/v1/timers"),
 ];
 
 /// Field names the routes read, so generated objects hit real fields, not only unknown ones.
@@ -52,6 +56,27 @@ const FIELDS: &[&str] = &[
     "timestamp",
     "subscriptionTimestamp",
     "enabled",
+    "op",
+    "ns",
+    "key",
+    "keys",
+    "prefix",
+    "value",
+    "ttlSeconds",
+    "forever",
+    "expect",
+    "required",
+    "delta",
+    "max",
+    "name",
+    "token",
+    "owner",
+    "limit",
+    "timerKey",
+    "delayMs",
+    "txn",
+    "kv",
+    "timers",
 ];
 
 fn leaf() -> impl Strategy<Value = Value> {
