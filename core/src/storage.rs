@@ -40,7 +40,7 @@ pub use retention::{
     reads_from, removal, ConsumedFloor, Cutoffs, Removal, Removed, RetentionBatch, RetentionMark,
     RetentionPass,
 };
-pub use timers::TimerStorage;
+pub use timers::{firing, TimerStorage};
 
 use crate::types::{Timestamp, WorkerId};
 

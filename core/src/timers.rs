@@ -9,8 +9,6 @@
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
-use crate::frames::Frame;
-use crate::storage::{PushGroup, TxOp};
 use crate::time::format_iso_micros;
 use crate::types::{validate_name, Timestamp};
 
@@ -21,6 +19,18 @@ pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// Rows of one `GET /api/v1/timers/{queue}` page when no `limit` is named, and the clamp.
 pub const LIST_DEFAULT_LIMIT: u32 = 100;
 pub const LIST_MAX_LIMIT: u32 = 1000;
+
+/// The longest a broker's timer worker sleeps without reading the earliest due time again (a
+/// simulation sets one longer than its delivery bound, so only the event path can keep it).
+pub const RESCAN_MS: u64 = 1000;
+
+/// Bugs a simulation can re-introduce into the timer worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimerBugs {
+    /// The worker ignores its broker's schedules and finds due timers only at its re-scan: a due
+    /// timer waits for the sweep.
+    pub wait_for_rescan: bool,
+}
 
 /// Fields the broker owns: present in an op they are refused, never dropped in silence.
 const SERVER_OWNED: &[&str] = &[
@@ -315,46 +325,6 @@ pub fn page(queue: &str, rows: &[(String, TimerRow)], limit: u32) -> Value {
         Value::Null
     };
     json!({"rows": out, "truncated": truncated, "nextAfter": next_after})
-}
-
-/// A firing of due timers as one transaction: the removal of each timer's incarnation, then
-/// their messages' pushes (ids and transaction ids minted at schedule time, so the delivered
-/// message is the one the schedule answered). A timer another broker fired, or a cancel or
-/// reschedule removed, refuses its removal and the whole firing rolls back.
-pub fn firing(due: &[DueTimer]) -> Vec<TxOp> {
-    let mut ops: Vec<TxOp> = due
-        .iter()
-        .map(|t| TxOp::FireTimer {
-            queue: t.queue.clone(),
-            key: t.key.clone(),
-            message_id: t.row.message_id,
-        })
-        .collect();
-    let mut groups: Vec<PushGroup> = vec![];
-    for t in due {
-        let frame = Frame {
-            message_id: t.row.message_id,
-            transaction_id: t.row.txn.clone(),
-            trace_id: None,
-            producer: None,
-            encrypted: false,
-            payload: t.row.payload.clone(),
-        };
-        match groups
-            .iter_mut()
-            .find(|g| g.queue == t.queue && g.partition == t.row.partition)
-        {
-            Some(g) => g.frames.push(frame),
-            None => groups.push(PushGroup {
-                queue: t.queue.clone(),
-                partition: t.row.partition.clone(),
-                frames: vec![frame],
-                blob: None,
-            }),
-        }
-    }
-    ops.push(TxOp::Push(groups));
-    ops
 }
 
 /// A list page's limit: clamped, never refused.

@@ -207,7 +207,7 @@ pub struct Hooks {
     pub crash_points: Option<CrashHook>,
     /// The longest the timer worker sleeps without reading the earliest due time again.
     pub timer_rescan_ms: u64,
-    pub timer_bugs: crate::tasks::timers::TimerBugs,
+    pub timer_bugs: queen_core::timers::TimerBugs,
 }
 
 impl Default for Hooks {
@@ -223,8 +223,8 @@ impl Default for Hooks {
             reseed_interval_ms: DEFAULT_RESEED_INTERVAL_MS,
             reseed_page: queen_core::ring::DEFAULT_RESEED_PAGE,
             crash_points: None,
-            timer_rescan_ms: crate::tasks::timers::RESCAN_MS,
-            timer_bugs: crate::tasks::timers::TimerBugs::default(),
+            timer_rescan_ms: queen_core::timers::RESCAN_MS,
+            timer_bugs: queen_core::timers::TimerBugs::default(),
         }
     }
 }
@@ -345,7 +345,7 @@ impl Broker {
     }
 
     /// The timer worker's re-scan interval and bug switches.
-    pub(crate) fn timer_hooks(&self) -> (u64, crate::tasks::timers::TimerBugs) {
+    pub(crate) fn timer_hooks(&self) -> (u64, queen_core::timers::TimerBugs) {
         (self.hooks.timer_rescan_ms, self.hooks.timer_bugs)
     }
 

@@ -20,7 +20,7 @@ use queen_core::kv::{self, Decision, KvLimits, KvOp, KvRow};
 use queen_core::locks::LockOp;
 use queen_core::rng::SeededRng;
 use queen_core::storage::{KvStorage, TimerStorage, TxOp};
-use queen_core::timers::{self, TimerOp};
+use queen_core::timers::TimerOp;
 use queen_core::Timestamp;
 use queen_sim_tests::fixtures::block_on;
 use queen_storage_sim::sched::{Interleaving, Op, OpResult};
@@ -394,7 +394,10 @@ fn timers_case(seed: u64, bugs: SimBugs) -> Result<(), String> {
         }
         if !due.is_empty() {
             for _broker in 0..2 {
-                spawned.push((true, run.spawn(Op::Transaction(timers::firing(&due)))));
+                spawned.push((
+                    true,
+                    run.spawn(Op::Transaction(queen_core::storage::firing(&due))),
+                ));
             }
         }
         if wave < WAVES {

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use queen_core::kv::{self, KvLimits, KvOp};
 use queen_core::locks::LockOp;
 use queen_core::storage::{Storage, TxOp, TxOpResult};
-use queen_core::timers::{self, TimerOp};
+use queen_core::timers::TimerOp;
 use queen_core::Timestamp;
 use queen_storage_pg::{testing, PgConfig, PgStorage};
 use queen_storage_sim::{ManualClock, SimBugs, SimDb};
@@ -187,7 +187,7 @@ async fn apply(side: &mut Side, op: &Op, step: usize) -> Value {
             if due.is_empty() {
                 return json!({"due": keys});
             }
-            match s.transaction(timers::firing(&due)).await {
+            match s.transaction(queen_core::storage::firing(&due)).await {
                 Ok(out) => json!({"due": keys, "committed": out.committed}),
                 Err(e) => json!({"error": e.to_string()}),
             }

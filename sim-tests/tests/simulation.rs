@@ -582,7 +582,7 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             "a due timer waits for the sweep",
             Scenario::Prompt,
             Bugs {
-                timers: queen_server::tasks::timers::TimerBugs {
+                timers: queen_core::timers::TimerBugs {
                     wait_for_rescan: true,
                 },
                 ..Bugs::default()

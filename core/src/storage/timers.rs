@@ -2,7 +2,8 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::StorageResult;
+use super::{PushGroup, StorageResult, TxOp};
+use crate::frames::Frame;
 use crate::timers::{DueTimer, TimerOp, TimerRow};
 use crate::types::Timestamp;
 
@@ -24,4 +25,44 @@ pub trait TimerStorage: Send + Sync {
     async fn due_timers(&self, limit: u32) -> StorageResult<Vec<DueTimer>>;
     /// When the earliest pending timer is due.
     async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>>;
+}
+
+/// A firing of due timers as one transaction: the removal of each timer's incarnation, then
+/// their messages' pushes (ids and transaction ids minted at schedule time, so the delivered
+/// message is the one the schedule answered). A timer another broker fired, or a cancel or
+/// reschedule removed, refuses its removal and the whole firing rolls back.
+pub fn firing(due: &[DueTimer]) -> Vec<TxOp> {
+    let mut ops: Vec<TxOp> = due
+        .iter()
+        .map(|t| TxOp::FireTimer {
+            queue: t.queue.clone(),
+            key: t.key.clone(),
+            message_id: t.row.message_id,
+        })
+        .collect();
+    let mut groups: Vec<PushGroup> = vec![];
+    for t in due {
+        let frame = Frame {
+            message_id: t.row.message_id,
+            transaction_id: t.row.txn.clone(),
+            trace_id: None,
+            producer: None,
+            encrypted: false,
+            payload: t.row.payload.clone(),
+        };
+        match groups
+            .iter_mut()
+            .find(|g| g.queue == t.queue && g.partition == t.row.partition)
+        {
+            Some(g) => g.frames.push(frame),
+            None => groups.push(PushGroup {
+                queue: t.queue.clone(),
+                partition: t.row.partition.clone(),
+                frames: vec![frame],
+                blob: None,
+            }),
+        }
+    }
+    ops.push(TxOp::Push(groups));
+    ops
 }

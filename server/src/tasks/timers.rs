@@ -10,25 +10,13 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use queen_core::storage::firing;
 use queen_core::storage::StorageResult;
-use queen_core::timers::firing;
 
 use crate::broker::Broker;
 
 /// Timers fired per transaction.
 const FIRE_BATCH: u32 = 100;
-/// The longest the worker sleeps without reading the earliest due time again (`Hooks` may set
-/// another: the simulation sets one longer than its delivery bound, so only the event path can
-/// keep it).
-pub const RESCAN_MS: u64 = 1000;
-
-/// Bugs the simulation can re-introduce.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TimerBugs {
-    /// The worker ignores its broker's schedules and finds due timers only at its re-scan: a due
-    /// timer waits for the sweep.
-    pub wait_for_rescan: bool,
-}
 /// After a storage error.
 const ERROR_PAUSE: Duration = Duration::from_millis(500);
 

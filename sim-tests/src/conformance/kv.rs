@@ -435,7 +435,7 @@ fn schedule(queue: &str, key: &str, n: u32, delay_ms: i64, id: u128) -> TimerOp 
 }
 
 fn firing(t: &DueTimer) -> Vec<TxOp> {
-    queen_core::timers::firing(std::slice::from_ref(t))
+    queen_core::storage::firing(std::slice::from_ref(t))
 }
 
 /// A timer is an upsert on (queue, key); it is due only from its deliverAt; a firing removes the

@@ -99,7 +99,7 @@ pub struct Bugs {
     pub pop: PopBugs,
     pub events: EventBugs,
     pub rounds: RoundsBugs,
-    pub timers: queen_server::tasks::timers::TimerBugs,
+    pub timers: queen_core::timers::TimerBugs,
 }
 
 /// One broker's notification line (its LISTEN connection): the driver can cut it, losing every
