@@ -579,6 +579,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "a KV version repeats after a delete",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    kv_versions_repeat: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "a due timer waits for the sweep",
             Scenario::Prompt,
             Bugs {

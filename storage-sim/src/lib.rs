@@ -225,6 +225,16 @@ impl SimDb {
         .is_some_and(|t| t <= now)
     }
 
+    /// The committed rows of a KV namespace, in key order (a simulation's checkers).
+    pub fn kv_rows(&self, ns: &str) -> Vec<(String, queen_core::kv::KvRow)> {
+        lock(&self.shared.state)
+            .kv
+            .range((ns.to_string(), String::new()).., 0)
+            .take_while(|((n, _), _)| n == ns)
+            .map(|((_, k), r)| (k.clone(), r.clone()))
+            .collect()
+    }
+
     /// Timers not yet fired (a simulation's drain waits for them).
     pub fn pending_timers(&self) -> usize {
         lock(&self.shared.state).timers.iter(0).count()

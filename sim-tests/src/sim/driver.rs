@@ -37,6 +37,9 @@ pub(super) struct Driver<'a> {
     outage: Option<(usize, Duration)>,
     quiet_since: Option<Duration>,
     pub violations: Vec<String>,
+    /// Lock safety: the highest token seen per lock, and each permit row's version.
+    lock_tokens: BTreeMap<String, i64>,
+    permit_versions: BTreeMap<String, i64>,
 }
 
 impl<'a> Driver<'a> {
@@ -64,6 +67,8 @@ impl<'a> Driver<'a> {
             outage: None,
             quiet_since: None,
             violations: vec![],
+            lock_tokens: BTreeMap::new(),
+            permit_versions: BTreeMap::new(),
         }
     }
 
@@ -85,6 +90,9 @@ impl<'a> Driver<'a> {
                 let found = self.liveness.check(now, cut, self.shared, self.db);
                 self.violations.extend(found);
             }
+            if self.spec.scenario == Scenario::Faults {
+                self.check_locks();
+            }
             if self.spec.scenario == Scenario::Scale {
                 // A large queue's cursors are made at their first claim (no first-contact seed):
                 // a partition without one is held to the same bound as any other.
@@ -105,6 +113,41 @@ impl<'a> Driver<'a> {
                     break;
                 }
             }
+        }
+    }
+
+    /// Lock safety in model time, at every step: never more live permits of a lock than its
+    /// limit, and every permit written (acquired, or renewed) carries a token above every token
+    /// the lock had before (a resource that keeps the highest token refuses a replaced holder).
+    fn check_locks(&mut self) {
+        let now = self.db.now();
+        let mut rows = self.db.kv_rows(queen_core::kv::LOCKS_NAMESPACE);
+        rows.sort_by_key(|(_, r)| r.version);
+        for (name, limit) in workload::LOCKS {
+            let live = rows
+                .iter()
+                .filter(|(k, r)| queen_core::locks::slot_of(name, k).is_some() && r.live(now))
+                .count();
+            if live > limit as usize {
+                self.violations.push(format!(
+                    "locks: {live} live permits of {name}, limit {limit}"
+                ));
+            }
+        }
+        for (key, row) in &rows {
+            if self.permit_versions.get(key) == Some(&row.version) {
+                continue;
+            }
+            self.permit_versions.insert(key.clone(), row.version);
+            let name = key.split('#').next().unwrap_or_default().to_string();
+            let highest = self.lock_tokens.entry(name.clone()).or_insert(0);
+            if row.version <= *highest {
+                self.violations.push(format!(
+                    "locks: {key} written with token {} after {name} had token {}: tokens only rise",
+                    row.version, *highest
+                ));
+            }
+            *highest = (*highest).max(row.version);
         }
     }
 

@@ -601,8 +601,21 @@ pub fn client_names(scenario: Scenario) -> Vec<String> {
     p.into_iter()
         .map(|p| p.name)
         .chain(c.into_iter().map(|c| c.name))
+        .chain(lockers(scenario))
         .collect()
 }
+
+/// The faults scenario's lock holders (they take locks through either broker under the fault
+/// schedule; the driver holds the model to lock safety at every step).
+fn lockers(scenario: Scenario) -> Vec<String> {
+    match scenario {
+        Scenario::Faults => (0..3).map(|i| format!("locker{i}")).collect(),
+        _ => vec![],
+    }
+}
+
+/// The locks the lockers take, and their permits.
+pub const LOCKS: [(&str, u32); 2] = [("job", 1), ("pool", 2)];
 
 pub(crate) fn spawn_clients(
     sim: &mut turmoil::Sim<'_>,
@@ -626,12 +639,73 @@ pub(crate) fn spawn_clients(
             Ok(())
         });
     }
+    for (i, name) in lockers(scenario).into_iter().enumerate() {
+        let (shared, rng) = (shared.clone(), rng.child(&name));
+        sim.client(name.clone(), async move {
+            hold_locks(shared, i, name, rng).await;
+            Ok(())
+        });
+    }
     if scenario == Scenario::Prompt {
         let (shared, rng) = (shared.clone(), rng.child(ADMIN));
         sim.client(ADMIN, async move {
             administer(shared, rng).await;
             Ok(())
         });
+    }
+}
+
+/// Takes a lock (a 1 s permit) through one broker, resending through the other when the answer
+/// is lost (the same owner: the broker answers the permit it holds), holds it up to 1.5 s (past
+/// its lifetime, sometimes) and releases it, three times in four.
+async fn hold_locks(shared: Arc<Shared>, who: usize, owner: String, mut rng: SeededRng) {
+    let timeout = Duration::from_secs(2);
+    let mut k = who;
+    while !shared.draining.load(Ordering::SeqCst) {
+        let (name, limit) = LOCKS[rng.below(LOCKS.len() as u64) as usize];
+        k += 1;
+        let acquire = json!({"operations": [
+            {"op": "acquire", "name": name, "ttlSeconds": 1, "owner": owner, "limit": limit}]});
+        let mut granted = None;
+        for attempt in 0..5 {
+            let broker = &shared.brokers[(k + attempt) % shared.brokers.len()];
+            match request(broker, "POST", "/api/v1/locks", Some(&acquire), timeout).await {
+                Ok((200, body)) => {
+                    let r = body["results"][0].clone();
+                    if r["acquired"] == true {
+                        if r["already"] == true {
+                            shared.bump("locks: a resent acquire answered the permit held");
+                        }
+                        granted = Some((broker.clone(), r));
+                    } else {
+                        shared.bump("locks: acquire refused, permits held");
+                    }
+                    break;
+                }
+                _ => {
+                    shared.bump("fault: request without an answer (locks)");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        if let Some((broker, r)) = granted {
+            shared.bump("locks: acquired");
+            tokio::time::sleep(Duration::from_millis(50 + rng.below(1_450))).await;
+            if rng.below(4) != 0 {
+                let release = json!({"operations": [
+                    {"op": "release", "name": name, "token": r["token"], "slot": r["slot"]}]});
+                if let Ok((200, body)) =
+                    request(&broker, "POST", "/api/v1/locks", Some(&release), timeout).await
+                {
+                    shared.bump(if body["results"][0]["released"] == true {
+                        "locks: released"
+                    } else {
+                        "locks: release found the permit expired"
+                    });
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20 + rng.below(280))).await;
     }
 }
 
