@@ -82,6 +82,13 @@ async fn kv_rates(
                 .expect("prepare");
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
+                if kind == "get" && per_call == 1 {
+                    // One read is its own snapshot: one statement, as the broker sends.
+                    i += 1;
+                    c.query(&get, &[&format!("k{t}-{}", i % 1000)]).await.expect("get");
+                    count.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 let tx = c.transaction().await.expect("begin");
                 for _ in 0..per_call {
                     i += 1;
