@@ -253,6 +253,12 @@ impl SimDb {
         lock(&self.shared.state).removals.clone()
     }
 
+    /// Committed firings per timer incarnation (message id), in interleaved mode (for a
+    /// simulation's checkers; empty otherwise).
+    pub fn firings(&self) -> std::collections::BTreeMap<uuid::Uuid, u32> {
+        lock(&self.shared.state).firings.clone()
+    }
+
     /// Whether any transaction is open (every scheduled task finished cleanly).
     pub fn open_transactions(&self) -> usize {
         lock(&self.shared.active).len()

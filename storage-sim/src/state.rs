@@ -143,6 +143,11 @@ pub struct DbState {
     pub record_removals: bool,
     /// Removals of open transactions, published at commit.
     removals_pending: BTreeMap<TxId, Vec<RemovedMessages>>,
+    /// Committed timer firings per incarnation (message id), when `record_removals`: a
+    /// simulation's checker holds each incarnation to one firing.
+    pub firings: BTreeMap<uuid::Uuid, u32>,
+    /// Firings of open transactions, counted at commit.
+    firings_pending: BTreeMap<TxId, Vec<uuid::Uuid>>,
     /// Transaction-scoped advisory locks: key → holder.
     pub advisory: BTreeMap<i64, TxId>,
     pub advisory_held: BTreeMap<TxId, Vec<i64>>,
@@ -180,6 +185,8 @@ impl DbState {
             removals: Vec::new(),
             record_removals: false,
             removals_pending: BTreeMap::new(),
+            firings: BTreeMap::new(),
+            firings_pending: BTreeMap::new(),
             advisory: BTreeMap::new(),
             advisory_held: BTreeMap::new(),
             rng: SeededRng::new(seed).child("db"),
@@ -199,6 +206,14 @@ impl DbState {
             return;
         }
         self.removals_pending.entry(tx).or_default().push(removed);
+    }
+
+    /// Records a timer incarnation a transaction fires; it counts if the transaction commits.
+    pub fn note_firing(&mut self, tx: TxId, message_id: uuid::Uuid) {
+        if !self.record_removals {
+            return;
+        }
+        self.firings_pending.entry(tx).or_default().push(message_id);
     }
 
     /// The notifying triggers of migration 009, over the transaction's writes (the model's
@@ -294,7 +309,11 @@ impl DbState {
     pub fn end(&mut self, tx: TxId, commit: bool, now: Timestamp) -> Vec<DeliveryEvent> {
         let mut sent = vec![];
         let removed = self.removals_pending.remove(&tx).unwrap_or_default();
+        let fired = self.firings_pending.remove(&tx).unwrap_or_default();
         if commit {
+            for id in fired {
+                *self.firings.entry(id).or_default() += 1;
+            }
             self.removals
                 .extend(removed.into_iter().map(|r| RemovedMessages {
                     committed_at: now,

@@ -85,6 +85,7 @@ pub(crate) async fn fire(
     let k: Key = (queue.to_string(), key.to_string());
     tx.stmt("timer fire", |st, t| {
         if t.shared.bugs.timers_fire_without_removal {
+            st.note_firing(t.id, message_id);
             return Ok(true);
         }
         free(st, &k, t.id)?;
@@ -94,6 +95,7 @@ pub(crate) async fn fire(
             .is_some_and(|r| r.message_id == message_id && r.deliver_at <= t.now);
         if due {
             st.timers.delete(&k, t.id);
+            st.note_firing(t.id, message_id);
         }
         Ok(due)
     })

@@ -40,6 +40,9 @@ pub(super) struct Driver<'a> {
     /// Lock safety: the highest token seen per lock, and each permit row's version.
     lock_tokens: BTreeMap<String, i64>,
     permit_versions: BTreeMap<String, i64>,
+    /// Each permit the model held: (lock, token) → when it expires (simulated microseconds;
+    /// `None`: never), for the judge's check of refused acquires.
+    pub permit_expiry: BTreeMap<(String, i64), Option<i64>>,
 }
 
 impl<'a> Driver<'a> {
@@ -69,6 +72,7 @@ impl<'a> Driver<'a> {
             violations: vec![],
             lock_tokens: BTreeMap::new(),
             permit_versions: BTreeMap::new(),
+            permit_expiry: BTreeMap::new(),
         }
     }
 
@@ -140,6 +144,9 @@ impl<'a> Driver<'a> {
             }
             self.permit_versions.insert(key.clone(), row.version);
             let name = key.split('#').next().unwrap_or_default().to_string();
+            let expiry = row.expires_at.map(|t| t.0 - super::sim_timestamp(0).0);
+            self.permit_expiry
+                .insert((name.clone(), row.version), expiry);
             let highest = self.lock_tokens.entry(name.clone()).or_insert(0);
             if row.version <= *highest {
                 self.violations.push(format!(

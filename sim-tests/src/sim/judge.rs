@@ -13,7 +13,7 @@ use queen_storage_sim::{SimDb, SimEvents};
 use super::driver::Driver;
 use super::history::{self, Event};
 use super::hosts::Fleet;
-use super::{workload, Outcome, Scenario, Shared, Spec, EPOCH_SECS, LEASE_SECS};
+use super::{kv_check, workload, Outcome, Scenario, Shared, Spec, EPOCH_SECS, LEASE_SECS};
 
 /// The outcome of a finished run.
 pub(super) fn judge(
@@ -66,7 +66,20 @@ pub(super) fn judge(
             counts.insert("timers: messages delivered", delivered);
         }
     }
+    // Exactly once: each timer incarnation is fired by one committed transaction, however many
+    // brokers found it due at once.
+    let firings = db.firings();
+    for (id, n) in firings.iter().filter(|(_, n)| **n > 1) {
+        violations.push(format!("timers: incarnation {id} fired {n} times"));
+    }
+    if !firings.is_empty() {
+        counts.insert("timers: incarnations fired", firings.len() as u64);
+    }
     violations.extend(model_verdicts(&ev));
+    if spec.scenario == Scenario::Faults {
+        violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
+        violations.extend(kv_linearizable(shared, &mut counts));
+    }
     if spec.scenario == Scenario::LostWakes {
         // One backoff interval (1,000 ms) plus the network and a storage round trip.
         let (stranded, covered) = history::parked_consumers_served(&events, 1_250_000);
@@ -271,3 +284,59 @@ fn trace(events: &[Event], ev: &SimEvents) -> (u64, Vec<String>) {
         .collect();
     (hasher.finish(), tail)
 }
+
+/// A refused acquire names the permits that held the lock when it was decided, which was after
+/// the call was sent: a named permit that had expired before then was counted though dead.
+fn refusals_by_live_permits(
+    shared: &Shared,
+    expiry: &BTreeMap<(String, i64), Option<i64>>,
+) -> Vec<String> {
+    let Ok(refusals) = shared.lock_refusals.lock() else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for (name, invoked, tokens) in refusals.iter() {
+        for token in tokens {
+            if let Some(Some(until)) = expiry.get(&(name.clone(), *token)) {
+                if until <= invoked {
+                    out.push(format!(
+                        "locks: an acquire of {name} sent at {invoked} us was refused by token \
+                         {token}, whose permit expired at {until} us"
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each KV key's history (answers lost to faults included) against the sequential spec.
+fn kv_linearizable(shared: &Shared, counts: &mut BTreeMap<&'static str, u64>) -> Vec<String> {
+    let Ok(calls) = shared.kv_calls.lock() else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for key in workload::KV_KEYS {
+        let mine: Vec<kv_check::KvCall> = calls.iter().filter(|c| c.key == key).cloned().collect();
+        let lost = mine.iter().filter(|c| c.answered.is_none()).count() as u64;
+        *counts.entry("kv: calls whose answer was lost").or_default() += lost;
+        *counts.entry("kv: calls checked").or_default() += mine.len() as u64;
+        match kv_check::check_key(&mine, KV_SEARCH_BUDGET) {
+            kv_check::Verdict::Linearizable => {}
+            kv_check::Verdict::Not { stuck_at } => out.push(format!(
+                "kv: the history of key {key} ({} calls, {lost} unanswered) is not \
+                 linearizable; no order explains {stuck_at}",
+                mine.len()
+            )),
+            kv_check::Verdict::TooLarge => out.push(format!(
+                "kv: the history of key {key} ({} calls, {lost} unanswered) outgrew the \
+                 checker's search budget",
+                mine.len()
+            )),
+        }
+    }
+    out
+}
+
+/// Search steps per key: far above what a run's few hundred calls need.
+const KV_SEARCH_BUDGET: u64 = 2_000_000;

@@ -8,6 +8,7 @@ pub mod history;
 mod hosts;
 pub mod http;
 mod judge;
+pub mod kv_check;
 mod workload;
 
 use queen_core::storage::AdminStorage;
@@ -409,6 +410,10 @@ pub(crate) struct Shared {
     /// Each timer's transaction id → the earliest `deliverAt` a schedule of it answered
     /// (simulated microseconds), for the never-early checker.
     pub timer_due: Mutex<BTreeMap<String, i64>>,
+    /// The KV clients' calls, for the per-key linearizability checker.
+    pub kv_calls: Mutex<Vec<kv_check::KvCall>>,
+    /// Refused lock acquires: (lock, invoked at, the holders' tokens the refusal named).
+    pub lock_refusals: Mutex<Vec<(String, i64, Vec<i64>)>>,
 }
 
 /// A seeded coin with probability `p`.
@@ -514,6 +519,8 @@ pub fn run(spec: Spec) -> Outcome {
         brokers: hosts::broker_names(spec.scenario),
         counters: Mutex::new(BTreeMap::new()),
         timer_due: Mutex::new(BTreeMap::new()),
+        kv_calls: Mutex::new(vec![]),
+        lock_refusals: Mutex::new(vec![]),
         next_pop_id: AtomicU64::new(1),
         waits: Mutex::new(BTreeMap::new()),
         delivered: Mutex::new(BTreeMap::new()),

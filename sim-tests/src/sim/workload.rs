@@ -1,6 +1,7 @@
 //! The simulated producers and consumers: real HTTP requests to the brokers, every answer (or its
 //! absence) recorded in the history.
 
+use std::collections::BTreeMap;
 use std::ops::Not;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -602,8 +603,22 @@ pub fn client_names(scenario: Scenario) -> Vec<String> {
         .map(|p| p.name)
         .chain(c.into_iter().map(|c| c.name))
         .chain(lockers(scenario))
+        .chain(kv_clients(scenario))
         .collect()
 }
+
+/// The faults scenario's KV clients (each call through either broker under the fault schedule;
+/// the judge holds each key's history to linearizability).
+fn kv_clients(scenario: Scenario) -> Vec<String> {
+    match scenario {
+        Scenario::Faults => (0..3).map(|i| format!("kv{i}")).collect(),
+        _ => vec![],
+    }
+}
+
+/// The keys the KV clients share, in namespace `KV_NAMESPACE`.
+pub const KV_KEYS: [&str; 2] = ["a", "b"];
+pub const KV_NAMESPACE: &str = "sim";
 
 /// The faults scenario's lock holders (they take locks through either broker under the fault
 /// schedule; the driver holds the model to lock safety at every step).
@@ -646,6 +661,13 @@ pub(crate) fn spawn_clients(
             Ok(())
         });
     }
+    for (i, name) in kv_clients(scenario).into_iter().enumerate() {
+        let (shared, rng) = (shared.clone(), rng.child(&name));
+        sim.client(name.clone(), async move {
+            use_kv(shared, i, name, rng).await;
+            Ok(())
+        });
+    }
     if scenario == Scenario::Prompt {
         let (shared, rng) = (shared.clone(), rng.child(ADMIN));
         sim.client(ADMIN, async move {
@@ -669,6 +691,7 @@ async fn hold_locks(shared: Arc<Shared>, who: usize, owner: String, mut rng: See
         let mut granted = None;
         for attempt in 0..5 {
             let broker = &shared.brokers[(k + attempt) % shared.brokers.len()];
+            let invoked = shared.now();
             match request(broker, "POST", "/api/v1/locks", Some(&acquire), timeout).await {
                 Ok((200, body)) => {
                     let r = body["results"][0].clone();
@@ -679,6 +702,13 @@ async fn hold_locks(shared: Arc<Shared>, who: usize, owner: String, mut rng: See
                         granted = Some((broker.clone(), r));
                     } else {
                         shared.bump("locks: acquire refused, permits held");
+                        let tokens = r["holders"]
+                            .as_array()
+                            .map(|hs| hs.iter().filter_map(|h| h["token"].as_i64()).collect())
+                            .unwrap_or_default();
+                        if let Ok(mut refusals) = shared.lock_refusals.lock() {
+                            refusals.push((name.to_string(), invoked, tokens));
+                        }
                     }
                     break;
                 }
@@ -706,6 +736,98 @@ async fn hold_locks(shared: Arc<Shared>, who: usize, owner: String, mut rng: See
             }
         }
         tokio::time::sleep(Duration::from_millis(20 + rng.below(280))).await;
+    }
+}
+
+/// Gets, puts (plain, `putIfAbsent`, compare-and-set on the version last seen) and deletes on
+/// the shared keys, each call through one broker and never resent: a call without an answer is
+/// recorded with an unknown outcome (it may have committed).
+async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: SeededRng) {
+    use super::kv_check::{KvCall, KvCallOp};
+    let mut seen: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut n: i64 = 0;
+    while !shared.draining.load(Ordering::SeqCst) {
+        let key = KV_KEYS[rng.below(KV_KEYS.len() as u64) as usize];
+        n += 1;
+        // Unique across clients: a read that shows the value names the put that wrote it.
+        let value = (who as i64 + 1) * 1_000_000 + n;
+        let last = seen.get(key).copied();
+        let roll = rng.below(100);
+        let op = match roll {
+            0..35 => KvCallOp::Get,
+            35..60 => KvCallOp::Put {
+                value,
+                expect: None,
+            },
+            60..70 => KvCallOp::Put {
+                value,
+                expect: Some(0),
+            },
+            70..85 => KvCallOp::Put {
+                value,
+                expect: Some(last.unwrap_or(0)),
+            },
+            _ => KvCallOp::Delete {
+                expect: last.filter(|_| roll.is_multiple_of(2)),
+            },
+        };
+        let mut body = json!({"ns": KV_NAMESPACE, "key": key});
+        match &op {
+            KvCallOp::Get => body["op"] = json!("get"),
+            KvCallOp::Put { value, expect } => {
+                body["op"] = json!(if *expect == Some(0) {
+                    "putIfAbsent"
+                } else {
+                    "put"
+                });
+                body["value"] = json!(value);
+                body["forever"] = json!(true);
+                if let Some(e) = expect.filter(|e| *e != 0) {
+                    body["expect"] = json!(e);
+                }
+            }
+            KvCallOp::Delete { expect } => {
+                body["op"] = json!("delete");
+                if let Some(e) = expect {
+                    body["expect"] = json!(e);
+                }
+            }
+        }
+        let broker = &shared.brokers[(who + n as usize) % shared.brokers.len()];
+        let invoked = shared.now();
+        let call = json!({ "operations": [body] });
+        let answered = match request(
+            broker,
+            "POST",
+            "/api/v1/kv",
+            Some(&call),
+            Duration::from_secs(2),
+        )
+        .await
+        {
+            Ok((200, a)) => {
+                let r = a["results"][0].clone();
+                if let Some(v) = r["version"].as_i64() {
+                    seen.insert(key, v);
+                }
+                shared.bump("kv: calls answered");
+                Some((shared.now(), r))
+            }
+            _ => {
+                shared.bump("fault: request without an answer (kv)");
+                None
+            }
+        };
+        if let Ok(mut calls) = shared.kv_calls.lock() {
+            calls.push(KvCall {
+                client: client.clone(),
+                key: key.to_string(),
+                op,
+                invoked,
+                answered,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20 + rng.below(180))).await;
     }
 }
 

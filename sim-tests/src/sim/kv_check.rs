@@ -1,0 +1,389 @@
+//! Per-key linearizability of the KV store against a sequential register spec, over a history
+//! whose calls may have lost their answers (a crash between commit and answer, a held link).
+//!
+//! The spec: a key is absent or holds `(value, version)`; every applied write gives the key a
+//! version above every version it had before (versions rise and are never recycled); `expect`
+//! is the version the key must hold (0: absent). A call whose answer was lost may have taken
+//! effect at any instant after its invocation, or never. The search is Wing & Gong's, with the
+//! visited (linearized set, state) pairs remembered so that it stays polynomial in practice.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+/// Simulated microseconds.
+pub type Micros = i64;
+
+/// One KV call of the simulation's KV clients (values are unique per put).
+#[derive(Clone, Debug)]
+pub struct KvCall {
+    pub client: String,
+    pub key: String,
+    pub op: KvCallOp,
+    pub invoked: Micros,
+    /// The answer and when it arrived; `None` when it never did (the outcome is unknown).
+    pub answered: Option<(Micros, Value)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvCallOp {
+    Get,
+    Put { value: i64, expect: Option<i64> },
+    Delete { expect: Option<i64> },
+}
+
+/// A version as the search knows it: answered, or that of a put whose answer was lost and
+/// whose value no read ever showed (then no read can match it and no `expect` can name it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Version {
+    Known(i64),
+    Unseen(usize),
+}
+
+/// The register: the live `(value, version)`, and the highest known version it ever had.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Register {
+    live: Option<(i64, Version)>,
+    high: i64,
+}
+
+/// The precondition's verdict for `expect` against the register (`None`: it holds).
+fn precondition(expect: i64, live: &Option<(i64, Version)>) -> Option<&'static str> {
+    match (expect, live) {
+        (0, None) => None,
+        (0, Some(_)) => Some("exists"),
+        (_, None) => Some("absent"),
+        (e, Some((_, Version::Known(v)))) if *v == e => None,
+        (_, Some(_)) => Some("version"),
+    }
+}
+
+/// A version answered for a key must rise above every version the key had.
+fn rises(reg: &Register, version: i64) -> Option<Register> {
+    (version > reg.high).then_some(Register {
+        live: reg.live,
+        high: version,
+    })
+}
+
+/// The register after the call with index `i`, if its answer is legal in `reg`.
+/// `versions[i]` is the version a lost put is known to have written (seen by a read).
+fn step(call: &KvCall, i: usize, learned: Option<i64>, reg: &Register) -> Option<Register> {
+    let answer = call.answered.as_ref().map(|(_, a)| a);
+    match (&call.op, answer) {
+        (KvCallOp::Get, None) => Some(reg.clone()),
+        (KvCallOp::Get, Some(a)) => {
+            let found = a["found"] == true;
+            match (&reg.live, found) {
+                (None, false) => Some(reg.clone()),
+                (Some((value, Version::Known(v))), true) => (a["value"].as_i64() == Some(*value)
+                    && a["version"].as_i64() == Some(*v))
+                .then(|| reg.clone()),
+                _ => None,
+            }
+        }
+        (KvCallOp::Put { value, expect }, None) => {
+            if expect.is_some_and(|e| precondition(e, &reg.live).is_some()) {
+                return None;
+            }
+            match learned {
+                Some(v) => rises(reg, v).map(|r| Register {
+                    live: Some((*value, Version::Known(v))),
+                    ..r
+                }),
+                None => Some(Register {
+                    live: Some((*value, Version::Unseen(i))),
+                    high: reg.high,
+                }),
+            }
+        }
+        (KvCallOp::Put { value, expect }, Some(a)) => {
+            let verdict = expect.and_then(|e| precondition(e, &reg.live));
+            if a["applied"] == true {
+                let v = a["version"].as_i64()?;
+                if verdict.is_some() || a["value"].as_i64() != Some(*value) {
+                    return None;
+                }
+                rises(reg, v).map(|r| Register {
+                    live: Some((*value, Version::Known(v))),
+                    ..r
+                })
+            } else {
+                (verdict.is_some() && a["reason"].as_str() == verdict && shows(a, reg))
+                    .then(|| reg.clone())
+            }
+        }
+        (KvCallOp::Delete { expect }, answer) => {
+            let verdict = expect
+                .and_then(|e| precondition(e, &reg.live))
+                .or(reg.live.is_none().then_some("absent"));
+            let applied = answer.is_none_or(|a| a["applied"] == true);
+            if applied {
+                let version_matches = match (answer, &reg.live) {
+                    (None, _) => true,
+                    (Some(a), Some((_, Version::Known(v)))) => a["version"].as_i64() == Some(*v),
+                    (Some(_), _) => false,
+                };
+                (verdict.is_none() && version_matches).then_some(Register {
+                    live: None,
+                    high: reg.high,
+                })
+            } else {
+                let a = answer?;
+                (verdict.is_some() && a["reason"].as_str() == verdict && shows(a, reg))
+                    .then(|| reg.clone())
+            }
+        }
+    }
+}
+
+/// A refusal shows the live row as it stands (or nothing when the key is absent).
+fn shows(a: &Value, reg: &Register) -> bool {
+    match &reg.live {
+        None => a.get("version").is_none(),
+        Some((value, Version::Known(v))) => {
+            a["version"].as_i64() == Some(*v) && a["value"].as_i64() == Some(*value)
+        }
+        Some((_, Version::Unseen(_))) => false,
+    }
+}
+
+/// How a key's history checked out.
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    Linearizable,
+    /// No order explains the answers; the call the search got stuck on first.
+    Not {
+        stuck_at: String,
+    },
+    /// The search gave up (too many pending calls whose answers were lost).
+    TooLarge,
+}
+
+/// Checks one key's calls (any order) with at most `budget` search steps.
+pub fn check_key(calls: &[KvCall], budget: u64) -> Verdict {
+    let mut calls: Vec<KvCall> = calls.to_vec();
+    // A read whose answer was lost tells nothing.
+    calls.retain(|c| c.op != KvCallOp::Get || c.answered.is_some());
+    calls.sort_by_key(|c| c.invoked);
+    // A lost put's version, when some read (or refusal) showed its unique value.
+    let learned: Vec<Option<i64>> = calls
+        .iter()
+        .map(|c| match (&c.op, &c.answered) {
+            (KvCallOp::Put { value, .. }, None) => calls.iter().find_map(|o| {
+                let (_, a) = o.answered.as_ref()?;
+                (a["value"].as_i64() == Some(*value))
+                    .then(|| a["version"].as_i64())
+                    .flatten()
+            }),
+            _ => None,
+        })
+        .collect();
+    let mut search = Search {
+        calls: &calls,
+        learned: &learned,
+        seen: BTreeSet::new(),
+        steps: 0,
+        budget,
+        deepest: (0, None),
+    };
+    let start = Register {
+        live: None,
+        high: 0,
+    };
+    match search.explore(&mut vec![false; calls.len()], 0, &start) {
+        Some(true) => Verdict::Linearizable,
+        None => Verdict::TooLarge,
+        Some(false) => Verdict::Not {
+            stuck_at: search
+                .deepest
+                .1
+                .map(|i| format!("{:?}", calls[i]))
+                .unwrap_or_default(),
+        },
+    }
+}
+
+struct Search<'a> {
+    calls: &'a [KvCall],
+    learned: &'a [Option<i64>],
+    seen: BTreeSet<(Vec<bool>, Register)>,
+    steps: u64,
+    budget: u64,
+    /// The most calls linearized on any path, and the first call none of that path's
+    /// candidates could follow.
+    deepest: (usize, Option<usize>),
+}
+
+impl Search<'_> {
+    /// `Some(true)`: the answered calls not yet in `done` can be linearized after `reg`.
+    /// `None`: the budget ran out.
+    fn explore(&mut self, done: &mut Vec<bool>, count: usize, reg: &Register) -> Option<bool> {
+        let pending_answered = self
+            .calls
+            .iter()
+            .zip(done.iter())
+            .any(|(c, d)| !d && c.answered.is_some());
+        if !pending_answered {
+            return Some(true);
+        }
+        self.steps += 1;
+        if self.steps > self.budget {
+            return None;
+        }
+        if !self.seen.insert((done.clone(), reg.clone())) {
+            return Some(false);
+        }
+        // Only calls invoked before the earliest answer among the pending ones can go next.
+        let horizon = self
+            .calls
+            .iter()
+            .zip(done.iter())
+            .filter(|(_, d)| !**d)
+            .filter_map(|(c, _)| c.answered.as_ref().map(|(at, _)| *at))
+            .min()
+            .unwrap_or(Micros::MAX);
+        let first_pending = done.iter().position(|d| !d);
+        for i in 0..self.calls.len() {
+            if done[i] {
+                continue;
+            }
+            if self.calls[i].invoked > horizon {
+                break;
+            }
+            if let Some(next) = step(&self.calls[i], i, self.learned[i], reg) {
+                done[i] = true;
+                let r = self.explore(done, count + 1, &next);
+                done[i] = false;
+                if r != Some(false) {
+                    return r;
+                }
+            }
+        }
+        if count >= self.deepest.0 {
+            self.deepest = (count, first_pending);
+        }
+        Some(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(op: KvCallOp, invoked: Micros, answered: Option<(Micros, Value)>) -> KvCall {
+        KvCall {
+            client: "c".into(),
+            key: "k".into(),
+            op,
+            invoked,
+            answered,
+        }
+    }
+
+    fn put(value: i64) -> KvCallOp {
+        KvCallOp::Put {
+            value,
+            expect: None,
+        }
+    }
+
+    #[test]
+    fn a_read_sees_the_write_before_it() {
+        let h = [
+            call(
+                put(1000),
+                0,
+                Some((10, json!({"applied": true, "value": 1000, "version": 5}))),
+            ),
+            call(
+                KvCallOp::Get,
+                20,
+                Some((30, json!({"found": true, "value": 1000, "version": 5}))),
+            ),
+        ];
+        assert_eq!(check_key(&h, 1_000), Verdict::Linearizable);
+    }
+
+    #[test]
+    fn a_stale_read_is_caught() {
+        let h = [
+            call(
+                put(1000),
+                0,
+                Some((10, json!({"applied": true, "value": 1000, "version": 5}))),
+            ),
+            call(
+                put(2000),
+                20,
+                Some((30, json!({"applied": true, "value": 2000, "version": 6}))),
+            ),
+            call(
+                KvCallOp::Get,
+                40,
+                Some((50, json!({"found": true, "value": 1000, "version": 5}))),
+            ),
+        ];
+        assert!(matches!(check_key(&h, 1_000), Verdict::Not { .. }));
+    }
+
+    #[test]
+    fn a_lost_put_may_have_landed_or_not() {
+        let lost = call(put(3000), 0, None);
+        let landed = call(
+            KvCallOp::Get,
+            20,
+            Some((30, json!({"found": true, "value": 3000, "version": 9}))),
+        );
+        let never = call(KvCallOp::Get, 20, Some((30, json!({"found": false}))));
+        assert_eq!(
+            check_key(&[lost.clone(), landed], 1_000),
+            Verdict::Linearizable
+        );
+        assert_eq!(check_key(&[lost, never], 1_000), Verdict::Linearizable);
+    }
+
+    #[test]
+    fn a_recycled_version_is_caught() {
+        // put → delete → put that answers the deleted row's version again.
+        let h = [
+            call(
+                put(1000),
+                0,
+                Some((10, json!({"applied": true, "value": 1000, "version": 1}))),
+            ),
+            call(
+                KvCallOp::Delete { expect: None },
+                20,
+                Some((30, json!({"applied": true, "version": 1}))),
+            ),
+            call(
+                put(2000),
+                40,
+                Some((50, json!({"applied": true, "value": 2000, "version": 1}))),
+            ),
+        ];
+        assert!(matches!(check_key(&h, 1_000), Verdict::Not { .. }));
+    }
+
+    #[test]
+    fn a_compare_and_set_must_name_the_live_version() {
+        let h = [
+            call(
+                put(1000),
+                0,
+                Some((10, json!({"applied": true, "value": 1000, "version": 4}))),
+            ),
+            call(
+                KvCallOp::Put {
+                    value: 2000,
+                    expect: Some(3),
+                },
+                20,
+                Some((30, json!({"applied": true, "value": 2000, "version": 7}))),
+            ),
+        ];
+        assert!(matches!(check_key(&h, 1_000), Verdict::Not { .. }));
+    }
+}
