@@ -82,10 +82,16 @@ async fn kv_rates(
                 .expect("prepare");
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                if kind == "get" && per_call == 1 {
-                    // One read is its own snapshot: one statement, as the broker sends.
+                if per_call == 1 {
+                    // One read, or one put without a precondition, is its own transaction:
+                    // one statement, as the broker sends.
                     i += 1;
-                    c.query(&get, &[&format!("k{t}-{}", i % 1000)]).await.expect("get");
+                    let key = format!("k{t}-{}", i % 1000);
+                    if kind == "get" {
+                        c.query(&get, &[&key]).await.expect("get");
+                    } else {
+                        c.execute(&put, &[&key, &json!({"n": i}).to_string()]).await.expect("put");
+                    }
                     count.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }

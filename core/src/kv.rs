@@ -563,6 +563,12 @@ fn precondition(expect: i64, live: Option<&KvRow>) -> Option<&'static str> {
     }
 }
 
+/// Whether `decide` answers a write of the op's value whatever the key holds (a put without a
+/// precondition): a backend may then write without reading the row first.
+pub fn writes_whatever_the_row(op: &KvOp) -> bool {
+    matches!(op, KvOp::Put { expect: None, .. })
+}
+
 /// The verdict of a single-key op, given the key's row (live or not) at `now`.
 pub fn decide(op: &KvOp, row: Option<&KvRow>, now: Timestamp) -> Decision {
     let live = row.filter(|r| r.live(now));
@@ -803,6 +809,29 @@ mod tests {
             Err("kv_invalid_operation")
         );
         assert!(code(json!({"op":"put","ns":"a","key":"k","value":1,"forever":true})).is_ok());
+    }
+
+    #[test]
+    fn a_put_without_precondition_writes_whatever_the_row() {
+        let now = Timestamp(100);
+        let put = op(json!({"op":"put","ns":"a","key":"k","value":2,"ttlSeconds":9}));
+        assert!(writes_whatever_the_row(&put));
+        for r in [
+            None,
+            Some(row(json!(1), 3, Some(50))),
+            Some(row(json!(1), 3, None)),
+        ] {
+            assert_eq!(
+                decide(&put, r.as_ref(), now),
+                Decision::Write {
+                    value: json!(2),
+                    expires_at: Some(Timestamp(100 + 9_000_000))
+                }
+            );
+        }
+        let guarded =
+            op(json!({"op":"put","ns":"a","key":"k","value":2,"ttlSeconds":9,"expect":3}));
+        assert!(!writes_whatever_the_row(&guarded));
     }
 
     #[test]

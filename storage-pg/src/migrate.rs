@@ -103,6 +103,8 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "delete_group_v1",
     "update_subscription_v1",
     "dead_letters_v1",
+    "kv_insert_v1",
+    "kv_put_v1",
     "notify_cursor_event",
     "notify_subscription_event",
     "notify_queue_event",

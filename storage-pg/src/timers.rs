@@ -8,7 +8,7 @@ use queen_core::Timestamp;
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use crate::error::{pg_err, pool_err, retry_contention};
+use crate::error::{pg_err, pool_err, prepared, retry_contention};
 use crate::kv::db_now;
 use crate::{from_system_time, to_system_time, PgStorage};
 
@@ -52,13 +52,13 @@ pub(crate) async fn timer_op(
             // xmax is set on a row version an ON CONFLICT update wrote: the timer replaced one.
             let r = client
                 .query_one(
-                    "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at, created_at)
+                    &prepared(&*client, "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at, created_at)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                      ON CONFLICT (queue, timer_key) DO UPDATE
                         SET partition = EXCLUDED.partition, payload = EXCLUDED.payload,
                             txn = EXCLUDED.txn, message_id = EXCLUDED.message_id,
                             deliver_at = EXCLUDED.deliver_at, created_at = EXCLUDED.created_at
-                     RETURNING xmax <> 0",
+                     RETURNING xmax <> 0").await?,
                     &[
                         queue,
                         key,
@@ -77,9 +77,9 @@ pub(crate) async fn timer_op(
         TimerOp::Cancel { queue, key, txn } => {
             let rows = client
                 .query(
-                    &format!(
+                    &prepared(&*client, &format!(
                         "DELETE FROM queen.timers WHERE queue = $1 AND timer_key = $2 RETURNING {ROW}"
-                    ),
+                    )).await?,
                     &[queue, key],
                 )
                 .await
@@ -104,8 +104,8 @@ pub(crate) async fn fire(
 ) -> StorageResult<bool> {
     let n = client
         .execute(
-            "DELETE FROM queen.timers
-              WHERE queue = $1 AND timer_key = $2 AND message_id = $3 AND deliver_at <= queen.now()",
+            &prepared(&*client, "DELETE FROM queen.timers
+              WHERE queue = $1 AND timer_key = $2 AND message_id = $3 AND deliver_at <= queen.now()").await?,
             &[&queue, &key, message_id],
         )
         .await
@@ -141,7 +141,11 @@ impl TimerStorage for PgStorage {
         let client = self.pool.get().await.map_err(pool_err)?;
         let rows = client
             .query(
-                &format!("SELECT {ROW} FROM queen.timers WHERE queue = $1 AND timer_key = $2"),
+                &prepared(
+                    &client,
+                    &format!("SELECT {ROW} FROM queen.timers WHERE queue = $1 AND timer_key = $2"),
+                )
+                .await?,
                 &[&queue, &key],
             )
             .await
@@ -158,11 +162,15 @@ impl TimerStorage for PgStorage {
         let client = self.pool.get().await.map_err(pool_err)?;
         let rows = client
             .query(
-                &format!(
-                    "SELECT timer_key, {ROW} FROM queen.timers
+                &prepared(
+                    &client,
+                    &format!(
+                        "SELECT timer_key, {ROW} FROM queen.timers
                       WHERE queue = $1 AND ($2::text IS NULL OR timer_key > $2)
                       ORDER BY timer_key LIMIT $3"
-                ),
+                    ),
+                )
+                .await?,
                 &[&queue, &after, &(i64::from(limit) + 1)],
             )
             .await
@@ -174,11 +182,15 @@ impl TimerStorage for PgStorage {
         let client = self.pool.get().await.map_err(pool_err)?;
         let rows = client
             .query(
-                &format!(
-                    "SELECT queue, timer_key, {ROW} FROM queen.timers
+                &prepared(
+                    &client,
+                    &format!(
+                        "SELECT queue, timer_key, {ROW} FROM queen.timers
                       WHERE deliver_at <= queen.now()
                       ORDER BY deliver_at, queue, timer_key LIMIT $1"
-                ),
+                    ),
+                )
+                .await?,
                 &[&i64::from(limit)],
             )
             .await
@@ -196,7 +208,10 @@ impl TimerStorage for PgStorage {
     async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let row = client
-            .query_one("SELECT min(deliver_at) FROM queen.timers", &[])
+            .query_one(
+                &prepared(&client, "SELECT min(deliver_at) FROM queen.timers").await?,
+                &[],
+            )
             .await
             .map_err(pg_err("timers: next due"))?;
         Ok(row
