@@ -91,6 +91,18 @@ where
     }
 }
 
+/// A statement prepared once per connection and kept: a query sent as text is parsed, planned
+/// and described on every call, a round trip more than a prepared one.
+pub(crate) async fn prepared<C: deadpool_postgres::GenericClient + ?Sized>(
+    client: &C,
+    sql: &str,
+) -> StorageResult<tokio_postgres::Statement> {
+    client
+        .prepare_cached(sql)
+        .await
+        .map_err(pg_err("prepare a statement"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,16 +151,4 @@ mod tests {
         .await;
         assert_eq!(r, Ok(2));
     }
-}
-
-/// A statement prepared once per connection and kept: a query sent as text is parsed, planned
-/// and described on every call, a round trip more than a prepared one.
-pub(crate) async fn prepared<C: deadpool_postgres::GenericClient + ?Sized>(
-    client: &C,
-    sql: &str,
-) -> StorageResult<tokio_postgres::Statement> {
-    client
-        .prepare_cached(sql)
-        .await
-        .map_err(pg_err("prepare a statement"))
 }

@@ -34,7 +34,7 @@ fn kv_row(r: &Row, at: usize) -> StorageResult<KvRow> {
 /// The database's time for this transaction (`queen.now()`, which tests move).
 pub(crate) async fn db_now(client: &impl GenericClient) -> StorageResult<Timestamp> {
     let row = client
-        .query_one(&prepared(&*client, "SELECT queen.now()").await?, &[])
+        .query_one(&prepared(client, "SELECT queen.now()").await?, &[])
         .await
         .map_err(pg_err("kv: now"))?;
     Ok(from_system_time(row.get(0)))
@@ -52,7 +52,7 @@ async fn read_row(
         "SELECT value::text, version, expires_at, updated_at FROM queen.kv WHERE ns = $1 AND key = $2"
     };
     let rows = client
-        .query(&prepared(&*client, sql).await?, &[&ns, &key])
+        .query(&prepared(client, sql).await?, &[&ns, &key])
         .await
         .map_err(pg_err("kv: read"))?;
     rows.first().map(|r| kv_row(r, 0)).transpose()
@@ -85,7 +85,7 @@ async fn store(
     };
     let rows = client
         .query(
-            &prepared(&*client, sql).await?,
+            &prepared(client, sql).await?,
             &[&ns, &key, &text, &expires, &at],
         )
         .await
@@ -96,7 +96,7 @@ async fn store(
 async fn delete_row(client: &impl GenericClient, ns: &str, key: &str) -> StorageResult<()> {
     client
         .execute(
-            &prepared(&*client, "DELETE FROM queen.kv WHERE ns = $1 AND key = $2").await?,
+            &prepared(client, "DELETE FROM queen.kv WHERE ns = $1 AND key = $2").await?,
             &[&ns, &key],
         )
         .await
@@ -116,7 +116,7 @@ pub(crate) async fn kv_op(
             let rows = client
                 .query(
                     &prepared(
-                        &*client,
+                        client,
                         "SELECT k.key, value::text, version, expires_at, updated_at
                        FROM queen.kv k WHERE k.ns = $1 AND k.key = ANY($2)",
                     )
@@ -147,7 +147,7 @@ pub(crate) async fn kv_op(
             let rows = client
                 .query(
                     &prepared(
-                        &*client,
+                        client,
                         &format!(
                             "SELECT key, {ROW} FROM queen.kv
                           WHERE ns = $1 AND key >= $2 AND ($3::text IS NULL OR key < $3)
@@ -409,7 +409,7 @@ async fn permits_of(client: &impl GenericClient, name: &str) -> StorageResult<Ve
     let rows = client
         .query(
             &prepared(
-                &*client,
+                client,
                 &format!(
                     "SELECT key, {ROW} FROM queen.kv
                   WHERE ns = $1 AND key >= $2 AND starts_with(key, $2) ORDER BY key"

@@ -52,7 +52,7 @@ pub(crate) async fn timer_op(
             // xmax is set on a row version an ON CONFLICT update wrote: the timer replaced one.
             let r = client
                 .query_one(
-                    &prepared(&*client, "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at, created_at)
+                    &prepared(client, "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at, created_at)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                      ON CONFLICT (queue, timer_key) DO UPDATE
                         SET partition = EXCLUDED.partition, payload = EXCLUDED.payload,
@@ -77,7 +77,7 @@ pub(crate) async fn timer_op(
         TimerOp::Cancel { queue, key, txn } => {
             let rows = client
                 .query(
-                    &prepared(&*client, &format!(
+                    &prepared(client, &format!(
                         "DELETE FROM queen.timers WHERE queue = $1 AND timer_key = $2 RETURNING {ROW}"
                     )).await?,
                     &[queue, key],
@@ -104,7 +104,7 @@ pub(crate) async fn fire(
 ) -> StorageResult<bool> {
     let n = client
         .execute(
-            &prepared(&*client, "DELETE FROM queen.timers
+            &prepared(client, "DELETE FROM queen.timers
               WHERE queue = $1 AND timer_key = $2 AND message_id = $3 AND deliver_at <= queen.now()").await?,
             &[&queue, &key, message_id],
         )
