@@ -30,11 +30,9 @@ enum Op {
         owner: usize,
         limit: u32,
     },
-    Timer {
-        kind: u8,
-        key: usize,
-        delay_s: u8,
-    },
+    /// One to four schedules (kind 0, 1) and cancels (kind 2) in one call: runs of schedules
+    /// go as one statement on PostgreSQL, a timer named twice splits the run.
+    Timers(Vec<(u8, usize, u8)>),
     Fire,
     Tx {
         guard_expect: u8,
@@ -49,7 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => prop::collection::vec((0..9u8, 0..3usize, 0..6u8, prop::bool::weighted(0.3)), 1..4).prop_map(Op::Kv),
         3 => (0..4u8, 0..3usize, 1..3u32).prop_map(|(kind, owner, limit)| Op::Lock { kind, owner, limit }),
-        2 => (0..3u8, 0..3usize, 0..12u8).prop_map(|(kind, key, delay_s)| Op::Timer { kind, key, delay_s }),
+        2 => prop::collection::vec((0..3u8, 0..3usize, 0..12u8), 1..5).prop_map(Op::Timers),
         1 => Just(Op::Fire),
         1 => (0..4u8, any::<bool>()).prop_map(|(guard_expect, with_timer)| Op::Tx { guard_expect, with_timer }),
         // 4 s and 11 s: never onto a 10 s TTL's boundary (see differential.rs).
@@ -152,26 +150,33 @@ async fn apply(side: &mut Side, op: &Op, step: usize) -> Value {
                 Err(e) => json!({"error": e.to_string()}),
             }
         }
-        Op::Timer { kind, key, delay_s } => {
-            let key = format!("t{key}");
-            let timer_op = if *kind == 2 {
-                TimerOp::Cancel {
-                    queue: "tq".into(),
-                    key,
-                    txn: None,
-                }
-            } else {
-                TimerOp::Schedule {
-                    queue: "tq".into(),
-                    key,
-                    partition: "p".into(),
-                    payload: format!("{{\"step\":{step}}}").into_bytes(),
-                    delay_ms: i64::from(*delay_s) * 1000,
-                    txn: format!("txn-{step}"),
-                    message_id: uuid::Uuid::from_u128(step as u128 + 1),
-                }
-            };
-            match s.timers_batch(vec![timer_op]).await {
+        Op::Timers(calls) => {
+            let ops = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (kind, key, delay_s))| {
+                    let key = format!("t{key}");
+                    let id = step * 8 + i;
+                    if *kind == 2 {
+                        TimerOp::Cancel {
+                            queue: "tq".into(),
+                            key,
+                            txn: None,
+                        }
+                    } else {
+                        TimerOp::Schedule {
+                            queue: "tq".into(),
+                            key,
+                            partition: "p".into(),
+                            payload: format!("{{\"step\":{id}}}").into_bytes(),
+                            delay_ms: i64::from(*delay_s) * 1000,
+                            txn: format!("txn-{id}"),
+                            message_id: uuid::Uuid::from_u128((1u128 << 64) + id as u128),
+                        }
+                    }
+                })
+                .collect();
+            match s.timers_batch(ops).await {
                 Ok(r) => strip(json!(r)),
                 Err(e) => json!({"error": e.to_string()}),
             }

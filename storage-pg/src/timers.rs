@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
-use queen_core::storage::{StorageResult, TimerStorage};
+use queen_core::storage::{StorageError, StorageResult, TimerStorage};
 use queen_core::timers::{self, DueTimer, TimerOp, TimerRow};
 use queen_core::Timestamp;
 use serde_json::Value;
@@ -122,12 +122,130 @@ impl PgStorage {
             .map_err(pg_err("timers: begin"))?;
         let now = db_now(&tx).await?;
         let mut out = Vec::with_capacity(ops.len());
+        // Runs of schedules of distinct timers go as one statement each (an upsert may not
+        // touch one row twice); a cancel, or a timer named again, starts a new run, so the
+        // ops still apply in their order.
+        let mut run: Vec<&TimerOp> = vec![];
         for op in ops {
-            out.push(timer_op(&tx, op, now).await?);
+            let named_again = run.iter().any(|o| timer_key(o) == timer_key(op));
+            if matches!(op, TimerOp::Cancel { .. }) || named_again {
+                out.extend(schedule_run(&tx, &run, now).await?);
+                run.clear();
+            }
+            match op {
+                TimerOp::Schedule { .. } => run.push(op),
+                TimerOp::Cancel { .. } => out.push(timer_op(&tx, op, now).await?),
+            }
         }
+        out.extend(schedule_run(&tx, &run, now).await?);
         tx.commit().await.map_err(pg_err("timers: commit"))?;
         Ok(out)
     }
+}
+
+fn timer_key(op: &TimerOp) -> (&str, &str) {
+    match op {
+        TimerOp::Schedule { queue, key, .. } | TimerOp::Cancel { queue, key, .. } => {
+            (queue.as_str(), key.as_str())
+        }
+    }
+}
+
+/// Schedules of distinct timers in one upsert; their answers in the run's order.
+async fn schedule_run(
+    client: &impl GenericClient,
+    run: &[&TimerOp],
+    now: Timestamp,
+) -> StorageResult<Vec<Value>> {
+    if let [op] = run {
+        return Ok(vec![timer_op(client, op, now).await?]);
+    }
+    let mut keyed: Vec<(&str, &str, TimerRow)> = Vec::with_capacity(run.len());
+    for op in run {
+        let TimerOp::Schedule {
+            queue,
+            key,
+            partition,
+            payload,
+            delay_ms,
+            txn,
+            message_id,
+        } = op
+        else {
+            return Err(StorageError::Internal(
+                "timers: a cancel in a run of schedules".into(),
+            ));
+        };
+        keyed.push((
+            queue,
+            key,
+            TimerRow {
+                partition: partition.clone(),
+                payload: payload.clone(),
+                txn: txn.clone(),
+                message_id: *message_id,
+                deliver_at: timers::deliver_at(now, *delay_ms),
+                created_at: now,
+            },
+        ));
+    }
+    if keyed.is_empty() {
+        return Ok(vec![]);
+    }
+    let queues: Vec<&str> = keyed.iter().map(|k| k.0).collect();
+    let keys: Vec<&str> = keyed.iter().map(|k| k.1).collect();
+    let partitions: Vec<&str> = keyed.iter().map(|k| k.2.partition.as_str()).collect();
+    let payloads: Vec<&[u8]> = keyed.iter().map(|k| k.2.payload.as_slice()).collect();
+    let txns: Vec<&str> = keyed.iter().map(|k| k.2.txn.as_str()).collect();
+    let ids: Vec<uuid::Uuid> = keyed.iter().map(|k| k.2.message_id).collect();
+    let due: Vec<std::time::SystemTime> = keyed
+        .iter()
+        .map(|k| to_system_time(k.2.deliver_at))
+        .collect();
+    // xmax is set on a row version an ON CONFLICT update wrote: the timer replaced one.
+    let rows = client
+        .query(
+            &prepared(
+                client,
+                "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at, created_at)
+                 SELECT u.q, u.k, u.p, u.b, u.t, u.m, u.d, $8
+                   FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[],
+                               $6::uuid[], $7::timestamptz[]) AS u(q, k, p, b, t, m, d)
+                 ON CONFLICT (queue, timer_key) DO UPDATE
+                    SET partition = EXCLUDED.partition, payload = EXCLUDED.payload,
+                        txn = EXCLUDED.txn, message_id = EXCLUDED.message_id,
+                        deliver_at = EXCLUDED.deliver_at, created_at = EXCLUDED.created_at
+                 RETURNING queue, timer_key, xmax <> 0",
+            )
+            .await?,
+            &[
+                &queues,
+                &keys,
+                &partitions,
+                &payloads,
+                &txns,
+                &ids,
+                &due,
+                &to_system_time(now),
+            ],
+        )
+        .await
+        .map_err(pg_err("timers: schedule"))?;
+    let replaced: std::collections::BTreeMap<(String, String), bool> = rows
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect();
+    keyed
+        .iter()
+        .map(|(queue, key, row)| {
+            let was = replaced
+                .get(&(queue.to_string(), key.to_string()))
+                .ok_or_else(|| {
+                    StorageError::Internal(format!("timers: {queue}/{key} not written"))
+                })?;
+            Ok(timers::scheduled(queue, key, row, *was))
+        })
+        .collect()
 }
 
 #[async_trait]
