@@ -61,12 +61,18 @@ fn kv_op((kind, key, n, required): &(u8, usize, u8, bool)) -> KvOp {
     let expect = i64::from(*n);
     let mut v = match kind {
         0 => json!({"op": "get", "key": key}),
+        // A string now and then: an incr of it is refused for its type.
+        1 if *n == 5 => json!({"op": "put", "key": key, "value": "five", "ttlSeconds": 10}),
         1 => json!({"op": "put", "key": key, "value": n, "ttlSeconds": 10}),
         2 => json!({"op": "put", "key": key, "value": n, "forever": true, "expect": expect}),
         3 => json!({"op": "putIfAbsent", "key": key, "value": n, "ttlSeconds": 10}),
         4 => json!({"op": "delete", "key": key}),
         5 => json!({"op": "check", "key": key, "expect": expect}),
-        6 => json!({"op": "incr", "key": key, "max": 3, "ttlSeconds": 10}),
+        6 => match n % 3 {
+            0 => json!({"op": "incr", "key": key, "max": 3, "ttlSeconds": 10}),
+            1 => json!({"op": "incr", "key": key, "delta": -2, "min": 0, "ttlSeconds": 10}),
+            _ => json!({"op": "incr", "key": key, "delta": 4, "forever": true}),
+        },
         7 => json!({"op": "getPrefix", "prefix": "c", "limit": 1 + expect % 2}),
         _ => json!({"op": "getMany", "keys": KEYS}),
     };

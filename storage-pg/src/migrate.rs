@@ -105,6 +105,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "dead_letters_v1",
     "kv_insert_v1",
     "kv_put_v1",
+    "kv_incr_v1",
     "notify_cursor_event",
     "notify_subscription_event",
     "notify_queue_event",

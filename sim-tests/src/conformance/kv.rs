@@ -193,6 +193,44 @@ pub async fn kv_expiry_is_absence(b: &dyn Backend) -> CaseResult {
     .await?;
     let not_number = one(&*s, json!({"op":"incr","ns":"n","key":"s","forever":true})).await?;
     ensure_eq!(not_number["reason"], json!("type"), "incr of a string");
+    for (value, what) in [(json!(1.5), "a fraction"), (json!(5.0), "a float")] {
+        one(
+            &*s,
+            json!({"op":"put","ns":"n","key":"x","value":value,"forever":true}),
+        )
+        .await?;
+        let r = one(&*s, json!({"op":"incr","ns":"n","key":"x","forever":true})).await?;
+        ensure_eq!(r["reason"], json!("type"), "incr of {what}: {r}");
+    }
+    one(
+        &*s,
+        json!({"op":"put","ns":"n","key":"m","value":i64::MAX,"forever":true}),
+    )
+    .await?;
+    let over = one(&*s, json!({"op":"incr","ns":"n","key":"m","forever":true})).await?;
+    ensure_eq!(over["reason"], json!("limit"), "a sum past i64: {over}");
+    ensure_eq!(over["value"], json!(i64::MAX), "shown as it stands: {over}");
+    let floor = one(
+        &*s,
+        json!({"op":"incr","ns":"n","key":"f","delta":-3,"min":0,"forever":true}),
+    )
+    .await?;
+    ensure_eq!(floor["reason"], json!("limit"), "below min: {floor}");
+    let down = one(
+        &*s,
+        json!({"op":"incr","ns":"n","key":"f","delta":-2,"min":0,"forever":true}),
+    )
+    .await?;
+    ensure_eq!(down["value"], json!(0), "down to min: {down}");
+    let absent_over = one(
+        &*s,
+        json!({"op":"incr","ns":"n","key":"new","delta":5,"max":4,"ttlSeconds":10}),
+    )
+    .await?;
+    ensure!(
+        absent_over["reason"] == json!("limit") && absent_over.get("version").is_none(),
+        "an absent key over max is refused and shows nothing: {absent_over}"
+    );
     let swept = s.sweep_expired_kv(100).await.map_err(e)?;
     ensure_eq!(swept, 1, "the sweep removes the one expired row (t)");
     let f = one(&*s, json!({"op":"get","ns":"n","key":"f"})).await?;
