@@ -18,6 +18,7 @@ pub mod limiter;
 pub mod locks;
 pub mod params;
 pub mod pop;
+pub mod reads;
 pub mod ring;
 pub mod rng;
 pub mod storage;

@@ -13,6 +13,7 @@ mod kv;
 mod messages;
 mod pop;
 mod queue;
+mod reads;
 mod retention;
 mod timers;
 
@@ -36,6 +37,7 @@ pub use messages::{
 };
 pub use pop::{Claim, PopRequest, PopResult, SegmentRow, Verdict};
 pub use queue::{ConfiguredQueue, QueueConfig};
+pub use reads::{PartitionRead, ReadStorage};
 pub use retention::{
     reads_from, removal, ConsumedFloor, Cutoffs, Removal, Removed, RetentionBatch, RetentionMark,
     RetentionPass,
@@ -376,6 +378,7 @@ pub trait Storage:
     + InspectStorage
     + KvStorage
     + TimerStorage
+    + ReadStorage
 {
 }
 
@@ -389,6 +392,7 @@ impl<T> Storage for T where
         + InspectStorage
         + KvStorage
         + TimerStorage
+        + ReadStorage
 {
 }
 
@@ -405,6 +409,7 @@ pub struct StorageSet {
     pub inspect: Arc<dyn InspectStorage>,
     pub kv: Arc<dyn KvStorage>,
     pub timers: Arc<dyn TimerStorage>,
+    pub reads: Arc<dyn ReadStorage>,
 }
 
 impl StorageSet {
@@ -419,7 +424,8 @@ impl StorageSet {
             health: backend.clone(),
             inspect: backend.clone(),
             kv: backend.clone(),
-            timers: backend,
+            timers: backend.clone(),
+            reads: backend,
         }
     }
 }

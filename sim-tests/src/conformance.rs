@@ -49,7 +49,9 @@ macro_rules! ensure_eq {
 }
 
 mod kv;
+mod reads;
 pub use kv::*;
+pub use reads::*;
 
 /// Whether the group has any backlog in the queue, claimable or leased.
 async fn backlog(s: &dyn Storage, queue: &str, group: &str) -> Result<bool, String> {
@@ -2565,4 +2567,6 @@ cases!(
     kv_required_rolls_back,
     locks_fence_their_holders,
     timers_fire_once_never_early,
+    fetch_reads_by_offset,
+    partitions_changed_since,
 );

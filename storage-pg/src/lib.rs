@@ -13,6 +13,7 @@ mod messages;
 mod migrate;
 mod pop;
 mod pop_rows;
+mod reads;
 mod retention;
 mod statistics;
 #[cfg(feature = "testing")]

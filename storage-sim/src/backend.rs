@@ -17,7 +17,7 @@ use queen_core::storage::{
 use queen_core::Timestamp;
 
 use crate::tx::lock;
-use crate::{delivery, inspect, kv, messages, pop, queues, retention, timers, SimDb};
+use crate::{delivery, inspect, kv, messages, pop, queues, reads, retention, timers, SimDb};
 
 #[async_trait]
 impl PopStorage for SimDb {
@@ -542,5 +542,39 @@ impl queen_core::storage::TimerStorage for SimDb {
 
     async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>> {
         Ok(timers::next_due(&lock(&self.shared.state)))
+    }
+}
+
+#[async_trait]
+impl queen_core::storage::ReadStorage for SimDb {
+    async fn read_partition(
+        &self,
+        queue: &str,
+        partition: &str,
+        offset: queen_core::Offset,
+        byte_hint: u64,
+    ) -> StorageResult<queen_core::storage::PartitionRead> {
+        Ok(reads::read_partition(
+            &lock(&self.shared.state),
+            queue,
+            partition,
+            offset,
+            byte_hint,
+        ))
+    }
+
+    async fn changed_partitions(
+        &self,
+        query: &queen_core::reads::ChangedQuery,
+    ) -> StorageResult<queen_core::reads::ChangedPage> {
+        // The open transactions first, then the state: one that commits in between is read.
+        let sampled_at = (self.shared.clock)();
+        let oldest_open = lock(&self.shared.started).values().min().copied();
+        Ok(reads::changed(
+            &lock(&self.shared.state),
+            query,
+            sampled_at,
+            oldest_open,
+        ))
     }
 }

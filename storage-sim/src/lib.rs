@@ -13,6 +13,7 @@ mod kv;
 mod messages;
 mod pop;
 mod queues;
+mod reads;
 mod retention;
 pub mod sched;
 mod state;
@@ -133,6 +134,7 @@ impl SimDb {
                 clock,
                 bugs,
                 active: Mutex::new(Default::default()),
+                started: Mutex::new(Default::default()),
                 next_tx: Mutex::new(0),
                 serial: Mutex::new(()),
             }),

@@ -290,7 +290,9 @@ fn append_segment(
         t.id,
     )?;
     part.last_offset = end;
-    part.last_write_at = created_at.quantize_to_second();
+    // Never before the transaction began, even for a push drained from a file buffer with the
+    // time it was accepted: a discovery answer's safeTime relies on it.
+    part.last_write_at = created_at.max(t.now).quantize_to_second();
     part.oldest_at = part.oldest_at.or(Some(created_at));
     st.partitions.update(&key, part, t.id);
     st.notify(

@@ -57,6 +57,8 @@ pub struct Shared {
     pub bugs: SimBugs,
     /// Transactions begun and not yet ended, with who each waits on.
     pub active: Mutex<BTreeMap<TxId, Option<TxId>>>,
+    /// When each open transaction began (a discovery answer's `safeTime` stays below them).
+    pub started: Mutex<BTreeMap<TxId, Timestamp>>,
     pub next_tx: Mutex<TxId>,
     /// Free-run mode: one transaction at a time.
     pub serial: Mutex<()>,
@@ -186,11 +188,13 @@ impl Tx {
             *n
         };
         lock(&shared.active).insert(id, None);
+        let now = (shared.clock)();
+        lock(&shared.started).insert(id, now);
         *lock(&cell.tx) = Some(id);
         Tx {
             shared: shared.clone(),
             id,
-            now: (shared.clock)(),
+            now,
             procedure,
             cell,
             ended: false,
@@ -298,6 +302,7 @@ impl Tx {
         let now = (self.shared.clock)();
         let sent = lock(&self.shared.state).end(self.id, commit, now);
         lock(&self.shared.active).remove(&self.id);
+        lock(&self.shared.started).remove(&self.id);
         self.shared.publish(sent);
     }
 }

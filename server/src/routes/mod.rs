@@ -9,6 +9,7 @@ mod locks;
 mod pop;
 mod push;
 mod queues;
+mod reads;
 mod system;
 mod timers;
 mod transaction;
@@ -50,6 +51,7 @@ pub(crate) fn surface(path: &str) -> &'static str {
         "kv" => "kv",
         "locks" => "locks",
         "timers" => "timers",
+        "fetch" | "partitions" => "reads",
         "configure" => "configure",
         "dlq" | "consumer-groups" => "groups",
         "resources" | "messages" | "traces" | "status" | "analytics" | "stats" | "system" => {
@@ -196,6 +198,16 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
             need(ReadWrite)?;
             let b = body(&broker, req).await?;
             locks::batch(&broker, &b).await
+        }
+        (&Method::POST, ["api", "v1", "fetch"]) => {
+            need(ReadOnly)?;
+            let b = body(&broker, req).await?;
+            reads::fetch(&broker, &b).await
+        }
+        (&Method::POST, ["api", "v1", "partitions", "changed"]) => {
+            need(ReadOnly)?;
+            let b = body(&broker, req).await?;
+            reads::changed(&broker, &b).await
         }
         (&Method::POST, ["api", "v1", "timers"]) => {
             need(ReadWrite)?;

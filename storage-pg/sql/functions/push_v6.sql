@@ -132,7 +132,10 @@ BEGIN
     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
     VALUES (v_pid, v_last + 1, v_last + v_n, v_n, v_created, p_blob);
     UPDATE queen.log_partitions p
-       SET last_offset = v_last + v_n, last_write_at = date_trunc('second', v_created),
+       SET last_offset = v_last + v_n,
+           -- Never before this transaction began, even for a push drained from a file buffer
+           -- with the time it was accepted: partitions/changed's safeTime relies on it.
+           last_write_at = date_trunc('second', GREATEST(v_created, queen.now())),
            oldest_at = COALESCE(p.oldest_at, v_created)
      WHERE p.id = v_pid;
     -- Delivered at commit to every broker listening: their parked consumers wake at once
