@@ -315,3 +315,40 @@ async fn python_coordination_compressed_postgres() {
     )
     .await;
 }
+
+/// Reads by offset and partition discovery (reads.py), with a retention worker every 200 ms.
+fn retention_fast() -> ServerConfig {
+    ServerConfig {
+        retention: queen_server::config::RetentionSettings {
+            interval_ms: 200,
+            ..queen_server::config::RetentionSettings::default()
+        },
+        ..ServerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_reads_json_memory() {
+    run_script_with(
+        Store::Memory,
+        retention_fast(),
+        "reads.py",
+        &["json"],
+        &[],
+        "reads",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_reads_compressed_postgres() {
+    run_script_with(
+        Store::Postgres("queen_py_reads"),
+        retention_fast(),
+        "reads.py",
+        &["compressed"],
+        &[],
+        "reads",
+    )
+    .await;
+}

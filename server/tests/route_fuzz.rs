@@ -25,6 +25,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/api/v1/kv/fz/k"),
     ("POST", "/api/v1/locks"),
     ("POST", "/api/v1/timers"),
+    ("POST", "/api/v1/fetch"),
+    ("POST", "/api/v1/partitions/changed"),
 ];
 
 /// Field names the routes read, so generated objects hit real fields, not only unknown ones.
@@ -77,6 +79,11 @@ const FIELDS: &[&str] = &[
     "txn",
     "kv",
     "timers",
+    "entries",
+    "offset",
+    "maxBytes",
+    "since",
+    "after",
 ];
 
 fn leaf() -> impl Strategy<Value = Value> {
