@@ -339,6 +339,13 @@ fn seed_set_passes() {
         ] {
             at_least(Scenario::Retention, what, 5);
         }
+        // Reads by offset while pushes, retention and crashes run, some from below the start.
+        at_least(Scenario::Retention, "reads: entries read", 50);
+        at_least(
+            Scenario::Retention,
+            "reads: entries answered with an error",
+            3,
+        );
         // Crashes aimed at the moments between a commit and its answer.
         for point in [
             "fault: crash after a claim, before its answer",
@@ -616,6 +623,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 sim: SimBugs {
                     expired_permits_count: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a read by offset starts at its segment's base",
+            Scenario::Retention,
+            Bugs {
+                sim: SimBugs {
+                    fetch_from_segment_base: true,
                     ..SimBugs::default()
                 },
                 ..Bugs::default()

@@ -560,6 +560,7 @@ impl queen_core::storage::ReadStorage for SimDb {
             partition,
             offset,
             byte_hint,
+            self.shared.bugs.fetch_from_segment_base,
         ))
     }
 

@@ -97,6 +97,8 @@ pub struct SimBugs {
     pub expired_permits_count: bool,
     /// A timer's firing neither checks nor removes the timer row: two brokers both fire it.
     pub timers_fire_without_removal: bool,
+    /// A read by offset from inside a segment starts at the segment's first record.
+    pub fetch_from_segment_base: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.

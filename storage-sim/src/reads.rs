@@ -24,6 +24,7 @@ pub(crate) fn read_partition(
     partition: &str,
     offset: Offset,
     byte_hint: u64,
+    from_segment_base: bool,
 ) -> PartitionRead {
     let Some(p) = st
         .partitions
@@ -53,7 +54,13 @@ pub(crate) fn read_partition(
             }
             bytes += s.blob.len() as u64;
             let msg_count = (s.end_offset - base + 1) as u32;
-            let start_idx = (offset - base).max(0) as u32;
+            // SimBugs::fetch_from_segment_base: the slice ignores where in the segment the
+            // offset is.
+            let start_idx = if from_segment_base {
+                0
+            } else {
+                (offset - base).max(0) as u32
+            };
             segments.push(SegmentRow {
                 base_offset: *base,
                 start_idx,

@@ -13,7 +13,9 @@ use queen_storage_sim::{SimDb, SimEvents};
 use super::driver::Driver;
 use super::history::{self, Event};
 use super::hosts::Fleet;
-use super::{kv_check, workload, Outcome, Scenario, Shared, Spec, EPOCH_SECS, LEASE_SECS};
+use super::{
+    kv_check, reads_check, workload, Outcome, Scenario, Shared, Spec, EPOCH_SECS, LEASE_SECS,
+};
 
 /// The outcome of a finished run.
 pub(super) fn judge(
@@ -76,6 +78,13 @@ pub(super) fn judge(
         counts.insert("timers: incarnations fired", firings.len() as u64);
     }
     violations.extend(model_verdicts(&ev));
+    if let Ok(fetches) = shared.fetches.lock() {
+        let (found, judged) = reads_check::judge(&fetches);
+        violations.extend(found);
+        if judged > 0 {
+            counts.insert("reads: fetch entries judged", judged);
+        }
+    }
     if spec.scenario == Scenario::Faults {
         violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
         violations.extend(kv_linearizable(shared, &mut counts));

@@ -9,6 +9,7 @@ mod hosts;
 pub mod http;
 mod judge;
 pub mod kv_check;
+pub mod reads_check;
 mod workload;
 
 use queen_core::storage::AdminStorage;
@@ -414,6 +415,8 @@ pub(crate) struct Shared {
     pub kv_calls: Mutex<Vec<kv_check::KvCall>>,
     /// Refused lock acquires: (lock, invoked at, the holders' tokens the refusal named).
     pub lock_refusals: Mutex<Vec<(String, i64, Vec<i64>)>>,
+    /// What the retention scenario's reader fetched, in the order it read.
+    pub fetches: Mutex<Vec<reads_check::FetchSeen>>,
 }
 
 /// A seeded coin with probability `p`.
@@ -521,6 +524,7 @@ pub fn run(spec: Spec) -> Outcome {
         timer_due: Mutex::new(BTreeMap::new()),
         kv_calls: Mutex::new(vec![]),
         lock_refusals: Mutex::new(vec![]),
+        fetches: Mutex::new(vec![]),
         next_pop_id: AtomicU64::new(1),
         waits: Mutex::new(BTreeMap::new()),
         delivered: Mutex::new(BTreeMap::new()),
