@@ -51,6 +51,7 @@ pub enum Scenario {
     Auth,
     Consumers,
     Coordination,
+    Reads,
 }
 
 /// A consume shape: `<partitions>x<consumers>`.

@@ -14,7 +14,9 @@
 //! 10. PostgreSQL restarted under load: throughput during and after, time to recover;
 //! 11. push and consume with JWT auth on, against auth off;
 //! 12. many concurrent consumers (1,000 on 1,000 partitions) against 16, with the serving
-//!     limiter's limit traced over time (also over the fan-out runs; the traces go to the JSON).
+//!     limiter's limit traced over time (also over the fan-out runs; the traces go to the JSON);
+//! 13. the coordination surfaces (KV, locks, timers) against raw statements;
+//! 14. reads by offset: a 1M-message partition read from offset 0 against a raw segment scan.
 //!
 //! Usage: `queen-bench --help` (or `bash .ci/bench [--quick]`, which starts PostgreSQL itself);
 //! `queen-bench report` turns a run's JSON into docs/benchmarks.md's table.
@@ -30,6 +32,7 @@ mod limiter;
 mod live;
 mod parked;
 mod push;
+mod reads;
 mod report;
 mod restart;
 mod retention;
@@ -63,6 +66,8 @@ struct Plan {
     many_consumers: usize,
     /// Timers due within one second in scenario 13.
     due_timers: usize,
+    /// Messages in the partition scenario 14 reads by offset.
+    fetch_messages: u64,
 }
 
 impl Plan {
@@ -82,6 +87,7 @@ impl Plan {
                 fan_out_groups: &[1, 5, 10],
                 many_consumers: 200,
                 due_timers: 2_000,
+                fetch_messages: 50_000,
             }
         } else {
             Plan {
@@ -99,6 +105,7 @@ impl Plan {
                 fan_out_groups: &[1, 5, 10, 50],
                 many_consumers: 1_000,
                 due_timers: 10_000,
+                fetch_messages: 1_000_000,
             }
         }
     }
@@ -289,6 +296,11 @@ async fn measure(args: RunArgs) {
         .await;
         run.rows.extend(rows);
         eprintln!("measured the coordination surfaces");
+    }
+    if runs(Scenario::Reads) {
+        let rows = reads::reads_scenario(run.addr, &run.cfg, run.plan.fetch_messages).await;
+        run.rows.extend(rows);
+        eprintln!("measured reads by offset");
     }
     // Last: PostgreSQL restarted under load (every connection of this process is cut).
     if runs(Scenario::Restart) {
