@@ -110,3 +110,39 @@ pg_stop() {
     echo "Stopped PostgreSQL" >&2
   fi
 }
+
+# A second throwaway PostgreSQL with durability on (fsync, synchronous_commit and
+# full_page_writes at their defaults, as users run it), for the benchmark's durable scenario.
+# Exports DURABLE_DATABASE_URL; with it already set, nothing is started.
+pg_start_durable() {
+  if [ -n "${DURABLE_DATABASE_URL:-}" ]; then
+    PG_DURABLE_STARTED=0
+    return 0
+  fi
+  local bin port
+  bin=$(pg_find_bin) || { pg_install && bin=$(pg_find_bin); } || return 1
+  PG_DURABLE_DIR=$(mktemp -d /tmp/queen-pg-durable.XXXXXX)
+  if [ "$(id -u)" = "0" ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$PG_DURABLE_DIR" --shell /bin/sh postgres
+    chown postgres "$PG_DURABLE_DIR"
+  fi
+  port=$(pg_free_port)
+  pg_as_owner "$bin/initdb" -D "$PG_DURABLE_DIR/data" -U postgres --auth=trust -E UTF8 >"$PG_DURABLE_DIR/initdb.log" 2>&1 \
+    || { cat "$PG_DURABLE_DIR/initdb.log" >&2; return 1; }
+  pg_as_owner "$bin/pg_ctl" -D "$PG_DURABLE_DIR/data" -l "$PG_DURABLE_DIR/server.log" -w -t 60 start \
+    -o "-p $port -k $PG_DURABLE_DIR -c listen_addresses=127.0.0.1 -c max_connections=300 ${PG_EXTRA_OPTS:-}" >/dev/null \
+    || { cat "$PG_DURABLE_DIR/server.log" >&2; return 1; }
+  PG_DURABLE_BIN=$bin
+  PG_DURABLE_STARTED=1
+  export DURABLE_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+  echo "Started a durable PostgreSQL on port $port (data in $PG_DURABLE_DIR)" >&2
+}
+
+pg_stop_durable() {
+  if [ "${PG_DURABLE_STARTED:-0}" = "1" ]; then
+    pg_as_owner "$PG_DURABLE_BIN/pg_ctl" -D "$PG_DURABLE_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
+    rm -rf "$PG_DURABLE_DIR"
+    PG_DURABLE_STARTED=0
+    echo "Stopped the durable PostgreSQL" >&2
+  fi
+}

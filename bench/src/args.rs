@@ -52,6 +52,7 @@ pub enum Scenario {
     Consumers,
     Coordination,
     Reads,
+    Durable,
 }
 
 /// A consume shape: `<partitions>x<consumers>`.

@@ -112,12 +112,18 @@ pub(crate) async fn broker_rate(
     mode: Consume,
     total: usize,
 ) -> f64 {
-    let auto_ack = mode == Consume::AutoAck;
-    let framed = if mode == Consume::LeasedFramed {
-        "&frames=true"
-    } else {
-        ""
-    };
+    let total = broker_fill(app, queue, partitions, total).await;
+    broker_drain(broker, queue, consumers, mode, total).await
+}
+
+/// The broker's backlog: `total` messages over `partitions`, pushed through storage in segments.
+/// How many were pushed.
+pub(crate) async fn broker_fill(
+    app: &Arc<Broker>,
+    queue: &str,
+    partitions: usize,
+    total: usize,
+) -> u64 {
     let per_partition = total / partitions;
     let mut i = 0u64;
     for p in 0..partitions {
@@ -134,7 +140,23 @@ pub(crate) async fn broker_rate(
                 .expect("prefill");
         }
     }
-    let total = (per_partition * partitions) as u64;
+    (per_partition * partitions) as u64
+}
+
+/// `consumers` HTTP consumers drain the `total` messages of the queue: messages/s.
+pub(crate) async fn broker_drain(
+    broker: &Endpoint,
+    queue: &str,
+    consumers: usize,
+    mode: Consume,
+    total: u64,
+) -> f64 {
+    let auto_ack = mode == Consume::AutoAck;
+    let framed = if mode == Consume::LeasedFramed {
+        "&frames=true"
+    } else {
+        ""
+    };
     crate::util::settle().await;
     // Marks the measured window apart from the prefill (for a profiler watching stderr).
     eprintln!("measuring {queue}");
@@ -212,12 +234,22 @@ pub(crate) async fn broker_rate(
 }
 
 /// (c): claim a cursor row (SKIP LOCKED), read up to 100 messages of segments, advance, commit.
-async fn claim_loop_rate(
+pub(crate) async fn claim_loop_rate(
     cfg: &tokio_postgres::Config,
     partitions: usize,
     consumers: usize,
     total: usize,
 ) -> f64 {
+    let total = claim_fill(cfg, partitions, total).await;
+    claim_drain(cfg, partitions, consumers, total).await
+}
+
+/// The claim loop's backlog, segments inserted directly. How many messages.
+pub(crate) async fn claim_fill(
+    cfg: &tokio_postgres::Config,
+    partitions: usize,
+    total: usize,
+) -> u64 {
     let per_partition = total / partitions;
     let c = pg_connect(cfg).await;
     c.batch_execute("TRUNCATE bench.segments; UPDATE bench.parts SET last_offset = -1; UPDATE bench.cursors SET committed = -1")
@@ -237,7 +269,16 @@ async fn claim_loop_rate(
             last += n as i64;
         }
     }
-    let total = (per_partition * partitions) as u64;
+    (per_partition * partitions) as u64
+}
+
+/// `consumers` claim loops drain the `total` messages of `partitions`: messages/s.
+pub(crate) async fn claim_drain(
+    cfg: &tokio_postgres::Config,
+    partitions: usize,
+    consumers: usize,
+    total: u64,
+) -> f64 {
     crate::util::settle().await;
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();

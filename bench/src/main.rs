@@ -16,7 +16,9 @@
 //! 12. many concurrent consumers (1,000 on 1,000 partitions) against 16, with the serving
 //!     limiter's limit traced over time (also over the fan-out runs; the traces go to the JSON);
 //! 13. the coordination surfaces (KV, locks, timers) against raw statements;
-//! 14. reads by offset: a 1M-message partition read from offset 0 against a raw segment scan.
+//! 14. reads by offset: a 1M-message partition read from offset 0 against a raw segment scan;
+//! 15. durable PostgreSQL (`DURABLE_DATABASE_URL`): push and leased consume against raw, with
+//!     commits per 1,000 messages and WAL bytes per message.
 //!
 //! Usage: `queen-bench --help` (or `bash .ci/bench [--quick]`, which starts PostgreSQL itself);
 //! `queen-bench report` turns a run's JSON into docs/benchmarks.md's table.
@@ -28,6 +30,7 @@ mod auth;
 mod consume;
 mod consumers;
 mod coordination;
+mod durable;
 mod limiter;
 mod live;
 mod parked;
@@ -302,6 +305,20 @@ async fn measure(args: RunArgs) {
         run.rows.extend(rows);
         eprintln!("measured reads by offset");
     }
+    if runs(Scenario::Durable) {
+        match std::env::var("DURABLE_DATABASE_URL") {
+            Ok(url) => {
+                let rows =
+                    durable::durable_scenario(&url, run.plan.secs, run.plan.consume_total).await;
+                run.rows.extend(rows);
+                eprintln!("measured durable PostgreSQL");
+            }
+            // `bash .ci/bench` always starts one; a run pointed at its own database says so.
+            Err(_) => eprintln!(
+                "skipped the durable scenario: DURABLE_DATABASE_URL names no PostgreSQL with durability on"
+            ),
+        }
+    }
     // Last: PostgreSQL restarted under load (every connection of this process is cut).
     if runs(Scenario::Restart) {
         let rounds = if run.plan.quick { 1 } else { 3 };
@@ -367,7 +384,7 @@ fn env_number(name: &str) -> Option<u64> {
 }
 
 /// The raw baselines' tables: a row per message, a segment per batch, and claim cursors.
-const BASELINE_SCHEMA: &str = "CREATE SCHEMA bench;
+pub(crate) const BASELINE_SCHEMA: &str = "CREATE SCHEMA bench;
      CREATE TABLE bench.rows (id bigserial PRIMARY KEY, partition text NOT NULL, txid text NOT NULL, payload jsonb NOT NULL,
                               created_at timestamptz NOT NULL DEFAULT now(), UNIQUE (partition, txid));
      CREATE TABLE bench.parts (id int PRIMARY KEY, last_offset bigint NOT NULL);

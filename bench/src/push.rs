@@ -57,7 +57,11 @@ struct Baselines {
 }
 
 /// (a) one row per message, multi-row INSERT: (msg/s, (broker CPU, msg per PostgreSQL CPU-s)).
-async fn raw_rows(cfg: &tokio_postgres::Config, batch: usize, secs: u64) -> (f64, (f64, f64)) {
+pub(crate) async fn raw_rows(
+    cfg: &tokio_postgres::Config,
+    batch: usize,
+    secs: u64,
+) -> (f64, (f64, f64)) {
     let cfg_a = cfg.clone();
     measure_with_cpu(PRODUCERS, secs, move |t, stop, count| {
         let cfg = cfg_a.clone();
@@ -169,7 +173,7 @@ fn push_rows(
 
 /// How the benchmark's producers send a push.
 #[derive(Clone, Copy)]
-enum PushForm {
+pub(crate) enum PushForm {
     Json,
     /// QPB1 with transactionIds (flag 4), as `binary_push=True` sends.
     Binary,
@@ -201,7 +205,7 @@ pub(crate) async fn json_push_rate(
 
 /// Messages per second the broker stores from `PRODUCERS` producers pushing `batch` at a time,
 /// and the messages per CPU-second of the broker and of PostgreSQL meanwhile.
-async fn broker_push(
+pub(crate) async fn broker_push(
     addr: std::net::SocketAddr,
     batch: usize,
     secs: u64,
