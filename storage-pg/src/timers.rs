@@ -113,6 +113,43 @@ pub(crate) async fn fire(
     Ok(n == 1)
 }
 
+/// A run of `TxOp::FireTimer`s in one statement: whether each removed its timer (a timer named
+/// twice is removed by its first op only, as ops one at a time would).
+pub(crate) async fn fire_run(
+    client: &impl GenericClient,
+    run: &[(&str, &str, uuid::Uuid)],
+) -> StorageResult<Vec<bool>> {
+    if let [(queue, key, id)] = run {
+        return Ok(vec![fire(client, queue, key, id).await?]);
+    }
+    let queues: Vec<&str> = run.iter().map(|r| r.0).collect();
+    let keys: Vec<&str> = run.iter().map(|r| r.1).collect();
+    let ids: Vec<uuid::Uuid> = run.iter().map(|r| r.2).collect();
+    let rows = client
+        .query(
+            &prepared(
+                client,
+                "DELETE FROM queen.timers t
+                  USING unnest($1::text[], $2::text[], $3::uuid[]) AS u(q, k, m)
+                  WHERE t.queue = u.q AND t.timer_key = u.k AND t.message_id = u.m
+                    AND t.deliver_at <= queen.now()
+                  RETURNING t.queue, t.timer_key, t.message_id",
+            )
+            .await?,
+            &[&queues, &keys, &ids],
+        )
+        .await
+        .map_err(pg_err("timers: fire"))?;
+    let mut removed: std::collections::BTreeSet<(String, String, uuid::Uuid)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    Ok(run
+        .iter()
+        .map(|(q, k, m)| removed.remove(&(q.to_string(), k.to_string(), *m)))
+        .collect())
+}
+
 impl PgStorage {
     async fn timers_batch_once(&self, ops: &[TimerOp]) -> StorageResult<Vec<Value>> {
         let mut client = self.pool.get().await.map_err(pool_err)?;
