@@ -72,6 +72,39 @@ pub enum TimerOp {
     },
 }
 
+impl TimerOp {
+    /// The queue and timer key the op names.
+    pub fn timer(&self) -> (&str, &str) {
+        match self {
+            TimerOp::Schedule { queue, key, .. } | TimerOp::Cancel { queue, key, .. } => {
+                (queue, key)
+            }
+        }
+    }
+
+    /// The pending row a schedule stores when it runs at `now` (`None` for a cancel).
+    pub fn scheduled_row(&self, now: Timestamp) -> Option<TimerRow> {
+        match self {
+            TimerOp::Schedule {
+                partition,
+                payload,
+                delay_ms,
+                txn,
+                message_id,
+                ..
+            } => Some(TimerRow {
+                partition: partition.clone(),
+                payload: payload.clone(),
+                txn: txn.clone(),
+                message_id: *message_id,
+                deliver_at: deliver_at(now, *delay_ms),
+                created_at: now,
+            }),
+            TimerOp::Cancel { .. } => None,
+        }
+    }
+}
+
 /// A refused op: the client's error code and what is wrong, for a 400.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TimerInvalid {

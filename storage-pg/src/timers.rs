@@ -37,18 +37,13 @@ pub(crate) async fn timer_op(
             key,
             partition,
             payload,
-            delay_ms,
             txn,
             message_id,
+            ..
         } => {
-            let row = TimerRow {
-                partition: partition.clone(),
-                payload: payload.clone(),
-                txn: txn.clone(),
-                message_id: *message_id,
-                deliver_at: timers::deliver_at(now, *delay_ms),
-                created_at: now,
-            };
+            let row = op
+                .scheduled_row(now)
+                .ok_or_else(|| StorageError::Internal("timers: a schedule without a row".into()))?;
             // xmax is set on a row version an ON CONFLICT update wrote: the timer replaced one.
             let r = client
                 .query_one(
@@ -164,7 +159,7 @@ impl PgStorage {
         // ops still apply in their order.
         let mut run: Vec<&TimerOp> = vec![];
         for op in ops {
-            let named_again = run.iter().any(|o| timer_key(o) == timer_key(op));
+            let named_again = run.iter().any(|o| o.timer() == op.timer());
             if matches!(op, TimerOp::Cancel { .. }) || named_again {
                 out.extend(schedule_run(&tx, &run, now).await?);
                 run.clear();
@@ -180,14 +175,6 @@ impl PgStorage {
     }
 }
 
-fn timer_key(op: &TimerOp) -> (&str, &str) {
-    match op {
-        TimerOp::Schedule { queue, key, .. } | TimerOp::Cancel { queue, key, .. } => {
-            (queue.as_str(), key.as_str())
-        }
-    }
-}
-
 /// Schedules of distinct timers in one upsert; their answers in the run's order.
 async fn schedule_run(
     client: &impl GenericClient,
@@ -199,32 +186,11 @@ async fn schedule_run(
     }
     let mut keyed: Vec<(&str, &str, TimerRow)> = Vec::with_capacity(run.len());
     for op in run {
-        let TimerOp::Schedule {
-            queue,
-            key,
-            partition,
-            payload,
-            delay_ms,
-            txn,
-            message_id,
-        } = op
-        else {
-            return Err(StorageError::Internal(
-                "timers: a cancel in a run of schedules".into(),
-            ));
-        };
-        keyed.push((
-            queue,
-            key,
-            TimerRow {
-                partition: partition.clone(),
-                payload: payload.clone(),
-                txn: txn.clone(),
-                message_id: *message_id,
-                deliver_at: timers::deliver_at(now, *delay_ms),
-                created_at: now,
-            },
-        ));
+        let (queue, key) = op.timer();
+        let row = op.scheduled_row(now).ok_or_else(|| {
+            StorageError::Internal("timers: a cancel in a run of schedules".into())
+        })?;
+        keyed.push((queue, key, row));
     }
     if keyed.is_empty() {
         return Ok(vec![]);

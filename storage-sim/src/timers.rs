@@ -22,25 +22,14 @@ fn free(st: &crate::state::DbState, key: &Key, tx: u64) -> Result<(), StmtError>
 /// One schedule or cancel, in a batch or a transaction's rider.
 pub(crate) async fn timer_op(tx: &TxHandle, op: &TimerOp) -> Result<Value, StorageError> {
     tx.stmt("timer op", |st, t| match op {
-        TimerOp::Schedule {
-            queue,
-            key,
-            partition,
-            payload,
-            delay_ms,
-            txn,
-            message_id,
-        } => {
+        TimerOp::Schedule { queue, key, .. } => {
             let k: Key = (queue.clone(), key.clone());
             free(st, &k, t.id)?;
-            let row = TimerRow {
-                partition: partition.clone(),
-                payload: payload.clone(),
-                txn: txn.clone(),
-                message_id: *message_id,
-                deliver_at: timers::deliver_at(t.now, *delay_ms),
-                created_at: t.now,
-            };
+            let row = op.scheduled_row(t.now).ok_or_else(|| {
+                StmtError::Abort(StorageError::Internal(
+                    "timers: a schedule without a row".into(),
+                ))
+            })?;
             let replaced = st.timers.get(&k, t.id).is_some();
             if replaced {
                 st.timers.update(&k, row.clone(), t.id);
