@@ -3,7 +3,8 @@
 //! waits for a WAL flush. This one runs on a second PostgreSQL with durability on
 //! (`DURABLE_DATABASE_URL`; `bash .ci/bench` starts one): push at batch 1, 10 and 100 against
 //! (a) raw rows, and leased consume at batch 100 against (c) the claim loop, each with the
-//! commits per 1,000 messages and the WAL bytes per message it cost, read as the server's
+//! commits per 1,000 messages and the WAL bytes per message it cost, and the steady state's
+//! maximum against NOTIFY + claim. The costs are read as the server's
 //! transaction-id and WAL-position deltas around the measurement (exact at once, where the
 //! cumulative statistics views lag by up to their flush interval).
 
@@ -167,7 +168,36 @@ async fn consume_rows(
     ]
 }
 
-pub async fn durable_scenario(url: &str, secs: u64, consume_total: usize) -> Vec<Row> {
+/// The steady state's maximum delivered rate and its latency, against NOTIFY + claim.
+async fn steady_rows(
+    addr: std::net::SocketAddr,
+    cfg: &tokio_postgres::Config,
+    secs: u64,
+) -> Vec<Row> {
+    let broker = crate::live::run(addr, "durable-steady-max", 1, 4, None, secs).await;
+    let raw = crate::live::raw_run(cfg, None, secs).await;
+    let scenario = "durable steady state, maximum";
+    let baseline = "NOTIFY + claim loop";
+    let (b, r) = (&broker.groups[0], &raw.groups[0]);
+    vec![
+        Row::new(
+            scenario,
+            "delivered msg/s",
+            broker.delivered,
+            baseline,
+            raw.delivered,
+        ),
+        Row::new(scenario, "p50 ms", b.p50, baseline, r.p50),
+        Row::new(scenario, "p99 ms", b.p99, baseline, r.p99),
+    ]
+}
+
+pub async fn durable_scenario(
+    url: &str,
+    secs: u64,
+    steady_secs: u64,
+    consume_total: usize,
+) -> Vec<Row> {
     let (pg, cfg) = set_up(url).await;
     let (app, addr) = crate::start_with(&pg, crate::bench_config(), 15).await;
     let marks = pg_connect(&cfg).await;
@@ -178,5 +208,7 @@ pub async fn durable_scenario(url: &str, secs: u64, consume_total: usize) -> Vec
     }
     rows.extend(consume_rows(&app, addr, &cfg, &marks, consume_total).await);
     eprintln!("measured durable consume");
+    rows.extend(steady_rows(addr, &cfg, steady_secs).await);
+    eprintln!("measured durable steady state");
     rows
 }

@@ -308,8 +308,13 @@ async fn measure(args: RunArgs) {
     if runs(Scenario::Durable) {
         match std::env::var("DURABLE_DATABASE_URL") {
             Ok(url) => {
-                let rows =
-                    durable::durable_scenario(&url, run.plan.secs, run.plan.consume_total).await;
+                let rows = durable::durable_scenario(
+                    &url,
+                    run.plan.secs,
+                    run.plan.steady_secs,
+                    run.plan.consume_total,
+                )
+                .await;
                 run.rows.extend(rows);
                 eprintln!("measured durable PostgreSQL");
             }

@@ -373,7 +373,30 @@ impl PgStorage {
         })
     }
 
+    /// A release in one statement: the permit goes only while it is live at the token
+    /// (`locks::token_holds`, stated in SQL: the row's lock decides against a racing renew).
+    async fn lock_release(&self, name: &str, token: i64, slot: u32) -> StorageResult<Value> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let n = client
+            .execute(
+                &prepared(
+                    &client,
+                    "DELETE FROM queen.kv
+                      WHERE ns = $1 AND key = $2 AND version = $3
+                        AND (expires_at IS NULL OR expires_at > queen.now())",
+                )
+                .await?,
+                &[&LOCKS_NAMESPACE, &locks::permit_key(name, slot), &token],
+            )
+            .await
+            .map_err(pg_err("lock: release"))?;
+        Ok(locks::released(n == 1))
+    }
+
     async fn lock_op_once(&self, op: &LockOp, minted_owner: &str) -> StorageResult<Value> {
+        if let LockOp::Release { name, token, slot } = op {
+            return self.lock_release(name, *token, *slot).await;
+        }
         let mut client = self.pool.get().await.map_err(pool_err)?;
         let tx = client.transaction().await.map_err(pg_err("lock: begin"))?;
         let now = db_now(&tx).await?;
@@ -447,14 +470,10 @@ impl PgStorage {
                     None => locks::lost_renew(locks::holders(&permits_of(&tx, name).await?, now)),
                 }
             }
-            LockOp::Release { name, token, slot } => {
-                let key = locks::permit_key(name, *slot);
-                let row = read_row(&tx, LOCKS_NAMESPACE, &key, true).await?;
-                let holds = locks::token_holds(row.as_ref(), *token, now);
-                if holds {
-                    delete_row(&tx, LOCKS_NAMESPACE, &key).await?;
-                }
-                locks::released(holds)
+            LockOp::Release { .. } => {
+                return Err(StorageError::Internal(
+                    "lock: a release reached the transaction path (it is one statement)".into(),
+                ))
             }
             LockOp::Get { name } => locks::got(locks::holders(&permits_of(&tx, name).await?, now)),
         };
