@@ -311,25 +311,30 @@ impl PgStorage {
             Some(_) => Some(kv_row(&r, 2)?),
             None => None,
         };
-        let answer = if r.get::<_, bool>(1) {
+        if r.get::<_, bool>(1) {
             let row = row.ok_or_else(|| {
                 StorageError::Internal(format!("kv: incr of {key:?} applied without a row"))
             })?;
-            kv::written(key, &row)
-        } else {
-            match kv::decide(op, row.as_ref(), now) {
-                Decision::Answer { answer, .. } => answer,
-                other => {
-                    return Err(StorageError::Internal(format!(
-                        "kv: kv_incr_v1 refused an incr of {key:?} that core writes: {other:?}"
-                    )))
-                }
-            }
-        };
-        Ok(KvBatch {
-            results: vec![answer],
-            failed: None,
-        })
+            return Ok(KvBatch {
+                results: vec![kv::written(key, &row)],
+                failed: None,
+            });
+        }
+        match kv::decide(op, row.as_ref(), now) {
+            // A refused `required` op fails the call, as in the general path (nothing was
+            // written to roll back).
+            Decision::Answer { answer, refused } if refused && op.required() => Ok(KvBatch {
+                results: kv::rolled_back(vec![answer], std::slice::from_ref(op), 0),
+                failed: Some(0),
+            }),
+            Decision::Answer { answer, .. } => Ok(KvBatch {
+                results: vec![answer],
+                failed: None,
+            }),
+            other => Err(StorageError::Internal(format!(
+                "kv: kv_incr_v1 refused an incr of {key:?} that core writes: {other:?}"
+            ))),
+        }
     }
 
     async fn kv_batch_once(&self, ops: &[KvOp]) -> StorageResult<KvBatch> {

@@ -313,6 +313,20 @@ pub async fn kv_required_rolls_back(b: &dyn Backend) -> CaseResult {
     ensure_eq!(out.results[1]["reason"], json!("absent"), "its verdict");
     let x = one(&*s, json!({"op":"get","ns":"n","key":"x"})).await?;
     ensure_eq!(x["found"], json!(false), "the put before it rolled back");
+    // A call of one required op that is refused fails too (PostgreSQL runs a lone incr as one
+    // statement: the verdict must still fail the call).
+    let lone = s
+        .kv_batch(vec![op(
+            json!({"op":"incr","ns":"n","key":"z","delta":5,"max":3,"forever":true,"required":true}),
+        )?])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        lone.failed,
+        Some(0),
+        "a lone required incr over max: {lone:?}"
+    );
+    ensure_eq!(lone.results[0]["reason"], json!("limit"), "its verdict");
 
     let guarded = |expect: i64| -> Result<Vec<TxOp>, String> {
         Ok(vec![
