@@ -190,29 +190,6 @@ impl Budget {
     }
 }
 
-/// One record of a fetch answer.
-pub fn record(offset: Offset, transaction_id: &str, payload: Value, ts: Timestamp) -> Value {
-    json!({"offset": offset, "transactionId": transaction_id, "payload": payload,
-           "ts": format_iso_micros(ts)})
-}
-
-/// One entry of a fetch answer.
-pub fn fetch_entry(entry: &FetchEntry, range: Retained, records: Vec<Value>) -> Value {
-    json!({"queue": entry.queue, "partition": entry.partition, "records": records,
-           "highWatermark": range.high_watermark, "logStartOffset": range.log_start})
-}
-
-/// An entry answered with an error and no records.
-pub fn fetch_error(entry: &FetchEntry, range: Option<Retained>, error: &str) -> Value {
-    let range = range.unwrap_or(Retained {
-        high_watermark: 0,
-        log_start: 0,
-    });
-    json!({"queue": entry.queue, "partition": entry.partition, "records": [],
-           "highWatermark": range.high_watermark, "logStartOffset": range.log_start,
-           "error": error})
-}
-
 /// One discovery question: the partitions of `queue` written after `since` (all when `None`),
 /// by name after `after`, at most `limit`.
 #[derive(Clone, Debug, PartialEq, Eq)]
