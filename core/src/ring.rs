@@ -86,6 +86,10 @@ pub struct RingBugs {
     /// partition the ring dropped while it was in flight is trusted as current: a stale
     /// `LeasedUntil` parks the partition until a lease long released, and pushes do not free it.
     pub stale_look_trusts_a_dropped_entry: bool,
+    /// A committed release of a partition the ring does not hold is ignored outright: a look
+    /// in flight for it checks in its verdict (leased, read before the ack) as current, and a
+    /// single-partition pop woken by the release finds nothing changed and waits out the lease.
+    pub committed_release_of_unknown_ignored: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -263,13 +267,20 @@ impl HotRing {
     /// the batch of a lease that took everything the partition held and nothing was pushed
     /// since (the push would have bumped the epoch). Then the partition is believed empty, as
     /// after an `Empty` verdict, without a pop asking storage to find it so. A committed release
-    /// of a partition the ring does not hold adds nothing to deliver either (the ring believes
-    /// it empty, and pushes since would have entered it).
+    /// of a partition the ring does not hold adds no entry (the ring believes it empty, and
+    /// pushes since would have entered it), but it is noted as a drop: a look without a hand-out
+    /// may be in flight for that partition (a single-partition pop's, a first contact's), and
+    /// its verdict, read before the release, must not park the partition until the old lease's
+    /// expiry.
     pub fn note_freed(&mut self, partition: &str, batch_committed: bool) {
         if batch_committed {
             let ignore_pushes = self.bugs.committed_release_forgets_pushes;
             match self.entries.get(partition) {
-                None => return,
+                None if self.bugs.committed_release_of_unknown_ignored => return,
+                None => {
+                    self.note_dropped();
+                    return;
+                }
                 Some(e)
                     if matches!(e.state, EntryState::Waiting { .. })
                         && e.drained_lease_epoch
@@ -483,7 +494,19 @@ impl HotRing {
             return;
         }
         let known = self.entries.contains_key(partition);
-        let e = self.entry(partition);
+        let dropped_since = match look {
+            Look::IssuedAt(c) => {
+                !known && self.dropped_at > c && !self.bugs.stale_look_trusts_a_dropped_entry
+            }
+            Look::HandedOut(_) => false,
+        };
+        // An entry made from a look that events may have overtaken takes a fresh epoch: it
+        // stands for those events, so a single-partition pop that saw the old one looks again.
+        let e = if dropped_since {
+            self.bump(partition)
+        } else {
+            self.entry(partition)
+        };
         e.drained_lease_epoch = None;
         let state = e.state;
         let epoch = e.epoch;
@@ -502,9 +525,7 @@ impl HotRing {
         let pushed_since = match look {
             Look::HandedOut(t) => t != epoch,
             Look::IssuedAt(c) if known => state != EntryState::Idle || epoch > c,
-            Look::IssuedAt(c) => {
-                self.dropped_at > c && !self.bugs.stale_look_trusts_a_dropped_entry
-            }
+            Look::IssuedAt(_) => dropped_since,
         };
         match verdict {
             Verdict::Took {

@@ -1518,3 +1518,69 @@ fn a_wake_during_a_storage_call_makes_the_pop_look_again() {
         }
     }
 }
+
+/// Another broker's ack commits the whole batch of the lease a single-partition pop here was
+/// just refused, while that pop's look is in flight and before this broker's ring holds the
+/// partition: the pop, woken, must look again, not wait out the old lease (the backlog behind
+/// the batch is deliverable now).
+fn partition_pop_woken_by_a_committed_release(bugs: RingBugs) -> Vec<PopEffect> {
+    let mut c = PopContext::new(RingTable::new(30_000, bugs), EventBugs::default());
+    let params = PopParams::from_query(
+        PopShape::Partition {
+            queue: "q".into(),
+            partition: "p".into(),
+        },
+        [("wait", "true"), ("timeout", "30000")].iter().copied(),
+        30_000,
+    )
+    .expect("params");
+    let mut m = PopMachine::new(
+        params,
+        WorkerId(uuid::Uuid::nil()),
+        production_timing(false, PopBugs::default()),
+        T0,
+    );
+    m.handle_after_gate_check(PopInput::Start, false, T0, &mut c);
+    assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
+    m.handle_after_gate_check(PopInput::PermitGranted, false, T0, &mut c);
+    let (id, cmd) = storage_id(&drain(&mut m));
+    assert!(
+        matches!(cmd, StorageCommand::PopPartition { .. }),
+        "{cmd:?}"
+    );
+    let released = DeliveryEvent::Released {
+        queue: "q".into(),
+        partition: "p".into(),
+        group: "__QUEUE_MODE__".into(),
+        batch_committed: true,
+    };
+    let _ = c.apply(&released, T0);
+    let now = T0.plus_millis(1);
+    let leased = PopInput::StorageDone {
+        id,
+        result: Ok(StorageReply::Pop(PopResult {
+            claims: vec![],
+            verdicts: vec![("p".into(), Verdict::LeasedUntil(T0.plus_secs(300)))],
+        })),
+    };
+    m.handle_after_gate_check(leased, true, now, &mut c);
+    let fx = drain(&mut m);
+    assert_eq!(fx.last(), Some(&PopEffect::Park { until: now }), "{fx:?}");
+    m.handle(PopInput::Timer, now, &mut c);
+    drain(&mut m)
+}
+
+#[test]
+fn a_committed_release_during_a_partition_look_makes_the_pop_look_again() {
+    let fx = partition_pop_woken_by_a_committed_release(RingBugs::default());
+    assert_eq!(fx, vec![PopEffect::AcquirePermit], "looks again at once");
+
+    let fx = partition_pop_woken_by_a_committed_release(RingBugs {
+        committed_release_of_unknown_ignored: true,
+        ..RingBugs::default()
+    });
+    assert!(
+        matches!(fx.last(), Some(PopEffect::Park { until }) if *until > T0.plus_secs(1)),
+        "the switch re-introduces the stranding: {fx:?}"
+    );
+}
