@@ -22,6 +22,7 @@ pub mod reads;
 pub mod ring;
 pub mod rng;
 pub mod storage;
+pub mod streams;
 pub mod time;
 pub mod timers;
 pub mod types;

@@ -15,6 +15,7 @@ mod pop;
 mod queue;
 mod reads;
 mod retention;
+mod streams;
 mod timers;
 
 use std::fmt;
@@ -42,6 +43,7 @@ pub use retention::{
     reads_from, removal, ConsumedFloor, Cutoffs, Removal, Removed, RetentionBatch, RetentionMark,
     RetentionPass,
 };
+pub use streams::StreamStorage;
 pub use timers::{firing, TimerStorage};
 
 use crate::types::{Timestamp, WorkerId};
@@ -379,6 +381,7 @@ pub trait Storage:
     + KvStorage
     + TimerStorage
     + ReadStorage
+    + StreamStorage
 {
 }
 
@@ -393,6 +396,7 @@ impl<T> Storage for T where
         + KvStorage
         + TimerStorage
         + ReadStorage
+        + StreamStorage
 {
 }
 
@@ -410,6 +414,7 @@ pub struct StorageSet {
     pub kv: Arc<dyn KvStorage>,
     pub timers: Arc<dyn TimerStorage>,
     pub reads: Arc<dyn ReadStorage>,
+    pub streams: Arc<dyn StreamStorage>,
 }
 
 impl StorageSet {
@@ -425,7 +430,8 @@ impl StorageSet {
             inspect: backend.clone(),
             kv: backend.clone(),
             timers: backend.clone(),
-            reads: backend,
+            reads: backend.clone(),
+            streams: backend,
         }
     }
 }

@@ -256,7 +256,9 @@ impl Broker {
                         .collect(),
                 ),
                 TxOp::Ack { group, .. } => Touched::Group(group.clone()),
-                TxOp::Kv(_) | TxOp::Timer(_) | TxOp::FireTimer { .. } => Touched::Nothing,
+                TxOp::Kv(_) | TxOp::Timer(_) | TxOp::FireTimer { .. } | TxOp::Stream(_) => {
+                    Touched::Nothing
+                }
             })
             .collect();
         for op in &mut ops {
@@ -268,7 +270,11 @@ impl Broker {
         let out = loop {
             let pushed = ops.iter().flat_map(|op| match op {
                 TxOp::Push(g) => g.as_slice(),
-                TxOp::Ack { .. } | TxOp::Kv(_) | TxOp::Timer(_) | TxOp::FireTimer { .. } => &[],
+                TxOp::Ack { .. }
+                | TxOp::Kv(_)
+                | TxOp::Timer(_)
+                | TxOp::FireTimer { .. }
+                | TxOp::Stream(_) => &[],
             });
             let again = self.may_need_sealing(pushed).then(|| ops.clone());
             match self.storage.delivery.transaction(ops).await {
@@ -300,7 +306,10 @@ impl Broker {
                         events.extend(released_events(std::iter::once((group.as_str(), a)), false))
                     }
                     (
-                        TxOpResult::Kv { .. } | TxOpResult::Timer(_) | TxOpResult::Fired(_),
+                        TxOpResult::Kv { .. }
+                        | TxOpResult::Timer(_)
+                        | TxOpResult::Fired(_)
+                        | TxOpResult::Stream(_),
                         Touched::Nothing,
                     ) => {}
                     // Storage answers each operation with its own kind, in order.

@@ -352,3 +352,31 @@ async fn python_reads_compressed_postgres() {
     )
     .await;
 }
+
+/// Streams end to end through the client's `queen.streams` SDK (streams.py): a tumbling-window
+/// sum, a token-bucket gate, a killed worker's replacement resuming from committed state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_streams_memory() {
+    run_script_with(
+        Store::Memory,
+        ServerConfig::default(),
+        "streams.py",
+        &[],
+        &[],
+        "streams",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_streams_postgres() {
+    run_script_with(
+        Store::Postgres("queen_py_streams"),
+        ServerConfig::default(),
+        "streams.py",
+        &[],
+        &[],
+        "streams",
+    )
+    .await;
+}

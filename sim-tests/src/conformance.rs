@@ -50,8 +50,10 @@ macro_rules! ensure_eq {
 
 mod kv;
 mod reads;
+mod streams;
 pub use kv::*;
 pub use reads::*;
+pub use streams::*;
 
 /// Whether the group has any backlog in the queue, claimable or leased.
 async fn backlog(s: &dyn Storage, queue: &str, group: &str) -> Result<bool, String> {
@@ -2569,4 +2571,7 @@ cases!(
     timers_fire_once_never_early,
     fetch_reads_by_offset,
     partitions_changed_since,
+    stream_queries_register_by_hash,
+    stream_state_reads_select,
+    stream_cycles_commit_all_or_nothing_on_the_lease,
 );

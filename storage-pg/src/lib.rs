@@ -16,6 +16,7 @@ mod pop_rows;
 mod reads;
 mod retention;
 mod statistics;
+mod streams;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod timers;

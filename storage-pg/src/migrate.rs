@@ -67,6 +67,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(23, "key/value store", "023_kv.sql"),
     migration!(24, "timers", "024_timers.sql"),
     migration!(25, "partitions by name", "025_partitions_by_name.sql"),
+    migration!(26, "stream queries and state", "026_streams.sql"),
 ];
 
 macro_rules! functions {

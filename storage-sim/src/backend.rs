@@ -17,7 +17,9 @@ use queen_core::storage::{
 use queen_core::Timestamp;
 
 use crate::tx::lock;
-use crate::{delivery, inspect, kv, messages, pop, queues, reads, retention, timers, SimDb};
+use crate::{
+    delivery, inspect, kv, messages, pop, queues, reads, retention, streams, timers, SimDb,
+};
 
 #[async_trait]
 impl PopStorage for SimDb {
@@ -542,6 +544,30 @@ impl queen_core::storage::TimerStorage for SimDb {
 
     async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>> {
         Ok(timers::next_due(&lock(&self.shared.state)))
+    }
+}
+
+#[async_trait]
+impl queen_core::storage::StreamStorage for SimDb {
+    async fn register_stream_query(
+        &self,
+        req: &queen_core::streams::QueryRegistration,
+        minted_id: uuid::Uuid,
+    ) -> StorageResult<queen_core::streams::Registration> {
+        self.exec(streams::register(
+            self.shared.clone(),
+            self.cell(),
+            req.clone(),
+            minted_id,
+        ))
+        .await
+    }
+
+    async fn stream_state(
+        &self,
+        query: &queen_core::streams::StateQuery,
+    ) -> StorageResult<Option<Vec<queen_core::streams::StateRow>>> {
+        Ok(streams::state(&lock(&self.shared.state), query))
     }
 }
 

@@ -52,6 +52,7 @@ pub(crate) async fn transaction(
                     key,
                     message_id,
                 } => TxOpResult::Fired(crate::timers::fire(&tx, queue, key, *message_id).await?),
+                TxOp::Stream(op) => TxOpResult::Stream(crate::streams::cycle_op(&tx, op).await?),
             };
             let refusal = result.refusal();
             results.push(result);

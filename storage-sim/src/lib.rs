@@ -17,6 +17,7 @@ mod reads;
 mod retention;
 pub mod sched;
 mod state;
+mod streams;
 pub mod table;
 mod timers;
 mod tx;

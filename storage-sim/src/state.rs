@@ -134,6 +134,11 @@ pub struct DbState {
     pub kv_seq: i64,
     /// queen.timers: (queue, timer key) → pending timer.
     pub timers: Table<(String, String), queen_core::timers::TimerRow>,
+    /// queen_streams.queries: id → query; its unique name index.
+    pub stream_queries: Table<uuid::Uuid, crate::streams::StreamQueryRow>,
+    pub stream_names: Table<String, uuid::Uuid>,
+    /// queen_streams.state: (query id, partition id, key) → row.
+    pub stream_state: Table<crate::streams::StateKey, crate::streams::StreamStateRow>,
     /// queen.worker_samples: (bucket, hostname, worker id) → sample. Not transactional: a
     /// sample is one broker's own write, never read back within a transaction.
     pub samples: BTreeMap<(Timestamp, String, String), queen_core::storage::WorkerSample>,
@@ -181,6 +186,9 @@ impl DbState {
             kv: Table::default(),
             kv_seq: 0,
             timers: Table::default(),
+            stream_queries: Table::default(),
+            stream_names: Table::default(),
+            stream_state: Table::default(),
             samples: BTreeMap::new(),
             removals: Vec::new(),
             record_removals: false,
@@ -346,7 +354,10 @@ impl DbState {
             cluster_settings,
             traces,
             kv,
-            timers
+            timers,
+            stream_queries,
+            stream_names,
+            stream_state
         );
         for key in self.advisory_held.remove(&tx).unwrap_or_default() {
             self.advisory.remove(&key);

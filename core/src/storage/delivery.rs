@@ -24,6 +24,8 @@ pub enum TxOp {
         key: String,
         message_id: uuid::Uuid,
     },
+    /// A stream cycle's fence and state ops (placed first in the cycle's transaction).
+    Stream(crate::streams::StreamCycleOp),
 }
 
 /// The answer of one transaction operation.
@@ -40,6 +42,8 @@ pub enum TxOpResult {
     Timer(serde_json::Value),
     /// Whether the timer was still pending and due (and is now removed).
     Fired(bool),
+    /// A stream cycle's state ops applied, or why the cycle commits nothing.
+    Stream(Result<usize, crate::streams::StreamRefusal>),
 }
 
 impl TxOpResult {
@@ -66,6 +70,7 @@ impl TxOpResult {
             TxOpResult::Fired(fired) => {
                 (!fired).then(|| "the timer is no longer pending, or not yet due".to_string())
             }
+            TxOpResult::Stream(r) => r.err().map(|e| e.message().to_string()),
         }
     }
 }

@@ -10,6 +10,7 @@ mod pop;
 mod push;
 mod queues;
 mod reads;
+mod streams;
 mod system;
 mod timers;
 mod transaction;
@@ -52,6 +53,7 @@ pub(crate) fn surface(path: &str) -> &'static str {
         "locks" => "locks",
         "timers" => "timers",
         "fetch" | "partitions" => "reads",
+        "streams" => "streams",
         "configure" => "configure",
         "dlq" | "consumer-groups" => "groups",
         "resources" | "messages" | "traces" | "status" | "analytics" | "stats" | "system" => {
@@ -208,6 +210,21 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
             need(ReadOnly)?;
             let b = body(&broker, req).await?;
             reads::changed(&broker, &b).await
+        }
+        (&Method::POST, ["streams", "v1", "queries"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            streams::register(&broker, &b).await
+        }
+        (&Method::POST, ["streams", "v1", "state", "get"]) => {
+            need(ReadOnly)?;
+            let b = body(&broker, req).await?;
+            streams::state(&broker, &b).await
+        }
+        (&Method::POST, ["streams", "v1", "cycle"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            streams::cycle(&broker, &b, caller.producer()).await
         }
         (&Method::POST, ["api", "v1", "timers"]) => {
             need(ReadWrite)?;

@@ -1,0 +1,436 @@
+//! The streams surface's rules, sans-IO: what a well-formed query registration, state read and
+//! cycle are, which registration verdict a stored query gets, which state rows a read selects,
+//! and why a cycle is refused. The streaming SDKs of Queen's clients compute windows, keys and
+//! gates themselves; the broker keeps per-(query, source partition) state rows and commits one
+//! cycle (state changes, sink pushes, the source ack) in one transaction.
+//!
+//! A cycle is fenced on the source lease as a whole, not only its ack: when it names a lease,
+//! the lease must still be live and held by that id, even for messages already committed. An
+//! ack alone is idempotent after its commit (a retried transaction's ack), but a cycle is not:
+//! a worker whose lease expired and was re-claimed would otherwise overwrite the state its
+//! successor committed with state computed from older rows.
+
+use serde_json::Value;
+
+use crate::types::Timestamp;
+
+/// Size limits of the streams surface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamLimits {
+    pub max_name_bytes: usize,
+    pub max_hash_bytes: usize,
+    pub max_key_bytes: usize,
+    /// A state value's JSON text.
+    pub max_value_bytes: usize,
+    /// State ops of one cycle.
+    pub max_state_ops: usize,
+    /// Keys of one state read.
+    pub max_keys: usize,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            max_name_bytes: 255,
+            max_hash_bytes: 255,
+            max_key_bytes: 1024,
+            max_value_bytes: 1024 * 1024,
+            max_state_ops: 10_000,
+            max_keys: 10_000,
+        }
+    }
+}
+
+/// `POST /streams/v1/queries`: register a query by name, or find it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueryRegistration {
+    pub name: String,
+    pub source_queue: String,
+    pub sink_queue: Option<String>,
+    pub config_hash: String,
+    /// A changed hash drops every state row of the query instead of being refused.
+    pub reset: bool,
+}
+
+/// A stored query, as registration reads it under its row lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredQuery {
+    pub id: uuid::Uuid,
+    pub config_hash: String,
+}
+
+/// What registration does with the query stored under the name (if any).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistrationStep {
+    /// No query of that name: insert it.
+    Create,
+    /// Same hash: answer the stored id, change nothing.
+    Existing,
+    /// Another hash with `reset`: drop the query's state and store the new hash.
+    Reset,
+    /// Another hash without `reset`: refused (409), nothing changed.
+    Mismatch,
+}
+
+/// The verdict of a registration against the stored query of its name.
+pub fn registration_step(
+    req: &QueryRegistration,
+    stored: Option<&StoredQuery>,
+) -> RegistrationStep {
+    match stored {
+        None => RegistrationStep::Create,
+        Some(q) if q.config_hash == req.config_hash => RegistrationStep::Existing,
+        Some(_) if req.reset => RegistrationStep::Reset,
+        Some(_) => RegistrationStep::Mismatch,
+    }
+}
+
+/// A registration's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Registration {
+    Registered {
+        query_id: uuid::Uuid,
+        /// This call created the query.
+        fresh: bool,
+        /// This call dropped the query's state for a new hash.
+        reset: bool,
+    },
+    /// The name is registered with another hash (`reset` was not asked).
+    HashMismatch { stored_hash: String },
+}
+
+/// `POST /streams/v1/state/get`: rows of one (query, partition) shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateQuery {
+    pub query_id: uuid::Uuid,
+    pub partition_id: String,
+    /// Empty: every row of the shard (narrowed by the filters below).
+    pub keys: Vec<String>,
+    /// Only keys starting with this (the SDK's idle flush: one window operator's rows).
+    pub key_prefix: Option<String>,
+    /// Only rows whose value's `windowEnd` (epoch ms) is at or before this: the windows that
+    /// have closed. A row without a numeric `windowEnd` is never ripe.
+    pub ripe_at_or_before: Option<i64>,
+}
+
+impl StateQuery {
+    /// Whether the row of `key` holding `value` is one the read asks for. PostgreSQL's
+    /// statement (`storage-pg/src/streams.rs`) applies the same three filters.
+    pub fn selects(&self, key: &str, value: &Value) -> bool {
+        (self.keys.is_empty() || self.keys.iter().any(|k| k == key))
+            && self
+                .key_prefix
+                .as_deref()
+                .is_none_or(|p| key.starts_with(p))
+            && self
+                .ripe_at_or_before
+                .is_none_or(|at| window_end(value).is_some_and(|end| end <= at))
+    }
+}
+
+/// A state value's `windowEnd`, when it is a number (epoch ms; a float is truncated, as
+/// PostgreSQL's `::numeric::bigint` cast of the JSON number rounds it: only whole numbers are
+/// written by the SDKs).
+pub fn window_end(value: &Value) -> Option<i64> {
+    let end = value.get("windowEnd")?;
+    end.as_i64()
+        .or_else(|| end.as_f64().map(|f| f.round() as i64))
+}
+
+/// One state row as read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateRow {
+    pub key: String,
+    pub value: Value,
+    pub updated_at: Timestamp,
+}
+
+/// One state change of a cycle, scoped to the cycle's (query, partition).
+#[derive(Clone, Debug, PartialEq)]
+pub enum StateOp {
+    Upsert { key: String, value: Value },
+    Delete { key: String },
+}
+
+impl StateOp {
+    pub fn key(&self) -> &str {
+        match self {
+            StateOp::Upsert { key, .. } | StateOp::Delete { key } => key,
+        }
+    }
+}
+
+/// The state part of a cycle, run first in the cycle's transaction: the checks that fence the
+/// whole cycle, then the state ops in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamCycleOp {
+    pub query_id: uuid::Uuid,
+    /// The source partition (its id) the cycle's state and ack belong to.
+    pub partition_id: String,
+    /// The consumer group the cycle's ack acts for (the fence's cursor row).
+    pub group: String,
+    /// The source lease the cycle was computed under (`None`: a cycle without an ack, the
+    /// SDK's idle flush of closed windows, which holds no lease).
+    pub lease_id: Option<String>,
+    pub ops: Vec<StateOp>,
+}
+
+/// What a cycle's state ops leave behind, key by key (a later op on a key replaces an earlier
+/// one): the values to upsert and the keys to delete, each in key order. Both backends write
+/// this net effect, so a key upserted then deleted in one cycle ends deleted.
+pub fn net_effect(ops: &[StateOp]) -> (Vec<(String, Value)>, Vec<String>) {
+    let mut last: std::collections::BTreeMap<&str, Option<&Value>> = Default::default();
+    for op in ops {
+        match op {
+            StateOp::Upsert { key, value } => last.insert(key, Some(value)),
+            StateOp::Delete { key } => last.insert(key, None),
+        };
+    }
+    let mut upserts = vec![];
+    let mut deletes = vec![];
+    for (key, value) in last {
+        match value {
+            Some(v) => upserts.push((key.to_string(), v.clone())),
+            None => deletes.push(key.to_string()),
+        }
+    }
+    (upserts, deletes)
+}
+
+/// Why a cycle commits nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamRefusal {
+    /// No query has that id (never registered, or deleted).
+    UnknownQuery,
+    /// The partition is not one of the query's source queue.
+    ForeignPartition,
+    /// The source lease the cycle names is no longer live, or is held by another consumer.
+    LeaseLost,
+}
+
+impl StreamRefusal {
+    /// The one wording of both backends; also the transaction's error.
+    pub fn message(self) -> &'static str {
+        match self {
+            StreamRefusal::UnknownQuery => "stream query not found",
+            StreamRefusal::ForeignPartition => {
+                "partition_id is not a partition of the query's source queue"
+            }
+            StreamRefusal::LeaseLost => {
+                "source lease lost: the lease is expired or held by another consumer"
+            }
+        }
+    }
+
+    /// The refusal a message names, when it is one (the transaction carries it as text).
+    pub fn from_message(message: &str) -> Option<StreamRefusal> {
+        [
+            StreamRefusal::UnknownQuery,
+            StreamRefusal::ForeignPartition,
+            StreamRefusal::LeaseLost,
+        ]
+        .into_iter()
+        .find(|r| r.message() == message)
+    }
+}
+
+/// What the fence reads: the cursor row's lease, if the row exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseView {
+    pub worker: Option<uuid::Uuid>,
+    pub expires_at: Option<Timestamp>,
+}
+
+/// The fence of a cycle naming `lease_id`: its lease must be live at `now` and held by that id.
+pub fn lease_holds(lease_id: &str, row: Option<LeaseView>, now: Timestamp) -> bool {
+    row.is_some_and(|r| {
+        r.expires_at.is_some_and(|t| t > now) && r.worker.is_some_and(|w| w.to_string() == lease_id)
+    })
+}
+
+/// The checks of a cycle before its state ops, in the order both backends make them.
+/// `source_of_partition`: the queue the partition belongs to (`None`: no such partition).
+pub fn check_cycle(
+    op: &StreamCycleOp,
+    query_source: Option<&str>,
+    source_of_partition: Option<&str>,
+    lease: Option<LeaseView>,
+    now: Timestamp,
+) -> Result<(), StreamRefusal> {
+    let Some(source) = query_source else {
+        return Err(StreamRefusal::UnknownQuery);
+    };
+    if source_of_partition != Some(source) {
+        return Err(StreamRefusal::ForeignPartition);
+    }
+    match op.lease_id.as_deref() {
+        Some(id) if !lease_holds(id, lease, now) => Err(StreamRefusal::LeaseLost),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a name-like field (query name, config hash, state key): non-empty, within `max`
+/// bytes, no control characters.
+pub fn check_text(what: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{what} is required"));
+    }
+    if value.len() > max {
+        return Err(format!("{what} is longer than {max} bytes"));
+    }
+    if value.chars().any(|c| c.is_control() && c != '\u{1f}') {
+        return Err(format!("{what} must not contain control characters"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const T0: Timestamp = Timestamp(1_700_000_000_000_000);
+
+    fn reg(hash: &str, reset: bool) -> QueryRegistration {
+        QueryRegistration {
+            name: "q1".into(),
+            source_queue: "src".into(),
+            sink_queue: None,
+            config_hash: hash.into(),
+            reset,
+        }
+    }
+
+    #[test]
+    fn the_last_op_on_a_key_wins() {
+        let ops = vec![
+            StateOp::Upsert {
+                key: "b".into(),
+                value: json!(1),
+            },
+            StateOp::Delete { key: "a".into() },
+            StateOp::Upsert {
+                key: "a".into(),
+                value: json!(2),
+            },
+            StateOp::Delete { key: "b".into() },
+        ];
+        assert_eq!(
+            net_effect(&ops),
+            (vec![("a".to_string(), json!(2))], vec!["b".to_string()])
+        );
+    }
+
+    #[test]
+    fn registration_steps() {
+        let stored = StoredQuery {
+            id: uuid::Uuid::nil(),
+            config_hash: "h1".into(),
+        };
+        assert_eq!(
+            registration_step(&reg("h1", false), None),
+            RegistrationStep::Create
+        );
+        assert_eq!(
+            registration_step(&reg("h1", true), Some(&stored)),
+            RegistrationStep::Existing,
+            "the same hash never resets, even when asked"
+        );
+        assert_eq!(
+            registration_step(&reg("h2", false), Some(&stored)),
+            RegistrationStep::Mismatch
+        );
+        assert_eq!(
+            registration_step(&reg("h2", true), Some(&stored)),
+            RegistrationStep::Reset
+        );
+    }
+
+    #[test]
+    fn state_reads_select_by_keys_prefix_and_ripeness() {
+        let q = |keys: &[&str], prefix: Option<&str>, ripe: Option<i64>| StateQuery {
+            query_id: uuid::Uuid::nil(),
+            partition_id: "p".into(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            key_prefix: prefix.map(str::to_string),
+            ripe_at_or_before: ripe,
+        };
+        let v = json!({"acc": 3, "windowEnd": 1000});
+        assert!(q(&[], None, None).selects("w\u{1f}a", &v));
+        assert!(q(&["w\u{1f}a"], None, None).selects("w\u{1f}a", &v));
+        assert!(!q(&["other"], None, None).selects("w\u{1f}a", &v));
+        assert!(q(&[], Some("w\u{1f}"), None).selects("w\u{1f}a", &v));
+        assert!(!q(&[], Some("x\u{1f}"), None).selects("w\u{1f}a", &v));
+        assert!(
+            q(&[], None, Some(1000)).selects("k", &v),
+            "closed at its end"
+        );
+        assert!(!q(&[], None, Some(999)).selects("k", &v));
+        assert!(
+            !q(&[], None, Some(5000)).selects("k", &json!(7)),
+            "no windowEnd"
+        );
+        assert!(!q(&[], None, Some(5000)).selects("k", &json!({"windowEnd": "1"})));
+    }
+
+    #[test]
+    fn the_fence_needs_a_live_lease_held_by_the_id() {
+        let w = uuid::Uuid::from_u128(7);
+        let live = LeaseView {
+            worker: Some(w),
+            expires_at: Some(T0.plus_secs(10)),
+        };
+        let op = StreamCycleOp {
+            query_id: uuid::Uuid::nil(),
+            partition_id: "p".into(),
+            group: "g".into(),
+            lease_id: Some(w.to_string()),
+            ops: vec![],
+        };
+        assert_eq!(
+            check_cycle(&op, Some("src"), Some("src"), Some(live), T0),
+            Ok(())
+        );
+        assert_eq!(
+            check_cycle(&op, None, Some("src"), Some(live), T0),
+            Err(StreamRefusal::UnknownQuery)
+        );
+        assert_eq!(
+            check_cycle(&op, Some("src"), Some("other"), Some(live), T0),
+            Err(StreamRefusal::ForeignPartition)
+        );
+        assert_eq!(
+            check_cycle(&op, Some("src"), None, None, T0),
+            Err(StreamRefusal::ForeignPartition)
+        );
+        assert_eq!(
+            check_cycle(&op, Some("src"), Some("src"), Some(live), T0.plus_secs(10)),
+            Err(StreamRefusal::LeaseLost),
+            "expired"
+        );
+        let other = LeaseView {
+            worker: Some(uuid::Uuid::from_u128(8)),
+            ..live
+        };
+        assert_eq!(
+            check_cycle(&op, Some("src"), Some("src"), Some(other), T0),
+            Err(StreamRefusal::LeaseLost),
+            "re-claimed by another"
+        );
+        let flush = StreamCycleOp {
+            lease_id: None,
+            ..op
+        };
+        assert_eq!(
+            check_cycle(&flush, Some("src"), Some("src"), None, T0),
+            Ok(())
+        );
+        for r in [
+            StreamRefusal::UnknownQuery,
+            StreamRefusal::ForeignPartition,
+            StreamRefusal::LeaseLost,
+        ] {
+            assert_eq!(StreamRefusal::from_message(r.message()), Some(r));
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Conformance cases of the streams surface: registration by config hash, state reads, and the
+//! cycle's all-or-nothing commit fenced on the source lease.
+
+use serde_json::json;
+
+use queen_core::storage::{AckStatus, Storage, TxOp, TxOpResult};
+use queen_core::streams::{
+    QueryRegistration, Registration, StateOp, StateQuery, StreamCycleOp, StreamRefusal,
+};
+
+use super::{ack, e, push, Backend, CaseResult};
+use crate::fixtures::{group, pop_req, Ids};
+
+fn registration(name: &str, source: &str, hash: &str, reset: bool) -> QueryRegistration {
+    QueryRegistration {
+        name: name.into(),
+        source_queue: source.into(),
+        sink_queue: None,
+        config_hash: hash.into(),
+        reset,
+    }
+}
+
+async fn register(
+    s: &dyn Storage,
+    ids: &mut Ids,
+    req: QueryRegistration,
+) -> Result<Registration, String> {
+    s.register_stream_query(&req, ids.worker().0)
+        .await
+        .map_err(e)
+}
+
+async fn query_id(
+    s: &dyn Storage,
+    ids: &mut Ids,
+    name: &str,
+    source: &str,
+) -> Result<uuid::Uuid, String> {
+    match register(s, ids, registration(name, source, "h", false)).await? {
+        Registration::Registered { query_id, .. } => Ok(query_id),
+        other => Err(format!("registration: {other:?}")),
+    }
+}
+
+fn all_rows(query_id: uuid::Uuid, partition_id: &str) -> StateQuery {
+    StateQuery {
+        query_id,
+        partition_id: partition_id.into(),
+        keys: vec![],
+        key_prefix: None,
+        ripe_at_or_before: None,
+    }
+}
+
+/// (key, value) of every row of the shard.
+async fn rows(
+    s: &dyn Storage,
+    query_id: uuid::Uuid,
+    partition_id: &str,
+) -> Result<Vec<(String, serde_json::Value)>, String> {
+    let rows = s
+        .stream_state(&all_rows(query_id, partition_id))
+        .await
+        .map_err(e)?
+        .ok_or("unknown query")?;
+    Ok(rows.into_iter().map(|r| (r.key, r.value)).collect())
+}
+
+fn upsert(key: &str, value: serde_json::Value) -> StateOp {
+    StateOp::Upsert {
+        key: key.into(),
+        value,
+    }
+}
+
+/// A name is registered once; the same hash finds it, another is refused unless `reset`,
+/// which drops the query's state and keeps its id.
+pub async fn stream_queries_register_by_hash(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(70);
+    let first = register(&*s, &mut ids, registration("q1", "src", "h1", false)).await?;
+    let Registration::Registered {
+        query_id,
+        fresh: true,
+        reset: false,
+    } = first
+    else {
+        return Err(format!("first registration: {first:?}"));
+    };
+    ensure_eq!(
+        register(&*s, &mut ids, registration("q1", "src", "h1", true)).await?,
+        Registration::Registered {
+            query_id,
+            fresh: false,
+            reset: false
+        },
+        "the same hash finds the query and never resets it"
+    );
+    ensure_eq!(
+        register(&*s, &mut ids, registration("q1", "src", "h2", false)).await?,
+        Registration::HashMismatch {
+            stored_hash: "h1".into()
+        },
+        "another hash without reset"
+    );
+    // A flush cycle (no lease) writes state on a partition of the source queue.
+    push(&*s, &mut ids, "src", "p", "t", 0..1).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("src", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let flush = TxOp::Stream(StreamCycleOp {
+        query_id,
+        partition_id: pid.clone(),
+        group: "g".into(),
+        lease_id: None,
+        ops: vec![upsert("k", json!(1))],
+    });
+    ensure!(
+        s.transaction(vec![flush]).await.map_err(e)?.committed,
+        "flush"
+    );
+    ensure_eq!(rows(&*s, query_id, &pid).await?.len(), 1, "a row");
+    ensure_eq!(
+        register(&*s, &mut ids, registration("q1", "src", "h2", true)).await?,
+        Registration::Registered {
+            query_id,
+            fresh: false,
+            reset: true
+        },
+        "reset keeps the id"
+    );
+    ensure_eq!(
+        rows(&*s, query_id, &pid).await?,
+        vec![],
+        "reset dropped the state"
+    );
+    ensure_eq!(
+        register(&*s, &mut ids, registration("q1", "src", "h2", false)).await?,
+        Registration::Registered {
+            query_id,
+            fresh: false,
+            reset: false
+        },
+        "the new hash is the stored one"
+    );
+    Ok(())
+}
+
+/// State reads select by keys, by prefix and by closed windows; the last op on a key wins.
+pub async fn stream_state_reads_select(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(71);
+    let qid = query_id(&*s, &mut ids, "reads", "rsrc").await?;
+    push(&*s, &mut ids, "rsrc", "p", "t", 0..1).await?;
+    let r = s
+        .pop_partition(pop_req("rsrc", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let ops = vec![
+        upsert("tumb:1\u{1f}a", json!({"acc": 1, "windowEnd": 1000})),
+        upsert("tumb:1\u{1f}b", json!({"acc": 2, "windowEnd": 2000})),
+        upsert("gate\u{1f}x", json!({"tokens": 3})),
+        upsert("gone", json!(0)),
+        StateOp::Delete { key: "gone".into() },
+        upsert("tumb:1\u{1f}a", json!({"acc": 5, "windowEnd": 1000})),
+    ];
+    let cycle = TxOp::Stream(StreamCycleOp {
+        query_id: qid,
+        partition_id: pid.clone(),
+        group: "g".into(),
+        lease_id: None,
+        ops,
+    });
+    let out = s.transaction(vec![cycle]).await.map_err(e)?;
+    ensure_eq!(
+        out.results,
+        vec![TxOpResult::Stream(Ok(6))],
+        "six ops applied"
+    );
+    let read = |keys: Vec<&str>, prefix: Option<&str>, ripe: Option<i64>| StateQuery {
+        keys: keys.into_iter().map(str::to_string).collect(),
+        key_prefix: prefix.map(str::to_string),
+        ripe_at_or_before: ripe,
+        ..all_rows(qid, &pid)
+    };
+    let keys = |q: StateQuery| {
+        let s = s.clone();
+        async move {
+            let rows = s
+                .stream_state(&q)
+                .await
+                .map_err(e)?
+                .ok_or("unknown query")?;
+            Ok::<_, String>(rows.into_iter().map(|r| r.key).collect::<Vec<_>>())
+        }
+    };
+    ensure_eq!(
+        keys(read(vec![], None, None)).await?,
+        vec!["gate\u{1f}x", "tumb:1\u{1f}a", "tumb:1\u{1f}b"],
+        "every row, by key; the deleted key is gone"
+    );
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?[1].1,
+        json!({"acc": 5, "windowEnd": 1000}),
+        "the last upsert of a key wins"
+    );
+    ensure_eq!(
+        keys(read(vec!["gate\u{1f}x", "nope"], None, None)).await?,
+        vec!["gate\u{1f}x"],
+        "named keys; a missing one is absent"
+    );
+    ensure_eq!(
+        keys(read(vec![], Some("tumb:1\u{1f}"), Some(1500))).await?,
+        vec!["tumb:1\u{1f}a"],
+        "one operator's closed windows"
+    );
+    ensure_eq!(
+        keys(read(vec![], None, Some(5000))).await?,
+        vec!["tumb:1\u{1f}a", "tumb:1\u{1f}b"],
+        "a row without a windowEnd is never ripe"
+    );
+    ensure_eq!(
+        rows(&*s, qid, "00000000-0000-0000-0000-000000000000").await?,
+        vec![],
+        "another shard is empty"
+    );
+    ensure!(
+        s.stream_state(&all_rows(ids.worker().0, &pid))
+            .await
+            .map_err(e)?
+            .is_none(),
+        "an unknown query reads as unknown"
+    );
+    Ok(())
+}
+
+/// A cycle's state, sink pushes and ack commit together or not at all; it is fenced on the
+/// source lease as a whole (a lease released, expired or re-claimed commits nothing, even for
+/// messages already committed), and refuses an unknown query or a partition of another queue.
+pub async fn stream_cycles_commit_all_or_nothing_on_the_lease(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(72);
+    let qid = query_id(&*s, &mut ids, "cyc", "csrc").await?;
+    push(&*s, &mut ids, "csrc", "p", "t", 0..4).await?;
+    push(&*s, &mut ids, "other", "p", "o", 0..1).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("csrc", "g", w, 2), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let cycle = |ids: &mut Ids, lease: Option<String>, txid: &str, value: i64| {
+        vec![
+            TxOp::Stream(StreamCycleOp {
+                query_id: qid,
+                partition_id: pid.clone(),
+                group: "g".into(),
+                lease_id: lease.clone(),
+                ops: vec![upsert("count", json!(value))],
+            }),
+            TxOp::Push(vec![group(ids, "csink", "p", &format!("s{value}-"), 0..1)]),
+            TxOp::Ack {
+                group: "g".into(),
+                item: ack(txid, &pid, AckStatus::Completed, lease),
+            },
+        ]
+    };
+    let sink_count = |s: std::sync::Arc<dyn Storage>, mut ids: Ids| async move {
+        let r = s
+            .pop_partition(pop_req("csink", "check", ids.worker(), 100), "p".into())
+            .await
+            .map_err(e)?;
+        Ok::<_, String>(r.message_count())
+    };
+
+    // A failure in any part rolls back every part: here the ack names no delivered message.
+    let out = s
+        .transaction(cycle(&mut ids, Some(w.to_string()), "t-3", 1))
+        .await
+        .map_err(e)?;
+    ensure!(
+        !out.committed,
+        "an ack past the batch fails the cycle: {out:?}"
+    );
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?,
+        vec![],
+        "no state from a failed cycle"
+    );
+
+    let out = s
+        .transaction(cycle(&mut ids, Some(w.to_string()), "t-1", 2))
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "the holder's cycle commits: {out:?}");
+    ensure!(
+        matches!(&out.results[2], TxOpResult::Ack(a) if a.success && a.lease_released),
+        "its ack committed the batch and ended the lease: {:?}",
+        out.results[2]
+    );
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?,
+        vec![("count".to_string(), json!(2))],
+        "its state"
+    );
+
+    // The same cycle again (a retry after a lost answer): the lease is gone, so nothing.
+    let out = s
+        .transaction(cycle(&mut ids, Some(w.to_string()), "t-1", 3))
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        out.results.first(),
+        Some(&TxOpResult::Stream(Err(StreamRefusal::LeaseLost))),
+        "a released lease fences the whole cycle"
+    );
+    ensure!(!out.committed, "nothing committed");
+
+    // A lease that expired, then was re-claimed by another: the old holder commits nothing.
+    let w2 = ids.worker();
+    s.pop_partition(pop_req("csrc", "g", w2, 2), "p".into())
+        .await
+        .map_err(e)?;
+    b.advance_secs(3600).await;
+    let out = s
+        .transaction(cycle(&mut ids, Some(w2.to_string()), "t-3", 4))
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        out.results.first(),
+        Some(&TxOpResult::Stream(Err(StreamRefusal::LeaseLost))),
+        "an expired lease fences the cycle"
+    );
+    let w3 = ids.worker();
+    s.pop_partition(pop_req("csrc", "g", w3, 2), "p".into())
+        .await
+        .map_err(e)?;
+    let out = s
+        .transaction(cycle(&mut ids, Some(w2.to_string()), "t-3", 5))
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        out.results.first(),
+        Some(&TxOpResult::Stream(Err(StreamRefusal::LeaseLost))),
+        "a lease re-claimed by another fences the old holder"
+    );
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?,
+        vec![("count".to_string(), json!(2))],
+        "only the committed cycle's state"
+    );
+    ensure_eq!(
+        sink_count(s.clone(), Ids::new(73)).await?,
+        1,
+        "only the committed cycle's sink push"
+    );
+    let out = s
+        .transaction(cycle(&mut ids, Some(w3.to_string()), "t-3", 6))
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "the new holder's cycle commits: {out:?}");
+
+    // Refusals of the cycle itself.
+    let other_pid = s
+        .pop_partition(pop_req("other", "g", ids.worker(), 1), "p".into())
+        .await
+        .map_err(e)?
+        .claims[0]
+        .partition_id
+        .clone();
+    for (query_id, partition_id, want) in [
+        (qid, other_pid, StreamRefusal::ForeignPartition),
+        (ids.worker().0, pid.clone(), StreamRefusal::UnknownQuery),
+    ] {
+        let op = TxOp::Stream(StreamCycleOp {
+            query_id,
+            partition_id,
+            group: "g".into(),
+            lease_id: None,
+            ops: vec![upsert("x", json!(1))],
+        });
+        let out = s.transaction(vec![op]).await.map_err(e)?;
+        ensure_eq!(out.results, vec![TxOpResult::Stream(Err(want))], "{want:?}");
+    }
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?,
+        vec![("count".to_string(), json!(6))],
+        "refused cycles wrote nothing"
+    );
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! Stream queries and state on PostgreSQL (`queen_streams`, migration 026). Registration reads
+//! the name's row under its lock and does what core's `registration_step` names; a cycle's
+//! state part runs inside the cycle's transaction (`TxOp::Stream`, from `delivery.rs`).
+
+use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use queen_core::storage::{StorageError, StorageResult, StreamStorage};
+use queen_core::streams::{
+    self, LeaseView, QueryRegistration, Registration, RegistrationStep, StateQuery, StateRow,
+    StoredQuery, StreamCycleOp, StreamRefusal,
+};
+use queen_core::Timestamp;
+
+use crate::error::{pg_err, pool_err, prepared, retry_contention};
+use crate::{from_system_time, PgStorage};
+
+/// A partition id as PostgreSQL stores it (`None`: not a uuid, so no partition has it).
+fn partition_uuid(id: &str) -> Option<uuid::Uuid> {
+    uuid::Uuid::parse_str(id).ok()
+}
+
+fn json_text(value: &serde_json::Value) -> StorageResult<String> {
+    serde_json::to_string(value).map_err(|e| StorageError::Internal(format!("state value: {e}")))
+}
+
+impl PgStorage {
+    async fn register_once(
+        &self,
+        req: &QueryRegistration,
+        minted_id: uuid::Uuid,
+    ) -> StorageResult<Registration> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg_err("streams register: begin"))?;
+        // Insert-if-absent first, so two first registrations of one name meet on its unique
+        // index (the loser waits, then finds the winner's row) instead of both inserting.
+        let inserted = tx
+            .execute(
+                &prepared(
+                    &tx,
+                    "INSERT INTO queen_streams.queries (id, name, source_queue, sink_queue, config_hash)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+                )
+                .await?,
+                &[
+                    &minted_id,
+                    &req.name,
+                    &req.source_queue,
+                    &req.sink_queue,
+                    &req.config_hash,
+                ],
+            )
+            .await
+            .map_err(pg_err("streams register: insert"))?;
+        if inserted == 1 {
+            debug_assert_eq!(
+                streams::registration_step(req, None),
+                RegistrationStep::Create
+            );
+            tx.commit()
+                .await
+                .map_err(pg_err("streams register: commit"))?;
+            return Ok(Registration::Registered {
+                query_id: minted_id,
+                fresh: true,
+                reset: false,
+            });
+        }
+        let row = tx
+            .query_one(
+                &prepared(
+                    &tx,
+                    "SELECT id, config_hash FROM queen_streams.queries WHERE name = $1 FOR UPDATE",
+                )
+                .await?,
+                &[&req.name],
+            )
+            .await
+            .map_err(pg_err("streams register: read"))?;
+        let stored = StoredQuery {
+            id: row.get(0),
+            config_hash: row.get(1),
+        };
+        let answer = match streams::registration_step(req, Some(&stored)) {
+            RegistrationStep::Create => {
+                return Err(StorageError::Internal(
+                    "streams register: a name refused on insert has no row".into(),
+                ))
+            }
+            RegistrationStep::Existing => Registration::Registered {
+                query_id: stored.id,
+                fresh: false,
+                reset: false,
+            },
+            RegistrationStep::Mismatch => Registration::HashMismatch {
+                stored_hash: stored.config_hash,
+            },
+            RegistrationStep::Reset => {
+                tx.execute(
+                    &prepared(&tx, "DELETE FROM queen_streams.state WHERE query_id = $1").await?,
+                    &[&stored.id],
+                )
+                .await
+                .map_err(pg_err("streams register: drop state"))?;
+                tx.execute(
+                    &prepared(
+                        &tx,
+                        "UPDATE queen_streams.queries
+                            SET config_hash = $2, source_queue = $3, sink_queue = $4, updated_at = now()
+                          WHERE id = $1",
+                    )
+                    .await?,
+                    &[
+                        &stored.id,
+                        &req.config_hash,
+                        &req.source_queue,
+                        &req.sink_queue,
+                    ],
+                )
+                .await
+                .map_err(pg_err("streams register: new hash"))?;
+                Registration::Registered {
+                    query_id: stored.id,
+                    fresh: false,
+                    reset: true,
+                }
+            }
+        };
+        tx.commit()
+            .await
+            .map_err(pg_err("streams register: commit"))?;
+        Ok(answer)
+    }
+}
+
+#[async_trait]
+impl StreamStorage for PgStorage {
+    async fn register_stream_query(
+        &self,
+        req: &QueryRegistration,
+        minted_id: uuid::Uuid,
+    ) -> StorageResult<Registration> {
+        retry_contention(move || self.register_once(req, minted_id)).await
+    }
+
+    async fn stream_state(&self, query: &StateQuery) -> StorageResult<Option<Vec<StateRow>>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let Some(partition) = partition_uuid(&query.partition_id) else {
+            // No partition has this id, so the shard is empty; the query may still be unknown.
+            let known = client
+                .query_opt(
+                    &prepared(&client, "SELECT 1 FROM queen_streams.queries WHERE id = $1").await?,
+                    &[&query.query_id],
+                )
+                .await
+                .map_err(pg_err("streams state: query"))?;
+            return Ok(known.map(|_| vec![]));
+        };
+        // One statement, one snapshot: no row at all means no such query; a row without a key
+        // is the query with an empty selection. The filters are `StateQuery::selects`.
+        let rows = client
+            .query(
+                &prepared(
+                    &client,
+                    "SELECT s.key, s.value::text, s.updated_at
+                       FROM queen_streams.queries q
+                       LEFT JOIN queen_streams.state s
+                         ON s.query_id = q.id AND s.partition_id = $2
+                        AND (cardinality($3::text[]) = 0 OR s.key = ANY($3::text[]))
+                        AND ($4::text IS NULL OR starts_with(s.key, $4::text))
+                        AND ($5::bigint IS NULL
+                             OR (jsonb_typeof(s.value -> 'windowEnd') = 'number'
+                                 AND round((s.value ->> 'windowEnd')::numeric) <= $5::bigint))
+                      WHERE q.id = $1
+                      ORDER BY s.key",
+                )
+                .await?,
+                &[
+                    &query.query_id,
+                    &partition,
+                    &query.keys,
+                    &query.key_prefix,
+                    &query.ripe_at_or_before,
+                ],
+            )
+            .await
+            .map_err(pg_err("streams state: read"))?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Some(key) = row.get::<_, Option<String>>(0) else {
+                continue;
+            };
+            let text: String = row.get(1);
+            let value = serde_json::from_str(&text)
+                .map_err(|e| StorageError::Internal(format!("streams state: value: {e}")))?;
+            out.push(StateRow {
+                key,
+                value,
+                updated_at: from_system_time(row.get(2)),
+            });
+        }
+        Ok(Some(out))
+    }
+}
+
+/// `TxOp::Stream`: the fence, then the state ops' net effect, inside the cycle's transaction.
+/// Cycles of one (query, partition) shard are serialized by a transaction-scoped advisory lock
+/// (the idle flush holds no lease, so the cursor row alone would not order it); the query row is
+/// share-locked, so a reset or delete waits for cycles in flight; the cursor row is locked for
+/// the fence, so no claim or ack slips between the fence and the cycle's own ack.
+pub(crate) async fn cycle_op(
+    tx: &impl GenericClient,
+    op: &StreamCycleOp,
+    now: Timestamp,
+) -> StorageResult<Result<usize, StreamRefusal>> {
+    let Some(partition) = partition_uuid(&op.partition_id) else {
+        return Ok(Err(StreamRefusal::ForeignPartition));
+    };
+    let shard = format!("{}/{}", op.query_id, op.partition_id);
+    tx.execute(
+        &prepared(
+            tx,
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 7173))",
+        )
+        .await?,
+        &[&shard],
+    )
+    .await
+    .map_err(pg_err("streams cycle: shard lock"))?;
+    let row = tx
+        .query_opt(
+            &prepared(
+                tx,
+                "SELECT q.source_queue,
+                        (SELECT qu.name FROM queen.log_partitions p
+                           JOIN queen.queues qu ON qu.id = p.queue_id WHERE p.id = $2)
+                   FROM queen_streams.queries q WHERE q.id = $1 FOR SHARE OF q",
+            )
+            .await?,
+            &[&op.query_id, &partition],
+        )
+        .await
+        .map_err(pg_err("streams cycle: query"))?;
+    let (source, partition_queue): (Option<String>, Option<String>) = match &row {
+        Some(r) => (Some(r.get(0)), r.get(1)),
+        None => (None, None),
+    };
+    let lease = if op.lease_id.is_some() {
+        tx.query_opt(
+            &prepared(
+                tx,
+                "SELECT worker_id, lease_expires_at FROM queen.log_consumers
+                  WHERE partition_id = $1 AND consumer_group = $2 FOR UPDATE",
+            )
+            .await?,
+            &[&partition, &op.group],
+        )
+        .await
+        .map_err(pg_err("streams cycle: lease"))?
+        .map(|r| LeaseView {
+            worker: r.get(0),
+            expires_at: r
+                .get::<_, Option<std::time::SystemTime>>(1)
+                .map(from_system_time),
+        })
+    } else {
+        None
+    };
+    if let Err(refusal) = streams::check_cycle(
+        op,
+        source.as_deref(),
+        partition_queue.as_deref(),
+        lease,
+        now,
+    ) {
+        return Ok(Err(refusal));
+    }
+    let (upserts, deletes) = streams::net_effect(&op.ops);
+    if !upserts.is_empty() {
+        let mut object = serde_json::Map::with_capacity(upserts.len());
+        for (k, v) in upserts {
+            object.insert(k, v);
+        }
+        let text = json_text(&serde_json::Value::Object(object))?;
+        tx.execute(
+            &prepared(
+                tx,
+                "INSERT INTO queen_streams.state (query_id, partition_id, key, value, updated_at)
+                 SELECT $1, $2, e.key, e.value, now() FROM jsonb_each($3::text::jsonb) e
+                 ON CONFLICT (query_id, partition_id, key)
+                 DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at",
+            )
+            .await?,
+            &[&op.query_id, &partition, &text],
+        )
+        .await
+        .map_err(pg_err("streams cycle: upsert"))?;
+    }
+    if !deletes.is_empty() {
+        tx.execute(
+            &prepared(
+                tx,
+                "DELETE FROM queen_streams.state
+                  WHERE query_id = $1 AND partition_id = $2 AND key = ANY($3::text[])",
+            )
+            .await?,
+            &[&op.query_id, &partition, &deletes],
+        )
+        .await
+        .map_err(pg_err("streams cycle: delete"))?;
+    }
+    Ok(Ok(op.ops.len()))
+}

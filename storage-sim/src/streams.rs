@@ -1,0 +1,216 @@
+//! Stream queries and state in the model, as `storage-pg/src/streams.rs` keeps them: a query row
+//! and its unique name, state rows keyed by (query, partition, key), registration under the
+//! name's lock, and a cycle's state part inside the cycle's transaction.
+
+use std::sync::Arc;
+
+use queen_core::storage::StorageError;
+use queen_core::streams::{
+    self, LeaseView, QueryRegistration, Registration, RegistrationStep, StateQuery, StateRow,
+    StoredQuery, StreamCycleOp, StreamRefusal,
+};
+use queen_core::Timestamp;
+use serde_json::Value;
+
+use crate::state::{advisory_key, DbState};
+use crate::table::{Insert, Lock};
+use crate::tx::{in_tx, Shared, StmtError, TaskCell, TxHandle};
+
+/// queen_streams.queries: one registered query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamQueryRow {
+    pub name: String,
+    pub source_queue: String,
+    pub sink_queue: Option<String>,
+    pub config_hash: String,
+}
+
+/// queen_streams.state: one row's value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamStateRow {
+    pub value: Value,
+    pub updated_at: Timestamp,
+}
+
+/// (query id, partition id, key).
+pub type StateKey = (uuid::Uuid, String, String);
+
+fn held(lock: Lock) -> Result<(), StmtError> {
+    match lock {
+        Lock::HeldBy(h) => Err(StmtError::Blocked(h)),
+        Lock::Acquired | Lock::Missing => Ok(()),
+    }
+}
+
+/// The state keys of a whole query (a reset drops them).
+fn keys_of_query(st: &DbState, id: uuid::Uuid, tx: u64) -> Vec<StateKey> {
+    st.stream_state
+        .range((id, String::new(), String::new()).., tx)
+        .take_while(|((q, _, _), _)| *q == id)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+pub(crate) async fn register(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    req: QueryRegistration,
+    minted_id: uuid::Uuid,
+) -> Result<Registration, StorageError> {
+    in_tx(&shared, "streams register", cell, |tx| async move {
+        tx.stmt("streams register", |st, t| {
+            let name = req.name.clone();
+            if let Some(h) = st.stream_names.locked_by_other(&name, t.id) {
+                return Err(StmtError::Blocked(h));
+            }
+            let stored = st.stream_names.get(&name, t.id).copied().and_then(|id| {
+                st.stream_queries.get(&id, t.id).map(|q| StoredQuery {
+                    id,
+                    config_hash: q.config_hash.clone(),
+                })
+            });
+            let row = StreamQueryRow {
+                name: name.clone(),
+                source_queue: req.source_queue.clone(),
+                sink_queue: req.sink_queue.clone(),
+                config_hash: req.config_hash.clone(),
+            };
+            match (streams::registration_step(&req, stored.as_ref()), stored) {
+                (RegistrationStep::Create, _) => {
+                    match st.stream_names.insert(name, minted_id, t.id) {
+                        Insert::Inserted => {}
+                        Insert::WaitFor(h) => return Err(StmtError::Blocked(h)),
+                        Insert::Exists => {
+                            return Err(StmtError::Abort(StorageError::Internal(
+                                "streams register: a name read as absent exists".into(),
+                            )))
+                        }
+                    }
+                    let _ = st.stream_queries.insert(minted_id, row, t.id);
+                    Ok(Registration::Registered {
+                        query_id: minted_id,
+                        fresh: true,
+                        reset: false,
+                    })
+                }
+                (RegistrationStep::Existing, Some(q)) => Ok(Registration::Registered {
+                    query_id: q.id,
+                    fresh: false,
+                    reset: false,
+                }),
+                (RegistrationStep::Mismatch, Some(q)) => Ok(Registration::HashMismatch {
+                    stored_hash: q.config_hash,
+                }),
+                (RegistrationStep::Reset, Some(q)) => {
+                    held(st.stream_queries.lock(&q.id, t.id))?;
+                    let keys = keys_of_query(st, q.id, t.id);
+                    for k in &keys {
+                        if let Some(h) = st.stream_state.locked_by_other(k, t.id) {
+                            return Err(StmtError::Blocked(h));
+                        }
+                    }
+                    for k in &keys {
+                        st.stream_state.delete(k, t.id);
+                    }
+                    st.stream_queries.update(&q.id, row, t.id);
+                    Ok(Registration::Registered {
+                        query_id: q.id,
+                        fresh: false,
+                        reset: true,
+                    })
+                }
+                (step, None) => Err(StmtError::Abort(StorageError::Internal(format!(
+                    "streams register: {step:?} without a stored query"
+                )))),
+            }
+        })
+        .await
+    })
+    .await
+}
+
+/// The committed rows a state read selects (`None`: no such query).
+pub(crate) fn state(st: &DbState, q: &StateQuery) -> Option<Vec<StateRow>> {
+    st.stream_queries.get(&q.query_id, 0)?;
+    let start = (q.query_id, q.partition_id.clone(), String::new());
+    Some(
+        st.stream_state
+            .range(start.., 0)
+            .take_while(|((id, p, _), _)| *id == q.query_id && *p == q.partition_id)
+            .filter(|((_, _, key), row)| q.selects(key, &row.value))
+            .map(|((_, _, key), row)| StateRow {
+                key: key.clone(),
+                value: row.value.clone(),
+                updated_at: row.updated_at,
+            })
+            .collect(),
+    )
+}
+
+/// `TxOp::Stream`: the fence, then the state ops' net effect (see the PostgreSQL version for
+/// the locks and why).
+pub(crate) async fn cycle_op(
+    tx: &TxHandle,
+    op: &StreamCycleOp,
+) -> Result<Result<usize, StreamRefusal>, StorageError> {
+    tx.stmt("streams cycle", |st, t| {
+        let shard = advisory_key(&op.query_id.to_string(), &op.partition_id, 7173);
+        if let Some(h) = st.take_advisory(shard, t.id) {
+            return Err(StmtError::Blocked(h));
+        }
+        let source = match st.stream_queries.get(&op.query_id, t.id).cloned() {
+            Some(q) => {
+                held(st.stream_queries.lock(&op.query_id, t.id))?;
+                Some(q.source_queue)
+            }
+            None => None,
+        };
+        let partition_queue = st
+            .partition_ids
+            .get(&op.partition_id, t.id)
+            .map(|(queue, _)| queue.clone());
+        let lease = match &op.lease_id {
+            Some(_) => {
+                let key = (op.partition_id.clone(), op.group.clone());
+                held(st.consumers.lock(&key, t.id))?;
+                st.consumers.get(&key, t.id).map(|r| LeaseView {
+                    worker: r.worker_id.map(|w| w.0),
+                    expires_at: r.lease_expires_at,
+                })
+            }
+            None => None,
+        };
+        if let Err(refusal) = streams::check_cycle(
+            op,
+            source.as_deref(),
+            partition_queue.as_deref(),
+            lease,
+            t.now,
+        ) {
+            return Ok(Err(refusal));
+        }
+        let (upserts, deletes) = streams::net_effect(&op.ops);
+        let key = |k: &str| (op.query_id, op.partition_id.clone(), k.to_string());
+        for k in upserts.iter().map(|(k, _)| k).chain(deletes.iter()) {
+            if let Some(h) = st.stream_state.locked_by_other(&key(k), t.id) {
+                return Err(StmtError::Blocked(h));
+            }
+        }
+        for (k, value) in upserts {
+            let row = StreamStateRow {
+                value,
+                updated_at: t.now,
+            };
+            if st.stream_state.get(&key(&k), t.id).is_some() {
+                st.stream_state.update(&key(&k), row, t.id);
+            } else if let Insert::WaitFor(h) = st.stream_state.insert(key(&k), row, t.id) {
+                return Err(StmtError::Blocked(h));
+            }
+        }
+        for k in deletes {
+            st.stream_state.delete(&key(&k), t.id);
+        }
+        Ok(Ok(op.ops.len()))
+    })
+    .await
+}
