@@ -27,6 +27,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/timers"),
     ("POST", "/api/v1/fetch"),
     ("POST", "/api/v1/partitions/changed"),
+    ("POST", "/streams/v1/queries"),
+    ("POST", "/streams/v1/state/get"),
+    ("POST", "/streams/v1/cycle"),
 ];
 
 /// Field names the routes read, so generated objects hit real fields, not only unknown ones.
@@ -84,6 +87,19 @@ const FIELDS: &[&str] = &[
     "maxBytes",
     "since",
     "after",
+    "source_queue",
+    "sink_queue",
+    "config_hash",
+    "reset",
+    "query_id",
+    "partition_id",
+    "consumer_group",
+    "state_ops",
+    "push_items",
+    "ack",
+    "release_lease",
+    "key_prefix",
+    "ripe_at_or_before",
 ];
 
 fn leaf() -> impl Strategy<Value = Value> {
