@@ -53,6 +53,7 @@ pub enum Scenario {
     Coordination,
     Reads,
     Durable,
+    Streams,
 }
 
 /// A consume shape: `<partitions>x<consumers>`.

@@ -40,6 +40,7 @@ mod report;
 mod restart;
 mod retention;
 mod scaling;
+mod streams;
 mod util;
 mod wake;
 
@@ -304,6 +305,11 @@ async fn measure(args: RunArgs) {
         let rows = reads::reads_scenario(run.addr, &run.cfg, run.plan.fetch_messages).await;
         run.rows.extend(rows);
         eprintln!("measured reads by offset");
+    }
+    if runs(Scenario::Streams) {
+        let rows = streams::streams_scenario(run.addr, &run.cfg, run.plan.secs).await;
+        run.rows.extend(rows);
+        eprintln!("measured stream cycles");
     }
     if runs(Scenario::Durable) {
         match std::env::var("DURABLE_DATABASE_URL") {

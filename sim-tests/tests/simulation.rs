@@ -331,6 +331,14 @@ fn seed_set_passes() {
         ] {
             at_least(Scenario::Faults, fault, 20);
         }
+        // Stream cycles under the same faults: committed, fenced out, and without an answer.
+        at_least(Scenario::Faults, "streams: cycles committed", 100);
+        at_least(
+            Scenario::Faults,
+            "streams: cycles refused (the lease fence, mostly)",
+            10,
+        );
+        at_least(Scenario::Faults, "streams: cycles without an answer", 3);
         for what in [
             "retention: messages removed as completed",
             "retention: messages removed as expired",
@@ -634,6 +642,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 sim: SimBugs {
                     fetch_from_segment_base: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a stream cycle's fence ignores the lease",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    stream_fence_ignores_lease: true,
                     ..SimBugs::default()
                 },
                 ..Bugs::default()

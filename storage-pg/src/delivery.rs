@@ -209,13 +209,7 @@ impl PgStorage {
                     };
                     TxOpResult::Timer(crate::timers::timer_op(&tx, op, now).await?)
                 }
-                TxOp::Stream(op) => {
-                    let now = match kv_now {
-                        Some(now) => now,
-                        None => *kv_now.insert(crate::kv::db_now(&tx).await?),
-                    };
-                    TxOpResult::Stream(crate::streams::cycle_op(&tx, op, now).await?)
-                }
+                TxOp::Stream(op) => TxOpResult::Stream(crate::streams::cycle_op(&tx, op).await?),
                 TxOp::FireTimer { .. } => {
                     if !fired_ahead.contains_key(&i) {
                         let run: Vec<(&str, &str, uuid::Uuid)> = ops[i..]

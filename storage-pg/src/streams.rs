@@ -9,7 +9,6 @@ use queen_core::streams::{
     self, LeaseView, QueryRegistration, Registration, RegistrationStep, StateQuery, StateRow,
     StoredQuery, StreamCycleOp, StreamRefusal,
 };
-use queen_core::Timestamp;
 
 use crate::error::{pg_err, pool_err, prepared, retry_contention};
 use crate::{from_system_time, PgStorage};
@@ -212,65 +211,48 @@ impl StreamStorage for PgStorage {
 /// Cycles of one (query, partition) shard are serialized by a transaction-scoped advisory lock
 /// (the idle flush holds no lease, so the cursor row alone would not order it); the query row is
 /// share-locked, so a reset or delete waits for cycles in flight; the cursor row is locked for
-/// the fence, so no claim or ack slips between the fence and the cycle's own ack.
+/// the fence, so no claim or ack slips between the fence and the cycle's own ack. All of that is
+/// one statement (a round trip each was most of a cycle's time), its parts evaluated in the
+/// order written: shard lock, query row, partition, cursor row, time. Both cursor columns are
+/// read `FOR UPDATE`, so after a wait for the row's lock each comes from its newest version
+/// (a plain read would answer the statement's older snapshot).
 pub(crate) async fn cycle_op(
     tx: &impl GenericClient,
     op: &StreamCycleOp,
-    now: Timestamp,
 ) -> StorageResult<Result<usize, StreamRefusal>> {
     let Some(partition) = partition_uuid(&op.partition_id) else {
         return Ok(Err(StreamRefusal::ForeignPartition));
     };
     let shard = format!("{}/{}", op.query_id, op.partition_id);
-    tx.execute(
-        &prepared(
-            tx,
-            "SELECT pg_advisory_xact_lock(hashtextextended($1, 7173))",
-        )
-        .await?,
-        &[&shard],
-    )
-    .await
-    .map_err(pg_err("streams cycle: shard lock"))?;
+    let fenced = op.lease_id.is_some();
     let row = tx
-        .query_opt(
+        .query_one(
             &prepared(
                 tx,
-                "SELECT q.source_queue,
+                "SELECT (SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 7173))) l),
+                        (SELECT q.source_queue FROM queen_streams.queries q WHERE q.id = $2 FOR SHARE),
                         (SELECT qu.name FROM queen.log_partitions p
-                           JOIN queen.queues qu ON qu.id = p.queue_id WHERE p.id = $2)
-                   FROM queen_streams.queries q WHERE q.id = $1 FOR SHARE OF q",
+                           JOIN queen.queues qu ON qu.id = p.queue_id WHERE p.id = $3),
+                        (SELECT c.worker_id FROM queen.log_consumers c
+                          WHERE $5 AND c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
+                        (SELECT c.lease_expires_at FROM queen.log_consumers c
+                          WHERE $5 AND c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
+                        queen.now()",
             )
             .await?,
-            &[&op.query_id, &partition],
+            &[&shard, &op.query_id, &partition, &op.group, &fenced],
         )
         .await
-        .map_err(pg_err("streams cycle: query"))?;
-    let (source, partition_queue): (Option<String>, Option<String>) = match &row {
-        Some(r) => (Some(r.get(0)), r.get(1)),
-        None => (None, None),
-    };
-    let lease = if op.lease_id.is_some() {
-        tx.query_opt(
-            &prepared(
-                tx,
-                "SELECT worker_id, lease_expires_at FROM queen.log_consumers
-                  WHERE partition_id = $1 AND consumer_group = $2 FOR UPDATE",
-            )
-            .await?,
-            &[&partition, &op.group],
-        )
-        .await
-        .map_err(pg_err("streams cycle: lease"))?
-        .map(|r| LeaseView {
-            worker: r.get(0),
-            expires_at: r
-                .get::<_, Option<std::time::SystemTime>>(1)
-                .map(from_system_time),
-        })
-    } else {
-        None
-    };
+        .map_err(pg_err("streams cycle: fence"))?;
+    let source: Option<String> = row.get(1);
+    let partition_queue: Option<String> = row.get(2);
+    let lease = fenced.then(|| LeaseView {
+        worker: row.get(3),
+        expires_at: row
+            .get::<_, Option<std::time::SystemTime>>(4)
+            .map(from_system_time),
+    });
+    let now = from_system_time(row.get(5));
     if let Err(refusal) = streams::check_cycle(
         op,
         source.as_deref(),

@@ -100,6 +100,10 @@ pub struct SimBugs {
     pub timers_fire_without_removal: bool,
     /// A read by offset from inside a segment starts at the segment's first record.
     pub fetch_from_segment_base: bool,
+    /// A stream cycle's fence ignores the lease (Queen 0.15's weakness): a holder whose lease
+    /// expired and was re-claimed commits its state and sink pushes, its ack passing as the
+    /// idempotent ack of a message already committed.
+    pub stream_fence_ignores_lease: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.
@@ -238,6 +242,38 @@ impl SimDb {
             .take_while(|((n, _), _)| n == ns)
             .map(|((_, k), r)| (k.clone(), r.clone()))
             .collect()
+    }
+
+    /// The committed stream state rows: (query id, partition id, key) → value, in key order (a
+    /// simulation's checkers).
+    pub fn stream_state_rows(&self) -> Vec<((uuid::Uuid, String, String), serde_json::Value)> {
+        lock(&self.shared.state)
+            .stream_state
+            .iter(0)
+            .map(|(k, r)| (k.clone(), r.value.clone()))
+            .collect()
+    }
+
+    /// Every committed message of a queue: (partition id, offset, payload), by partition name,
+    /// then offset (a simulation's checkers).
+    pub fn messages(&self, queue: &str) -> Vec<(String, Offset, Vec<u8>)> {
+        let st = lock(&self.shared.state);
+        let mut out = vec![];
+        for (_, p) in st.partitions_of(queue, 0) {
+            let segments = st
+                .segments
+                .range((p.id.clone(), Offset::MIN)..=(p.id.clone(), Offset::MAX), 0);
+            for ((_, base), seg) in segments {
+                let count = (seg.end_offset - base + 1) as usize;
+                let Ok(frames) = queen_core::frames::slice_blob(&seg.blob, 0, count, count) else {
+                    continue;
+                };
+                for (i, f) in frames.into_iter().enumerate() {
+                    out.push((p.id.clone(), base + i as Offset, f.payload.to_vec()));
+                }
+            }
+        }
+        out
     }
 
     /// Timers not yet fired (a simulation's drain waits for them).

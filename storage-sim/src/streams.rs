@@ -180,8 +180,19 @@ pub(crate) async fn cycle_op(
             }
             None => None,
         };
+        // SimBugs::stream_fence_ignores_lease: the cycle is checked as if it named no lease.
+        let unfenced;
+        let checked = if t.shared.bugs.stream_fence_ignores_lease {
+            unfenced = StreamCycleOp {
+                lease_id: None,
+                ..op.clone()
+            };
+            &unfenced
+        } else {
+            op
+        };
         if let Err(refusal) = streams::check_cycle(
-            op,
+            checked,
             source.as_deref(),
             partition_queue.as_deref(),
             lease,

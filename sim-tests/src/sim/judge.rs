@@ -88,6 +88,7 @@ pub(super) fn judge(
     if spec.scenario == Scenario::Faults {
         violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
         violations.extend(kv_linearizable(shared, &mut counts));
+        violations.extend(stream_cycles(shared, db));
     }
     if spec.scenario == Scenario::LostWakes {
         // One backoff interval (1,000 ms) plus the network and a storage round trip.
@@ -345,6 +346,44 @@ fn kv_linearizable(shared: &Shared, counts: &mut BTreeMap<&'static str, u64>) ->
         }
     }
     out
+}
+
+/// The stream workers' cycles against what the model committed.
+fn stream_cycles(shared: &Shared, db: &SimDb) -> Vec<String> {
+    use super::streams_check::{self, Committed};
+    let Ok(cycles) = shared.stream_cycles.lock() else {
+        return vec![];
+    };
+    let state = db
+        .stream_state_rows()
+        .into_iter()
+        .filter(|((_, _, key), _)| key == "count")
+        .filter_map(|((_, pid, _), v)| Some((pid, (v["count"].as_i64()?, v["last"].as_i64()?))))
+        .collect();
+    let sink = db
+        .messages(workload::STREAM_SINK)
+        .iter()
+        .filter_map(|(_, _, payload)| streams_check::sink_entry(payload))
+        .collect();
+    let cursors = db
+        .partitions(workload::STREAM_SOURCE)
+        .into_iter()
+        .filter_map(|name| {
+            let (_, pid) = db.partition_head(workload::STREAM_SOURCE, &name)?;
+            let cursor = db
+                .cursor(workload::STREAM_SOURCE, &name, workload::STREAM_GROUP)
+                .map(|c| c.committed);
+            Some((pid, cursor))
+        })
+        .collect();
+    streams_check::check(
+        &cycles,
+        &Committed {
+            state,
+            sink,
+            cursors,
+        },
+    )
 }
 
 /// Search steps per key: far above what a run's few hundred calls need.

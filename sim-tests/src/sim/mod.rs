@@ -10,6 +10,7 @@ pub mod http;
 mod judge;
 pub mod kv_check;
 pub mod reads_check;
+pub mod streams_check;
 mod workload;
 
 use queen_core::storage::AdminStorage;
@@ -417,6 +418,8 @@ pub(crate) struct Shared {
     pub lock_refusals: Mutex<Vec<(String, i64, Vec<i64>)>>,
     /// What the retention scenario's reader fetched, in the order it read.
     pub fetches: Mutex<Vec<reads_check::FetchSeen>>,
+    /// The faults scenario's stream cycles, in the order they ended.
+    pub stream_cycles: Mutex<Vec<streams_check::StreamCycle>>,
 }
 
 /// A seeded coin with probability `p`.
@@ -525,6 +528,7 @@ pub fn run(spec: Spec) -> Outcome {
         kv_calls: Mutex::new(vec![]),
         lock_refusals: Mutex::new(vec![]),
         fetches: Mutex::new(vec![]),
+        stream_cycles: Mutex::new(vec![]),
         next_pop_id: AtomicU64::new(1),
         waits: Mutex::new(BTreeMap::new()),
         delivered: Mutex::new(BTreeMap::new()),

@@ -15,7 +15,7 @@ use super::history::{Event, Msg};
 use super::http::request;
 use super::{hit, Scenario, Shared};
 
-pub const QUEUES: [&str; 13] = [
+pub const QUEUES: [&str; 15] = [
     PROMPT_RESET,
     SCALE_QUEUE,
     RETENTION_QUEUE,
@@ -29,6 +29,8 @@ pub const QUEUES: [&str; 13] = [
     PROMPT_RETRY,
     PROMPT_LONG,
     PROMPT_SPREAD,
+    STREAM_SOURCE,
+    STREAM_SINK,
 ];
 
 /// The prompt-delivery scenario's queues, one per way a message becomes deliverable by time
@@ -604,6 +606,7 @@ pub fn client_names(scenario: Scenario) -> Vec<String> {
         .chain(c.into_iter().map(|c| c.name))
         .chain(lockers(scenario))
         .chain(kv_clients(scenario))
+        .chain(stream_workers(scenario))
         .chain(readers(scenario))
         .collect()
 }
@@ -626,6 +629,21 @@ fn kv_clients(scenario: Scenario) -> Vec<String> {
         _ => vec![],
     }
 }
+
+/// The faults scenario's stream workers: SDK-shaped workers of one stream query, competing for
+/// the source queue's partitions through either broker under the fault schedule (the judge
+/// holds their cycles to `streams_check`).
+fn stream_workers(scenario: Scenario) -> Vec<String> {
+    match scenario {
+        Scenario::Faults => (0..2).map(|i| format!("stream{i}")).collect(),
+        _ => vec![],
+    }
+}
+
+pub const STREAM_SOURCE: &str = "st.src";
+pub const STREAM_SINK: &str = "st.sink";
+pub const STREAM_GROUP: &str = "streams.sim";
+const STREAM_QUERY: &str = "sim-query";
 
 /// The keys the KV clients share, in namespace `KV_NAMESPACE`.
 pub const KV_KEYS: [&str; 2] = ["a", "b"];
@@ -686,12 +704,168 @@ pub(crate) fn spawn_clients(
             Ok(())
         });
     }
+    for (i, name) in stream_workers(scenario).into_iter().enumerate() {
+        let (shared, rng) = (shared.clone(), rng.child(&name));
+        sim.client(name.clone(), async move {
+            run_stream(shared, i, name, rng).await;
+            Ok(())
+        });
+    }
     if scenario == Scenario::Prompt {
         let (shared, rng) = (shared.clone(), rng.child(ADMIN));
         sim.client(ADMIN, async move {
             administer(shared, rng).await;
             Ok(())
         });
+    }
+}
+
+/// One stream worker: feeds its own source partition, pops a batch of either partition, reads
+/// the partition's state row and commits a cycle (the row moved on, one sink message naming the
+/// batch, the ack of its last message fenced on the lease). Now and then it dawdles past the
+/// lease between the pop and the cycle, so the other worker re-claims the batch and the late
+/// cycle must be fenced out. A cycle without an answer is never resent.
+async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: SeededRng) {
+    use super::streams_check::{CycleOutcome, StreamCycle};
+    let timeout = Duration::from_secs(2);
+    let brokers = shared.brokers.len();
+    let mut k = who;
+    let register = json!({"name": STREAM_QUERY, "source_queue": STREAM_SOURCE,
+                          "sink_queue": STREAM_SINK, "config_hash": "sim"});
+    let query_id = loop {
+        if shared.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        k += 1;
+        let broker = &shared.brokers[k % brokers];
+        match request(
+            broker,
+            "POST",
+            "/streams/v1/queries",
+            Some(&register),
+            timeout,
+        )
+        .await
+        {
+            Ok((200, body)) => match body["query_id"].as_str() {
+                Some(id) => break id.to_string(),
+                None => return,
+            },
+            _ => {
+                shared.bump("fault: request without an answer (streams)");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let partition = format!("s{who}");
+    let mut fed = 0u64;
+    while !shared.draining.load(Ordering::SeqCst) {
+        k += 1;
+        let broker = &shared.brokers[k % brokers];
+        // Feed: a resend of a lost push carries the same transaction ids (de-duplicated).
+        let items: Vec<Value> = (0..1 + rng.below(3))
+            .map(|i| json!({"queue": STREAM_SOURCE, "partition": partition,
+                            "payload": {"n": fed + i}, "transactionId": format!("{name}-{}", fed + i)}))
+            .collect();
+        fed += items.len() as u64;
+        let feed = json!({ "items": items });
+        for attempt in 0..5 {
+            let b = &shared.brokers[(k + attempt) % brokers];
+            if let Ok((201, _)) = request(b, "POST", "/api/v1/push", Some(&feed), timeout).await {
+                break;
+            }
+        }
+        let pop = format!("/api/v1/pop/queue/{STREAM_SOURCE}?batch=3&consumerGroup={STREAM_GROUP}");
+        let messages = match request(broker, "GET", &pop, None, timeout).await {
+            Ok((200, body)) => body["messages"].as_array().cloned().unwrap_or_default(),
+            Ok(_) => vec![],
+            Err(_) => {
+                shared.bump("fault: request without an answer (streams)");
+                vec![]
+            }
+        };
+        let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
+            tokio::time::sleep(Duration::from_millis(50 + rng.below(200))).await;
+            continue;
+        };
+        let pid = first["partitionId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let part = first["partition"].as_str().unwrap_or_default().to_string();
+        let (from, to) = (
+            first["offset"].as_i64().unwrap_or(-1),
+            last["offset"].as_i64().unwrap_or(-1),
+        );
+        let read = json!({"query_id": query_id, "partition_id": pid, "keys": ["count"]});
+        let row = match request(
+            broker,
+            "POST",
+            "/streams/v1/state/get",
+            Some(&read),
+            timeout,
+        )
+        .await
+        {
+            Ok((200, body)) => body["rows"].as_array().and_then(|r| r.first().cloned()),
+            _ => {
+                // The lease ends and the batch comes back.
+                shared.bump("fault: request without an answer (streams)");
+                continue;
+            }
+        };
+        let (count, read_last) = match &row {
+            Some(r) => (
+                r["value"]["count"].as_i64().unwrap_or(0),
+                r["value"]["last"].as_i64(),
+            ),
+            None => (0, None),
+        };
+        if rng.below(5) == 0 {
+            // Past the lease (2 s), now and then.
+            tokio::time::sleep(Duration::from_millis(1_000 + rng.below(2_500))).await;
+        }
+        let nonce = format!("{name}-c{k}");
+        let cycle = json!({
+            "query_id": query_id,
+            "partition_id": pid,
+            "consumer_group": STREAM_GROUP,
+            "state_ops": [{"type": "upsert", "key": "count",
+                           "value": {"count": count + (to - from + 1), "last": to}}],
+            "push_items": [{"queue": STREAM_SINK, "partition": "out",
+                            "payload": {"pid": pid, "from": from, "to": to, "nonce": nonce}}],
+            "ack": {"transactionId": last["transactionId"], "leaseId": last["leaseId"],
+                    "status": "completed"},
+        });
+        let outcome =
+            match request(broker, "POST", "/streams/v1/cycle", Some(&cycle), timeout).await {
+                Ok((200, body)) if body["success"] == true => {
+                    shared.bump("streams: cycles committed");
+                    CycleOutcome::Committed
+                }
+                Ok((status, _)) => {
+                    shared.bump("streams: cycles refused (the lease fence, mostly)");
+                    if status != 200 {
+                        shared.bump("streams: cycles answered 4xx/5xx");
+                    }
+                    CycleOutcome::Refused
+                }
+                Err(_) => {
+                    shared.bump("streams: cycles without an answer");
+                    CycleOutcome::Unknown
+                }
+            };
+        if let Ok(mut cycles) = shared.stream_cycles.lock() {
+            cycles.push(StreamCycle {
+                partition_id: pid,
+                partition: part,
+                read_last,
+                from,
+                to,
+                nonce,
+                outcome,
+            });
+        }
     }
 }
 
