@@ -68,6 +68,11 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(24, "timers", "024_timers.sql"),
     migration!(25, "partitions by name", "025_partitions_by_name.sql"),
     migration!(26, "stream queries and state", "026_streams.sql"),
+    migration!(
+        27,
+        "stream state follows its partition",
+        "027_stream_state_follows_partitions.sql"
+    ),
 ];
 
 macro_rules! functions {

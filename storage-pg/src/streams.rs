@@ -211,7 +211,8 @@ impl StreamStorage for PgStorage {
 /// Cycles of one (query, partition) shard are serialized by a transaction-scoped advisory lock
 /// (the idle flush holds no lease, so the cursor row alone would not order it); the query row is
 /// share-locked, so a reset or delete waits for cycles in flight; the cursor row is locked for
-/// the fence, so no claim or ack slips between the fence and the cycle's own ack. All of that is
+/// the fence, so no claim or ack slips between the fence and the cycle's own ack; the partition
+/// row is key-share-locked, so its deletion (which deletes its state) waits for the cycle. All of that is
 /// one statement (a round trip each was most of a cycle's time), its parts evaluated in the
 /// order written: shard lock, query row, partition, cursor row, time. Both cursor columns are
 /// read `FOR UPDATE`, so after a wait for the row's lock each comes from its newest version
@@ -232,7 +233,8 @@ pub(crate) async fn cycle_op(
                 "SELECT (SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 7173))) l),
                         (SELECT q.source_queue FROM queen_streams.queries q WHERE q.id = $2 FOR SHARE),
                         (SELECT qu.name FROM queen.log_partitions p
-                           JOIN queen.queues qu ON qu.id = p.queue_id WHERE p.id = $3),
+                           JOIN queen.queues qu ON qu.id = p.queue_id WHERE p.id = $3
+                            FOR KEY SHARE OF p),
                         (SELECT c.worker_id FROM queen.log_consumers c
                           WHERE $5 AND c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
                         (SELECT c.lease_expires_at FROM queen.log_consumers c

@@ -64,6 +64,12 @@ pub(crate) async fn delete_queue(
             lock_or_wait(st.queues.lock(&queue, t.id))?;
             for (k, pid) in &parts {
                 lock_or_wait(st.partitions.lock(k, t.id))?;
+                // Before the cursor rows, in a stream cycle's order (its fence holds the
+                // partition id row, then the cursor row).
+                lock_or_wait(st.partition_ids.lock(pid, t.id))?;
+                for s in crate::streams::state_keys_of_partition(st, pid, t.id) {
+                    lock_or_wait(st.stream_state.lock(&s, t.id))?;
+                }
                 for c in st.consumers.keys_of(pid, String::new(), t.id) {
                     lock_or_wait(st.consumers.lock(&c, t.id))?;
                 }
@@ -73,6 +79,9 @@ pub(crate) async fn delete_queue(
                 st.txids.delete_all_of(pid, String::new(), t.id);
                 st.traces.delete_all_of(pid, i64::MIN, t.id);
                 st.consumers.delete_all_of(pid, String::new(), t.id);
+                for s in crate::streams::state_keys_of_partition(st, pid, t.id) {
+                    st.stream_state.delete(&s, t.id);
+                }
                 if let Some(n) = st.partitions.get(k, t.id).map(|p| p.number) {
                     st.partition_numbers.delete(&n, t.id);
                 }

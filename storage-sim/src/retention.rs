@@ -417,8 +417,17 @@ pub(crate) async fn remove_inactive_partitions(
                         || txids
                             .iter()
                             .any(|k| st.txids.locked_by_other(k, t.id).is_some());
+                    let state = crate::streams::state_keys_of_partition(st, &pid, t.id);
+                    let held = held
+                        || st.partition_ids.locked_by_other(&pid, t.id).is_some()
+                        || state
+                            .iter()
+                            .any(|k| st.stream_state.locked_by_other(k, t.id).is_some());
                     if held {
                         continue;
+                    }
+                    for k in &state {
+                        st.stream_state.delete(k, t.id);
                     }
                     for k in &cursors {
                         st.consumers.delete(k, t.id);

@@ -129,6 +129,15 @@ pub(crate) async fn register(
     .await
 }
 
+/// The state rows of a source partition (its deletion deletes them, as PostgreSQL's cascade).
+pub(crate) fn state_keys_of_partition(st: &DbState, pid: &str, tx: u64) -> Vec<StateKey> {
+    st.stream_state
+        .iter(tx)
+        .filter(|((_, p, _), _)| p == pid)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 /// The committed rows a state read selects (`None`: no such query).
 pub(crate) fn state(st: &DbState, q: &StateQuery) -> Option<Vec<StateRow>> {
     st.stream_queries.get(&q.query_id, 0)?;
@@ -165,10 +174,14 @@ pub(crate) async fn cycle_op(
             }
             None => None,
         };
-        let partition_queue = st
-            .partition_ids
-            .get(&op.partition_id, t.id)
-            .map(|(queue, _)| queue.clone());
+        let partition_queue = match st.partition_ids.get(&op.partition_id, t.id).cloned() {
+            Some((queue, _)) => {
+                // PostgreSQL's FOR KEY SHARE: the partition's deletion waits for the cycle.
+                held(st.partition_ids.lock(&op.partition_id, t.id))?;
+                Some(queue)
+            }
+            None => None,
+        };
         let lease = match &op.lease_id {
             Some(_) => {
                 let key = (op.partition_id.clone(), op.group.clone());

@@ -392,5 +392,12 @@ pub async fn stream_cycles_commit_all_or_nothing_on_the_lease(b: &dyn Backend) -
         vec![("count".to_string(), json!(6))],
         "refused cycles wrote nothing"
     );
+    // The source queue deleted: its partitions' state goes with them.
+    ensure!(s.delete_queue("csrc").await.map_err(e)?, "deleted");
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?,
+        vec![],
+        "a deleted partition's state is deleted"
+    );
     Ok(())
 }
