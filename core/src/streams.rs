@@ -248,6 +248,21 @@ pub fn lease_holds(lease_id: &str, row: Option<LeaseView>, now: Timestamp) -> bo
     })
 }
 
+/// The answer of `TxOp::EndLease`: an ack that never fails; `ended` names the partition whose
+/// lease it ended (`None`: no live lease of that id was left to end).
+pub fn lease_end_outcome(ended: Option<(String, String)>) -> crate::storage::AckOutcome {
+    let lease_released = ended.is_some();
+    let (queue, partition) = ended.unzip();
+    crate::storage::AckOutcome {
+        success: true,
+        error: None,
+        queue,
+        partition,
+        lease_released,
+        dlq: false,
+    }
+}
+
 /// The checks of a cycle before its state ops, in the order both backends make them.
 /// `source_of_partition`: the queue the partition belongs to (`None`: no such partition).
 pub fn check_cycle(

@@ -255,7 +255,9 @@ impl Broker {
                         .map(|g| (g.queue.clone(), g.partition.clone()))
                         .collect(),
                 ),
-                TxOp::Ack { group, .. } => Touched::Group(group.clone()),
+                TxOp::Ack { group, .. } | TxOp::EndLease { group, .. } => {
+                    Touched::Group(group.clone())
+                }
                 TxOp::Kv(_) | TxOp::Timer(_) | TxOp::FireTimer { .. } | TxOp::Stream(_) => {
                     Touched::Nothing
                 }
@@ -271,6 +273,7 @@ impl Broker {
             let pushed = ops.iter().flat_map(|op| match op {
                 TxOp::Push(g) => g.as_slice(),
                 TxOp::Ack { .. }
+                | TxOp::EndLease { .. }
                 | TxOp::Kv(_)
                 | TxOp::Timer(_)
                 | TxOp::FireTimer { .. }

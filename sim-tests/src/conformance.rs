@@ -2574,4 +2574,5 @@ cases!(
     stream_queries_register_by_hash,
     stream_state_reads_select,
     stream_cycles_commit_all_or_nothing_on_the_lease,
+    stream_cycles_end_the_lease_they_own,
 );

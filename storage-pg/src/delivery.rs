@@ -210,6 +210,13 @@ impl PgStorage {
                     TxOpResult::Timer(crate::timers::timer_op(&tx, op, now).await?)
                 }
                 TxOp::Stream(op) => TxOpResult::Stream(crate::streams::cycle_op(&tx, op).await?),
+                TxOp::EndLease {
+                    group,
+                    partition_id,
+                    lease_id,
+                } => TxOpResult::Ack(queen_core::streams::lease_end_outcome(
+                    crate::streams::end_lease(&tx, group, partition_id, lease_id).await?,
+                )),
                 TxOp::FireTimer { .. } => {
                     if !fired_ahead.contains_key(&i) {
                         let run: Vec<(&str, &str, uuid::Uuid)> = ops[i..]

@@ -300,3 +300,39 @@ pub(crate) async fn cycle_op(
     }
     Ok(Ok(op.ops.len()))
 }
+
+/// `TxOp::EndLease`: ends the lease if that id still holds it live (the rule of
+/// `queen_core::streams::lease_holds`, in the UPDATE's condition); the cursor trigger announces
+/// the release. Answers the (queue, partition) whose lease ended.
+pub(crate) async fn end_lease(
+    tx: &impl GenericClient,
+    group: &str,
+    partition_id: &str,
+    lease_id: &str,
+) -> StorageResult<Option<(String, String)>> {
+    let (Some(partition), Some(lease)) = (partition_uuid(partition_id), partition_uuid(lease_id))
+    else {
+        return Ok(None);
+    };
+    let row = tx
+        .query_opt(
+            &prepared(
+                tx,
+                "WITH ended AS (
+                     UPDATE queen.log_consumers c
+                        SET worker_id = NULL, lease_expires_at = NULL, lease_acquired_at = NULL,
+                            batch_end = NULL
+                      WHERE c.partition_id = $1 AND c.consumer_group = $2 AND c.worker_id = $3
+                        AND c.lease_expires_at > queen.now()
+                     RETURNING c.partition_id)
+                 SELECT q.name, p.name FROM ended e
+                   JOIN queen.log_partitions p ON p.id = e.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id",
+            )
+            .await?,
+            &[&partition, &group, &lease],
+        )
+        .await
+        .map_err(pg_err("streams: end lease"))?;
+    Ok(row.map(|r| (r.get(0), r.get(1))))
+}

@@ -53,6 +53,13 @@ pub(crate) async fn transaction(
                     message_id,
                 } => TxOpResult::Fired(crate::timers::fire(&tx, queue, key, *message_id).await?),
                 TxOp::Stream(op) => TxOpResult::Stream(crate::streams::cycle_op(&tx, op).await?),
+                TxOp::EndLease {
+                    group,
+                    partition_id,
+                    lease_id,
+                } => TxOpResult::Ack(queen_core::streams::lease_end_outcome(
+                    crate::streams::end_lease(&tx, group, partition_id, lease_id).await?,
+                )),
             };
             let refusal = result.refusal();
             results.push(result);

@@ -238,3 +238,31 @@ pub(crate) async fn cycle_op(
     })
     .await
 }
+
+/// `TxOp::EndLease`: ends the lease if that id still holds it live; the cursor row's change is
+/// the release event, as PostgreSQL's trigger makes it.
+pub(crate) async fn end_lease(
+    tx: &TxHandle,
+    group: &str,
+    partition_id: &str,
+    lease_id: &str,
+) -> Result<Option<(String, String)>, StorageError> {
+    tx.stmt("streams end lease", |st, t| {
+        let key = (partition_id.to_string(), group.to_string());
+        held(st.consumers.lock(&key, t.id))?;
+        let Some(mut row) = st.consumers.get(&key, t.id).cloned() else {
+            return Ok(None);
+        };
+        let view = LeaseView {
+            worker: row.worker_id.map(|w| w.0),
+            expires_at: row.lease_expires_at,
+        };
+        if !streams::lease_holds(lease_id, Some(view), t.now) {
+            return Ok(None);
+        }
+        row.end_lease();
+        st.consumers.update(&key, row, t.id);
+        Ok(st.partition_ids.get(&key.0, t.id).cloned())
+    })
+    .await
+}

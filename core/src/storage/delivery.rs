@@ -26,6 +26,15 @@ pub enum TxOp {
     },
     /// A stream cycle's fence and state ops (placed first in the cycle's transaction).
     Stream(crate::streams::StreamCycleOp),
+    /// Ends the lease `lease_id` holds on the partition for `group`, if it still holds a live
+    /// one (`crate::streams::lease_holds`): a stream cycle that owns its whole batch, after an
+    /// ack short of the batch's end. Answered as an ack that never fails, `lease_released`
+    /// saying whether a lease ended (an ack at the batch's end already ended it).
+    EndLease {
+        group: String,
+        partition_id: String,
+        lease_id: String,
+    },
 }
 
 /// The answer of one transaction operation.

@@ -240,9 +240,15 @@ pub async fn cycle(
                     push_results.push(push_result(outcome, queue, txid));
                 }
             }
-            TxOpResult::Ack(a) => {
+            // The ack, then (with release_lease) the lease's end: released by either.
+            TxOpResult::Ack(a) if ack_result.is_null() => {
                 ack_result = json!({"success": a.success, "lease_released": a.lease_released,
                                     "dlq": a.dlq, "error": a.error});
+            }
+            TxOpResult::Ack(ended) => {
+                if ended.lease_released {
+                    ack_result["lease_released"] = json!(true);
+                }
             }
             other => {
                 return Err(Failure::server(format!(
@@ -339,7 +345,21 @@ fn parse_cycle(broker: &Broker, body: &[u8]) -> Result<Cycle, Invalid> {
         ops.push(TxOp::Push(groups));
     }
     if let Some(item) = ack {
-        ops.push(TxOp::Ack { group, item });
+        let lease_id = item.lease_id.clone();
+        let partition_id = item.partition_id.clone();
+        ops.push(TxOp::Ack {
+            group: group.clone(),
+            item,
+        });
+        // The cycle owns the whole batch: an ack short of its end still ends the lease, so the
+        // rest comes back at once (an ack at the end already ended it).
+        if let (true, Some(lease_id)) = (b.release_lease.unwrap_or(true), lease_id) {
+            ops.push(TxOp::EndLease {
+                group,
+                partition_id,
+                lease_id,
+            });
+        }
     }
     Ok(Cycle {
         ops,

@@ -401,3 +401,73 @@ pub async fn stream_cycles_commit_all_or_nothing_on_the_lease(b: &dyn Backend) -
     );
     Ok(())
 }
+
+/// A cycle that owns its batch ends the lease even when its ack stops short of the batch's end
+/// (`TxOp::EndLease` after the ack): the rest of the batch is claimable at once. After an ack at
+/// the batch's end there is no lease left to end, and that is no failure.
+pub async fn stream_cycles_end_the_lease_they_own(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(74);
+    let qid = query_id(&*s, &mut ids, "own", "osrc").await?;
+    push(&*s, &mut ids, "osrc", "p", "t", 0..4).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("osrc", "g", w, 4), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let cycle = |lease: &str, txid: &str| {
+        vec![
+            TxOp::Stream(StreamCycleOp {
+                query_id: qid,
+                partition_id: pid.clone(),
+                group: "g".into(),
+                lease_id: Some(lease.to_string()),
+                ops: vec![upsert("k", json!(txid))],
+            }),
+            TxOp::Ack {
+                group: "g".into(),
+                item: ack(txid, &pid, AckStatus::Completed, Some(lease.to_string())),
+            },
+            TxOp::EndLease {
+                group: "g".into(),
+                partition_id: pid.clone(),
+                lease_id: lease.to_string(),
+            },
+        ]
+    };
+    let out = s
+        .transaction(cycle(&w.to_string(), "t-1"))
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "committed: {out:?}");
+    ensure!(
+        matches!(&out.results[2], TxOpResult::Ack(a) if a.success && a.lease_released),
+        "the partial ack's lease ended: {:?}",
+        out.results[2]
+    );
+    let w2 = ids.worker();
+    let again = s
+        .pop_partition(pop_req("osrc", "g", w2, 4), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        again
+            .claims
+            .first()
+            .map(|c| (c.first_offset, c.last_offset)),
+        Some((2, 3)),
+        "the rest of the batch, at once"
+    );
+    let out = s
+        .transaction(cycle(&w2.to_string(), "t-3"))
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "committed: {out:?}");
+    ensure!(
+        matches!(&out.results[2], TxOpResult::Ack(a) if a.success && !a.lease_released),
+        "the ack at the batch's end left no lease to end: {:?}",
+        out.results[2]
+    );
+    Ok(())
+}
