@@ -51,6 +51,25 @@ pub struct SegmentData {
     pub blob: Arc<Vec<u8>>,
 }
 
+/// queen_streams.queries: one registered query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamQueryRow {
+    pub name: String,
+    pub source_queue: String,
+    pub sink_queue: Option<String>,
+    pub config_hash: String,
+}
+
+/// queen_streams.state: one row's value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamStateRow {
+    pub value: serde_json::Value,
+    pub updated_at: Timestamp,
+}
+
+/// (query id, partition id, key).
+pub type StateKey = (uuid::Uuid, String, String);
+
 #[derive(Clone, Debug)]
 pub struct TxidRow {
     pub offset: Offset,
@@ -135,10 +154,10 @@ pub struct DbState {
     /// queen.timers: (queue, timer key) → pending timer.
     pub timers: Table<(String, String), queen_core::timers::TimerRow>,
     /// queen_streams.queries: id → query; its unique name index.
-    pub stream_queries: Table<uuid::Uuid, crate::streams::StreamQueryRow>,
+    pub stream_queries: Table<uuid::Uuid, StreamQueryRow>,
     pub stream_names: Table<String, uuid::Uuid>,
     /// queen_streams.state: (query id, partition id, key) → row.
-    pub stream_state: Table<crate::streams::StateKey, crate::streams::StreamStateRow>,
+    pub stream_state: Table<StateKey, StreamStateRow>,
     /// queen.worker_samples: (bucket, hostname, worker id) → sample. Not transactional: a
     /// sample is one broker's own write, never read back within a transaction.
     pub samples: BTreeMap<(Timestamp, String, String), queen_core::storage::WorkerSample>,

@@ -9,31 +9,10 @@ use queen_core::streams::{
     self, LeaseView, QueryRegistration, Registration, RegistrationStep, StateQuery, StateRow,
     StoredQuery, StreamCycleOp, StreamRefusal,
 };
-use queen_core::Timestamp;
-use serde_json::Value;
 
-use crate::state::{advisory_key, DbState};
+use crate::state::{advisory_key, DbState, StateKey, StreamQueryRow, StreamStateRow};
 use crate::table::{Insert, Lock};
 use crate::tx::{in_tx, Shared, StmtError, TaskCell, TxHandle};
-
-/// queen_streams.queries: one registered query.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamQueryRow {
-    pub name: String,
-    pub source_queue: String,
-    pub sink_queue: Option<String>,
-    pub config_hash: String,
-}
-
-/// queen_streams.state: one row's value.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StreamStateRow {
-    pub value: Value,
-    pub updated_at: Timestamp,
-}
-
-/// (query id, partition id, key).
-pub type StateKey = (uuid::Uuid, String, String);
 
 fn held(lock: Lock) -> Result<(), StmtError> {
     match lock {
