@@ -54,7 +54,6 @@ fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Invalid> {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RegisterBody {
     name: String,
     source_queue: String,
@@ -118,7 +117,6 @@ fn registration(body: &[u8]) -> Result<QueryRegistration, Invalid> {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct StateBody {
     query_id: String,
     partition_id: String,
@@ -182,7 +180,6 @@ fn state_query(body: &[u8]) -> Result<StateQuery, Invalid> {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct CycleBody {
     query_id: String,
     partition_id: String,
