@@ -94,7 +94,7 @@ async def killed_worker(queen):
     query = f"kill-{src}"
     await queen.queue(src).partition("p").push([event(0, 1, f"k-{i}") for i in range(40)])
     first = await summing(queen, src, sink).run(query_id=query, url=URL, batch_size=3, max_wait_millis=200)
-    for _ in range(200):
+    for _ in range(1000):
         if first.metrics()["cyclesTotal"] >= 3:
             break
         await asyncio.sleep(0.02)

@@ -15,7 +15,7 @@ use super::history::{Event, Msg};
 use super::http::request;
 use super::{hit, Scenario, Shared};
 
-pub const QUEUES: [&str; 15] = [
+pub const QUEUES: [&str; 13] = [
     PROMPT_RESET,
     SCALE_QUEUE,
     RETENTION_QUEUE,
@@ -29,8 +29,6 @@ pub const QUEUES: [&str; 15] = [
     PROMPT_RETRY,
     PROMPT_LONG,
     PROMPT_SPREAD,
-    STREAM_SOURCE,
-    STREAM_SINK,
 ];
 
 /// The prompt-delivery scenario's queues, one per way a message becomes deliverable by time
@@ -720,7 +718,7 @@ pub(crate) fn spawn_clients(
     }
 }
 
-/// One stream worker: feeds its own source partition, pops a batch of either partition, reads
+/// One stream worker: feeds its own source partition, long-polls a batch of either partition, reads
 /// the partition's state row and commits a cycle (the row moved on, one sink message naming the
 /// batch, the ack of its last message fenced on the lease). Now and then it dawdles past the
 /// lease between the pop and the cycle, so the other worker re-claims the batch and the late
@@ -732,6 +730,31 @@ async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: Seed
     let mut k = who;
     let register = json!({"name": STREAM_QUERY, "source_queue": STREAM_SOURCE,
                           "sink_queue": STREAM_SINK, "config_hash": "sim"});
+    // The source's lease as the other queues' (configured here, through a broker, so the other
+    // scenarios start from the state they always had).
+    let configure = json!({"queue": STREAM_SOURCE, "options": {"leaseTime": super::LEASE_SECS}});
+    loop {
+        if shared.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        k += 1;
+        let broker = &shared.brokers[k % brokers];
+        match request(
+            broker,
+            "POST",
+            "/api/v1/configure",
+            Some(&configure),
+            timeout,
+        )
+        .await
+        {
+            Ok((200, _)) => break,
+            _ => {
+                shared.bump("fault: request without an answer (streams)");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
     let query_id = loop {
         if shared.draining.load(Ordering::SeqCst) {
             return;
@@ -762,20 +785,29 @@ async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: Seed
     while !shared.draining.load(Ordering::SeqCst) {
         k += 1;
         let broker = &shared.brokers[k % brokers];
-        // Feed: a resend of a lost push carries the same transaction ids (de-duplicated).
-        let items: Vec<Value> = (0..1 + rng.below(3))
+        // Feed, every other turn or so (so the workers' long-polls also find the source empty
+        // and park): a resend of a lost push carries the same transaction ids (de-duplicated).
+        let feeds = if rng.below(2) == 0 {
+            1 + rng.below(3)
+        } else {
+            0
+        };
+        let items: Vec<Value> = (0..feeds)
             .map(|i| json!({"queue": STREAM_SOURCE, "partition": partition,
                             "payload": {"n": fed + i}, "transactionId": format!("{name}-{}", fed + i)}))
             .collect();
         fed += items.len() as u64;
         let feed = json!({ "items": items });
-        for attempt in 0..5 {
+        for attempt in (0..5).filter(|_| feeds > 0) {
             let b = &shared.brokers[(k + attempt) % brokers];
             if let Ok((201, _)) = request(b, "POST", "/api/v1/push", Some(&feed), timeout).await {
                 break;
             }
         }
-        let pop = format!("/api/v1/pop/queue/{STREAM_SOURCE}?batch=3&consumerGroup={STREAM_GROUP}");
+        // A long-poll, as the SDKs' source pops are (`wait(True)`, up to a second).
+        let pop = format!(
+            "/api/v1/pop/queue/{STREAM_SOURCE}?batch=3&consumerGroup={STREAM_GROUP}&wait=true&timeout=1000"
+        );
         let messages = match request(broker, "GET", &pop, None, timeout).await {
             Ok((200, body)) => body["messages"].as_array().cloned().unwrap_or_default(),
             Ok(_) => vec![],
