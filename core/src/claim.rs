@@ -1,4 +1,4 @@
-//! The claim semantics of `log_pop_v1`, as plain functions. The in-memory model calls these
+//! The claim semantics of `log_pop_v2`, as plain functions. The in-memory model calls these
 //! directly and the SQL procedures mirror them statement by statement; the conformance suite
 //! holds the two to the same answers.
 
@@ -94,7 +94,7 @@ pub struct SubscriptionRecord {
 }
 
 /// A group's first contact seeds every cursor of a queue of at most this many partitions at once
-/// (`log_pop_wildcard_v1` says the same), and none of a larger queue: there each cursor is made at
+/// (`log_pop_wildcard_v2` says the same), and none of a larger queue: there each cursor is made at
 /// its first claim, by the same rule, under try-locks that never wait. Small queues are where many
 /// fresh consumers collide on few partitions (lazy creation convoyed there); on a large one their
 /// random windows rarely meet, and each seeded row cost the first pop 20-40 us (cursor rule,
@@ -185,6 +185,70 @@ pub struct SliceRow {
     pub take: u32,
     pub msg_count: u32,
     pub created_at: Timestamp,
+}
+
+/// Conflation (last-value delivery) is a stored policy of (queue, consumer group), fixed at the
+/// group's registration (`consumer_groups_metadata`): rolling deploys mix consumers that ask for
+/// it and consumers that do not, so the stored value wins over what a pop asks.
+/// What a pop does about its group's policy before it claims anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyStep {
+    /// The group is registered with this policy.
+    Stored(bool),
+    /// No registration, and the pop did not ask for conflation: delivery as usual, nothing
+    /// recorded (the group's first contact on the ring path records it).
+    Unregistered,
+    /// No registration, and the pop asked for conflation: register the group as conflating
+    /// first (under the first-contact try-lock; a contended lock claims nothing this time).
+    Register,
+}
+
+pub fn policy_step(group: &str, stored: Option<bool>, requested: bool) -> PolicyStep {
+    match stored {
+        _ if group == QUEUE_MODE_GROUP => PolicyStep::Unregistered,
+        Some(conflating) => PolicyStep::Stored(conflating),
+        None if requested => PolicyStep::Register,
+        None => PolicyStep::Unregistered,
+    }
+}
+
+/// A conflating pop's one message of a partition: the newest visible one, when it is at or
+/// past `wanted`. Everything between `wanted` and it is retired (the cursor moves to just before
+/// it), so `newest_visible` must be read in one statement: pushes of a partition commit in
+/// offset order, so nothing below it can commit later, and no newer message is retired unseen.
+pub fn conflated_slice(wanted: Offset, newest_visible: Option<SegmentMeta>) -> Option<SliceRow> {
+    let seg = newest_visible.filter(|s| s.end_offset >= wanted)?;
+    Some(SliceRow {
+        base_offset: seg.base_offset,
+        start_idx: u32::try_from(seg.end_offset - seg.base_offset).ok()?,
+        take: 1,
+        msg_count: u32::try_from(seg.msg_count()).ok()?,
+        created_at: seg.created_at,
+    })
+}
+
+/// What a pop's answer says of conflation: `conflation` when the group's effective policy is
+/// conflating, `conflict` when the pop asked for conflation and the group is stored without it.
+/// With no stored policy known (a registration still in flight elsewhere; nothing was delivered)
+/// the request's own wish is echoed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ConflationEcho {
+    pub conflation: bool,
+    pub conflict: bool,
+}
+
+impl ConflationEcho {
+    pub fn of(requested: bool, stored: Option<bool>) -> Self {
+        ConflationEcho {
+            conflation: stored.unwrap_or(requested),
+            conflict: requested && stored == Some(false),
+        }
+    }
+
+    /// Clients that asked must see the echo even on an empty pop, so such a pop is a 200.
+    pub fn says_anything(&self) -> bool {
+        self.conflation || self.conflict
+    }
 }
 
 /// delayedProcessing: a segment is visible only when it is at least D seconds old.
@@ -610,5 +674,76 @@ mod ttl_tests {
         );
         // Exactly at the cutoff is still live.
         assert_eq!(ttl_skip_to(0, Some(seg(0, 4, 900)), [], 100, now), 0);
+    }
+}
+
+#[cfg(test)]
+mod conflation_tests {
+    use super::*;
+
+    fn seg(base: Offset, end: Offset) -> SegmentMeta {
+        SegmentMeta {
+            base_offset: base,
+            end_offset: end,
+            created_at: Timestamp::from_secs(7),
+        }
+    }
+
+    #[test]
+    fn the_stored_policy_wins_and_only_an_asking_pop_registers() {
+        assert_eq!(
+            policy_step("g", Some(false), true),
+            PolicyStep::Stored(false)
+        );
+        assert_eq!(
+            policy_step("g", Some(true), false),
+            PolicyStep::Stored(true)
+        );
+        assert_eq!(policy_step("g", None, true), PolicyStep::Register);
+        assert_eq!(policy_step("g", None, false), PolicyStep::Unregistered);
+        assert_eq!(
+            policy_step(QUEUE_MODE_GROUP, Some(true), true),
+            PolicyStep::Unregistered
+        );
+    }
+
+    #[test]
+    fn a_conflated_pop_takes_the_newest_visible_message_only() {
+        // Segment [10, 14]: the newest message is offset 14, frame 4 of 5.
+        let row = conflated_slice(3, Some(seg(10, 14))).expect("a message past the cursor");
+        assert_eq!(
+            (row.base_offset, row.start_idx, row.take, row.msg_count),
+            (10, 4, 1, 5)
+        );
+        assert_eq!(
+            conflated_slice(14, Some(seg(10, 14))).map(|r| r.start_idx),
+            Some(4)
+        );
+        // Nothing past the cursor, or nothing visible.
+        assert_eq!(conflated_slice(15, Some(seg(10, 14))), None);
+        assert_eq!(conflated_slice(0, None), None);
+    }
+
+    #[test]
+    fn the_echo_follows_the_stored_policy() {
+        let echo = ConflationEcho::of;
+        assert_eq!(
+            echo(true, Some(true)),
+            ConflationEcho {
+                conflation: true,
+                conflict: false
+            }
+        );
+        assert_eq!(
+            echo(true, Some(false)),
+            ConflationEcho {
+                conflation: false,
+                conflict: true
+            }
+        );
+        // A consumer that did not ask still hears that its group conflates.
+        assert!(echo(false, Some(true)).conflation);
+        assert!(!echo(false, None).says_anything());
+        assert!(echo(true, None).conflation);
     }
 }

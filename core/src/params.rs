@@ -64,6 +64,8 @@ pub struct PopParams {
     pub lease_seconds: Option<u32>,
     /// `frames=true`: answer with Queen 2.x's framed pop answer (`QPF1`) where one can carry it.
     pub frames: bool,
+    /// `conflation=true`: the consumer asks for last-value delivery (see `claim::policy_step`).
+    pub conflation: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,6 +86,11 @@ pub enum ParamError {
     },
     BadTimestamp(String),
     Name(NameError),
+    /// Conflation is a policy of a consumer group: queue mode has none.
+    ConflationNeedsGroup,
+    /// autoAck retires a batch as it is delivered; conflation retires what is behind the newest
+    /// message: together a consumer could never see a retired message again, and Queen refuses it.
+    ConflationWithAutoAck,
 }
 
 impl fmt::Display for ParamError {
@@ -108,6 +115,12 @@ impl fmt::Display for ParamError {
                 )
             }
             ParamError::Name(e) => e.fmt(f),
+            ParamError::ConflationNeedsGroup => {
+                write!(f, "conflation=true needs a consumerGroup")
+            }
+            ParamError::ConflationWithAutoAck => {
+                write!(f, "conflation=true cannot be combined with autoAck=true")
+            }
         }
     }
 }
@@ -144,7 +157,7 @@ fn parse_bool(name: &'static str, v: &str) -> Result<bool, ParamError> {
 
 impl PopParams {
     /// Builds the parameters from decoded query pairs. `default_timeout_ms` is DEFAULT_TIMEOUT.
-    /// Unknown keys (autopilot, frames, conflation, ...) are ignored: clients send them freely.
+    /// Unknown keys (autopilot, ...) are ignored: clients send them freely.
     pub fn from_query<'a>(
         shape: PopShape,
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -162,6 +175,7 @@ impl PopParams {
             subscription_from: SubscriptionFrom::Unset,
             lease_seconds: None,
             frames: false,
+            conflation: false,
         };
         let (mut namespace, mut task) = (None, None);
         for (k, v) in pairs {
@@ -173,6 +187,7 @@ impl PopParams {
                 "autoAck" => p.auto_ack = parse_bool("autoAck", v)?,
                 "wait" => p.wait = parse_bool("wait", v)?,
                 "frames" => p.frames = parse_bool("frames", v)?,
+                "conflation" => p.conflation = parse_bool("conflation", v)?,
                 "timeout" => p.timeout_ms = parse_u64("timeout", v, 0, MAX_TIMEOUT_MS)?,
                 "leaseSeconds" | "leaseTime" => {
                     p.lease_seconds =
@@ -227,6 +242,12 @@ impl PopParams {
                 p.partitions = 1;
             }
             PopShape::Queue { queue } => validate_name("queue", queue)?,
+        }
+        if p.conflation && p.consumer_group == QUEUE_MODE_GROUP {
+            return Err(ParamError::ConflationNeedsGroup);
+        }
+        if p.conflation && p.auto_ack {
+            return Err(ParamError::ConflationWithAutoAck);
         }
         Ok(p)
     }
@@ -366,5 +387,29 @@ mod tests {
                 task: Some("inv".into())
             }
         );
+    }
+
+    #[test]
+    fn conflation_needs_a_group_and_no_auto_ack() {
+        let p = PopParams::from_query(q(), [("consumerGroup", "g"), ("conflation", "true")], 1)
+            .expect("valid");
+        assert!(p.conflation);
+        assert_eq!(
+            PopParams::from_query(q(), [("conflation", "true")], 1),
+            Err(ParamError::ConflationNeedsGroup)
+        );
+        assert_eq!(
+            PopParams::from_query(
+                q(),
+                [
+                    ("consumerGroup", "g"),
+                    ("conflation", "true"),
+                    ("autoAck", "true")
+                ],
+                1
+            ),
+            Err(ParamError::ConflationWithAutoAck)
+        );
+        assert!(PopParams::from_query(q(), [("conflation", "maybe")], 1).is_err());
     }
 }

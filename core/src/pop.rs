@@ -519,6 +519,9 @@ pub struct PopMachine {
     /// delayedProcessing, windowBuffer, a retryDelay hold): the parked pop looks again then.
     /// Queue-wide pops on the hot-list keep these times on the ring's wheel instead.
     revisit_at: Option<Timestamp>,
+    /// The group's stored conflation policy: what this pop's storage answers said, else (once
+    /// done) what its broker last heard for the (queue, group).
+    stored_conflation: Option<bool>,
 }
 
 /// How long a single-partition pop trusts an unchanged ring epoch before asking storage again.
@@ -542,6 +545,23 @@ impl PopMachine {
             empty_checks: 0,
             partition_look: None,
             revisit_at: None,
+            stored_conflation: None,
+        }
+    }
+
+    /// What the answer says of conflation (see `claim::ConflationEcho`).
+    pub fn conflation_echo(&self) -> crate::claim::ConflationEcho {
+        crate::claim::ConflationEcho::of(self.params.conflation, self.stored_conflation)
+    }
+
+    /// Notes the group's stored policy from a pop's answer, for this pop and its broker.
+    fn learn_policy(&mut self, queue: Option<&str>, result: &PopResult, ctx: &mut PopContext) {
+        if let Some(conflating) = result.stored_conflation {
+            self.stored_conflation = Some(conflating);
+            if let Some(queue) = queue {
+                ctx.rings
+                    .note_conflation_policy(queue, &self.params.consumer_group, conflating);
+            }
         }
     }
 
@@ -611,6 +631,7 @@ impl PopMachine {
                 from: self.params.subscription_from,
             },
             skip_window_debounce: false,
+            conflation: self.params.conflation,
         }
     }
 
@@ -649,6 +670,19 @@ impl PopMachine {
     }
 
     pub fn handle(&mut self, input: PopInput, now: Timestamp, ctx: &mut PopContext) {
+        self.handle_input(input, now, ctx);
+        if self.phase == Phase::Done && self.stored_conflation.is_none() {
+            // An answer that never reached storage (the ring had nothing, a memo answered):
+            // the broker's last word on the group's policy.
+            if let Some(queue) = self.params.queue_name() {
+                self.stored_conflation = ctx
+                    .rings
+                    .conflation_policy(queue, &self.params.consumer_group);
+            }
+        }
+    }
+
+    fn handle_input(&mut self, input: PopInput, now: Timestamp, ctx: &mut PopContext) {
         debug_assert!(
             self.effects.is_empty(),
             "drain poll() before the next input"
@@ -1051,6 +1085,11 @@ impl PopMachine {
             Ok(r) => r,
             Err(e) => return self.on_storage_failed(work, round, e, now, ctx),
         };
+        if let StorageReply::Pop(result) = &reply {
+            // A discovery pop's answers are of several queues: kept for this pop only.
+            let queue = self.params.queue_name().map(str::to_string);
+            self.learn_policy(queue.as_deref(), result, ctx);
+        }
         let group = self.params.consumer_group.clone();
         match (work, reply) {
             (Work::Config, StorageReply::Config(config)) => {

@@ -614,6 +614,10 @@ pub struct RingTable {
     armed_at: Option<Timestamp>,
     /// The parent of every ring's walk jitter (brokers seed it apart, so theirs differ too).
     jitter: SeededRng,
+    /// Each (queue, group)'s stored conflation policy as the last pop read it: the echo of an
+    /// empty answer that never reached storage. Dropped with the group's rings (a deleted group
+    /// may come back with the other policy).
+    conflation_policies: BTreeMap<(String, String), bool>,
 }
 
 impl Default for RingTable {
@@ -634,6 +638,7 @@ impl RingTable {
             new_due: Arc::new(AtomicI64::new(i64::MAX)),
             armed_at: None,
             jitter: SeededRng::new(0),
+            conflation_policies: BTreeMap::new(),
         }
     }
 
@@ -731,12 +736,27 @@ impl RingTable {
         self.resets += 1;
         self.rings
             .retain(|(q, g), _| !(g == group && queue.is_none_or(|qq| qq == q)));
+        self.conflation_policies
+            .retain(|(q, g), _| !(g == group && queue.is_none_or(|qq| qq == q)));
+    }
+
+    /// The group's stored conflation policy, as a pop of this broker last read it.
+    pub fn conflation_policy(&self, queue: &str, group: &str) -> Option<bool> {
+        self.conflation_policies
+            .get(&(queue.to_string(), group.to_string()))
+            .copied()
+    }
+
+    pub fn note_conflation_policy(&mut self, queue: &str, group: &str, conflating: bool) {
+        self.conflation_policies
+            .insert((queue.to_string(), group.to_string()), conflating);
     }
 
     /// Drops every ring of a queue (queue deleted or reconfigured).
     pub fn forget_queue(&mut self, queue: &str) {
         self.resets += 1;
         self.rings.retain(|(q, _), _| q != queue);
+        self.conflation_policies.retain(|(q, _), _| q != queue);
     }
 }
 

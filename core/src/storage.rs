@@ -144,9 +144,9 @@ pub type StorageResult<T> = Result<T, StorageError>;
 pub trait PopStorage: Send + Sync {
     /// A queue's options, which shape how it is popped (windowBuffer, minPopWaitTime).
     async fn queue_config(&self, queue: &str) -> StorageResult<Option<QueueConfig>>;
-    /// `log_pop_specific_v1`: one named partition.
+    /// `log_pop_specific_v2`: one named partition.
     async fn pop_partition(&self, req: PopRequest, partition: String) -> StorageResult<PopResult>;
-    /// Candidate names from the broker's hot-list ring, one transaction (`log_pop_loop_v1`).
+    /// Candidate names from the broker's hot-list ring, one transaction (`log_pop_loop_v2`).
     async fn pop_list(&self, req: PopRequest, candidates: Vec<String>) -> StorageResult<PopResult>;
     /// Several ring pops, of any queues and groups, answered in order: each answer is what
     /// `pop_list` would have answered at its turn, after the pops before it. A backend may run

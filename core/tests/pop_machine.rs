@@ -177,6 +177,7 @@ fn ring_candidates_and_verdicts_flow_back() {
             ),
             ("b".into(), Verdict::Empty),
         ],
+        stored_conflation: None,
     };
     m.handle(
         PopInput::StorageDone {
@@ -249,6 +250,7 @@ fn a_ring_pop_passes_the_wake_on_only_when_it_leaves_work_behind() {
                     drained: false,
                 },
             )],
+            stored_conflation: None,
         };
         m.handle(
             PopInput::StorageDone {
@@ -285,6 +287,7 @@ fn a_ring_pop_passes_the_wake_on_only_when_it_leaves_work_behind() {
                 result: Ok(StorageReply::Pop(PopResult {
                     claims: vec![],
                     verdicts,
+                    stored_conflation: None,
                 })),
             },
             T0,
@@ -396,6 +399,7 @@ fn a_spurious_timer_keeps_the_wait_and_a_wake_resets_the_backoff() {
             result: Ok(StorageReply::Pop(PopResult {
                 claims: vec![],
                 verdicts: vec![("p".into(), Verdict::Busy)],
+                stored_conflation: None,
             })),
         },
         now,
@@ -1040,6 +1044,7 @@ fn partition_pop_after_a_lease(bugs: PopBugs) -> (Vec<PopEffect>, Timestamp) {
         StorageReply::Pop(PopResult {
             claims: vec![],
             verdicts: vec![("p".into(), Verdict::LeasedUntil(lease_end))],
+            stored_conflation: None,
         }),
     );
     assert_eq!(
@@ -1194,6 +1199,7 @@ fn a_hot_list_pop_leaves_busy_revisits_to_the_ring() {
             result: Ok(StorageReply::Pop(PopResult {
                 claims: vec![],
                 verdicts: vec![("p".into(), Verdict::Busy)],
+                stored_conflation: None,
             })),
         },
         T0,
@@ -1317,6 +1323,7 @@ fn every_input_is_answered_with_the_next_wait_or_the_reply() {
                                     _ => Verdict::LeasedUntil(now.plus_millis(500)),
                                 },
                             )],
+                            stored_conflation: None,
                         }),
                     }),
                 },
@@ -1381,6 +1388,7 @@ fn a_legacy_pop_passes_the_wake_on_after_a_claim_and_the_broker_keeps_its_revisi
         let result = PopResult {
             claims,
             verdicts: vec![],
+            stored_conflation: None,
         };
         m.handle(
             PopInput::StorageDone {
@@ -1561,6 +1569,7 @@ fn partition_pop_woken_by_a_committed_release(bugs: RingBugs) -> Vec<PopEffect> 
         result: Ok(StorageReply::Pop(PopResult {
             claims: vec![],
             verdicts: vec![("p".into(), Verdict::LeasedUntil(T0.plus_secs(300)))],
+            stored_conflation: None,
         })),
     };
     m.handle_after_gate_check(leased, true, now, &mut c);

@@ -380,3 +380,27 @@ async fn python_streams_postgres() {
     )
     .await;
 }
+
+/// Conflation through the client's `.conflation()` (conflation.py): the newest a partition, the
+/// echo on empty pops, the stored policy winning, consume() and a woken long-poll, the 400s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_conflation_memory() {
+    run_script(
+        Store::Memory,
+        ServerConfig::default(),
+        "conflation.py",
+        "conflation",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_conflation_postgres() {
+    run_script(
+        Store::Postgres("queen_py_conflation"),
+        ServerConfig::default(),
+        "conflation.py",
+        "conflation",
+    )
+    .await;
+}

@@ -48,9 +48,11 @@ macro_rules! ensure_eq {
     }};
 }
 
+mod conflation;
 mod kv;
 mod reads;
 mod streams;
+pub use conflation::*;
 pub use kv::*;
 pub use reads::*;
 pub use streams::*;
@@ -573,6 +575,7 @@ pub async fn visibility_gates(b: &dyn Backend) -> CaseResult {
     push(&*s, &mut ids, "d", "p", "t", 0..2).await?;
     let req = PopRequest {
         skip_window_debounce: true,
+        conflation: false,
         ..pop_req("d", "g", ids.worker(), 10)
     };
     let r = s.pop_list(req.clone(), vec!["p".into()]).await.map_err(e)?;
@@ -617,6 +620,7 @@ pub async fn visibility_gates(b: &dyn Backend) -> CaseResult {
         .pop_list(
             PopRequest {
                 skip_window_debounce: true,
+                conflation: false,
                 ..pop_req("w", "g2", ids.worker(), 10)
             },
             vec!["p".into()],
@@ -1451,6 +1455,7 @@ pub async fn drained_batches(b: &dyn Backend) -> CaseResult {
             PopRequest {
                 auto_ack: true,
                 skip_window_debounce: true,
+                conflation: false,
                 ..pop_req("d", "g", ids.worker(), 10)
             },
             vec!["p".into()],
@@ -1546,6 +1551,7 @@ async fn walk_and_drain_new_only(b: &dyn Backend, queue: &str, partitions: usize
             let txids = messages(&queen_core::storage::PopResult {
                 claims: vec![c.clone()],
                 verdicts: vec![],
+                stored_conflation: None,
             });
             delivered.extend(
                 txids
@@ -2575,4 +2581,7 @@ cases!(
     stream_state_reads_select,
     stream_cycles_commit_all_or_nothing_on_the_lease,
     stream_cycles_end_the_lease_they_own,
+    conflation_delivers_the_newest_only,
+    conflation_is_fixed_at_registration,
+    conflation_respects_visibility,
 );

@@ -77,6 +77,7 @@ pub fn pop_req(queue: &str, group: &str, worker: WorkerId, batch: u32) -> PopReq
         lease_seconds: None,
         intent: SubscriptionIntent::default(),
         skip_window_debounce: false,
+        conflation: false,
     }
 }
 

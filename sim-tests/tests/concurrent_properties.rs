@@ -48,6 +48,7 @@ fn req(worker: u128, max_partitions: u32, batch: u32, auto_ack: bool) -> PopRequ
         lease_seconds: Some(30),
         intent: SubscriptionIntent::default(),
         skip_window_debounce: true,
+        conflation: false,
     }
 }
 

@@ -276,6 +276,7 @@ async fn apply_pop(side: &mut Side, op: &Op, seq: u128, worker: WorkerId) -> Str
         lease_seconds: Some(10),
         intent: SubscriptionIntent::default(),
         skip_window_debounce: false,
+        conflation: false,
     };
     if *shape == 3 {
         return pop_several(side, req, *part, seq).await;

@@ -181,7 +181,7 @@ impl RefState {
         (wanted, take.min(i64::from(budget)) as u32)
     }
 
-    /// One log_pop_v1 on the reference: the claim, if any.
+    /// One log_pop_v2 on the reference: the claim, if any.
     fn pop_one(
         &mut self,
         p: usize,
@@ -600,6 +600,7 @@ impl StateMachineTest for LeaseModel {
                     lease_seconds: Some(LEASE_SECS as u32),
                     intent: SubscriptionIntent::default(),
                     skip_window_debounce: false,
+                    conflation: false,
                 };
                 let got = match shape {
                     Shape::Partition(p) => block_on(sut.db.pop_partition(req, PARTS[*p].into())),

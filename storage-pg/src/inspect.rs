@@ -177,6 +177,8 @@ impl InspectStorage for PgStorage {
                                          UNION
                                          SELECT m.consumer_group FROM queen.consumer_groups_metadata m
                                           WHERE m.queue_name = q.name) x ORDER BY g),
+                    ARRAY(SELECT m.consumer_group FROM queen.consumer_groups_metadata m
+                           WHERE m.queue_name = q.name AND m.conflation ORDER BY 1),
                     {CONFIG_COLUMNS}
                FROM queen.queues q
               WHERE ($1::text IS NULL OR q.name = $1) AND ($2::text IS NULL OR q.namespace = $2)
@@ -197,7 +199,8 @@ impl InspectStorage for PgStorage {
                 retained: count(r.get(4)),
                 dead_letters: count(r.get(5)),
                 groups: r.get(6),
-                config: config_from_row(r, 7),
+                conflating_groups: r.get(7),
+                config: config_from_row(r, 8),
             })
             .collect())
     }

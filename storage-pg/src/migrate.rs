@@ -73,6 +73,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "stream state follows its partition",
         "027_stream_state_follows_partitions.sql"
     ),
+    migration!(28, "group conflation", "028_group_conflation.sql"),
 ];
 
 macro_rules! functions {
@@ -85,10 +86,10 @@ macro_rules! functions {
 pub const FUNCTIONS: &[(&str, &str)] = functions![
     "now",
     "seed_cursor_v1",
-    "log_pop_v1",
-    "log_pop_loop_v1",
-    "log_pop_specific_v1",
-    "log_pop_wildcard_v1",
+    "log_pop_v2",
+    "log_pop_loop_v2",
+    "log_pop_specific_v2",
+    "log_pop_wildcard_v2",
     "log_pending_partitions_v2",
     "log_next_pending_v1",
     "push_v6",

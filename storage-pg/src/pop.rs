@@ -65,6 +65,7 @@ impl PgStorage {
         let mut modes = Vec::with_capacity(pops.len());
         let mut froms = Vec::with_capacity(pops.len());
         let mut from_nows = Vec::with_capacity(pops.len());
+        let mut conflations = Vec::with_capacity(pops.len());
         // The candidates flattened, each name beside the (1-based) number of its pop: a
         // PostgreSQL array of arrays must be rectangular.
         let mut names: Vec<&str> = vec![];
@@ -82,6 +83,7 @@ impl PgStorage {
             modes.push(mode);
             froms.push(from);
             from_nows.push(now);
+            conflations.push(req.conflation);
             let owner = i32::try_from(i + 1).map_err(|_| {
                 StorageError::Internal(format!("{} pops in one statement", pops.len()))
             })?;
@@ -90,7 +92,7 @@ impl PgStorage {
                 owners.push(owner);
             }
         }
-        let context = "log_pop_loop_v1 (ring candidates of several pops)";
+        let context = "log_pop_loop_v2 (ring candidates of several pops)";
         let rows = self
             .pop_rows(
                 context,
@@ -101,11 +103,11 @@ impl PgStorage {
                         l.o_count, l.o_created, l.o_blob
                    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int[], $5::int[],
                                $6::bool[], $7::int[], $8::bool[], $9::text[], $10::timestamptz[],
-                               $11::bool[])
+                               $11::bool[], $14::bool[])
                         WITH ORDINALITY AS r(queue, grp, worker, batch, max_partitions,
                                              auto_ack, lease, skip_window, sub_mode, sub_from,
-                                             sub_now, i)
-                  CROSS JOIN LATERAL queen.log_pop_loop_v1(
+                                             sub_now, conflation, i)
+                  CROSS JOIN LATERAL queen.log_pop_loop_v2(
                         (SELECT q FROM queen.queues q WHERE q.name = r.queue), r.grp,
                         ARRAY(SELECT c.name
                                 FROM unnest($12::text[], $13::int[]) WITH ORDINALITY
@@ -113,7 +115,8 @@ impl PgStorage {
                                WHERE c.pop = r.i
                                ORDER BY c.k),
                         NULL::uuid[], r.worker, r.batch, r.max_partitions, r.auto_ack, r.lease,
-                        r.skip_window, r.sub_mode, r.sub_from, r.sub_now, queen.now())
+                        r.skip_window, r.sub_mode, r.sub_from, r.sub_now, queen.now(),
+                        r.conflation)
                         WITH ORDINALITY AS l
                   ORDER BY r.i, l.ordinality",
                 &[
@@ -130,6 +133,7 @@ impl PgStorage {
                     &from_nows,
                     &names,
                     &owners,
+                    &conflations,
                 ],
             )
             .await?;
@@ -237,8 +241,8 @@ impl PopStorage for PgStorage {
         let (mode, from, now) = intent_params(&req);
         self.pop_query(
             &req.queue,
-            "log_pop_specific_v1",
-            "SELECT * FROM queen.log_pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "log_pop_specific_v2",
+            "SELECT * FROM queen.log_pop_specific_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             &[
                 &req.queue,
                 &partition,
@@ -250,6 +254,7 @@ impl PopStorage for PgStorage {
                 &mode,
                 &from,
                 &now,
+                &req.conflation,
             ],
         )
         .await
@@ -259,14 +264,14 @@ impl PopStorage for PgStorage {
         let (mode, from, now) = intent_params(&req);
         self.pop_query(
             &req.queue,
-            "log_pop_loop_v1 (ring candidates)",
+            "log_pop_loop_v2 (ring candidates)",
             // The loop called directly, not through a plpgsql wrapper that looked the queue up:
             // each wrapper level copies every row (blobs included) through one more tuplestore.
             // A missing queue is a NULL row, whose names the loop answers 'missing' one by one;
             // a NULL id array means every name is resolved.
-            "SELECT * FROM queen.log_pop_loop_v1(
+            "SELECT * FROM queen.log_pop_loop_v2(
                  (SELECT q FROM queen.queues q WHERE q.name = $1), $2, $3, NULL::uuid[], $4, $5,
-                 $6, $7, $8, $9, $10, $11, $12, queen.now())",
+                 $6, $7, $8, $9, $10, $11, $12, queen.now(), $13)",
             &[
                 &req.queue,
                 &req.group,
@@ -280,6 +285,7 @@ impl PopStorage for PgStorage {
                 &mode,
                 &from,
                 &now,
+                &req.conflation,
             ],
         )
         .await
@@ -308,8 +314,8 @@ impl PopStorage for PgStorage {
         let (mode, from, now) = intent_params(&req);
         self.pop_query(
             &req.queue,
-            "log_pop_wildcard_v1",
-            "SELECT * FROM queen.log_pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "log_pop_wildcard_v2",
+            "SELECT * FROM queen.log_pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             &[
                 &req.queue,
                 &req.group,
@@ -321,6 +327,7 @@ impl PopStorage for PgStorage {
                 &mode,
                 &from,
                 &now,
+                &req.conflation,
             ],
         )
         .await

@@ -1,8 +1,9 @@
 //! Decoding the rows of the pop procedures into claims and verdicts.
 //!
-//! Each candidate yields zero or more `row` rows (segment slices) followed by one summary row
-//! whose kind is the verdict: took | took_all | empty | leased | busy | deferred | missing |
-//! not_evaluated (took_all: took, and the batch drained the partition).
+//! A first row of kind `policy` carries the group's stored conflation policy (none for an
+//! unregistered group). Each candidate yields zero or more `row` rows (segment slices) followed
+//! by one summary row whose kind is the verdict: took | took_all | empty | leased | busy |
+//! deferred | missing | not_evaluated (took_all: took, and the batch drained the partition).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -22,11 +23,17 @@ pub fn decode(rows: &[Row], at: usize, context: &str) -> StorageResult<PopResult
     let mut result = PopResult::default();
     let mut slices: Vec<SegmentRow> = vec![];
     for r in rows {
+        let kind: String = r.try_get(at + 2).map_err(|_| bad(context, "kind"))?;
+        if kind == "policy" {
+            // The group's stored conflation policy, before any candidate (log_pop_loop_v2).
+            let conflating: i32 = r.try_get(at + 6).map_err(|_| bad(context, "policy"))?;
+            result.stored_conflation = Some(conflating == 1);
+            continue;
+        }
         let partition: String = r.try_get(at).map_err(|_| bad(context, "partition"))?;
         let partition_id: Option<uuid::Uuid> = r
             .try_get(at + 1)
             .map_err(|_| bad(context, "partition id"))?;
-        let kind: String = r.try_get(at + 2).map_err(|_| bad(context, "kind"))?;
         let until: Option<SystemTime> = r.try_get(at + 3).map_err(|_| bad(context, "until"))?;
         let until = until.map(from_system_time);
         let verdict = match kind.as_str() {

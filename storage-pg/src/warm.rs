@@ -142,7 +142,7 @@ async fn warm(client: &mut tokio_postgres::Client) -> Result<(), String> {
     .map_err(|e| format!("push: {e}"))?;
     let (no_text, no_from): (Option<String>, Option<std::time::SystemTime>) = (None, None);
     tx.query(
-        "SELECT * FROM queen.log_pop_wildcard_v1($1, 'warm', $2, 10, 1, false, 30, $3, $4, false)",
+        "SELECT * FROM queen.log_pop_wildcard_v2($1, 'warm', $2, 10, 1, false, 30, $3, $4, false, false)",
         &[&scratch, &uuid::Uuid::now_v7(), &no_text, &no_from],
     )
     .await

@@ -133,6 +133,7 @@ async fn sixteen_consumers_on_a_thousand_partitions_never_wait_or_double_lease()
             lease_seconds: None,
             intent: SubscriptionIntent::default(),
             skip_window_debounce: true,
+            conflation: false,
         };
         let r = writer.pop_wildcard(req).await.expect("drain");
         if r.claims.is_empty() {
@@ -255,6 +256,7 @@ async fn consume(
             lease_seconds: Some(120),
             intent: SubscriptionIntent::default(),
             skip_window_debounce: true,
+            conflation: false,
         };
         let result = match c % 3 {
             0 => popper.pop_wildcard(req).await,

@@ -54,6 +54,7 @@ async fn first_contact_with_more_partitions_than_the_lock_table() {
             lease_seconds: None,
             intent: SubscriptionIntent::default(),
             skip_window_debounce: true,
+            conflation: false,
         };
         let got = pg
             .pop_wildcard(req)
@@ -95,6 +96,7 @@ async fn a_first_contact_seeds_a_small_queue_whole_and_a_larger_one_at_its_claim
             lease_seconds: None,
             intent: SubscriptionIntent::default(),
             skip_window_debounce: true,
+            conflation: false,
         };
         let first = pg.pop_wildcard(req(1)).await.expect("first contact");
         assert_eq!(

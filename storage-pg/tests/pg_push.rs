@@ -139,6 +139,7 @@ async fn a_late_committing_push_is_never_skipped() {
         lease_seconds: Some(60),
         intent: SubscriptionIntent::default(),
         skip_window_debounce: true,
+        conflation: false,
     };
     let first = pg.pop_partition(req(1), "p".into()).await.expect("pop");
     let pid = first.claims[0].partition_id.clone();

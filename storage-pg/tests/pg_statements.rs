@@ -22,6 +22,7 @@ fn req(worker: u128) -> PopRequest {
         lease_seconds: Some(60),
         intent: SubscriptionIntent::default(),
         skip_window_debounce: true,
+        conflation: false,
     }
 }
 
@@ -256,7 +257,7 @@ async fn a_pop_reads_the_segments_it_delivers_not_the_backlog() {
 }
 
 /// A pop's cursor probe stays a point lookup when its plan is made while log_consumers is a page:
-/// log_pop_v1 runs with enable_seqscan off, and the generic plan of a (partition, group) lookup
+/// log_pop_v2 runs with enable_seqscan off, and the generic plan of a (partition, group) lookup
 /// on a table analyzed empty then holding a few rows steps on both columns. The plan a session
 /// caches there is kept while the table grows; it was a sequential scan, or a scan of the group
 /// index (then on consumer_group alone) that read every cursor of the group: 2.1 ms a pop
@@ -269,15 +270,15 @@ async fn a_cursor_probe_planned_on_a_tiny_table_steps_on_both_key_columns() {
         .query_one(
             "SELECT COALESCE(proconfig, '{}') FROM pg_proc p
                JOIN pg_namespace n ON n.oid = p.pronamespace
-              WHERE n.nspname = 'queen' AND p.proname = 'log_pop_v1'",
+              WHERE n.nspname = 'queen' AND p.proname = 'log_pop_v2'",
             &[],
         )
         .await
-        .expect("log_pop_v1")
+        .expect("log_pop_v2")
         .get(0);
     assert!(
         config.iter().any(|c| c == "enable_seqscan=off"),
-        "log_pop_v1's settings: {config:?}"
+        "log_pop_v2's settings: {config:?}"
     );
     pg.push(
         (0..3)
@@ -351,7 +352,7 @@ async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
             "SELECT p.proname::text, COALESCE(p.proconfig, '{}') FROM pg_proc p
                JOIN pg_namespace n ON n.oid = p.pronamespace
               WHERE n.nspname = 'queen'
-                AND p.proname IN ('ack_batch_ends_v2', 'renew_lease_v1', 'log_pop_v1')",
+                AND p.proname IN ('ack_batch_ends_v2', 'renew_lease_v1', 'log_pop_v2')",
             &[],
         )
         .await

@@ -20,7 +20,7 @@ async fn compiled(pg: &PgStorage, n: usize) -> Vec<bool> {
         let row = c
             .query_one(
                 "SELECT count(*) FROM pg_backend_memory_contexts
-                  WHERE name = 'PL/pgSQL function' AND ident LIKE '%log_pop_wildcard_v1(%'",
+                  WHERE name = 'PL/pgSQL function' AND ident LIKE '%log_pop_wildcard_v2(%'",
                 &[],
             )
             .await

@@ -139,6 +139,13 @@ pub(crate) fn queue_views(st: &DbState, f: &QueueFilter) -> Vec<QueueView> {
             );
             groups.sort();
             groups.dedup();
+            let conflating_groups = st
+                .metadata
+                .range((name.clone(), String::new()).., COMMITTED)
+                .take_while(|((q, _), _)| q == name)
+                .filter(|(_, m)| m.conflation)
+                .map(|((_, g), _)| g.clone())
+                .collect();
             let dead_letters = st
                 .dlq
                 .range((name.clone(), 0)..=(name.clone(), u64::MAX), COMMITTED)
@@ -152,6 +159,7 @@ pub(crate) fn queue_views(st: &DbState, f: &QueueFilter) -> Vec<QueueView> {
                 retained,
                 dead_letters,
                 groups,
+                conflating_groups,
             }
         })
         .collect();

@@ -104,6 +104,10 @@ pub struct SimBugs {
     /// expired and was re-claimed commits its state and sink pushes, its ack passing as the
     /// idempotent ack of a message already committed.
     pub stream_fence_ignores_lease: bool,
+    /// A conflating pop moves the cursor through the message it delivers (retirement and
+    /// commit in one), so a consumer that dies before its ack loses the partition's newest
+    /// message: the redelivery starts past it.
+    pub conflation_commits_at_claim: bool,
 }
 
 /// A model database. Clone the `Arc` to share it between brokers.

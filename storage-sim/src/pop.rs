@@ -1,11 +1,12 @@
-//! The pop procedures: `log_pop_v1` and its three callers, statement by statement as in SQL.
+//! The pop procedures: `log_pop_v2` and its three callers, statement by statement as in SQL.
 
 use std::sync::Arc;
 
 use queen_core::claim::{
-    apply_auto_ack, apply_lease, plan_scan, seal_target, seed_cursor, seed_rule, ttl_skip_to,
-    wildcard_candidate_cap, window_hold_until, CursorRow, SegmentMeta, SubscriptionRecord,
-    FIRST_CONTACT_SEED_CAP, WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
+    apply_auto_ack, apply_lease, conflated_slice, delay_visible, plan_scan, policy_step,
+    seal_target, seed_cursor, seed_rule, ttl_skip_to, wildcard_candidate_cap, window_hold_until,
+    CursorRow, PolicyStep, SegmentMeta, SubscriptionRecord, FIRST_CONTACT_SEED_CAP,
+    WATERMARK_RECHECK_SECS, WATERMARK_SLACK_SECS,
 };
 use queen_core::params::effective_lease_seconds;
 use queen_core::storage::{Claim, PopRequest, PopResult, SegmentRow, StorageError, Verdict};
@@ -75,11 +76,11 @@ fn claim_row(
     }
 }
 
-/// `log_pop_v1` for one partition. Returns the claim (if any messages were taken) and the verdict.
+/// `log_pop_v2` for one partition. Returns the claim (if any messages were taken) and the verdict.
 /// Each step below is its own function, in the procedure's order; their statements (the model's
 /// scheduling points) are those of the procedure, one for one.
 #[allow(clippy::too_many_arguments)]
-async fn log_pop_v1(
+async fn log_pop_v2(
     shared: &Arc<Shared>,
     tx: &TxHandle,
     req: &PopRequest,
@@ -87,6 +88,7 @@ async fn log_pop_v1(
     partition: &str,
     pid: &str,
     budget: u32,
+    conflate: bool,
 ) -> Result<(Option<Claim>, Verdict), StorageError> {
     let now = tx.now();
     let key = (pid.to_string(), req.group.clone());
@@ -107,8 +109,19 @@ async fn log_pop_v1(
     } else {
         committed
     };
-    // Step 5: head probe (one backward step), then the forward scan to the budget.
-    let (rows, deferred) = scan(tx, pid, committed + 1, budget, queue_gates, now).await?;
+    // Step 5: head probe (one backward step), then the forward scan to the budget. A conflating
+    // group takes the newest visible message alone, retiring those before it; with none past
+    // the cursor, the scan (budget 0) says only whether one is deferred.
+    let conflated = if conflate {
+        conflate_newest(shared, tx, pid, &key, committed + 1, queue_gates, now).await?
+    } else {
+        None
+    };
+    let (rows, deferred) = match conflated {
+        Some(row) => (vec![row], None),
+        None if conflate => scan(tx, pid, committed + 1, 0, queue_gates, now).await?,
+        None => scan(tx, pid, committed + 1, budget, queue_gates, now).await?,
+    };
     let taken: u32 = rows.iter().map(|r| r.take).sum();
     if taken == 0 {
         if let Some(until) = deferred {
@@ -148,6 +161,58 @@ async fn log_pop_v1(
             drained,
         },
     ))
+}
+
+/// Conflation: the newest visible segment, in one statement; when it holds a message past the
+/// cursor, the cursor moves to just before its newest message (the ones behind it are retired)
+/// and that message is the batch.
+async fn conflate_newest(
+    shared: &Arc<Shared>,
+    tx: &TxHandle,
+    pid: &str,
+    key: &(String, String),
+    wanted: Offset,
+    queue_gates: &QueueGates,
+    now: Timestamp,
+) -> Result<Option<SegmentRow>, StorageError> {
+    let commits_at_claim = shared.bugs.conflation_commits_at_claim;
+    tx.stmt("conflation: newest visible", |st, t| {
+        let newest = st
+            .segments
+            .range(segments_of(pid), t.id)
+            .rev()
+            .map(|((_, base), s)| SegmentMeta {
+                base_offset: *base,
+                end_offset: s.end_offset,
+                created_at: s.created_at,
+            })
+            .find(|s| delay_visible(s, queue_gates.delayed_processing_secs, now));
+        let Some(slice) = conflated_slice(wanted, newest) else {
+            return Ok(None);
+        };
+        let offset = slice.base_offset + i64::from(slice.start_idx);
+        let mut row = st.consumers.get(key, t.id).cloned().ok_or_else(|| {
+            StmtError::Abort(StorageError::Internal("claimed cursor row vanished".into()))
+        })?;
+        row.commit_through(if commits_at_claim { offset } else { offset - 1 });
+        st.consumers.update(key, row, t.id);
+        let blob = st
+            .segments
+            .get(&(pid.to_string(), slice.base_offset), t.id)
+            .map(|s| s.blob.clone())
+            .ok_or_else(|| {
+                StmtError::Abort(StorageError::Internal("newest segment vanished".into()))
+            })?;
+        Ok(Some(SegmentRow {
+            base_offset: slice.base_offset,
+            start_idx: slice.start_idx,
+            take: slice.take,
+            msg_count: slice.msg_count,
+            created_at: slice.created_at,
+            blob,
+        }))
+    })
+    .await
 }
 
 /// The procedure's probe past a batch (its `took_all`): a batch that ends inside a segment is
@@ -525,15 +590,27 @@ fn resolve_pid(st: &DbState, queue: &str, partition: &str, tx: u64) -> Option<St
         .map(|p| p.id.clone())
 }
 
-/// Runs `log_pop_v1` over named candidates while budgets last (shared by list and wildcard).
+/// Runs `log_pop_v2` over named candidates while budgets last (shared by list and wildcard).
 async fn pop_candidates(
     shared: &Arc<Shared>,
     tx: &TxHandle,
     req: &PopRequest,
     gates: &QueueGates,
     candidates: Vec<(String, Option<String>)>,
+    stored: Option<Option<bool>>,
 ) -> Result<PopResult, StorageError> {
     let mut result = PopResult::default();
+    let Some(conflate) = stored.map(|s| s.unwrap_or(false)) else {
+        // Another pop is registering the group: its policy is not known yet, so nothing is
+        // claimed this time (a conflating group must never get a plain batch, nor a plain group
+        // a conflated one).
+        result.verdicts = candidates
+            .into_iter()
+            .map(|(name, _)| (name, Verdict::Busy))
+            .collect();
+        return Ok(result);
+    };
+    result.stored_conflation = stored.flatten();
     let mut budget = req.batch;
     for (name, pid) in candidates {
         if budget == 0 || result.claims.len() as u32 >= req.max_partitions.max(1) {
@@ -553,7 +630,8 @@ async fn pop_candidates(
             result.verdicts.push((name, Verdict::Missing));
             continue;
         };
-        let (claim, verdict) = log_pop_v1(shared, tx, req, gates, &name, &pid, budget).await?;
+        let (claim, verdict) =
+            log_pop_v2(shared, tx, req, gates, &name, &pid, budget, conflate).await?;
         if let Some(c) = claim {
             budget = budget.saturating_sub(c.message_count());
             result.claims.push(c);
@@ -563,26 +641,84 @@ async fn pop_candidates(
     Ok(result)
 }
 
-/// Candidate names from the broker's ring, one transaction (PostgreSQL: `log_pop_loop_v1`).
+/// The loop's first statement: the group's stored conflation policy, registering the group as
+/// conflating when the pop asks for it and the group is not registered yet. `Some(stored)` to go
+/// on (`stored` is `None` for an unregistered group, which does not conflate); `None` when the
+/// registration's try-lock is held by another pop (which is registering the group right now).
+fn group_policy(
+    st: &mut DbState,
+    t: &Tx,
+    req: &PopRequest,
+    now: Timestamp,
+) -> Result<Option<Option<bool>>, StmtError> {
+    let mkey = (req.queue.clone(), req.group.clone());
+    let stored = st.metadata.get(&mkey, t.id).map(|m| m.conflation);
+    match policy_step(&req.group, stored, req.conflation) {
+        PolicyStep::Stored(conflating) => Ok(Some(Some(conflating))),
+        PolicyStep::Unregistered => Ok(Some(None)),
+        PolicyStep::Register => {
+            if !st.try_advisory(
+                advisory_key(&req.queue, &req.group, FIRST_CONTACT_SEED),
+                t.id,
+            ) {
+                return Ok(None);
+            }
+            let row = MetaRow {
+                subscription_timestamp: queen_core::claim::registration_timestamp(req.intent, now),
+                created_at: now,
+                conflation: true,
+            };
+            match st.metadata.insert(mkey.clone(), row, t.id) {
+                Insert::Inserted => Ok(Some(Some(true))),
+                // ON CONFLICT DO NOTHING, then the stored row is read again.
+                Insert::Exists => Ok(Some(st.metadata.get(&mkey, t.id).map(|m| m.conflation))),
+                // A group deletion in flight: the insert waits for it, as PostgreSQL's does.
+                Insert::WaitFor(holder) => Err(StmtError::Blocked(holder)),
+            }
+        }
+    }
+}
+
+/// The queue's gates and, when the queue exists, the group's policy (see `group_policy`).
+#[allow(clippy::type_complexity)]
+fn queue_and_policy(
+    st: &mut DbState,
+    t: &Tx,
+    req: &PopRequest,
+    now: Timestamp,
+) -> Result<(Option<QueueGates>, Option<Option<bool>>), StmtError> {
+    let gates = load_gates(st, &req.queue, t.id);
+    let stored = if gates.is_some() {
+        group_policy(st, t, req, now)?
+    } else {
+        Some(None)
+    };
+    Ok((gates, stored))
+}
+
+/// Candidate names from the broker's ring, one transaction (PostgreSQL: `log_pop_loop_v2`).
 pub(crate) async fn pop_list(
     shared: Arc<Shared>,
     cell: Arc<TaskCell>,
     req: PopRequest,
     candidates: Vec<String>,
 ) -> Result<PopResult, StorageError> {
-    in_tx(&shared, "log_pop_loop_v1", cell, |tx| {
+    in_tx(&shared, "log_pop_loop_v2", cell, |tx| {
         let shared = shared.clone();
         async move {
-            let Some(gates) = tx
-                .stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id)))
-                .await?
-            else {
+            // The queue's row and the group's policy (the loop's first statements).
+            let now = tx.now();
+            let (gates, stored) = tx
+                .stmt("queue config", |st, t| queue_and_policy(st, t, &req, now))
+                .await?;
+            let Some(gates) = gates else {
                 return Ok(PopResult {
                     claims: vec![],
                     verdicts: candidates
                         .into_iter()
                         .map(|c| (c, Verdict::Missing))
                         .collect(),
+                    stored_conflation: None,
                 });
             };
             pop_candidates(
@@ -591,6 +727,7 @@ pub(crate) async fn pop_list(
                 &req,
                 &gates,
                 candidates.into_iter().map(|c| (c, None)).collect(),
+                stored,
             )
             .await
         }
@@ -598,7 +735,7 @@ pub(crate) async fn pop_list(
     .await
 }
 
-/// `log_pop_specific_v1`: one named partition. The partitionId in the answer is resolved after
+/// `log_pop_specific_v2`: one named partition. The partitionId in the answer is resolved after
 /// the claim, inside the function, so its snapshot is at least as new as the claim's.
 pub(crate) async fn pop_partition(
     shared: Arc<Shared>,
@@ -606,7 +743,7 @@ pub(crate) async fn pop_partition(
     req: PopRequest,
     partition: String,
 ) -> Result<PopResult, StorageError> {
-    in_tx(&shared, "log_pop_specific_v1", cell, |tx| {
+    in_tx(&shared, "log_pop_specific_v2", cell, |tx| {
         let shared = shared.clone();
         async move {
             // The historical shape resolved the reported partitionId in the outer statement,
@@ -616,17 +753,26 @@ pub(crate) async fn pop_partition(
                     Ok(resolve_pid(st, &req.queue, &partition, t.id))
                 })
                 .await?;
-            let Some(gates) = tx
-                .stmt("queue config", |st, t| Ok(load_gates(st, &req.queue, t.id)))
-                .await?
-            else {
+            let now = tx.now();
+            let (gates, stored) = tx
+                .stmt("queue config", |st, t| queue_and_policy(st, t, &req, now))
+                .await?;
+            let Some(gates) = gates else {
                 return Ok(PopResult {
                     claims: vec![],
                     verdicts: vec![(partition, Verdict::Missing)],
+                    stored_conflation: None,
                 });
             };
-            let mut result =
-                pop_candidates(&shared, &tx, &req, &gates, vec![(partition.clone(), None)]).await?;
+            let mut result = pop_candidates(
+                &shared,
+                &tx,
+                &req,
+                &gates,
+                vec![(partition.clone(), None)],
+                stored,
+            )
+            .await?;
             if !result.claims.is_empty() {
                 if outer_pid.is_none() {
                     lock(&shared.events).creation_races += 1;
@@ -658,7 +804,7 @@ pub(crate) async fn pop_wildcard(
     cell: Arc<TaskCell>,
     req: PopRequest,
 ) -> Result<PopResult, StorageError> {
-    in_tx(&shared, "log_pop_wildcard_v1", cell, |tx| {
+    in_tx(&shared, "log_pop_wildcard_v2", cell, |tx| {
         let shared = shared.clone();
         async move {
             let now = tx.now();
@@ -669,17 +815,19 @@ pub(crate) async fn pop_wildcard(
                 return Ok(PopResult::default());
             };
             let mkey = (req.queue.clone(), req.group.clone());
-            tx.stmt("first contact", |st, t| {
-                first_contact(st, t, &req, &mkey, now)
-            })
-            .await?;
+            let stored = tx
+                .stmt("first contact", |st, t| {
+                    first_contact(st, t, &req, &mkey, now)?;
+                    group_policy(st, t, &req, now)
+                })
+                .await?;
             let need_a_cursor = shared.bugs.pending_scans_need_a_cursor;
             let candidates = tx
                 .stmt("candidate scan", |st, t| {
                     candidate_scan(st, t, &req, &mkey, now, need_a_cursor)
                 })
                 .await?;
-            let result = pop_candidates(&shared, &tx, &req, &gates, candidates).await?;
+            let result = pop_candidates(&shared, &tx, &req, &gates, candidates, stored).await?;
             if result.claims.is_empty() {
                 tx.stmt("watermark", |st, t| {
                     advance_watermark(st, t, &req, &mkey, now)
@@ -714,6 +862,7 @@ fn first_contact(
     let row = MetaRow {
         subscription_timestamp: queen_core::claim::registration_timestamp(req.intent, now),
         created_at: now,
+        conflation: req.conflation,
     };
     let record = SubscriptionRecord {
         subscription_timestamp: row.subscription_timestamp,

@@ -80,6 +80,8 @@ pub struct TxidRow {
 pub struct MetaRow {
     pub subscription_timestamp: Option<Timestamp>,
     pub created_at: Timestamp,
+    /// The group's conflation policy, fixed at registration (`claim::policy_step`).
+    pub conflation: bool,
 }
 
 #[derive(Clone, Debug)]

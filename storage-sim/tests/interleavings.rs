@@ -70,6 +70,7 @@ fn req(queue: &str, worker: WorkerId, max_partitions: u32) -> PopRequest {
         lease_seconds: Some(60),
         intent: SubscriptionIntent::default(),
         skip_window_debounce: true,
+        conflation: false,
     }
 }
 

@@ -88,6 +88,8 @@ pub struct QueueView {
     pub dead_letters: u64,
     /// Groups with a cursor row or a subscription record on the queue, in name order.
     pub groups: Vec<String>,
+    /// The groups registered with conflation (last-value delivery), in name order.
+    pub conflating_groups: Vec<String>,
 }
 
 /// Filters of the queue listing.

@@ -18,6 +18,9 @@ pub struct PopRequest {
     /// Storage skips the windowBuffer debounce (for a caller that owns the hold itself). The
     /// broker passes false: the debounce's verdict carries the exact end of the hold.
     pub skip_window_debounce: bool,
+    /// The pop asked for conflation (last-value delivery): a group it registers is stored
+    /// conflating. What is applied is always the stored policy (`claim::policy_step`).
+    pub conflation: bool,
 }
 
 /// A raw segment row of a pop answer: frames [start_idx, start_idx + take) of `blob`.
@@ -36,7 +39,7 @@ pub struct SegmentRow {
 pub struct Claim {
     pub queue: String,
     pub partition: String,
-    /// Never empty: resolved after the claim, inside the same function (see log_pop_specific_v1).
+    /// Never empty: resolved after the claim, inside the same function (see log_pop_specific_v2).
     pub partition_id: String,
     pub first_offset: Offset,
     pub last_offset: Offset,
@@ -99,6 +102,8 @@ pub struct PopResult {
     pub claims: Vec<Claim>,
     /// (partition name, verdict) for every candidate considered.
     pub verdicts: Vec<(String, Verdict)>,
+    /// The group's stored conflation policy as the pop read it (`None`: not registered).
+    pub stored_conflation: Option<bool>,
 }
 
 impl PopResult {

@@ -189,9 +189,19 @@ pub async fn queue_depth(
                          "ready": d - busy}),
         );
     }
+    // A conflating group takes one message a partition: its effective backlog is the number of
+    // partitions with something pending.
+    let conflation = group
+        .as_ref()
+        .is_some_and(|g| q.conflating_groups.contains(g));
+    let effective_pending = if conflation {
+        partitions_pending
+    } else {
+        pending
+    };
     ok(&json!({"queue": name, "group": group, "pending": pending,
-               "partitionsPending": partitions_pending, "conflation": false,
-               "effectivePending": pending, "processing": in_flight,
+               "partitionsPending": partitions_pending, "conflation": conflation,
+               "effectivePending": effective_pending, "processing": in_flight,
                "ready": pending - in_flight, "partitions": rows}))
 }
 

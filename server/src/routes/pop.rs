@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::StatusCode;
+use queen_core::claim::ConflationEcho;
 use queen_core::delivery::{claims_to_messages, DeliveredMessage};
 use queen_core::ledger::DeliveredBatch;
 use queen_core::params::{PopParams, PopShape};
@@ -116,7 +117,8 @@ async fn drive(broker: Arc<Broker>, params: PopParams, mut tx: oneshot::Sender<R
                 PopEffect::Reply(reply) => {
                     let params = machine.params();
                     let (group, framed) = (params.consumer_group.clone(), params.frames);
-                    Box::pin(finish(&broker, reply, &group, framed, tx)).await;
+                    let echo = machine.conflation_echo();
+                    Box::pin(finish(&broker, reply, &group, framed, echo, tx)).await;
                     return;
                 }
             }
@@ -184,9 +186,16 @@ async fn finish(
     reply: PopReply,
     group: &str,
     framed: bool,
+    echo: ConflationEcho,
     tx: oneshot::Sender<Reply>,
 ) {
     match reply {
+        PopReply::Empty if echo.says_anything() => {
+            // A client that asked for conflation checks the echo on every answer, empty ones
+            // included, so this one is a 200.
+            broker.metrics.pops_empty.inc();
+            let _ = tx.send(http::json(StatusCode::OK, &empty_answer(echo)));
+        }
         PopReply::Empty => {
             broker.metrics.pops_empty.inc();
             let _ = tx.send(http::no_content());
@@ -203,7 +212,8 @@ async fn finish(
         } => {
             broker.crash_point(CrashPoint::PopClaimed).await;
             broker.metrics.pops_messages.inc();
-            let framed = if framed {
+            // Queen 2.x answers a conflating group in JSON, where the echo has its place.
+            let framed = if framed && !echo.says_anything() {
                 render_framed(broker, &claims, worker, auto_ack, group).await
             } else {
                 Ok(None)
@@ -213,7 +223,7 @@ async fn finish(
                     http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE),
                     batches,
                 )),
-                Ok(None) => render(broker, &claims, worker, auto_ack, group)
+                Ok(None) => render(broker, &claims, worker, auto_ack, group, echo)
                     .map(|(bytes, batches)| (http::json_bytes(StatusCode::OK, bytes), batches)),
                 Err(f) => Err(f),
             };
@@ -302,6 +312,22 @@ struct Answer<'a> {
     consumer_group: &'a str,
     partitions_claimed: usize,
     messages: Vec<Message<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    conflation: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    conflation_conflict: bool,
+}
+
+/// An empty answer that must still carry the conflation echo.
+fn empty_answer(echo: ConflationEcho) -> serde_json::Value {
+    let mut answer = serde_json::json!({"success": true, "messages": []});
+    if echo.conflation {
+        answer["conflation"] = true.into();
+    }
+    if echo.conflict {
+        answer["conflationConflict"] = true.into();
+    }
+    answer
 }
 
 /// The 0.15 answer shape; per-message fields are authoritative on multi-partition pops.
@@ -311,6 +337,7 @@ fn render(
     worker: WorkerId,
     auto_ack: bool,
     group: &str,
+    echo: ConflationEcho,
 ) -> Result<(Vec<u8>, Vec<DeliveredBatch>), Failure> {
     let delivered =
         claims_to_messages(claims).map_err(|e| Failure::server(format!("corrupt segment: {e}")))?;
@@ -360,6 +387,8 @@ fn render(
         consumer_group: group,
         partitions_claimed: claims.len(),
         messages,
+        conflation: echo.conflation,
+        conflation_conflict: echo.conflict,
     };
     let bytes = serde_json::to_vec(&answer)
         .map_err(|e| Failure::server(format!("rendering the answer: {e}")))?;

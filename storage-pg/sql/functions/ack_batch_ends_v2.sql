@@ -12,7 +12,7 @@
 -- cursor row (43 ms a call at 200k cursors against 0.1 ms); with sequential scans off, over a
 -- full index scan (0.3-0.4 s), and with `= ANY` bounds added, over a scan bounded by the group
 -- alone. A write by both key columns steps on them in every plan (indexes pkey and 022).
--- enable_seqscan off as in log_pop_v1; jit off because a statement left with no index path
+-- enable_seqscan off as in log_pop_v2; jit off because a statement left with no index path
 -- (queen.now()'s read of queen.clock) then costs past jit_above_cost and was compiled at every
 -- call (16-20 ms).
 CREATE OR REPLACE FUNCTION queen.ack_batch_ends_v2(

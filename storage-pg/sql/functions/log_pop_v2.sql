@@ -8,11 +8,14 @@
 -- forward scan and the batch's offsets start at the first remaining segment. A segment that
 -- merely committed between the head probe and the scan is not a gap: it is left for the next pop.
 -- ttl: messages older than it are skipped by every group.
-CREATE OR REPLACE FUNCTION queen.log_pop_v1(
+-- p_conflate: the group's stored policy is last-value delivery (queen_core::claim::conflated_slice):
+-- the batch is the newest visible message alone, and the cursor moves to just before it.
+CREATE OR REPLACE FUNCTION queen.log_pop_v2(
     p_pid uuid, p_queue_name text, p_group text, p_worker uuid,
     p_budget integer, p_auto_ack boolean, p_lease_seconds integer,
     p_delayed integer, p_window integer, p_skip_window boolean,
-    p_sub_mode text, p_sub_from timestamptz, p_sub_now boolean, p_now timestamptz, p_ttl integer
+    p_sub_mode text, p_sub_from timestamptz, p_sub_now boolean, p_now timestamptz, p_ttl integer,
+    p_conflate boolean
 ) RETURNS TABLE (
     o_kind text, o_until timestamptz, o_first bigint, o_last bigint, o_attempt integer,
     o_lease_exp timestamptz, o_base bigint, o_start integer, o_take integer, o_count integer,
@@ -47,6 +50,12 @@ DECLARE
     v_live boolean := false;
     v_partial boolean := false;
     v_drained boolean;
+    v_head_covers boolean := false;
+    v_newest_base bigint;
+    v_newest_end bigint;
+    v_newest_count integer;
+    v_newest_created timestamptz;
+    v_newest_blob bytea;
 BEGIN
     -- Step 2, windowBuffer: a quiet-period debounce, one backward primary-key step to the
     -- newest segment. The ring path may bypass it: the broker's wheel then owns the hold.
@@ -156,15 +165,61 @@ BEGIN
         END IF;
     END IF;
 
+    v_wanted := v_committed + 1;
+    IF p_conflate THEN
+        -- Conflation: the newest visible segment, in one statement. Pushes of a partition commit
+        -- in offset order, so nothing below it can commit later: what the cursor passes is older
+        -- than the message delivered, never newer. The walk from the newest end reads only the
+        -- invisible (delayedProcessing) suffix before its row.
+        SELECT s.base_offset, s.end_offset, s.msg_count, s.created_at, s.blob
+          INTO v_newest_base, v_newest_end, v_newest_count, v_newest_created, v_newest_blob
+          FROM queen.log_segments s
+         WHERE s.partition_id = p_pid
+           AND (p_delayed = 0 OR s.created_at <= p_now - make_interval(secs => p_delayed))
+         ORDER BY s.base_offset DESC
+         LIMIT 1;
+        IF v_newest_end >= v_wanted THEN
+            -- Retire everything behind the newest message (counted as consumed); a pending
+            -- retry count of a retired offset is over. The message itself is leased as usual.
+            IF v_newest_end - 1 > v_committed THEN
+                UPDATE queen.log_consumers c
+                   SET committed = v_newest_end - 1,
+                       total_consumed = c.total_consumed + (v_newest_end - 1 - c.committed),
+                       retry_offset = CASE WHEN c.retry_offset <= v_newest_end - 1 THEN NULL
+                                           ELSE c.retry_offset END,
+                       retry_count = CASE WHEN c.retry_offset <= v_newest_end - 1 THEN 0
+                                          ELSE c.retry_count END
+                 WHERE c.partition_id = p_pid AND c.consumer_group = p_group;
+            END IF;
+            v_wanted := v_newest_end;
+            o_kind := 'row'; o_base := v_newest_base; o_start := (v_newest_end - v_newest_base)::integer;
+            o_take := 1; o_count := v_newest_count; o_created := v_newest_created; o_blob := v_newest_blob;
+            RETURN NEXT;
+            v_taken := 1;
+        ELSIF p_delayed > 0 THEN
+            -- Nothing visible past the cursor: when the first message past it becomes visible.
+            SELECT s.created_at INTO v_first_invisible
+              FROM queen.log_segments s
+             WHERE s.partition_id = p_pid AND s.base_offset > COALESCE(v_newest_base, -1)
+               AND s.end_offset >= v_wanted
+             ORDER BY s.base_offset
+             LIMIT 1;
+        END IF;
+        -- The head probe and the forward scan below take nothing more.
+        v_left := 0;
+    END IF;
+
     -- Step 5, the head probe: one backward step for the greatest base_offset <= wanted, written as
     -- a bare LIMIT 1 with the covering test applied afterwards, so a miss never walks the head.
-    v_wanted := v_committed + 1;
-    SELECT s.base_offset, s.end_offset, s.msg_count, s.created_at, s.blob INTO v_head
-      FROM queen.log_segments s
-     WHERE s.partition_id = p_pid AND s.base_offset <= v_wanted
-     ORDER BY s.base_offset DESC
-     LIMIT 1;
-    IF FOUND AND v_head.end_offset >= v_wanted THEN
+    IF NOT p_conflate THEN
+        SELECT s.base_offset, s.end_offset, s.msg_count, s.created_at, s.blob INTO v_head
+          FROM queen.log_segments s
+         WHERE s.partition_id = p_pid AND s.base_offset <= v_wanted
+         ORDER BY s.base_offset DESC
+         LIMIT 1;
+        v_head_covers := FOUND AND v_head.end_offset >= v_wanted;
+    END IF;
+    IF v_head_covers THEN
         IF p_delayed > 0 AND v_head.created_at > p_now - make_interval(secs => p_delayed) THEN
             v_first_invisible := v_head.created_at;
         ELSE

@@ -1,9 +1,9 @@
 -- The wildcard scan: QUEEN_HOTLIST=0, and the first-ever pop of every (queue, group), which
 -- carries the group-first-contact bulk seed.
-CREATE OR REPLACE FUNCTION queen.log_pop_wildcard_v1(
+CREATE OR REPLACE FUNCTION queen.log_pop_wildcard_v2(
     p_queue text, p_group text, p_worker uuid, p_batch integer, p_max_partitions integer,
     p_auto_ack boolean, p_lease_seconds integer,
-    p_sub_mode text, p_sub_from timestamptz, p_sub_now boolean
+    p_sub_mode text, p_sub_from timestamptz, p_sub_now boolean, p_conflation boolean
 ) RETURNS TABLE (
     o_partition text, o_partition_id uuid,
     o_kind text, o_until timestamptz, o_first bigint, o_last bigint, o_attempt integer,
@@ -54,11 +54,12 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata m
                     WHERE m.queue_name = p_queue AND m.consumer_group = p_group)
        AND pg_try_advisory_xact_lock(hashtextextended(q.id::text || '/' || p_group, 43)) THEN
-        INSERT INTO queen.consumer_groups_metadata (queue_name, consumer_group, subscription_timestamp, created_at)
+        INSERT INTO queen.consumer_groups_metadata
+               (queue_name, consumer_group, subscription_timestamp, created_at, conflation)
         VALUES (p_queue, p_group,
                 CASE WHEN p_sub_from IS NOT NULL THEN p_sub_from
                      WHEN p_sub_now OR p_sub_mode = 'new' THEN v_now END,
-                v_now)
+                v_now, p_conflation)
         ON CONFLICT DO NOTHING;
         GET DIAGNOSTICS v_inserted = ROW_COUNT;
         IF v_inserted = 1 AND v_count <= 64 THEN
@@ -92,7 +93,7 @@ BEGIN
 
     -- The candidate scan. The write watermark keeps a caught-up consumer from scanning the whole
     -- partition set (two minutes of slack absorb the one-second quantization of last_write_at);
-    -- the filter is coarse (log_pop_v1 re-verifies under the row lock); more candidates than
+    -- the filter is coarse (log_pop_v2 re-verifies under the row lock); more candidates than
     -- requested are fetched because some will be claimed concurrently or turn out empty.
     -- Consumers are spread instead of convoyed onto the lowest name in one of two ways:
     -- * few partitions written since the watermark (a caught-up group): those, read through the
@@ -153,9 +154,9 @@ BEGIN
                 LIMIT v_cap) w;
     END IF;
 
-    FOR r IN SELECT * FROM queen.log_pop_loop_v1(
+    FOR r IN SELECT * FROM queen.log_pop_loop_v2(
         q, p_group, COALESCE(v_names, '{}'), COALESCE(v_pids, '{}'), p_worker, p_batch, p_max_partitions,
-        p_auto_ack, p_lease_seconds, false, p_sub_mode, p_sub_from, p_sub_now, v_now)
+        p_auto_ack, p_lease_seconds, false, p_sub_mode, p_sub_from, p_sub_now, v_now, p_conflation)
     LOOP
         IF r.o_kind IN ('took', 'took_all') THEN
             v_claims := v_claims + 1;

@@ -1,12 +1,12 @@
--- log_pop_specific_v1: one named partition. A VOLATILE plpgsql function that runs the claim first
+-- log_pop_specific_v2: one named partition. A VOLATILE plpgsql function that runs the claim first
 -- and resolves the reported partitionId afterwards, in a later command of the same function, whose
 -- snapshot is at least as new as anything the claim saw. The previous shape resolved it in the
 -- outer statement, under a snapshot taken before the claim: a pop racing the commit of the push
 -- that created the partition delivered a leased batch whose messages carried partitionId "".
-CREATE OR REPLACE FUNCTION queen.log_pop_specific_v1(
+CREATE OR REPLACE FUNCTION queen.log_pop_specific_v2(
     p_queue text, p_partition text, p_group text, p_worker uuid, p_batch integer,
     p_auto_ack boolean, p_lease_seconds integer,
-    p_sub_mode text, p_sub_from timestamptz, p_sub_now boolean
+    p_sub_mode text, p_sub_from timestamptz, p_sub_now boolean, p_conflation boolean
 ) RETURNS TABLE (
     o_partition text, o_partition_id uuid,
     o_kind text, o_until timestamptz, o_first bigint, o_last bigint, o_attempt integer,
@@ -28,9 +28,9 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    FOR r IN SELECT * FROM queen.log_pop_loop_v1(
+    FOR r IN SELECT * FROM queen.log_pop_loop_v2(
         q, p_group, ARRAY[p_partition], ARRAY[NULL::uuid], p_worker, p_batch, 1, p_auto_ack,
-        p_lease_seconds, false, p_sub_mode, p_sub_from, p_sub_now, queen.now())
+        p_lease_seconds, false, p_sub_mode, p_sub_from, p_sub_now, queen.now(), p_conflation)
     LOOP
         v_took := v_took OR r.o_kind IN ('took', 'took_all');
         v_rows := v_rows || ROW(r.o_partition, r.o_partition_id, r.o_kind, r.o_until, r.o_first, r.o_last,
