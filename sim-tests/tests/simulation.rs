@@ -339,6 +339,12 @@ fn seed_set_passes() {
             10,
         );
         at_least(Scenario::Faults, "streams: cycles without an answer", 3);
+        at_least(
+            Scenario::Faults,
+            "conflation: newest messages delivered",
+            200,
+        );
+        at_least(Scenario::Faults, "conflation: deliveries abandoned", 40);
         for what in [
             "retention: messages removed as completed",
             "retention: messages removed as expired",
@@ -653,6 +659,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 sim: SimBugs {
                     stream_fence_ignores_lease: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a conflating pop commits the message it delivers",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    conflation_commits_at_claim: true,
                     ..SimBugs::default()
                 },
                 ..Bugs::default()

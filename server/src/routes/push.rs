@@ -195,20 +195,7 @@ struct PushAnswer<'a> {
 
 impl PushAnswer<'_> {
     fn write_to(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
-        let (status, message_id, partition_id, error) = match self.outcome {
-            PushOutcome::Queued {
-                message_id,
-                partition_id,
-                ..
-            } => ("queued", Some(message_id), partition_id, None),
-            PushOutcome::Duplicate {
-                message_id,
-                partition_id,
-            } => ("duplicate", Some(message_id), partition_id, None),
-            PushOutcome::Rejected {
-                partition_id, full, ..
-            } => ("failed", None, partition_id, Some(full.to_string())),
-        };
+        let (status, message_id, partition_id, error) = outcome_fields(self.outcome);
         out.push(b'{');
         if let Some(error) = &error {
             out.extend_from_slice(b"\"error\":");
@@ -266,6 +253,27 @@ fn format_uuid<'b>(id: &uuid::Uuid, buf: &'b mut QuotedUuid) -> &'b [u8] {
 }
 
 type QuotedUuid = [u8; uuid::fmt::Hyphenated::LENGTH + 2];
+
+/// An outcome as a push answer's item says it: (status, messageId, partitionId, error). The push
+/// and the stream cycle answers both say it so.
+pub(super) fn outcome_fields(
+    outcome: &PushOutcome,
+) -> (&'static str, Option<&uuid::Uuid>, &String, Option<String>) {
+    match outcome {
+        PushOutcome::Queued {
+            message_id,
+            partition_id,
+            ..
+        } => ("queued", Some(message_id), partition_id, None),
+        PushOutcome::Duplicate {
+            message_id,
+            partition_id,
+        } => ("duplicate", Some(message_id), partition_id, None),
+        PushOutcome::Rejected {
+            partition_id, full, ..
+        } => ("failed", None, partition_id, Some(full.to_string())),
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -368,20 +368,7 @@ fn parse_cycle(broker: &Broker, body: &[u8]) -> Result<Cycle, Invalid> {
 
 /// One sink push's result, as the push route names its fields.
 fn push_result(outcome: &PushOutcome, queue: &str, txid: &str) -> Value {
-    let (status, message_id, partition_id, error) = match outcome {
-        PushOutcome::Queued {
-            message_id,
-            partition_id,
-            ..
-        } => ("queued", Some(message_id), partition_id, None),
-        PushOutcome::Duplicate {
-            message_id,
-            partition_id,
-        } => ("duplicate", Some(message_id), partition_id, None),
-        PushOutcome::Rejected {
-            partition_id, full, ..
-        } => ("failed", None, partition_id, Some(full.to_string())),
-    };
+    let (status, message_id, partition_id, error) = super::push::outcome_fields(outcome);
     json!({"status": status, "messageId": message_id.map(|m| m.to_string()), "partitionId": partition_id,
            "queueName": queue, "transactionId": txid, "error": error})
 }

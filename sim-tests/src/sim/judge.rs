@@ -89,6 +89,7 @@ pub(super) fn judge(
         violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
         violations.extend(kv_linearizable(shared, &mut counts));
         violations.extend(stream_cycles(shared, db));
+        violations.extend(conflated_deliveries(shared, db));
     }
     if spec.scenario == Scenario::LostWakes {
         // One backoff interval (1,000 ms) plus the network and a storage round trip.
@@ -346,6 +347,23 @@ fn kv_linearizable(shared: &Shared, counts: &mut BTreeMap<&'static str, u64>) ->
         }
     }
     out
+}
+
+/// What the conflating consumers saw against each partition's newest offset at the end.
+fn conflated_deliveries(shared: &Shared, db: &SimDb) -> Vec<String> {
+    let Ok(seen) = shared.conflation_seen.lock() else {
+        return vec![];
+    };
+    let heads = db
+        .partitions(workload::CONFLATION_QUEUE)
+        .into_iter()
+        .filter_map(|name| {
+            let (head, _) = db.partition_head(workload::CONFLATION_QUEUE, &name)?;
+            Some((name, head))
+        })
+        .filter(|(_, head)| *head >= 0)
+        .collect();
+    super::conflation_check::check(&seen, &heads)
 }
 
 /// The stream workers' cycles against what the model committed.

@@ -3,6 +3,7 @@
 //! and driven by one seed: turmoil's RNG and epoch, the model's statement interleaving, the
 //! workload and the fault schedule. The run is recorded as a history the checkers judge.
 
+pub mod conflation_check;
 mod driver;
 pub mod history;
 mod hosts;
@@ -420,6 +421,8 @@ pub(crate) struct Shared {
     pub fetches: Mutex<Vec<reads_check::FetchSeen>>,
     /// The faults scenario's stream cycles, in the order they ended.
     pub stream_cycles: Mutex<Vec<streams_check::StreamCycle>>,
+    /// What the faults scenario's conflating consumers saw and did, in order.
+    pub conflation_seen: Mutex<Vec<conflation_check::ConflationSeen>>,
 }
 
 /// A seeded coin with probability `p`.
@@ -529,6 +532,7 @@ pub fn run(spec: Spec) -> Outcome {
         lock_refusals: Mutex::new(vec![]),
         fetches: Mutex::new(vec![]),
         stream_cycles: Mutex::new(vec![]),
+        conflation_seen: Mutex::new(vec![]),
         next_pop_id: AtomicU64::new(1),
         waits: Mutex::new(BTreeMap::new()),
         delivered: Mutex::new(BTreeMap::new()),

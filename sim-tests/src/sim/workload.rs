@@ -143,6 +143,14 @@ pub fn drain_targets(scenario: Scenario) -> Vec<(&'static str, &'static str)> {
             t.push((PROMPT_RESET, DELETED_GROUP));
             t
         }
+        Scenario::Faults => {
+            let mut t: Vec<(&str, &str)> = groups_of(Scenario::Faults)
+                .into_iter()
+                .map(|g| (queue_of(Scenario::Faults), g))
+                .collect();
+            t.push((CONFLATION_QUEUE, CONFLATION_GROUP));
+            t
+        }
         s => groups_of(s).into_iter().map(|g| (queue_of(s), g)).collect(),
     }
 }
@@ -605,6 +613,7 @@ pub fn client_names(scenario: Scenario) -> Vec<String> {
         .chain(lockers(scenario))
         .chain(kv_clients(scenario))
         .chain(stream_workers(scenario))
+        .chain(conflating_consumers(scenario))
         .chain(readers(scenario))
         .collect()
 }
@@ -637,6 +646,20 @@ fn stream_workers(scenario: Scenario) -> Vec<String> {
         _ => vec![],
     }
 }
+
+/// The faults scenario's conflating consumers: each feeds its own partition of
+/// `CONFLATION_QUEUE` and pops the newest of either partition for `CONFLATION_GROUP` through
+/// either broker under the fault schedule, dying now and then with a delivery in hand (the judge
+/// holds what they saw to `conflation_check`).
+fn conflating_consumers(scenario: Scenario) -> Vec<String> {
+    match scenario {
+        Scenario::Faults => (0..2).map(|i| format!("last{i}")).collect(),
+        _ => vec![],
+    }
+}
+
+pub const CONFLATION_QUEUE: &str = "cf.src";
+pub const CONFLATION_GROUP: &str = "cf.last";
 
 pub const STREAM_SOURCE: &str = "st.src";
 pub const STREAM_SINK: &str = "st.sink";
@@ -709,12 +732,144 @@ pub(crate) fn spawn_clients(
             Ok(())
         });
     }
+    for (i, name) in conflating_consumers(scenario).into_iter().enumerate() {
+        let (shared, rng) = (shared.clone(), rng.child(&name));
+        sim.client(name.clone(), async move {
+            consume_newest(shared, i, name, rng).await;
+            Ok(())
+        });
+    }
     if scenario == Scenario::Prompt {
         let (shared, rng) = (shared.clone(), rng.child(ADMIN));
         sim.client(ADMIN, async move {
             administer(shared, rng).await;
             Ok(())
         });
+    }
+}
+
+/// Sends `body` through the brokers in turn until one answers 200 (or the run is over): the
+/// workers' set-up calls. False when the run ended first.
+async fn until_answered(
+    shared: &Shared,
+    k: &mut usize,
+    path: &str,
+    body: &Value,
+    lost: &'static str,
+) -> Option<Value> {
+    let brokers = shared.brokers.len();
+    loop {
+        if shared.draining.load(Ordering::SeqCst) {
+            return None;
+        }
+        *k += 1;
+        let broker = &shared.brokers[*k % brokers];
+        match request(broker, "POST", path, Some(body), Duration::from_secs(2)).await {
+            Ok((200, answer)) => return Some(answer),
+            _ => {
+                shared.bump(lost);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// One conflating consumer: feeds its own partition (until the drain), long-polls the newest of
+/// either partition with `conflation=true`, and acks it, except now and then when it dies with
+/// the delivery in hand (the lease must bring it back). It keeps consuming through the drain,
+/// until the run is over.
+async fn consume_newest(shared: Arc<Shared>, who: usize, name: String, mut rng: SeededRng) {
+    use super::conflation_check::ConflationSeen;
+    let timeout = Duration::from_secs(2);
+    let brokers = shared.brokers.len();
+    let mut k = who;
+    let configure = json!({"queue": CONFLATION_QUEUE, "options": {"leaseTime": super::LEASE_SECS}});
+    let lost = "fault: request without an answer (conflation)";
+    if until_answered(&shared, &mut k, "/api/v1/configure", &configure, lost)
+        .await
+        .is_none()
+    {
+        return;
+    }
+    let partition = format!("l{who}");
+    let mut fed = 0u64;
+    let record = |seen: ConflationSeen| {
+        if let Ok(mut all) = shared.conflation_seen.lock() {
+            all.push(seen);
+        }
+    };
+    while !shared.done.load(Ordering::SeqCst) {
+        k += 1;
+        let broker = &shared.brokers[k % brokers];
+        let feeds = if shared.draining.load(Ordering::SeqCst) || rng.below(2) == 1 {
+            0
+        } else {
+            1 + rng.below(3)
+        };
+        let items: Vec<Value> = (0..feeds)
+            .map(|i| json!({"queue": CONFLATION_QUEUE, "partition": partition,
+                            "payload": {"n": fed + i}, "transactionId": format!("{name}-{}", fed + i)}))
+            .collect();
+        fed += items.len() as u64;
+        let feed = json!({ "items": items });
+        for attempt in (0..5).filter(|_| feeds > 0) {
+            let b = &shared.brokers[(k + attempt) % brokers];
+            if let Ok((201, _)) = request(b, "POST", "/api/v1/push", Some(&feed), timeout).await {
+                break;
+            }
+        }
+        let pop = format!(
+            "/api/v1/pop/queue/{CONFLATION_QUEUE}?batch=3&partitions=2&consumerGroup={CONFLATION_GROUP}\
+             &conflation=true&wait=true&timeout=1000"
+        );
+        let messages = match request(broker, "GET", &pop, None, timeout).await {
+            Ok((200, body)) => {
+                let messages = body["messages"].as_array().cloned().unwrap_or_default();
+                record(ConflationSeen::Answer {
+                    messages: messages
+                        .iter()
+                        .map(|m| {
+                            (
+                                m["partition"].as_str().unwrap_or_default().to_string(),
+                                m["offset"].as_i64().unwrap_or(-1),
+                            )
+                        })
+                        .collect(),
+                    echoed: body["conflation"] == true,
+                });
+                messages
+            }
+            Ok(_) => vec![],
+            Err(_) => {
+                shared.bump(lost);
+                vec![]
+            }
+        };
+        if messages.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50 + rng.below(200))).await;
+            continue;
+        }
+        shared.bump("conflation: newest messages delivered");
+        if rng.below(5) == 0 {
+            // Dies with the delivery in hand: no ack, the lease ends it.
+            shared.bump("conflation: deliveries abandoned");
+            continue;
+        }
+        for m in &messages {
+            record(ConflationSeen::AckSent {
+                partition: m["partition"].as_str().unwrap_or_default().to_string(),
+                offset: m["offset"].as_i64().unwrap_or(-1),
+            });
+            let ack = json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                             "leaseId": m["leaseId"], "consumerGroup": CONFLATION_GROUP,
+                             "status": "completed"});
+            if request(broker, "POST", "/api/v1/ack", Some(&ack), timeout)
+                .await
+                .is_err()
+            {
+                shared.bump(lost);
+            }
+        }
     }
 }
 
@@ -733,52 +888,20 @@ async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: Seed
     // The source's lease as the other queues' (configured here, through a broker, so the other
     // scenarios start from the state they always had).
     let configure = json!({"queue": STREAM_SOURCE, "options": {"leaseTime": super::LEASE_SECS}});
-    loop {
-        if shared.draining.load(Ordering::SeqCst) {
-            return;
-        }
-        k += 1;
-        let broker = &shared.brokers[k % brokers];
-        match request(
-            broker,
-            "POST",
-            "/api/v1/configure",
-            Some(&configure),
-            timeout,
-        )
+    let lost = "fault: request without an answer (streams)";
+    if until_answered(&shared, &mut k, "/api/v1/configure", &configure, lost)
         .await
-        {
-            Ok((200, _)) => break,
-            _ => {
-                shared.bump("fault: request without an answer (streams)");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+        .is_none()
+    {
+        return;
     }
-    let query_id = loop {
-        if shared.draining.load(Ordering::SeqCst) {
-            return;
-        }
-        k += 1;
-        let broker = &shared.brokers[k % brokers];
-        match request(
-            broker,
-            "POST",
-            "/streams/v1/queries",
-            Some(&register),
-            timeout,
-        )
-        .await
-        {
-            Ok((200, body)) => match body["query_id"].as_str() {
-                Some(id) => break id.to_string(),
-                None => return,
-            },
-            _ => {
-                shared.bump("fault: request without an answer (streams)");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+    let Some(registered) =
+        until_answered(&shared, &mut k, "/streams/v1/queries", &register, lost).await
+    else {
+        return;
+    };
+    let Some(query_id) = registered["query_id"].as_str().map(str::to_string) else {
+        return;
     };
     let partition = format!("s{who}");
     let mut fed = 0u64;
