@@ -580,14 +580,33 @@ impl queen_core::storage::ReadStorage for SimDb {
         offset: queen_core::Offset,
         byte_hint: u64,
     ) -> StorageResult<queen_core::storage::PartitionRead> {
-        Ok(reads::read_partition(
-            &lock(&self.shared.state),
-            queue,
-            partition,
-            offset,
-            byte_hint,
-            self.shared.bugs.fetch_from_segment_base,
-        ))
+        let st = lock(&self.shared.state);
+        let read = |view| {
+            reads::read_partition(
+                &st,
+                queue,
+                partition,
+                offset,
+                byte_hint,
+                self.shared.bugs.fetch_from_segment_base,
+                view,
+            )
+        };
+        if !self.shared.bugs.fetch_reads_in_flight {
+            return Ok(read(0));
+        }
+        // SimBugs::fetch_reads_in_flight: a dirty read, through the view of the open transaction
+        // that has written the most of the partition.
+        let views: Vec<u64> = lock(&self.shared.active).keys().copied().collect();
+        Ok(views
+            .into_iter()
+            .map(read)
+            .chain([read(0)])
+            .max_by_key(|r| match r {
+                queen_core::storage::PartitionRead::Found { range, .. } => range.high_watermark,
+                _ => i64::MIN,
+            })
+            .unwrap_or(queen_core::storage::PartitionRead::Unknown))
     }
 
     async fn changed_partitions(

@@ -100,6 +100,9 @@ pub struct SimBugs {
     pub timers_fire_without_removal: bool,
     /// A read by offset from inside a segment starts at the segment's first record.
     pub fetch_from_segment_base: bool,
+    /// A read by offset sees a push in flight (offsets allocated, not committed): it may answer
+    /// offsets a rollback leaves to another push, or a high watermark above a gap.
+    pub fetch_reads_in_flight: bool,
     /// A stream cycle's fence ignores the lease (Queen 0.15's weakness): a holder whose lease
     /// expired and was re-claimed commits its state and sink pushes, its ack passing as the
     /// idempotent ack of a message already committed.

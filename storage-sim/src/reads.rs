@@ -6,18 +6,19 @@ use queen_core::{Offset, Timestamp};
 
 use crate::state::DbState;
 
-fn retained(st: &DbState, pid: &str, last_offset: Offset) -> Retained {
+fn retained(st: &DbState, pid: &str, last_offset: Offset, view: u64) -> Retained {
     let oldest = st
         .segments
         .range(
             (pid.to_string(), Offset::MIN)..=(pid.to_string(), Offset::MAX),
-            0,
+            view,
         )
         .next()
         .map(|((_, base), _)| *base);
     Retained::of(last_offset, oldest)
 }
 
+/// `view`: the transaction whose view is read (0: what is committed, as every read must).
 pub(crate) fn read_partition(
     st: &DbState,
     queue: &str,
@@ -25,26 +26,27 @@ pub(crate) fn read_partition(
     offset: Offset,
     byte_hint: u64,
     from_segment_base: bool,
+    view: u64,
 ) -> PartitionRead {
     let Some(p) = st
         .partitions
-        .get(&(queue.to_string(), partition.to_string()), 0)
+        .get(&(queue.to_string(), partition.to_string()), view)
     else {
         return PartitionRead::Unknown;
     };
-    let range = retained(st, &p.id, p.last_offset);
+    let range = retained(st, &p.id, p.last_offset, view);
     let mut segments = vec![];
     if !range.out_of_range(offset) && byte_hint > 0 {
         let mut bytes = 0u64;
         // The segment holding `offset` starts at or before it: walk from the last such one.
         let first = st
             .segments
-            .range((p.id.clone(), Offset::MIN)..=(p.id.clone(), offset), 0)
+            .range((p.id.clone(), Offset::MIN)..=(p.id.clone(), offset), view)
             .next_back()
             .map_or(offset, |((_, base), _)| *base);
         for ((_, base), s) in st
             .segments
-            .range((p.id.clone(), first)..=(p.id.clone(), Offset::MAX), 0)
+            .range((p.id.clone(), first)..=(p.id.clone(), Offset::MAX), view)
         {
             if s.end_offset < offset {
                 continue;
@@ -101,7 +103,7 @@ pub(crate) fn changed(
         .map(|((_, name), p)| ChangedPartition {
             name: name.clone(),
             id: p.id.clone(),
-            range: retained(st, &p.id, p.last_offset),
+            range: retained(st, &p.id, p.last_offset, 0),
             last_write_at: p.last_write_at,
         })
         .collect();

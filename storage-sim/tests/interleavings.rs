@@ -335,3 +335,103 @@ fn a_seed_replays_exactly() {
         "different seeds interleave differently"
     );
 }
+
+/// Reads by offset beside pushes in flight: after every step of three concurrent pushes of one
+/// partition, a read from offset 0. Returns what went wrong, and how many reads met a push in
+/// flight (offsets allocated, not committed).
+fn fetch_beside_pushes(seed: u64, bugs: SimBugs) -> (Vec<String>, u32) {
+    use queen_core::storage::{PartitionRead, ReadStorage};
+    let (db, _clock) = db(seed, bugs);
+    let mut ids = IdMinter::new(SeededRng::new(seed).child("ids"));
+    block_on(db.push(vec![push_group(&mut ids, "gq", "p", 3)])).unwrap_or_else(|e| panic!("{e}"));
+    let mut run = Interleaving::new(db.clone(), seed);
+    for w in 0..3 {
+        let mut g = push_group(&mut ids, "gq", "p", 2);
+        for f in &mut g.frames {
+            f.transaction_id = format!("w{w}-{}", f.transaction_id);
+        }
+        // A second partition after it (pushes lock partitions in name order): the first's
+        // segment stays uncommitted while the transaction goes on.
+        let mut other = push_group(&mut ids, "gq", &format!("z{w}"), 1);
+        other.frames[0].transaction_id = format!("z{w}");
+        run.spawn(Op::Push(vec![g, other]));
+    }
+    let (mut wrong, mut in_flight) = (vec![], 0);
+    let mut seen: std::collections::BTreeMap<i64, String> = Default::default();
+    for _ in 0..100_000 {
+        let more = run.step();
+        let committed_end = db.partition_head("gq", "p").map_or(0, |(h, _)| h + 1);
+        if db.open_transactions() > 0 {
+            in_flight += 1;
+        }
+        let Ok(PartitionRead::Found { range, segments }) =
+            block_on(db.read_partition("gq", "p", 0, u64::MAX))
+        else {
+            wrong.push("the partition reads as unknown".into());
+            break;
+        };
+        let mut offsets = vec![];
+        for s in &segments {
+            let frames = queen_core::frames::slice_blob(
+                &s.blob,
+                s.start_idx as usize,
+                s.take as usize,
+                s.msg_count as usize,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            for (i, f) in frames.into_iter().enumerate() {
+                let offset = s.base_offset + i64::from(s.start_idx) + i as i64;
+                offsets.push(offset);
+                if let Some(before) = seen.insert(offset, f.transaction_id.clone()) {
+                    if before != f.transaction_id {
+                        wrong.push(format!(
+                            "offset {offset} read as {before}, then {}",
+                            f.transaction_id
+                        ));
+                    }
+                }
+            }
+        }
+        if range.high_watermark != committed_end {
+            wrong.push(format!(
+                "high watermark {} with the committed end at {committed_end}",
+                range.high_watermark
+            ));
+        }
+        if offsets != (0..range.high_watermark).collect::<Vec<_>>() {
+            wrong.push(format!(
+                "offsets {offsets:?} below a high watermark of {}",
+                range.high_watermark
+            ));
+        }
+        if !more {
+            break;
+        }
+    }
+    (wrong, in_flight)
+}
+
+#[test]
+fn a_read_by_offset_stops_at_the_committed_end() {
+    let mut met = 0;
+    for seed in seeds(0..40) {
+        let (wrong, in_flight) = fetch_beside_pushes(seed, SimBugs::default());
+        assert!(wrong.is_empty(), "seed {seed}: {wrong:?}");
+        met += in_flight;
+    }
+    assert!(met > 40, "reads met pushes in flight only {met} times");
+}
+
+#[test]
+fn a_read_that_sees_pushes_in_flight_is_caught() {
+    let bugs = SimBugs {
+        fetch_reads_in_flight: true,
+        ..SimBugs::default()
+    };
+    assert!(
+        seeds(0..40)
+            .into_iter()
+            .any(|seed| !fetch_beside_pushes(seed, bugs).0.is_empty()),
+        "reading pushes in flight went unnoticed"
+    );
+}
