@@ -152,6 +152,10 @@ pub(crate) fn bench_config() -> ServerConfig {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(queen_server::config::DEFAULT_POP_ROUNDS),
+        push_rounds: std::env::var("PUSH_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(queen_server::config::DEFAULT_PUSH_ROUNDS),
         limiter: bench_limiter(),
         ..ServerConfig::default()
     }

@@ -211,6 +211,34 @@ pub trait MessageStorage: Send + Sync {
         groups: Vec<PushGroup>,
         accepted_at: Option<Timestamp>,
     ) -> StorageResult<Vec<PushGroupResult>>;
+    /// Several push requests in one transaction (a round): an answer per request, in order, each
+    /// what `push` would have answered it. When the round cannot commit whole (a duplicate met, a
+    /// queue that must encrypt, a failure), each request is sent alone, so one fails alone and
+    /// nothing of it is stored.
+    async fn push_round(
+        &self,
+        requests: Vec<Vec<PushGroup>>,
+    ) -> Vec<StorageResult<Vec<PushGroupResult>>> {
+        let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+        if requests.len() > 1 {
+            let all: Vec<PushGroup> = requests.iter().flatten().cloned().collect();
+            if let Ok(mut results) = self.push(all).await {
+                if results.len() == sizes.iter().sum::<usize>() {
+                    let mut answers = Vec::with_capacity(sizes.len());
+                    for n in sizes.iter().rev() {
+                        answers.push(Ok(results.split_off(results.len() - n)));
+                    }
+                    answers.reverse();
+                    return answers;
+                }
+            }
+        }
+        let mut answers = Vec::with_capacity(requests.len());
+        for groups in requests {
+            answers.push(self.push(groups).await);
+        }
+        answers
+    }
     /// Positional cursor advances fenced by the lease; one outcome per item, in order.
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>>;
     /// Acks whole batches of one lease, the cheap form of acking each of their messages

@@ -260,6 +260,7 @@ pub struct Broker {
     pub(crate) ack_rounds: Arc<crate::rounds::AckRounds>,
     /// Ring pops sent to storage in rounds, across groups (None: POP_ROUNDS=0).
     pub(crate) pop_rounds: Option<Arc<crate::rounds::PopRounds>>,
+    pub(crate) push_rounds: Option<Arc<crate::rounds::PushRounds>>,
     /// The seed this broker was built with: its background tasks draw their jitter from it.
     pub(crate) seed: u64,
 }
@@ -311,6 +312,14 @@ impl Broker {
                 hooks.rounds_bugs,
             ))
         });
+        let push_rounds = (config.push_rounds > 0).then(|| {
+            Arc::new(crate::rounds::push_rounds(
+                storage.messages.clone(),
+                config.push_rounds,
+                hooks.round_company_yields,
+                hooks.rounds_bugs,
+            ))
+        });
         Arc::new(Broker {
             limiter: Limiter::new(config.limiter),
             config,
@@ -336,6 +345,7 @@ impl Broker {
             delivered: Mutex::new(DeliveryLedger::new(DELIVERY_LEDGER_CAPACITY)),
             ack_rounds,
             pop_rounds,
+            push_rounds,
             seed,
         })
     }

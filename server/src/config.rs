@@ -59,12 +59,17 @@ pub struct ServerConfig {
     /// Ring-pop statements in flight at once per (queue, first candidate partition); pops beyond
     /// them share the next statement (0: every pop its own statement).
     pub pop_rounds: usize,
+    /// Push statements in flight at once; pushes arriving beyond them go together in the next
+    /// (0: every push its own statement).
+    pub push_rounds: usize,
     /// Sizes the KV and locks surfaces accept.
     pub kv_limits: queen_core::kv::KvLimits,
 }
 
 /// Default POP_ROUNDS.
 pub const DEFAULT_POP_ROUNDS: usize = 1;
+/// See `ServerConfig::push_rounds` (docs/benchmarks.md, "Push rounds").
+pub const DEFAULT_PUSH_ROUNDS: usize = 2;
 
 /// Default PG_WARM_INTERVAL_MS.
 pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
@@ -92,6 +97,7 @@ impl Default for ServerConfig {
             pg_warm_interval_ms: DEFAULT_PG_WARM_INTERVAL_MS,
             pg_stats_interval_ms: DEFAULT_PG_STATS_INTERVAL_MS,
             pop_rounds: DEFAULT_POP_ROUNDS,
+            push_rounds: DEFAULT_PUSH_ROUNDS,
         }
     }
 }
@@ -162,6 +168,12 @@ pub struct Settings {
     /// does not wait. 0: every pop its own statement.
     #[arg(long, env = "POP_ROUNDS", default_value_t = DEFAULT_POP_ROUNDS)]
     pub pop_rounds: usize,
+    /// Push statements in flight at once. Pushes (of any producers, queues and partitions) that
+    /// arrive while that many are running wait and go together in the next, one statement (one
+    /// transaction, one commit) for all; each keeps its own answer, and a round that cannot
+    /// commit whole sends its pushes one by one. 0: every push its own statement.
+    #[arg(long, env = "PUSH_ROUNDS", default_value_t = DEFAULT_PUSH_ROUNDS)]
+    pub push_rounds: usize,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -377,6 +389,7 @@ impl Settings {
             pg_warm_interval_ms: self.pg_warm_interval_ms,
             pg_stats_interval_ms: self.pg_stats_interval_ms,
             pop_rounds: self.pop_rounds,
+            push_rounds: self.push_rounds,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,

@@ -82,12 +82,17 @@ impl Broker {
         let started = self.now();
         let outcomes = loop {
             let again = self.may_need_sealing(&groups).then(|| groups.clone());
-            match self
-                .storage
-                .messages
-                .push_accepted_at(groups, accepted_at)
-                .await
-            {
+            let stored = match (&self.push_rounds, accepted_at) {
+                // A replay keeps its accepted time: alone.
+                (Some(rounds), None) => rounds.call(groups).await,
+                _ => {
+                    self.storage
+                        .messages
+                        .push_accepted_at(groups, accepted_at)
+                        .await
+                }
+            };
+            match stored {
                 Err(StorageError::EncryptionRequired { queue }) if again.is_some() => {
                     groups = self.learned_encrypted(queue, again)?;
                 }

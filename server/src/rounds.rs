@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 use queen_core::storage::{
-    LeaseBatchEnds, MessageStorage, PopRequest, PopResult, PopStorage, StorageError, StorageResult,
+    LeaseBatchEnds, MessageStorage, PopRequest, PopResult, PopStorage, PushGroup, PushGroupResult,
+    PushOutcome, StorageError, StorageResult,
 };
 use tokio::sync::oneshot;
 
@@ -48,6 +49,9 @@ pub struct RoundsBugs {
     /// meanwhile: they saw a round in flight and started none, so they wait until the next call
     /// of their key starts one (a pop stranded until unrelated traffic comes).
     pub leave_without_looking_again: bool,
+    /// A push round answers its last request as stored without sending it (a message the
+    /// producer was told is queued is lost).
+    pub push_round_drops_its_last_request: bool,
 }
 
 pub(crate) struct Rounds<K, T, A> {
@@ -77,6 +81,62 @@ struct RoundState<T, A> {
 
 /// Whole-batch acks: one round at a time (`ack_batch_ends_many`).
 pub(crate) type AckRounds = Rounds<(), LeaseBatchEnds, Vec<String>>;
+
+/// Pushes without an accepted time (`push_round`): all share one key.
+pub(crate) type PushRounds = Rounds<(), Vec<PushGroup>, Vec<PushGroupResult>>;
+
+/// `max_running`: push statements in flight at once; pushes arriving beyond them share the next
+/// round's statement.
+pub(crate) fn push_rounds(
+    storage: Arc<dyn MessageStorage>,
+    max_running: usize,
+    company_yields: usize,
+    bugs: RoundsBugs,
+) -> PushRounds {
+    Rounds::new(
+        max_running,
+        company_yields,
+        bugs,
+        |_| (),
+        |_| None,
+        Box::new(move |requests: Vec<Vec<PushGroup>>| {
+            let storage = storage.clone();
+            Box::pin(async move {
+                let n = requests.len();
+                if bugs.push_round_drops_its_last_request && n > 1 {
+                    // The historical bug: the last request is answered as stored and never sent.
+                    let mut requests = requests;
+                    let dropped = requests.pop().unwrap_or_default();
+                    let mut answers = storage.push_round(requests).await;
+                    answers.push(Ok(dropped
+                        .iter()
+                        .map(|g| {
+                            g.frames
+                                .iter()
+                                .map(|f| PushOutcome::Queued {
+                                    message_id: f.message_id,
+                                    partition_id: String::new(),
+                                    offset: -1,
+                                })
+                                .collect()
+                        })
+                        .collect()));
+                    return answers;
+                }
+                let answers = storage.push_round(requests).await;
+                if answers.len() == n {
+                    answers
+                } else {
+                    let e = StorageError::Internal(format!(
+                        "a round of {n} pushes answered {}",
+                        answers.len()
+                    ));
+                    (0..n).map(|_| Err(e.clone())).collect()
+                }
+            })
+        }),
+    )
+}
 
 /// Ring pops (`pop_list_many`), keyed by (queue, first candidate).
 pub(crate) type PopRounds = Rounds<(String, String), (PopRequest, Vec<String>), PopResult>;
@@ -470,6 +530,7 @@ mod tests {
     async fn a_task_leaving_with_calls_queued_is_caught() {
         let bugs = RoundsBugs {
             leave_without_looking_again: true,
+            ..RoundsBugs::default()
         };
         piled_behind_a_held_round(9, bugs).await;
     }

@@ -51,10 +51,12 @@ macro_rules! ensure_eq {
 mod conflation;
 mod kv;
 mod reads;
+mod rounds;
 mod streams;
 pub use conflation::*;
 pub use kv::*;
 pub use reads::*;
+pub use rounds::*;
 pub use streams::*;
 
 /// Whether the group has any backlog in the queue, claimable or leased.
@@ -2584,4 +2586,6 @@ cases!(
     conflation_delivers_the_newest_only,
     conflation_is_fixed_at_registration,
     conflation_respects_visibility,
+    push_rounds_answer_each_request,
+    push_rounds_answer_duplicates_as_alone,
 );

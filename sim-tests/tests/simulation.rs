@@ -606,6 +606,18 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 rounds: RoundsBugs {
                     leave_without_looking_again: true,
+                    ..RoundsBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a push round drops a request it answered",
+            Scenario::Faults,
+            Bugs {
+                rounds: RoundsBugs {
+                    push_round_drops_its_last_request: true,
+                    ..RoundsBugs::default()
                 },
                 ..Bugs::default()
             },

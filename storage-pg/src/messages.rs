@@ -188,6 +188,169 @@ async fn push_group(
         .ok_or_else(|| StorageError::Internal("push outcome missing".into()))?)
 }
 
+impl PgStorage {
+    /// A round of push requests as one statement: `push_v6` per group, laterally, in the
+    /// partitions' global lock order, every transactionId expected new. `None`: the statement
+    /// did not answer every group whole (a duplicate met, whose answers the requests get alone).
+    async fn push_round_statement(
+        &self,
+        requests: &[Vec<PushGroup>],
+    ) -> StorageResult<Option<Vec<Vec<PushGroupResult>>>> {
+        let mut order: Vec<(usize, usize)> = requests
+            .iter()
+            .enumerate()
+            .flat_map(|(r, groups)| (0..groups.len()).map(move |g| (r, g)))
+            .collect();
+        order.sort_by(|a, b| {
+            let (ga, gb) = (&requests[a.0][a.1], &requests[b.0][b.1]);
+            (&ga.queue, &ga.partition, a).cmp(&(&gb.queue, &gb.partition, b))
+        });
+        let (mut queues, mut partitions, mut blobs, mut sealed) = (vec![], vec![], vec![], vec![]);
+        let (mut starts, mut ends, mut txids, mut ids) = (vec![], vec![], vec![], vec![]);
+        let mut firsts_of = Vec::with_capacity(order.len());
+        for &(r, k) in &order {
+            let g = &requests[r][k];
+            let firsts = FirstOccurrences::of(&g.frames);
+            let candidates: Vec<usize> = firsts.firsts().collect();
+            let frames: Vec<_> = candidates.iter().map(|c| g.frames[*c].clone()).collect();
+            blobs.push(
+                g.segment_blob(&frames)
+                    .map_err(|e| StorageError::Invalid(e.to_string()))?,
+            );
+            queues.push(g.queue.as_str());
+            partitions.push(g.partition.as_str());
+            sealed.push(Some(g.is_sealed()));
+            starts.push(i32::try_from(txids.len() + 1).unwrap_or(i32::MAX));
+            for c in &candidates {
+                txids.push(g.frames[*c].transaction_id.as_str());
+                ids.push(g.frames[*c].message_id);
+            }
+            ends.push(i32::try_from(txids.len()).unwrap_or(i32::MAX));
+            firsts_of.push((firsts, candidates, frames));
+        }
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let context = "push round";
+        let stmt = client
+            .prepare_cached(
+                "SELECT g.i, r.o_status, r.o_message_id, r.o_partition_id, r.o_offset,
+                        r.o_max_size, r.o_backlog
+                   FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bool[], $5::int[],
+                               $6::int[])
+                        WITH ORDINALITY AS g(queue, partition, blob, sealed, s, e, i)
+                  CROSS JOIN LATERAL queen.push_v6(g.queue, g.partition, ($7::text[])[g.s:g.e],
+                        ($8::uuid[])[g.s:g.e], g.blob, NULL, g.sealed, true)
+                        WITH ORDINALITY AS r
+                  ORDER BY g.i, r.ordinality",
+            )
+            .await
+            .map_err(pg_err(context))?;
+        let rows = match client
+            .query(
+                &stmt,
+                &[
+                    &queues,
+                    &partitions,
+                    &blobs,
+                    &sealed,
+                    &starts,
+                    &ends,
+                    &txids,
+                    &ids,
+                ],
+            )
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) if is_duplicate_txid(&e) => return Ok(None),
+            Err(e) => return Err(pg_err(context)(e)),
+        };
+        let mut answers: Vec<Vec<PushGroupResult>> =
+            requests.iter().map(|g| vec![Vec::new(); g.len()]).collect();
+        let mut at = 0;
+        for (n, (&(r, k), (firsts, candidates, frames))) in order.iter().zip(&firsts_of).enumerate()
+        {
+            let number = i64::try_from(n + 1).unwrap_or(i64::MAX);
+            let end = at
+                + rows[at..]
+                    .iter()
+                    .take_while(|row| row.try_get::<_, i64>(0).ok() == Some(number))
+                    .count();
+            let g = &requests[r][k];
+            let Some(result) = round_group(g, &rows[at..end], firsts, candidates, frames)? else {
+                return Ok(None);
+            };
+            answers[r][k] = result;
+            at = end;
+        }
+        if at != rows.len() {
+            return Err(StorageError::Internal(format!(
+                "{context}: rows of no group"
+            )));
+        }
+        Ok(Some(answers))
+    }
+}
+
+/// One group's rows of a round (columns shifted by the group number before them): its outcomes,
+/// or `None` when they are not a whole answer.
+fn round_group(
+    g: &PushGroup,
+    rows: &[tokio_postgres::Row],
+    firsts: &FirstOccurrences,
+    candidates: &[usize],
+    frames: &[queen_core::frames::Frame],
+) -> StorageResult<Option<PushGroupResult>> {
+    let mut outcome: Vec<Option<PushOutcome>> = vec![None; g.frames.len()];
+    let bad = |what: &str| StorageError::Internal(format!("push round: {what}"));
+    if let [row] = rows {
+        let status: &str = row.try_get(1).map_err(|_| bad("status"))?;
+        let count: Option<i64> = row.try_get(6).map_err(|_| bad("count"))?;
+        if status == "queued" && count.is_some() {
+            if count != Some(candidates.len() as i64) {
+                return Err(bad("a group stored in part"));
+            }
+            let first: i64 = row.try_get(4).map_err(|_| bad("offset"))?;
+            let partition_id = row
+                .try_get::<_, uuid::Uuid>(3)
+                .map_err(|_| bad("partition id"))?
+                .to_string();
+            for ((k, frame), offset) in candidates.iter().zip(frames).zip(first..) {
+                outcome[*k] = Some(PushOutcome::Queued {
+                    message_id: frame.message_id,
+                    partition_id: partition_id.clone(),
+                    offset,
+                });
+            }
+            return Ok(firsts.resolve(outcome));
+        }
+    }
+    if rows.len() != candidates.len() {
+        return Ok(None);
+    }
+    for (k, row) in candidates.iter().zip(rows) {
+        let status: &str = row.try_get(1).map_err(|_| bad("status"))?;
+        let message_id: uuid::Uuid = row.try_get(2).map_err(|_| bad("message id"))?;
+        let partition_id = row
+            .try_get::<_, uuid::Uuid>(3)
+            .map_err(|_| bad("partition id"))?
+            .to_string();
+        outcome[*k] = match status {
+            "full" => Some(PushOutcome::Rejected {
+                message_id,
+                partition_id,
+                full: QueueFull {
+                    queue: g.queue.clone(),
+                    max_size: u32::try_from(row.try_get::<_, i32>(5).unwrap_or(0)).unwrap_or(0),
+                    backlog: u64::try_from(row.try_get::<_, i64>(6).unwrap_or(0)).unwrap_or(0),
+                },
+            }),
+            // Anything else (a duplicate answered, a retry) is a group to push alone.
+            _ => return Ok(None),
+        };
+    }
+    Ok(firsts.resolve(outcome))
+}
+
 /// One round's rows, an outcome per candidate (in order); the candidates to retry.
 fn row_outcomes(
     g: &PushGroup,
@@ -285,6 +448,24 @@ pub(crate) async fn ack_items(
 
 #[async_trait]
 impl MessageStorage for PgStorage {
+    async fn push_round(
+        &self,
+        requests: Vec<Vec<PushGroup>>,
+    ) -> Vec<StorageResult<Vec<PushGroupResult>>> {
+        if requests.len() > 1 {
+            // Otherwise not a whole answer (a duplicate met, a queue that must encrypt, a
+            // failure): each request alone, as it came.
+            if let Ok(Some(answers)) = self.push_round_statement(&requests).await {
+                return answers.into_iter().map(Ok).collect();
+            }
+        }
+        let mut answers = Vec::with_capacity(requests.len());
+        for groups in requests {
+            answers.push(self.push(groups).await);
+        }
+        answers
+    }
+
     async fn push_accepted_at(
         &self,
         groups: Vec<PushGroup>,

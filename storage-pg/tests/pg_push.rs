@@ -311,3 +311,45 @@ async fn transaction_id_rows_go_with_what_holds_them() {
     assert!(pg.delete_queue("rows").await.unwrap());
     assert_eq!(total().await, 2, "only the capped queue's rows are left");
 }
+
+/// A round of pushes is one statement, so one transaction and one commit: every segment it
+/// stored carries the same `xmin`. (A round that fell back to pushing its requests one by one
+/// would answer the same, so the answers alone cannot tell.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_round_commits_once() {
+    let name = format!("queen_push_round_{}", std::process::id());
+    let pg = testing::fresh_database(&name, 4).await;
+    let answers = pg
+        .push_round(vec![
+            vec![one("r1", "a", 1)],
+            vec![one("r2", "b", 2)],
+            vec![one("r1", "c", 3), one("r3", "d", 4)],
+        ])
+        .await;
+    assert_eq!(answers.len(), 3);
+    for a in &answers {
+        let groups = a.as_ref().expect("pushed");
+        assert!(groups
+            .iter()
+            .flatten()
+            .all(|o| matches!(o, PushOutcome::Queued { .. })));
+    }
+    let (client, conn) = testing::fresh_database_config_existing(&name)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let driver = tokio::spawn(conn);
+    let row = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT s.xmin::text) FROM queen.log_segments s",
+            &[],
+        )
+        .await
+        .expect("segments");
+    assert_eq!(row.get::<_, i64>(0), 4, "four segments");
+    assert_eq!(row.get::<_, i64>(1), 1, "one transaction stored them all");
+    drop(client);
+    let _ = driver.await;
+    drop(pg);
+    testing::drop_database(&name).await;
+}
