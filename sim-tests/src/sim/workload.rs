@@ -748,6 +748,40 @@ pub(crate) fn spawn_clients(
     }
 }
 
+/// Pushes `feeds` messages to a worker's own partition, numbered on from `fed`, trying up to five
+/// brokers in turn from `k`: a resend of a lost push carries the same transaction ids
+/// (de-duplicated).
+async fn feed(
+    shared: &Shared,
+    k: usize,
+    queue: &str,
+    partition: &str,
+    name: &str,
+    fed: &mut u64,
+    feeds: u64,
+) {
+    let items: Vec<Value> = (0..feeds)
+        .map(|i| json!({"queue": queue, "partition": partition,
+                        "payload": {"n": *fed + i}, "transactionId": format!("{name}-{}", *fed + i)}))
+        .collect();
+    *fed += feeds;
+    let body = json!({ "items": items });
+    for attempt in (0..5).filter(|_| feeds > 0) {
+        let b = &shared.brokers[(k + attempt) % shared.brokers.len()];
+        let answer = request(
+            b,
+            "POST",
+            "/api/v1/push",
+            Some(&body),
+            Duration::from_secs(2),
+        )
+        .await;
+        if let Ok((201, _)) = answer {
+            break;
+        }
+    }
+}
+
 /// Sends `body` through the brokers in turn until one answers 200 (or the run is over): the
 /// workers' set-up calls. False when the run ended first.
 async fn until_answered(
@@ -806,18 +840,16 @@ async fn consume_newest(shared: Arc<Shared>, who: usize, name: String, mut rng: 
         } else {
             1 + rng.below(3)
         };
-        let items: Vec<Value> = (0..feeds)
-            .map(|i| json!({"queue": CONFLATION_QUEUE, "partition": partition,
-                            "payload": {"n": fed + i}, "transactionId": format!("{name}-{}", fed + i)}))
-            .collect();
-        fed += items.len() as u64;
-        let feed = json!({ "items": items });
-        for attempt in (0..5).filter(|_| feeds > 0) {
-            let b = &shared.brokers[(k + attempt) % brokers];
-            if let Ok((201, _)) = request(b, "POST", "/api/v1/push", Some(&feed), timeout).await {
-                break;
-            }
-        }
+        feed(
+            &shared,
+            k,
+            CONFLATION_QUEUE,
+            &partition,
+            &name,
+            &mut fed,
+            feeds,
+        )
+        .await;
         let pop = format!(
             "/api/v1/pop/queue/{CONFLATION_QUEUE}?batch=3&partitions=2&consumerGroup={CONFLATION_GROUP}\
              &conflation=true&wait=true&timeout=1000"
@@ -909,24 +941,22 @@ async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: Seed
         k += 1;
         let broker = &shared.brokers[k % brokers];
         // Feed, every other turn or so (so the workers' long-polls also find the source empty
-        // and park): a resend of a lost push carries the same transaction ids (de-duplicated).
+        // and park).
         let feeds = if rng.below(2) == 0 {
             1 + rng.below(3)
         } else {
             0
         };
-        let items: Vec<Value> = (0..feeds)
-            .map(|i| json!({"queue": STREAM_SOURCE, "partition": partition,
-                            "payload": {"n": fed + i}, "transactionId": format!("{name}-{}", fed + i)}))
-            .collect();
-        fed += items.len() as u64;
-        let feed = json!({ "items": items });
-        for attempt in (0..5).filter(|_| feeds > 0) {
-            let b = &shared.brokers[(k + attempt) % brokers];
-            if let Ok((201, _)) = request(b, "POST", "/api/v1/push", Some(&feed), timeout).await {
-                break;
-            }
-        }
+        feed(
+            &shared,
+            k,
+            STREAM_SOURCE,
+            &partition,
+            &name,
+            &mut fed,
+            feeds,
+        )
+        .await;
         // A long-poll, as the SDKs' source pops are (`wait(True)`, up to a second).
         let pop = format!(
             "/api/v1/pop/queue/{STREAM_SOURCE}?batch=3&consumerGroup={STREAM_GROUP}&wait=true&timeout=1000"
