@@ -434,6 +434,11 @@ fn a_seed_replays_exactly() {
 }
 
 /// The historical and prompt-delivery bugs, as (name, the scenario that must catch it, switches).
+/// Two ring switches are proven by deterministic tests of their own instead, because the seed
+/// budget reaches their interleavings only by chance: `stale_look_trusts_a_dropped_entry` (a
+/// look in flight across a drop; caught here at one seed of forty until push rounds moved the
+/// schedules, `ring::tests::a_stale_lease_verdict_does_not_park_a_dropped_partition`) and
+/// `committed_release_of_unknown_ignored` (core's pop machine tests).
 fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
     vec![
         (
@@ -585,17 +590,6 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
                 sim: SimBugs {
                     retention_ignores_groups_without_rows: true,
                     ..SimBugs::default()
-                },
-                ..Bugs::default()
-            },
-        ),
-        (
-            "a stale look trusts a dropped entry",
-            Scenario::Prompt,
-            Bugs {
-                ring: RingBugs {
-                    stale_look_trusts_a_dropped_entry: true,
-                    ..RingBugs::default()
                 },
                 ..Bugs::default()
             },
