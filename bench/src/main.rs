@@ -25,6 +25,7 @@
 
 #![allow(clippy::expect_used)] // a benchmark that cannot set up has nothing to report
 
+mod admin;
 mod args;
 mod auth;
 mod consume;
@@ -557,8 +558,47 @@ async fn measure_scaling(run: &mut Run) {
             }
         }
         weigh_ring(run, &queue, size);
+        measure_admin_totals(run, size).await;
         eprintln!("measured scaling, {size} partitions");
     }
+}
+
+/// The admin totals once the database holds the scaling queues so far: a pass over every
+/// partition, and the totals routes answered from it (each against the pass).
+async fn measure_admin_totals(run: &mut Run, size: usize) {
+    let t = admin::measure(run.addr).await;
+    let label = format!("admin totals, {size}-partition queue");
+    let vs = "a pass over every partition, ms";
+    run.rows.extend([
+        Row::new(
+            label.clone(),
+            "pass ms (POST /stats/refresh)",
+            t.pass_ms,
+            "partitions read",
+            t.partitions,
+        ),
+        Row::new(
+            label.clone(),
+            "queue listing ms (median of 5)",
+            t.listing_ms,
+            vs,
+            t.pass_ms,
+        ),
+        Row::new(
+            label.clone(),
+            "consumer groups ms (median of 5)",
+            t.groups_ms,
+            vs,
+            t.pass_ms,
+        ),
+        Row::new(
+            label,
+            "overview ms (median of 5)",
+            t.overview_ms,
+            vs,
+            t.pass_ms,
+        ),
+    ]);
 }
 
 /// What the hot-list ring holds after a scaling run, and what its entries cost: live heap bytes

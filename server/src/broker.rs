@@ -261,6 +261,8 @@ pub struct Broker {
     /// Ring pops sent to storage in rounds, across groups (None: POP_ROUNDS=0).
     pub(crate) pop_rounds: Option<Arc<crate::rounds::PopRounds>>,
     pub(crate) push_rounds: Option<Arc<crate::rounds::PushRounds>>,
+    /// The admin totals' snapshot and its refresh.
+    pub(crate) stats: crate::stats::AdminStats,
     /// The seed this broker was built with: its background tasks draw their jitter from it.
     pub(crate) seed: u64,
 }
@@ -346,6 +348,7 @@ impl Broker {
             ack_rounds,
             pop_rounds,
             push_rounds,
+            stats: crate::stats::AdminStats::default(),
             seed,
         })
     }

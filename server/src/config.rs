@@ -62,6 +62,10 @@ pub struct ServerConfig {
     /// Push statements in flight at once; pushes arriving beyond them go together in the next
     /// (0: every push its own statement).
     pub push_rounds: usize,
+    /// Admin totals are computed afresh for each request while a pass over every partition
+    /// takes less than this many milliseconds; past it they come from a snapshot (`stats`).
+    /// 0: always from the snapshot.
+    pub admin_inline_pass_ms: u64,
     /// Sizes the KV and locks surfaces accept.
     pub kv_limits: queen_core::kv::KvLimits,
 }
@@ -71,6 +75,8 @@ pub const DEFAULT_POP_ROUNDS: usize = 1;
 /// See `ServerConfig::push_rounds` (docs/benchmarks.md, "Push rounds").
 pub const DEFAULT_PUSH_ROUNDS: usize = 2;
 
+/// Default ADMIN_INLINE_PASS_MS: about 10k partitions on PostgreSQL.
+pub const DEFAULT_ADMIN_INLINE_PASS_MS: u64 = 100;
 /// Default PG_WARM_INTERVAL_MS.
 pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
 
@@ -98,6 +104,7 @@ impl Default for ServerConfig {
             pg_stats_interval_ms: DEFAULT_PG_STATS_INTERVAL_MS,
             pop_rounds: DEFAULT_POP_ROUNDS,
             push_rounds: DEFAULT_PUSH_ROUNDS,
+            admin_inline_pass_ms: DEFAULT_ADMIN_INLINE_PASS_MS,
         }
     }
 }
@@ -174,6 +181,13 @@ pub struct Settings {
     /// commit whole sends its pushes one by one. 0: every push its own statement.
     #[arg(long, env = "PUSH_ROUNDS", default_value_t = DEFAULT_PUSH_ROUNDS)]
     pub push_rounds: usize,
+    /// The admin totals (queue listings, overview, status, consumer groups, the metrics' queue
+    /// series) are computed afresh for each request while a pass over every partition takes
+    /// less than this many milliseconds. Past it they come from the last pass, which a
+    /// background pass renews while they are read (pausing nine times a pass's length), and
+    /// each answer says its statsAge. 0: always from the last pass.
+    #[arg(long, env = "ADMIN_INLINE_PASS_MS", default_value_t = DEFAULT_ADMIN_INLINE_PASS_MS)]
+    pub admin_inline_pass_ms: u64,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -390,6 +404,7 @@ impl Settings {
             pg_stats_interval_ms: self.pg_stats_interval_ms,
             pop_rounds: self.pop_rounds,
             push_rounds: self.push_rounds,
+            admin_inline_pass_ms: self.admin_inline_pass_ms,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,

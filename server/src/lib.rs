@@ -19,6 +19,7 @@ pub mod rounds;
 mod routes;
 pub mod sealing;
 mod serve;
+mod stats;
 pub mod tasks;
 mod views;
 

@@ -226,6 +226,7 @@ pub(crate) fn stat(values: &[f64]) -> Value {
 }
 
 /// One (group, queue) pair's lag over the queue's partitions.
+#[derive(Default)]
 pub(crate) struct GroupLag {
     pub(crate) members: u64,
     pub(crate) partitions_with_lag: u64,
@@ -234,46 +235,29 @@ pub(crate) struct GroupLag {
     pub(crate) consumed: i64,
 }
 
-/// Each group's lag on one queue, keyed (group, queue).
-pub(crate) fn group_lags_of(
-    inv: &Inventory,
-    q: &QueueView,
-    now: Timestamp,
-) -> BTreeMap<(String, String), GroupLag> {
-    let mut out = BTreeMap::new();
-    for g in &q.groups {
-        let mut lag = GroupLag {
-            members: 0,
-            partitions_with_lag: 0,
-            total_lag: 0,
-            max_time_lag: 0,
-            consumed: 0,
-        };
-        for p in inv.partitions_of(&q.config.name) {
-            let pending = depth(p, &q.groups, Some(g));
-            lag.total_lag += pending;
-            lag.partitions_with_lag += u64::from(pending > 0);
-            let oldest = match p.cursor(g) {
-                Some(c) => {
-                    lag.members += 1;
-                    lag.consumed += c.total_consumed;
-                    c.oldest_unconsumed_at
-                }
-                // No cursor yet: it reads from the oldest stored message.
-                None => p.oldest_at.filter(|_| pending > 0),
-            };
-            if let Some(t) = oldest {
-                lag.max_time_lag = lag.max_time_lag.max(t.millis_until(now) / 1000);
+impl GroupLag {
+    /// Adds one partition of the queue (whose groups are `groups`) to `group`'s lag.
+    pub(crate) fn add(
+        &mut self,
+        p: &PartitionView,
+        groups: &[String],
+        group: &str,
+        now: Timestamp,
+    ) {
+        let pending = depth(p, groups, Some(group));
+        self.total_lag += pending;
+        self.partitions_with_lag += u64::from(pending > 0);
+        let oldest = match p.cursor(group) {
+            Some(c) => {
+                self.members += 1;
+                self.consumed += c.total_consumed;
+                c.oldest_unconsumed_at
             }
+            // No cursor yet: it reads from the oldest stored message.
+            None => p.oldest_at.filter(|_| pending > 0),
+        };
+        if let Some(t) = oldest {
+            self.max_time_lag = self.max_time_lag.max(t.millis_until(now) / 1000);
         }
-        out.insert((g.clone(), q.config.name.clone()), lag);
     }
-    out
-}
-
-pub(crate) fn group_lags(inv: &Inventory, now: Timestamp) -> BTreeMap<(String, String), GroupLag> {
-    inv.queues
-        .iter()
-        .flat_map(|q| group_lags_of(inv, q, now))
-        .collect()
 }

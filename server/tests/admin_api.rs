@@ -555,3 +555,96 @@ async fn labelled_metrics_memory() {
 async fn labelled_metrics_postgres() {
     labelled_metrics(Store::Postgres("admin_metrics")).await;
 }
+
+/// The admin totals from a pass's snapshot (ADMIN_INLINE_PASS_MS=0: never computed per
+/// request): a pass reads a queue of more partitions than one page, its totals equal the
+/// one-queue route's (read as they stand), every totals answer says its statsAge,
+/// `POST /stats/refresh` waits for a pass that sees every push before it, and while the totals
+/// are read the refresher renews them without being asked.
+async fn totals_from_a_snapshot(store: Store) {
+    let b = start(
+        store,
+        ServerConfig {
+            admin_inline_pass_ms: 0,
+            ..config()
+        },
+    )
+    .await;
+    let a = b.addr;
+    let q = "snap";
+    // More partitions than a pass reads per storage call (2,000).
+    let items: Vec<Value> = (0..2_050)
+        .map(|i| json!({"queue": q, "partition": format!("p{i:05}"), "payload": {"i": i}}))
+        .collect();
+    let (code, v) = send(a, "POST", "/api/v1/push", Some(json!({ "items": items }))).await;
+    assert_eq!(code, 201, "{v}");
+    push(a, "snap-g", "x", &["x1", "x2"]).await;
+    assert_eq!(consume(a, "snap-g", "g1", "completed").await, 2);
+
+    let (code, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (v["refreshed"].as_bool(), v["partitions"].as_u64()),
+        (Some(true), Some(2_051)),
+        "both queues' partitions"
+    );
+    let (_, listed) = get(a, "/api/v1/resources/queues").await;
+    let entry = by_name(&listed["queues"], "name", q);
+    assert_eq!(entry["partitions"], 2_050, "{entry}");
+    assert_eq!(entry["messages"]["total"], 2_050);
+    assert_eq!(entry["messages"]["pending"], 2_050, "nobody reads it");
+    assert!(listed["statsAge"].as_i64().is_some(), "{listed}");
+    let (_, live) = get(a, &format!("/api/v1/resources/queues/{q}")).await;
+    assert_eq!(entry["messages"]["total"], live["totals"]["total"]);
+    assert_eq!(entry["messages"]["completed"], live["totals"]["completed"]);
+
+    push(a, "snap-g", "y", &["late1", "late2"]).await;
+    let (_, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;
+    assert_eq!(v["statsAge"], 0, "{v}");
+    let (_, groups) = get(a, "/api/v1/consumer-groups").await;
+    let g1 = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "g1" && g["queueName"] == "snap-g")
+        .unwrap();
+    assert_eq!(
+        (g1["totalLag"].as_u64(), g1["partitionsWithLag"].as_u64()),
+        (Some(2), Some(1))
+    );
+    for path in [
+        "/api/v1/resources/overview",
+        "/api/v1/resources/namespaces",
+        "/api/v1/status",
+        "/api/v1/status/queues",
+    ] {
+        let (code, v) = get(a, path).await;
+        assert_eq!(code, 200, "{path}: {v}");
+        assert!(v["statsAge"].as_i64().is_some(), "{path}: {v}");
+    }
+
+    // Unasked, the refresher renews the totals while they are read.
+    push(a, q, "p00008", &["late3"]).await;
+    let mut seen = 0;
+    for _ in 0..100 {
+        let (_, v) = get(a, "/api/v1/resources/queues").await;
+        seen = by_name(&v["queues"], "name", q)["messages"]["total"]
+            .as_u64()
+            .unwrap();
+        if seen == 2_051 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(seen, 2_051, "the refresher never renewed the totals");
+}
+
+#[tokio::test]
+async fn totals_from_a_snapshot_memory() {
+    totals_from_a_snapshot(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn totals_from_a_snapshot_postgres() {
+    totals_from_a_snapshot(Store::Postgres("admin_snapshot")).await;
+}

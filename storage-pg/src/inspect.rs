@@ -42,7 +42,7 @@ SELECT q.name, p.name, p.id, p.created_at, p.last_offset,
  WHERE {filter}
  ORDER BY q.name, p.name";
 
-/// Cursors on the same partitions. The oldest unconsumed message's segment is found by two
+/// Cursors on the partitions read (by id). The oldest unconsumed message's segment is found by two
 /// primary-key probes: the one holding committed + 1, else (retention removed it) the next.
 const CURSORS: &str = "
 SELECT c.partition_id, c.consumer_group, c.committed,
@@ -59,8 +59,7 @@ SELECT c.partition_id, c.consumer_group, c.committed,
               ORDER BY s.base_offset LIMIT 1)) END
   FROM queen.log_consumers c
   JOIN queen.log_partitions p ON p.id = c.partition_id
-  JOIN queen.queues q ON q.id = p.queue_id
- WHERE {filter} AND ($3::text IS NULL OR c.consumer_group = $3)
+ WHERE c.partition_id = ANY($1) AND ($2::text IS NULL OR c.consumer_group = $2)
  ORDER BY c.partition_id, c.consumer_group";
 
 const TRACE_COLUMNS: &str = "tr.id, tr.partition_id, tr.transaction_id, q.name, p.name, tr.consumer_group,
@@ -97,33 +96,66 @@ const SAMPLE_COUNTERS: [&str; 10] = [
     "db_errors",
 ];
 
+/// Which partitions a view read takes.
+enum PartitionScope<'a> {
+    /// Every partition of one queue, or of every queue.
+    Queue(Option<&'a str>),
+    /// One partition by id.
+    One(uuid::Uuid),
+    /// A page of one queue's partitions by bytewise name.
+    Page {
+        queue: &'a str,
+        after: Option<&'a str>,
+        limit: i64,
+    },
+}
+
 impl PgStorage {
     async fn partitions_where(
         &self,
-        queue: Option<&str>,
-        partition_id: Option<uuid::Uuid>,
+        scope: PartitionScope<'_>,
         group: Option<&str>,
     ) -> StorageResult<Vec<PartitionView>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         // The filter is spelled out, not `$n IS NULL OR ...`: a one-partition read must plan
         // as an index lookup, not as a scan of every partition.
-        let filter = match (queue.is_some(), partition_id.is_some()) {
-            (_, true) => "($1::text IS NULL OR q.name = $1) AND p.id = $2",
-            (true, false) => "q.name = $1 AND $2::uuid IS NULL",
-            (false, false) => "$1::text IS NULL AND $2::uuid IS NULL",
-        };
-        let parts = client
-            .query(
-                &PARTITIONS.replace("{filter}", filter),
-                &[&queue, &partition_id],
-            )
-            .await
-            .map_err(pg_err("partition views"))?;
+        let parts = match scope {
+            PartitionScope::Queue(queue) => {
+                let filter = match queue {
+                    Some(_) => "q.name = $1",
+                    None => "$1::text IS NULL",
+                };
+                client
+                    .query(&PARTITIONS.replace("{filter}", filter), &[&queue])
+                    .await
+            }
+            PartitionScope::One(id) => {
+                client
+                    .query(&PARTITIONS.replace("{filter}", "p.id = $1"), &[&id])
+                    .await
+            }
+            PartitionScope::Page {
+                queue,
+                after,
+                limit,
+            } => {
+                // Bytewise, by the (queue_id, name COLLATE "C") index: one index range a page.
+                let sql = PARTITIONS
+                    .replace(
+                        "{filter}",
+                        "q.name = $1 AND ($2::text IS NULL OR p.name COLLATE \"C\" > $2)",
+                    )
+                    .replace(
+                        "ORDER BY q.name, p.name",
+                        "ORDER BY p.name COLLATE \"C\" LIMIT $3",
+                    );
+                client.query(&sql, &[&queue, &after, &limit]).await
+            }
+        }
+        .map_err(pg_err("partition views"))?;
+        let ids: Vec<uuid::Uuid> = parts.iter().map(|r| r.get(2)).collect();
         let cursors = client
-            .query(
-                &CURSORS.replace("{filter}", filter),
-                &[&queue, &partition_id, &group],
-            )
+            .query(CURSORS, &[&ids, &group])
             .await
             .map_err(pg_err("cursor views"))?;
         let mut by_partition: BTreeMap<uuid::Uuid, Vec<CursorView>> = BTreeMap::new();
@@ -210,7 +242,25 @@ impl InspectStorage for PgStorage {
         queue: Option<&str>,
         group: Option<&str>,
     ) -> StorageResult<Vec<PartitionView>> {
-        self.partitions_where(queue, None, group).await
+        self.partitions_where(PartitionScope::Queue(queue), group)
+            .await
+    }
+
+    async fn partition_views_page(
+        &self,
+        queue: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> StorageResult<Vec<PartitionView>> {
+        self.partitions_where(
+            PartitionScope::Page {
+                queue,
+                after,
+                limit: i64::from(limit),
+            },
+            None,
+        )
+        .await
     }
 
     async fn segments(&self, q: SegmentQuery) -> StorageResult<Vec<StoredSegment>> {
@@ -327,7 +377,7 @@ impl InspectStorage for PgStorage {
         };
         let (offset, segment, dead_letters) = found;
         let Some(partition) = self
-            .partitions_where(None, Some(pid), None)
+            .partitions_where(PartitionScope::One(pid), None)
             .await?
             .into_iter()
             .next()

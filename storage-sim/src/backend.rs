@@ -391,6 +391,22 @@ impl InspectStorage for SimDb {
         ))
     }
 
+    async fn partition_views_page(
+        &self,
+        queue: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> StorageResult<Vec<PartitionView>> {
+        let now = self.now();
+        Ok(inspect::partition_views_page(
+            &lock(&self.shared.state),
+            queue,
+            after,
+            limit,
+            now,
+        ))
+    }
+
     async fn segments(&self, query: SegmentQuery) -> StorageResult<Vec<StoredSegment>> {
         Ok(inspect::segments(&lock(&self.shared.state), &query))
     }

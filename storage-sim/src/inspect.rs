@@ -109,13 +109,7 @@ pub(crate) fn queue_views(st: &DbState, f: &QueueFilter) -> Vec<QueueView> {
     let mut out: Vec<QueueView> = st
         .queues
         .iter(COMMITTED)
-        .filter(|(name, q)| {
-            f.queue.as_ref().is_none_or(|w| w == *name)
-                && f.namespace
-                    .as_ref()
-                    .is_none_or(|w| *w == q.config.namespace)
-                && f.task.as_ref().is_none_or(|w| *w == q.config.task)
-        })
+        .filter(|(_, q)| f.matches(&q.config))
         .map(|(name, q)| {
             let (mut partitions, mut pushed, mut retained) = (0u64, 0u64, 0u64);
             let mut groups: Vec<String> = vec![];
@@ -181,6 +175,25 @@ pub(crate) fn partition_views(
         .iter(COMMITTED)
         .filter(|((q, _), _)| queue.is_none_or(|w| w == q))
         .map(|((q, n), p)| view(st, q, n, p, group, now))
+        .collect()
+}
+
+pub(crate) fn partition_views_page(
+    st: &DbState,
+    queue: &str,
+    after: Option<&str>,
+    limit: u32,
+    now: Timestamp,
+) -> Vec<PartitionView> {
+    st.partitions
+        .range(
+            (queue.to_string(), after.unwrap_or("").to_string())..,
+            COMMITTED,
+        )
+        .take_while(|((q, _), _)| q == queue)
+        .filter(|((_, n), _)| after.is_none_or(|a| n.as_str() > a))
+        .take(limit as usize)
+        .map(|((q, n), p)| view(st, q, n, p, None, now))
         .collect()
 }
 

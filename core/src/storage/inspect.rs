@@ -100,6 +100,18 @@ pub struct QueueFilter {
     pub task: Option<String>,
 }
 
+impl QueueFilter {
+    /// Whether a queue passes every filter given.
+    pub fn matches(&self, queue: &QueueConfig) -> bool {
+        self.queue.as_ref().is_none_or(|w| *w == queue.name)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|w| *w == queue.namespace)
+            && self.task.as_ref().is_none_or(|w| *w == queue.task)
+    }
+}
+
 /// A position in the newest-first listing of segments: the listing continues with segments
 /// strictly older (by `created_at`, then partition id, then base offset, descending).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -240,6 +252,14 @@ pub trait InspectStorage: Send + Sync {
         &self,
         queue: Option<&str>,
         group: Option<&str>,
+    ) -> super::StorageResult<Vec<PartitionView>>;
+    /// Up to `limit` partitions of one queue with every cursor on them, in bytewise name
+    /// order, after the partition named `after`: a pass over a queue of any size, page by page.
+    async fn partition_views_page(
+        &self,
+        queue: &str,
+        after: Option<&str>,
+        limit: u32,
     ) -> super::StorageResult<Vec<PartitionView>>;
     /// Stored segments, newest first, from `query.after` on.
     async fn segments(&self, query: SegmentQuery) -> super::StorageResult<Vec<StoredSegment>>;

@@ -2,9 +2,11 @@
 //! the dashboard: resources, messages, traces, status, analytics and consumer groups, in Queen's
 //! shapes (reference/queen-admin-api.md) with real status codes and working pagination.
 //!
-//! Every figure is computed on read from storage's views (`InspectStorage`): there is no stats
-//! table to go stale, so `statsAge` is always 0 and `POST /api/v1/stats/refresh` has nothing
-//! to do. What a route costs is stated in the README.
+//! Totals over every queue (the queue listings, overview, namespaces and tasks, status, consumer
+//! groups, the metrics' stored series) come from the admin totals' snapshot (`stats`), whose age
+//! each such answer states in `statsAge`; a route about one queue, partition, group or message
+//! reads storage's views (`InspectStorage`) as they stand. What a route costs is stated in the
+//! README.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,9 +25,10 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::wire as requests;
 use crate::http::{self, Failure, Reply};
+use crate::stats::{self, QueueTally};
 use crate::views::{
-    bucket_of, bucketed, depth, group_lags, group_lags_of, lag_stats, message_status, page,
-    processing, recent_rates, stat, Counts, Inventory,
+    bucket_of, bucketed, depth, message_status, page, processing, recent_rates, stat, Counts,
+    GroupLag, Inventory,
 };
 
 type Pairs = [(String, String)];
@@ -102,7 +105,8 @@ fn ok(v: &Value) -> Result<Reply, Failure> {
     Ok(http::json(StatusCode::OK, v))
 }
 
-fn queue_summary(q: &QueueView, c: &Counts) -> Value {
+fn queue_summary(t: &QueueTally) -> Value {
+    let (q, c) = (&t.view, &t.counts);
     json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace, "task": q.config.task,
            "priority": q.config.priority, "createdAt": iso(q.created_at), "partitions": q.partitions,
            "messages": {"total": c.total, "pending": c.pending, "processing": c.processing,
@@ -113,14 +117,17 @@ fn queue_summary(q: &QueueView, c: &Counts) -> Value {
 /// GET /api/v1/resources/queues[?namespace,task,limit,offset]: newest first.
 pub async fn list_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 1000)?;
-    let inv = Inventory::load(broker, queue_filter(pairs, false)?).await?;
-    let total = inv.queues.len();
-    let queues: Vec<Value> = page(inv.queues.iter().collect(), limit, offset)
+    let filter = queue_filter(pairs, false)?;
+    let snap = stats::for_request(broker).await?;
+    let matching: Vec<&QueueTally> = snap.queues_matching(&filter).collect();
+    let total = matching.len();
+    let queues: Vec<Value> = page(matching, limit, offset)
         .into_iter()
-        .map(|q| queue_summary(q, &inv.counts(q)))
+        .map(queue_summary)
         .collect();
     ok(&json!({"queues": queues, "total": total,
-               "pagination": {"limit": limit, "offset": offset}}))
+               "pagination": {"limit": limit, "offset": offset},
+               "statsAge": snap.age_secs(broker.now())}))
 }
 
 fn partition_json(p: &PartitionView, groups: &[String]) -> Value {
@@ -239,26 +246,16 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
 
 /// GET /api/v1/resources/overview.
 pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
-    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let snap = stats::for_request(broker).await?;
     let now = broker.now();
     let mut totals = Counts::default();
     let (mut namespaces, mut tasks) = (vec![], vec![]);
-    let (mut time_lags, mut offset_lags) = (vec![], vec![]);
     let mut partitions = 0;
-    for q in &inv.queues {
-        totals.add(inv.counts(q));
-        partitions += q.partitions;
-        namespaces.push(q.config.namespace.clone());
-        tasks.push(q.config.task.clone());
-        for p in inv.partitions_of(&q.config.name) {
-            for c in &p.cursors {
-                offset_lags.push(p.pending_after(c.committed) as f64);
-                time_lags.push(
-                    c.oldest_unconsumed_at
-                        .map_or(0.0, |t| t.millis_until(now) as f64 / 1000.0),
-                );
-            }
-        }
+    for t in &snap.queues {
+        totals.add(t.counts);
+        partitions += t.view.partitions;
+        namespaces.push(t.view.config.namespace.clone());
+        tasks.push(t.view.config.task.clone());
     }
     for v in [&mut namespaces, &mut tasks] {
         v.retain(|n| !n.is_empty());
@@ -267,20 +264,21 @@ pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
     }
     let (ingested, processed) = recent_rates(broker, 5).await?;
     ok(
-        &json!({"queues": inv.queues.len(), "partitions": partitions,
+        &json!({"queues": snap.queues.len(), "partitions": partitions,
                "namespaces": namespaces.len(), "tasks": tasks.len(),
                "messages": totals.json(),
-               "lag": {"time": lag_stats(&mut time_lags), "offset": lag_stats(&mut offset_lags)},
+               "lag": {"time": snap.time_lags, "offset": snap.offset_lags},
                "throughput": {"ingestedPerSecond": ingested, "processedPerSecond": processed},
-               "timestamp": iso(now), "statsAge": 0}),
+               "timestamp": iso(now), "statsAge": snap.age_secs(now)}),
     )
 }
 
 /// GET /api/v1/resources/namespaces and /tasks: queues grouped by namespace (or task).
 pub async fn groupings(broker: &Arc<Broker>, by_task: bool) -> Result<Reply, Failure> {
-    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let snap = stats::for_request(broker).await?;
     let mut by: BTreeMap<String, (u64, u64, Counts)> = BTreeMap::new();
-    for q in &inv.queues {
+    for t in &snap.queues {
+        let q = &t.view;
         let key = if by_task {
             &q.config.task
         } else {
@@ -292,7 +290,7 @@ pub async fn groupings(broker: &Arc<Broker>, by_task: bool) -> Result<Reply, Fai
         let e = by.entry(key.clone()).or_default();
         e.0 += 1;
         e.1 += q.partitions;
-        e.2.add(inv.counts(q));
+        e.2.add(t.counts);
     }
     let (list, item) = if by_task {
         ("tasks", "task")
@@ -306,7 +304,7 @@ pub async fn groupings(broker: &Arc<Broker>, by_task: bool) -> Result<Reply, Fai
                    "messages": {"total": c.total, "pending": c.pending}})
         })
         .collect();
-    ok(&json!({list: rows}))
+    ok(&json!({list: rows, "statsAge": snap.age_secs(broker.now())}))
 }
 
 fn mode_json(groups: &[String]) -> Value {
@@ -804,31 +802,24 @@ pub async fn status(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failur
         .rev()
         .map(|(t, s)| point_json(*t, s, minutes))
         .collect();
-    let inv = Inventory::load(broker, queue_filter(pairs, true)?).await?;
+    let filter = queue_filter(pairs, true)?;
+    let snap = stats::for_request(broker).await?;
     let mut totals = Counts::default();
     let (mut leases, mut leased_partitions, mut leased_messages) = (0u64, 0u64, 0u64);
     let mut affected = 0u64;
     let mut queues = vec![];
-    for q in &inv.queues {
-        totals.add(inv.counts(q));
-        let mut consumed = 0i64;
-        for p in inv.partitions_of(&q.config.name) {
-            let live: Vec<_> = p
-                .cursors
-                .iter()
-                .filter(|c| c.leased_until.is_some())
-                .collect();
-            leases += live.len() as u64;
-            leased_partitions += u64::from(!live.is_empty());
-            leased_messages += live.iter().map(|c| c.in_flight()).sum::<u64>();
-            consumed += p.cursors.iter().map(|c| c.total_consumed).sum::<i64>();
-        }
+    for t in snap.queues_matching(&filter) {
+        let q = &t.view;
+        totals.add(t.counts);
+        leases += t.leases;
+        leased_partitions += t.leased_partitions;
+        leased_messages += t.leased_messages;
         affected += u64::from(q.dead_letters > 0);
         if q.retained > 0 {
             queues.push(
                 json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
                                "task": q.config.task, "partitions": q.partitions,
-                               "totalConsumed": consumed}),
+                               "totalConsumed": t.consumed}),
             );
         }
     }
@@ -861,19 +852,21 @@ pub async fn status(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failur
         "workers": workers(&samples),
         "errors": {"dbErrors": sum(|s| s.db_errors), "ackFailed": sum(|s| s.ack_failed),
                    "dlqMessages": sum(|s| s.dead_lettered)},
-        "statsAge": 0,
+        "statsAge": snap.age_secs(now),
     }))
 }
 
 /// GET /api/v1/status/queues[?namespace,task,limit=100,offset].
 pub async fn status_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 100)?;
-    let inv = Inventory::load(broker, queue_filter(pairs, false)?).await?;
-    let total = inv.queues.len();
-    let rows: Vec<Value> = page(inv.queues.iter().collect(), limit, offset)
+    let filter = queue_filter(pairs, false)?;
+    let snap = stats::for_request(broker).await?;
+    let matching: Vec<&QueueTally> = snap.queues_matching(&filter).collect();
+    let total = matching.len();
+    let rows: Vec<Value> = page(matching, limit, offset)
         .into_iter()
-        .map(|q| {
-            let c = inv.counts(q);
+        .map(|t| {
+            let (q, c) = (&t.view, t.counts);
             // Queen's quirk kept: pending here is not net of processing.
             json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
                    "task": q.config.task, "createdAt": iso(q.created_at), "partitions": q.partitions,
@@ -882,7 +875,10 @@ pub async fn status_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
                                 "deadLetter": c.dead_letter}})
         })
         .collect();
-    ok(&json!({"queues": rows, "total": total, "pagination": {"limit": limit, "offset": offset}}))
+    ok(
+        &json!({"queues": rows, "total": total, "pagination": {"limit": limit, "offset": offset},
+               "statsAge": snap.age_secs(broker.now())}),
+    )
 }
 
 /// GET /api/v1/status/queues/{name}.
@@ -1076,9 +1072,13 @@ pub async fn worker_metrics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply
 
 /// GET /api/v1/consumer-groups: one entry per (group, queue), by group then queue.
 pub async fn consumer_groups(broker: &Arc<Broker>) -> Result<Reply, Failure> {
-    let inv = Inventory::load(broker, QueueFilter::default()).await?;
-    let now = broker.now();
-    let rows: Vec<Value> = group_lags(&inv, now)
+    let snap = stats::for_request(broker).await?;
+    let by_group: BTreeMap<(&String, &String), &GroupLag> = snap
+        .queues
+        .iter()
+        .flat_map(|t| t.groups.iter().map(|(g, l)| ((g, &t.view.config.name), l)))
+        .collect();
+    let rows: Vec<Value> = by_group
         .into_iter()
         .map(|((g, q), l)| {
             let state = if l.max_time_lag > 300 {
@@ -1160,52 +1160,48 @@ pub async fn lagging(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failu
     ok(&Value::Array(rows.into_iter().map(|(_, v)| v).collect()))
 }
 
-/// POST /api/v1/stats/refresh: the statistics are computed on every read, so there is nothing
-/// to refresh; the answer says so (Queen's counts of rows updated would all be 0).
-pub fn refresh_stats() -> Result<Reply, Failure> {
-    ok(&json!({"success": true, "refreshed": false,
-               "message": "statistics are computed on read: nothing to refresh", "statsAge": 0}))
+/// POST /api/v1/stats/refresh: runs a pass of the admin totals (`stats`) and answers when it
+/// is done, with what it read and how long it took.
+pub async fn refresh_stats(broker: &Arc<Broker>) -> Result<Reply, Failure> {
+    let snap = stats::refresh_after(broker, broker.now()).await?;
+    let partitions: u64 = snap.queues.iter().map(|t| t.view.partitions).sum();
+    ok(
+        &json!({"success": true, "refreshed": true, "queues": snap.queues.len(),
+               "partitions": partitions, "tookMs": snap.pass_ms,
+               "statsAge": snap.age_secs(broker.now())}),
+    )
 }
 
-/// Sets the scrape-time series (queue depth, group lag, partition lag under the cap) from
-/// storage. On a storage failure the previous values stay and `stored_state_ok` reads 0.
-pub(crate) async fn refresh_stored_metrics(broker: &Broker) {
+/// Sets the scrape-time series (queue depth, group lag, partition lag under the cap) from the
+/// admin totals. On a storage failure the previous values stay and `stored_state_ok` reads 0.
+pub(crate) async fn refresh_stored_metrics(broker: &Arc<Broker>) {
     use crate::metrics::{GroupLabel, PartitionLabel, QueueLabel};
     let stored = &broker.metrics.stored;
     let _one_at_a_time = stored.scrape.lock().await;
-    let inv = match Inventory::load(broker, QueueFilter::default()).await {
-        Ok(inv) => inv,
+    let snap = match stats::for_request(broker).await {
+        Ok(snap) => snap,
         Err(e) => {
             tracing::debug!(error = %e.message, "reading the queue series for a scrape");
             stored.read_ok.set(0);
             return;
         }
     };
-    let now = broker.now();
     let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     stored.clear();
-    let cap = broker.config.metrics_partition_series;
-    let mut partition_series = 0usize;
-    let mut omitted = 0u64;
-    for q in &inv.queues {
+    for t in &snap.queues {
+        let q = &t.view;
         let queue = QueueLabel {
             queue: q.config.name.clone(),
         };
-        let c = inv.counts(q);
-        let parts = inv.partitions_of(&q.config.name);
-        let depth_sum: u64 = parts.iter().map(|p| depth(p, &q.groups, None)).sum();
-        stored
-            .queue_depth
-            .get_or_create(&queue)
-            .set(gauge(depth_sum));
+        stored.queue_depth.get_or_create(&queue).set(gauge(t.depth));
         stored
             .queue_messages
             .get_or_create(&queue)
-            .set(gauge(c.total));
+            .set(gauge(t.counts.total));
         stored
             .queue_in_flight
             .get_or_create(&queue)
-            .set(gauge(c.processing));
+            .set(gauge(t.counts.processing));
         stored
             .queue_partitions
             .get_or_create(&queue)
@@ -1214,10 +1210,10 @@ pub(crate) async fn refresh_stored_metrics(broker: &Broker) {
             .dlq_depth
             .get_or_create(&queue)
             .set(gauge(q.dead_letters));
-        for ((group, queue_name), lag) in group_lags_of(&inv, q, now) {
+        for (group, lag) in &t.groups {
             let label = GroupLabel {
-                queue: queue_name,
-                consumer_group: group,
+                queue: q.config.name.clone(),
+                consumer_group: group.clone(),
             };
             stored
                 .group_lag
@@ -1228,28 +1224,19 @@ pub(crate) async fn refresh_stored_metrics(broker: &Broker) {
                 .get_or_create(&label)
                 .set(gauge(lag.max_time_lag));
         }
-        for p in parts {
-            for g in &q.groups {
-                let pending = depth(p, &q.groups, Some(g));
-                if pending == 0 {
-                    continue;
-                }
-                if partition_series >= cap {
-                    omitted += 1;
-                    continue;
-                }
-                partition_series += 1;
-                stored
-                    .partition_lag
-                    .get_or_create(&PartitionLabel {
-                        queue: q.config.name.clone(),
-                        partition: p.partition.clone(),
-                        consumer_group: g.clone(),
-                    })
-                    .set(gauge(pending));
-            }
-        }
     }
-    stored.partition_series_omitted.set(gauge(omitted));
+    for l in &snap.partition_lags {
+        stored
+            .partition_lag
+            .get_or_create(&PartitionLabel {
+                queue: l.queue.clone(),
+                partition: l.partition.clone(),
+                consumer_group: l.group.clone(),
+            })
+            .set(gauge(l.pending));
+    }
+    stored
+        .partition_series_omitted
+        .set(gauge(snap.partition_lags_omitted));
     stored.read_ok.set(1);
 }

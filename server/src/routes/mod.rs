@@ -396,7 +396,7 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
         }
         (&Method::POST, ["api", "v1", "stats", "refresh"]) => {
             need(Admin)?;
-            admin::refresh_stats()
+            admin::refresh_stats(&broker).await
         }
         _ => Ok(http::json(
             StatusCode::NOT_FOUND,
