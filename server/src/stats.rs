@@ -1,42 +1,25 @@
 //! The admin plane's totals: queue counts, group lag, lease figures and the metrics' stored
 //! series, computed by a pass over every partition, page by page, and kept as a snapshot that
-//! the totals routes read in time proportional to the number of queues.
+//! the totals routes read in time proportional to the number of queues. When a pass runs (per
+//! request while cheap, in the background while read once it is not) is decided in
+//! `tasks/admin_totals.rs`.
 //!
-//! A pass costs about 10 µs per partition on PostgreSQL (cursor rows and two index probes for
-//! each cursor's oldest unconsumed message), so it cannot run per request at a million
-//! partitions. Freshness is chosen by what a pass costs:
-//! - while a pass takes less than `ADMIN_INLINE_PASS_MS`, each request runs one (requests that
-//!   arrive during it share it): exact figures, `statsAge` 0, as cheap as before;
-//! - above it, requests answer the last snapshot and its `statsAge`, and a refresher task runs
-//!   passes back to back with a pause of nine times the pass's length (at most a tenth of one
-//!   connection's time) while anyone reads them (`WATCHED_MS`), then stops;
-//! - `POST /api/v1/stats/refresh` runs a pass and waits for it.
-//!
-//! Each broker keeps its own snapshot. Queen keeps one table refreshed by one job; here a
-//! deployment of B brokers whose admin plane is read through all of them pays B passes.
+//! A pass costs 15-25 µs per partition on PostgreSQL (cursor rows and two index probes for
+//! each cursor's oldest unconsumed message): 16 s at a million partitions (docs/operations.md).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::Arc;
 
-use queen_core::storage::{PartitionView, QueueFilter, QueueView};
+use queen_core::storage::{InspectStorage, PartitionView, QueueFilter, QueueView};
 use queen_core::Timestamp;
 use serde_json::Value;
 
-use crate::broker::Broker;
 use crate::http::Failure;
 use crate::views::{depth, lag_stats, Counts, GroupLag};
 
 /// Partitions read per storage call of a pass.
 const PAGE: u32 = 2_000;
-
-/// How long after the last read the refresher keeps refreshing.
-const WATCHED_MS: i64 = 5 * 60_000;
-
-/// A refresher's pause between passes, as a multiple of the pass's length.
-const PAUSE_FACTOR: u32 = 9;
-const MIN_PAUSE: Duration = Duration::from_secs(1);
 
 /// One queue's totals.
 pub(crate) struct QueueTally {
@@ -93,26 +76,26 @@ impl Snapshot {
     }
 }
 
-/// A broker's snapshot and what decides when it is refreshed.
+/// A broker's snapshot and the state of its refresh (`tasks::admin_totals`).
 #[derive(Default)]
 pub(crate) struct AdminStats {
     current: std::sync::Mutex<Option<Arc<Snapshot>>>,
     /// One pass at a time; a request that waited for it takes the pass that ran meanwhile.
-    pass: tokio::sync::Mutex<()>,
+    pub(crate) pass: tokio::sync::Mutex<()>,
     /// When (broker ms) a route last read the totals.
-    last_read_ms: AtomicI64,
-    refresher_running: AtomicBool,
+    pub(crate) last_read_ms: AtomicI64,
+    pub(crate) refresher_running: AtomicBool,
 }
 
 impl AdminStats {
-    fn current(&self) -> Option<Arc<Snapshot>> {
+    pub(crate) fn current(&self) -> Option<Arc<Snapshot>> {
         self.current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
-    fn store(&self, s: Arc<Snapshot>) {
+    pub(crate) fn store(&self, s: Arc<Snapshot>) {
         *self
             .current
             .lock()
@@ -120,87 +103,15 @@ impl AdminStats {
     }
 }
 
-/// The totals for a request: fresh while a pass is cheap, else the last snapshot (and the
-/// refresher keeps it young while it is read).
-pub(crate) async fn for_request(broker: &Arc<Broker>) -> Result<Arc<Snapshot>, Failure> {
-    let asked_at = broker.now();
-    broker
-        .stats
-        .last_read_ms
-        .store(asked_at.0 / 1000, Ordering::Relaxed);
-    if let Some(s) = broker.stats.current() {
-        if s.pass_ms >= broker.config.admin_inline_pass_ms {
-            ensure_refresher(broker);
-            return Ok(s);
-        }
-    }
-    refresh_after(broker, asked_at).await
-}
-
-/// Runs a pass now (or takes one that started after `asked_at`) and keeps it.
-pub(crate) async fn refresh_after(
-    broker: &Arc<Broker>,
-    asked_at: Timestamp,
-) -> Result<Arc<Snapshot>, Failure> {
-    let _one_pass = broker.stats.pass.lock().await;
-    if let Some(s) = broker.stats.current() {
-        if s.taken_at >= asked_at {
-            return Ok(s);
-        }
-    }
-    let s = Arc::new(pass(broker).await?);
-    broker.stats.store(s.clone());
-    if s.pass_ms >= broker.config.admin_inline_pass_ms {
-        ensure_refresher(broker);
-    }
-    Ok(s)
-}
-
-fn ensure_refresher(broker: &Arc<Broker>) {
-    if !broker.stats.refresher_running.swap(true, Ordering::AcqRel) {
-        tokio::spawn(refresher(Arc::downgrade(broker)));
-    }
-}
-
-fn pause_after(pass_ms: u64) -> Duration {
-    (Duration::from_millis(pass_ms) * PAUSE_FACTOR).max(MIN_PAUSE)
-}
-
-/// Refreshes the snapshot while it is read and passes are slow; then ends. It pauses first: it
-/// starts right after a pass.
-async fn refresher(broker: Weak<Broker>) {
-    let mut pause = match broker.upgrade() {
-        Some(b) => pause_after(b.stats.current().map_or(0, |s| s.pass_ms)),
-        None => return,
-    };
-    loop {
-        tokio::time::sleep(pause).await;
-        let Some(b) = broker.upgrade() else { return };
-        let watched = b.now().0 / 1000 - b.stats.last_read_ms.load(Ordering::Relaxed) < WATCHED_MS;
-        let slow = b
-            .stats
-            .current()
-            .is_some_and(|s| s.pass_ms >= b.config.admin_inline_pass_ms);
-        if !watched || !slow || *b.shutting_down.borrow() {
-            b.stats.refresher_running.store(false, Ordering::Release);
-            return;
-        }
-        pause = match refresh_after(&b, b.now()).await {
-            Ok(s) => pause_after(s.pass_ms),
-            Err(e) => {
-                tracing::debug!(error = %e.message, "refreshing the admin totals");
-                MIN_PAUSE * 5
-            }
-        };
-    }
-}
-
-/// One pass over every queue's partitions.
-async fn pass(broker: &Broker) -> Result<Snapshot, Failure> {
+/// One pass over every queue's partitions, started at `taken_at`; at most `partition_series`
+/// partition lags are kept.
+pub(crate) async fn pass(
+    inspect: &dyn InspectStorage,
+    taken_at: Timestamp,
+    partition_series: usize,
+) -> Result<Snapshot, Failure> {
     let started = tokio::time::Instant::now();
-    let taken_at = broker.now();
-    let inspect = &broker.storage.inspect;
-    let cap = broker.config.metrics_partition_series;
+    let cap = partition_series;
     let (mut time_lags, mut offset_lags) = (vec![], vec![]);
     let mut partition_lags = vec![];
     let mut omitted = 0u64;

@@ -5,12 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use queen_core::storage::{PartitionView, QueueFilter, QueueView, WorkerSample};
+use queen_core::storage::{InspectStorage, PartitionView, QueueFilter, QueueView, WorkerSample};
 use queen_core::types::QUEUE_MODE_GROUP;
 use queen_core::Timestamp;
 use serde_json::{json, Value};
 
-use crate::broker::Broker;
 use crate::http::Failure;
 
 pub(crate) fn page<T>(items: Vec<T>, limit: u32, offset: u32) -> Vec<T> {
@@ -95,19 +94,16 @@ pub(crate) struct Inventory {
 }
 
 impl Inventory {
-    pub(crate) async fn load(broker: &Broker, filter: QueueFilter) -> Result<Inventory, Failure> {
-        let queues = broker.storage.inspect.queue_views(filter.clone()).await?;
+    pub(crate) async fn load(
+        inspect: &dyn InspectStorage,
+        filter: QueueFilter,
+    ) -> Result<Inventory, Failure> {
+        let queues = inspect.queue_views(filter.clone()).await?;
         let mut partitions: BTreeMap<String, Vec<PartitionView>> = BTreeMap::new();
         let views = match (&filter.queue, queues.len()) {
             (_, 0) => vec![],
-            (Some(q), _) => {
-                broker
-                    .storage
-                    .inspect
-                    .partition_views(Some(q), None)
-                    .await?
-            }
-            (None, _) => broker.storage.inspect.partition_views(None, None).await?,
+            (Some(q), _) => inspect.partition_views(Some(q), None).await?,
+            (None, _) => inspect.partition_views(None, None).await?,
         };
         for p in views {
             partitions.entry(p.queue.clone()).or_default().push(p);
@@ -140,11 +136,12 @@ pub(crate) fn lag_stats(values: &mut [f64]) -> Value {
 }
 
 /// Samples of the last `minutes` summed over brokers: (pushed, acked) per second.
-pub(crate) async fn recent_rates(broker: &Broker, minutes: i64) -> Result<(f64, f64), Failure> {
-    let now = broker.now();
-    let samples = broker
-        .storage
-        .inspect
+pub(crate) async fn recent_rates(
+    inspect: &dyn InspectStorage,
+    now: Timestamp,
+    minutes: i64,
+) -> Result<(f64, f64), Failure> {
+    let samples = inspect
         .samples(now.minus_secs(minutes * 60), now.plus_secs(60))
         .await?;
     let secs = (minutes * 60) as f64;

@@ -25,7 +25,8 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::wire as requests;
 use crate::http::{self, Failure, Reply};
-use crate::stats::{self, QueueTally};
+use crate::stats::QueueTally;
+use crate::tasks::admin_totals;
 use crate::views::{
     bucket_of, bucketed, depth, message_status, page, processing, recent_rates, stat, Counts,
     GroupLag, Inventory,
@@ -118,7 +119,7 @@ fn queue_summary(t: &QueueTally) -> Value {
 pub async fn list_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 1000)?;
     let filter = queue_filter(pairs, false)?;
-    let snap = stats::for_request(broker).await?;
+    let snap = admin_totals::for_request(broker).await?;
     let matching: Vec<&QueueTally> = snap.queues_matching(&filter).collect();
     let total = matching.len();
     let queues: Vec<Value> = page(matching, limit, offset)
@@ -141,7 +142,7 @@ fn partition_json(p: &PartitionView, groups: &[String]) -> Value {
 async fn one_queue(broker: &Broker, name: &str) -> Result<Inventory, Failure> {
     requests::check_name("queue", name)?;
     let inv = Inventory::load(
-        broker,
+        &*broker.storage.inspect,
         QueueFilter {
             queue: Some(name.to_string()),
             ..QueueFilter::default()
@@ -218,7 +219,7 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
     let (limit, offset) = paging(pairs, 1000)?;
     let min_depth = u64::from(number(pairs, "minDepth", 0, u32::MAX)?);
     let inv = Inventory::load(
-        broker,
+        &*broker.storage.inspect,
         QueueFilter {
             queue: name_param(pairs, "queue")?,
             ..QueueFilter::default()
@@ -246,7 +247,7 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
 
 /// GET /api/v1/resources/overview.
 pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
-    let snap = stats::for_request(broker).await?;
+    let snap = admin_totals::for_request(broker).await?;
     let now = broker.now();
     let mut totals = Counts::default();
     let (mut namespaces, mut tasks) = (vec![], vec![]);
@@ -262,7 +263,7 @@ pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
         v.sort();
         v.dedup();
     }
-    let (ingested, processed) = recent_rates(broker, 5).await?;
+    let (ingested, processed) = recent_rates(&*broker.storage.inspect, broker.now(), 5).await?;
     ok(
         &json!({"queues": snap.queues.len(), "partitions": partitions,
                "namespaces": namespaces.len(), "tasks": tasks.len(),
@@ -275,7 +276,7 @@ pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
 
 /// GET /api/v1/resources/namespaces and /tasks: queues grouped by namespace (or task).
 pub async fn groupings(broker: &Arc<Broker>, by_task: bool) -> Result<Reply, Failure> {
-    let snap = stats::for_request(broker).await?;
+    let snap = admin_totals::for_request(broker).await?;
     let mut by: BTreeMap<String, (u64, u64, Counts)> = BTreeMap::new();
     for t in &snap.queues {
         let q = &t.view;
@@ -409,7 +410,7 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
     let from = time_param(pairs, "from")?.unwrap_or(now.minus_secs(3600));
     let to = time_param(pairs, "to")?;
     let inv = Inventory::load(
-        broker,
+        &*broker.storage.inspect,
         QueueFilter {
             queue: queue.clone(),
             namespace: namespace.clone(),
@@ -803,7 +804,7 @@ pub async fn status(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failur
         .map(|(t, s)| point_json(*t, s, minutes))
         .collect();
     let filter = queue_filter(pairs, true)?;
-    let snap = stats::for_request(broker).await?;
+    let snap = admin_totals::for_request(broker).await?;
     let mut totals = Counts::default();
     let (mut leases, mut leased_partitions, mut leased_messages) = (0u64, 0u64, 0u64);
     let mut affected = 0u64;
@@ -860,7 +861,7 @@ pub async fn status(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failur
 pub async fn status_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 100)?;
     let filter = queue_filter(pairs, false)?;
-    let snap = stats::for_request(broker).await?;
+    let snap = admin_totals::for_request(broker).await?;
     let matching: Vec<&QueueTally> = snap.queues_matching(&filter).collect();
     let total = matching.len();
     let rows: Vec<Value> = page(matching, limit, offset)
@@ -932,7 +933,7 @@ pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Fai
     if (to.0 - from.0) / 1_000_000 / step_secs > 10_000 {
         return Err(Failure::bad("the window holds more than 10000 intervals"));
     }
-    let inv = Inventory::load(broker, queue_filter(pairs, true)?).await?;
+    let inv = Inventory::load(&*broker.storage.inspect, queue_filter(pairs, true)?).await?;
     let queues: std::collections::BTreeSet<&str> =
         inv.queues.iter().map(|q| q.config.name.as_str()).collect();
     let mut counts: BTreeMap<i64, u64> = BTreeMap::new();
@@ -1072,7 +1073,7 @@ pub async fn worker_metrics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply
 
 /// GET /api/v1/consumer-groups: one entry per (group, queue), by group then queue.
 pub async fn consumer_groups(broker: &Arc<Broker>) -> Result<Reply, Failure> {
-    let snap = stats::for_request(broker).await?;
+    let snap = admin_totals::for_request(broker).await?;
     let by_group: BTreeMap<(&String, &String), &GroupLag> = snap
         .queues
         .iter()
@@ -1100,7 +1101,7 @@ pub async fn consumer_groups(broker: &Arc<Broker>) -> Result<Reply, Failure> {
 /// GET /api/v1/consumer-groups/{group}: keyed by queue. Unknown group: `{}`.
 pub async fn consumer_group(broker: &Arc<Broker>, group: &str) -> Result<Reply, Failure> {
     requests::check_name("consumerGroup", group)?;
-    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let inv = Inventory::load(&*broker.storage.inspect, QueueFilter::default()).await?;
     let now = broker.now();
     let mut out = serde_json::Map::new();
     for q in inv
@@ -1132,7 +1133,7 @@ pub async fn consumer_group(broker: &Arc<Broker>, group: &str) -> Result<Reply, 
 /// GET /api/v1/consumer-groups/lagging?minLagSeconds=3600: worst first.
 pub async fn lagging(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let min_lag = u64::from(number(pairs, "minLagSeconds", 3600, u32::MAX)?);
-    let inv = Inventory::load(broker, QueueFilter::default()).await?;
+    let inv = Inventory::load(&*broker.storage.inspect, QueueFilter::default()).await?;
     let now = broker.now();
     let mut rows = vec![];
     for q in &inv.queues {
@@ -1163,7 +1164,7 @@ pub async fn lagging(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failu
 /// POST /api/v1/stats/refresh: runs a pass of the admin totals (`stats`) and answers when it
 /// is done, with what it read and how long it took.
 pub async fn refresh_stats(broker: &Arc<Broker>) -> Result<Reply, Failure> {
-    let snap = stats::refresh_after(broker, broker.now()).await?;
+    let snap = admin_totals::refresh_after(broker, broker.now()).await?;
     let partitions: u64 = snap.queues.iter().map(|t| t.view.partitions).sum();
     ok(
         &json!({"success": true, "refreshed": true, "queues": snap.queues.len(),
@@ -1178,7 +1179,7 @@ pub(crate) async fn refresh_stored_metrics(broker: &Arc<Broker>) {
     use crate::metrics::{GroupLabel, PartitionLabel, QueueLabel};
     let stored = &broker.metrics.stored;
     let _one_at_a_time = stored.scrape.lock().await;
-    let snap = match stats::for_request(broker).await {
+    let snap = match admin_totals::for_request(broker).await {
         Ok(snap) => snap,
         Err(e) => {
             tracing::debug!(error = %e.message, "reading the queue series for a scrape");

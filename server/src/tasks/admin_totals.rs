@@ -1,0 +1,110 @@
+//! When the admin totals' pass (`stats`) runs. A pass costs time linear in partitions, so:
+//! - while a pass takes less than `ADMIN_INLINE_PASS_MS`, each request runs one (requests that
+//!   arrive during it share it): exact figures, `statsAge` 0;
+//! - past it, requests answer the last snapshot and its `statsAge`, and a refresher task runs
+//!   passes with a pause of nine times the pass's length (at most a tenth of one connection's
+//!   time) while anyone reads them (`WATCHED_MS`), then stops;
+//! - `POST /api/v1/stats/refresh` runs a pass and waits for it.
+//!
+//! Each broker keeps its own snapshot. Queen keeps one table refreshed by one job; here a
+//! deployment of B brokers whose admin plane is read through all of them pays B passes.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use queen_core::Timestamp;
+
+use crate::broker::Broker;
+use crate::http::Failure;
+use crate::stats::{pass, Snapshot};
+
+/// How long after the last read the refresher keeps refreshing.
+const WATCHED_MS: i64 = 5 * 60_000;
+
+/// A refresher's pause between passes, as a multiple of the pass's length.
+const PAUSE_FACTOR: u32 = 9;
+const MIN_PAUSE: Duration = Duration::from_secs(1);
+
+fn slow(broker: &Broker, s: &Snapshot) -> bool {
+    s.pass_ms >= broker.config.admin_inline_pass_ms
+}
+
+/// The totals for a request: fresh while a pass is cheap, else the last snapshot (and the
+/// refresher keeps it young while it is read).
+pub(crate) async fn for_request(broker: &Arc<Broker>) -> Result<Arc<Snapshot>, Failure> {
+    let asked_at = broker.now();
+    broker
+        .stats
+        .last_read_ms
+        .store(asked_at.0 / 1000, Ordering::Relaxed);
+    if let Some(s) = broker.stats.current() {
+        if slow(broker, &s) {
+            ensure_refresher(broker);
+            return Ok(s);
+        }
+    }
+    refresh_after(broker, asked_at).await
+}
+
+/// Runs a pass now (or takes one that started after `asked_at`) and keeps it.
+pub(crate) async fn refresh_after(
+    broker: &Arc<Broker>,
+    asked_at: Timestamp,
+) -> Result<Arc<Snapshot>, Failure> {
+    let _one_pass = broker.stats.pass.lock().await;
+    if let Some(s) = broker.stats.current() {
+        if s.taken_at >= asked_at {
+            return Ok(s);
+        }
+    }
+    let s = Arc::new(
+        pass(
+            &*broker.storage.inspect,
+            broker.now(),
+            broker.config.metrics_partition_series,
+        )
+        .await?,
+    );
+    broker.stats.store(s.clone());
+    if slow(broker, &s) {
+        ensure_refresher(broker);
+    }
+    Ok(s)
+}
+
+fn ensure_refresher(broker: &Arc<Broker>) {
+    if !broker.stats.refresher_running.swap(true, Ordering::AcqRel) {
+        tokio::spawn(refresher(Arc::downgrade(broker)));
+    }
+}
+
+fn pause_after(pass_ms: u64) -> Duration {
+    (Duration::from_millis(pass_ms) * PAUSE_FACTOR).max(MIN_PAUSE)
+}
+
+/// Refreshes the snapshot while it is read and passes are slow; then ends. It pauses first: it
+/// starts right after a pass.
+async fn refresher(broker: Weak<Broker>) {
+    let mut pause = match broker.upgrade() {
+        Some(b) => pause_after(b.stats.current().map_or(0, |s| s.pass_ms)),
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(pause).await;
+        let Some(b) = broker.upgrade() else { return };
+        let watched = b.now().0 / 1000 - b.stats.last_read_ms.load(Ordering::Relaxed) < WATCHED_MS;
+        let slow_passes = b.stats.current().is_some_and(|s| slow(&b, &s));
+        if !watched || !slow_passes || *b.shutting_down.borrow() {
+            b.stats.refresher_running.store(false, Ordering::Release);
+            return;
+        }
+        pause = match refresh_after(&b, b.now()).await {
+            Ok(s) => pause_after(s.pass_ms),
+            Err(e) => {
+                tracing::debug!(error = %e.message, "refreshing the admin totals");
+                MIN_PAUSE * 5
+            }
+        };
+    }
+}
