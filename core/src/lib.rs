@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod claim;
 pub mod dedup;
 pub mod delivery;
+pub mod ephemeral;
 pub mod events;
 pub mod frames;
 pub mod ids;

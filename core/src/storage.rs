@@ -8,6 +8,7 @@
 //! carries raw segment rows and the broker slices frames.
 
 mod delivery;
+mod ephemeral;
 mod inspect;
 mod kv;
 mod messages;
@@ -27,6 +28,7 @@ pub use delivery::{
     requeue_transaction_id, DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued,
     SeekTarget, TxOp, TxOpResult, TxOutcome, KV_PRECONDITION,
 };
+pub use ephemeral::EphemeralConfigStorage;
 pub use inspect::{
     CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentMark,
     SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
@@ -410,6 +412,7 @@ pub trait Storage:
     + TimerStorage
     + ReadStorage
     + StreamStorage
+    + EphemeralConfigStorage
 {
 }
 
@@ -425,6 +428,7 @@ impl<T> Storage for T where
         + TimerStorage
         + ReadStorage
         + StreamStorage
+        + EphemeralConfigStorage
 {
 }
 
@@ -443,6 +447,7 @@ pub struct StorageSet {
     pub timers: Arc<dyn TimerStorage>,
     pub reads: Arc<dyn ReadStorage>,
     pub streams: Arc<dyn StreamStorage>,
+    pub ephemeral: Arc<dyn EphemeralConfigStorage>,
 }
 
 impl StorageSet {
@@ -459,7 +464,8 @@ impl StorageSet {
             kv: backend.clone(),
             timers: backend.clone(),
             reads: backend.clone(),
-            streams: backend,
+            streams: backend.clone(),
+            ephemeral: backend,
         }
     }
 }

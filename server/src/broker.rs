@@ -265,6 +265,8 @@ pub struct Broker {
     pub(crate) stats: crate::stats::AdminStats,
     /// The seed this broker was built with: its background tasks draw their jitter from it.
     pub(crate) seed: u64,
+    /// Ephemeral queues' rings, in this process's memory.
+    pub ephemeral: crate::ephemeral::Ephemeral,
 }
 
 /// Delivered batches the delivery ledger remembers (about 300 bytes each: names, ids and a
@@ -301,6 +303,7 @@ impl Broker {
         };
         let (shutting_down, _) = watch::channel(false);
         let rng = SeededRng::new(seed);
+        let config_ephemeral_max_bytes = config.ephemeral_max_bytes;
         let ack_rounds = Arc::new(crate::rounds::ack_rounds(
             storage.messages.clone(),
             hooks.round_company_yields,
@@ -349,6 +352,10 @@ impl Broker {
             pop_rounds,
             push_rounds,
             stats: crate::stats::AdminStats::default(),
+            ephemeral: crate::ephemeral::Ephemeral::new(
+                rng.child("ephemeral incarnation").next_u64(),
+                config_ephemeral_max_bytes,
+            ),
             seed,
         })
     }

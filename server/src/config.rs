@@ -66,6 +66,8 @@ pub struct ServerConfig {
     /// takes less than this many milliseconds; past it they come from a snapshot (`stats`).
     /// 0: always from the snapshot.
     pub admin_inline_pass_ms: u64,
+    /// Payload bytes every ephemeral queue of this broker may hold together.
+    pub ephemeral_max_bytes: u64,
     /// Sizes the KV and locks surfaces accept.
     pub kv_limits: queen_core::kv::KvLimits,
 }
@@ -77,6 +79,8 @@ pub const DEFAULT_PUSH_ROUNDS: usize = 2;
 
 /// Default ADMIN_INLINE_PASS_MS: about 10k partitions on PostgreSQL.
 pub const DEFAULT_ADMIN_INLINE_PASS_MS: u64 = 100;
+/// Default EPHEMERAL_MAX_BYTES: 256 MiB of payloads.
+pub const DEFAULT_EPHEMERAL_MAX_BYTES: u64 = 256 * 1024 * 1024;
 /// Default PG_WARM_INTERVAL_MS.
 pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
 
@@ -105,6 +109,7 @@ impl Default for ServerConfig {
             pop_rounds: DEFAULT_POP_ROUNDS,
             push_rounds: DEFAULT_PUSH_ROUNDS,
             admin_inline_pass_ms: DEFAULT_ADMIN_INLINE_PASS_MS,
+            ephemeral_max_bytes: DEFAULT_EPHEMERAL_MAX_BYTES,
         }
     }
 }
@@ -188,6 +193,11 @@ pub struct Settings {
     /// each answer says its statsAge. 0: always from the last pass.
     #[arg(long, env = "ADMIN_INLINE_PASS_MS", default_value_t = DEFAULT_ADMIN_INLINE_PASS_MS)]
     pub admin_inline_pass_ms: u64,
+    /// Payload bytes all ephemeral queues of this broker may hold together; a push past it is
+    /// refused with 503 ephemeral_budget_exhausted (each queue's own maxBytes and maxLength
+    /// apply first, with its policy).
+    #[arg(long, env = "EPHEMERAL_MAX_BYTES", default_value_t = DEFAULT_EPHEMERAL_MAX_BYTES)]
+    pub ephemeral_max_bytes: u64,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -405,6 +415,7 @@ impl Settings {
             pop_rounds: self.pop_rounds,
             push_rounds: self.push_rounds,
             admin_inline_pass_ms: self.admin_inline_pass_ms,
+            ephemeral_max_bytes: self.ephemeral_max_bytes,
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,

@@ -11,6 +11,7 @@
 pub mod broker;
 pub mod buffer;
 pub mod config;
+pub mod ephemeral;
 mod helpers;
 pub mod http;
 pub mod metrics;

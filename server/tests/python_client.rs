@@ -404,3 +404,66 @@ async fn python_conflation_postgres() {
     )
     .await;
 }
+
+/// Ephemeral queues through `client.ephemeral` (ephemeral.py): every verb, fan-out, competing
+/// consumers, a woken long poll, lease expiry and the retryLimit drop, each bound and policy,
+/// commit on delivery, the ack outcomes and the two 404s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_ephemeral_memory() {
+    run_script(
+        Store::Memory,
+        ServerConfig::default(),
+        "ephemeral.py",
+        "ephemeral",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_ephemeral_postgres() {
+    run_script(
+        Store::Postgres("queen_py_ephemeral"),
+        ServerConfig::default(),
+        "ephemeral.py",
+        "ephemeral",
+    )
+    .await;
+}
+
+/// A declaration outlives the broker that made it: a queue configured and filled through one
+/// broker is, on a broker started afterwards on the same database (a restart: a new incarnation,
+/// empty memory), there as configured and empty, listed by `queues`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ephemeral_declarations_survive_a_restart_postgres() {
+    let python = std::env::var("QUEEN_PYTHON").expect("QUEEN_PYTHON (run `bash .ci/test`)");
+    let (before, after) = common::start_pair("queen_eph_restart", ServerConfig::default()).await;
+    let configure = serde_json::json!({
+        "queue": "declared",
+        "options": {"maxLength": 77, "policy": "drop_oldest"}
+    });
+    let r = common::request(
+        before.addr,
+        "POST",
+        "/api/v1/ephemeral/configure",
+        Some(&configure),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    let push = serde_json::json!({"queue": "declared", "messages": [{"payload": 1}]});
+    let r = common::request(before.addr, "POST", "/api/v1/ephemeral/push", Some(&push)).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    let script = format!("{}/tests/python/ephemeral.py", env!("CARGO_MANIFEST_DIR"));
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(format!("http://{}", after.addr))
+        .arg("declared")
+        .output()
+        .await
+        .expect("run the Python client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ephemeral-restart: all checks passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -5,6 +5,7 @@
 mod admin;
 mod config;
 mod delivery;
+mod ephemeral;
 mod error;
 mod inspect;
 mod kv;

@@ -74,6 +74,7 @@ pub const MIGRATIONS: &[Migration] = &[
         "027_stream_state_follows_partitions.sql"
     ),
     migration!(28, "group conflation", "028_group_conflation.sql"),
+    migration!(29, "ephemeral queues' configuration", "029_ephemeral.sql"),
 ];
 
 macro_rules! functions {

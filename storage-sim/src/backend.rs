@@ -640,3 +640,39 @@ impl queen_core::storage::ReadStorage for SimDb {
         ))
     }
 }
+
+#[async_trait]
+impl queen_core::storage::EphemeralConfigStorage for SimDb {
+    async fn ephemeral_config(&self, queue: &str) -> StorageResult<Option<serde_json::Value>> {
+        Ok(lock(&self.shared.state)
+            .ephemeral_configs
+            .get(queue)
+            .cloned())
+    }
+
+    async fn ephemeral_configs(&self) -> StorageResult<Vec<(String, serde_json::Value)>> {
+        Ok(lock(&self.shared.state)
+            .ephemeral_configs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    async fn save_ephemeral_config(
+        &self,
+        queue: &str,
+        options: &serde_json::Value,
+    ) -> StorageResult<()> {
+        lock(&self.shared.state)
+            .ephemeral_configs
+            .insert(queue.to_string(), options.clone());
+        Ok(())
+    }
+
+    async fn remove_ephemeral_config(&self, queue: &str) -> StorageResult<bool> {
+        Ok(lock(&self.shared.state)
+            .ephemeral_configs
+            .remove(queue)
+            .is_some())
+    }
+}

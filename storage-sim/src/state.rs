@@ -163,6 +163,9 @@ pub struct DbState {
     /// queen.worker_samples: (bucket, hostname, worker id) → sample. Not transactional: a
     /// sample is one broker's own write, never read back within a transaction.
     pub samples: BTreeMap<(Timestamp, String, String), queen_core::storage::WorkerSample>,
+    /// queen.ephemeral_queues: name → declared options. Not transactional: each write is one
+    /// row's upsert or delete, never part of a larger transaction.
+    pub ephemeral_configs: BTreeMap<String, serde_json::Value>,
     /// Committed removals, in commit order, when `record_removals` (a simulation's checkers
     /// read them; the embedded backend must not grow).
     pub removals: Vec<RemovedMessages>,
@@ -211,6 +214,7 @@ impl DbState {
             stream_names: Table::default(),
             stream_state: Table::default(),
             samples: BTreeMap::new(),
+            ephemeral_configs: BTreeMap::new(),
             removals: Vec::new(),
             record_removals: false,
             removals_pending: BTreeMap::new(),

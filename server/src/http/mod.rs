@@ -147,7 +147,7 @@ pub fn error(f: &Failure) -> Reply {
         None => serde_json::json!({ "error": f.message }),
     };
     let mut r = json(f.status, &body);
-    if f.status == StatusCode::SERVICE_UNAVAILABLE {
+    if f.status == StatusCode::SERVICE_UNAVAILABLE || f.status == StatusCode::TOO_MANY_REQUESTS {
         r.headers_mut()
             .insert("retry-after", HeaderValue::from_static(RETRY_AFTER_SECS));
     }

@@ -3,6 +3,7 @@
 
 mod ack;
 mod admin;
+mod ephemeral;
 mod groups;
 mod kv;
 mod locks;
@@ -52,6 +53,7 @@ pub(crate) fn surface(path: &str) -> &'static str {
         "kv" => "kv",
         "locks" => "locks",
         "timers" => "timers",
+        "ephemeral" => "ephemeral",
         "fetch" | "partitions" => "reads",
         "streams" => "streams",
         "configure" => "configure",
@@ -242,6 +244,43 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
         (&Method::DELETE, ["api", "v1", "timers", q, key @ ..]) if !key.is_empty() => {
             need(ReadWrite)?;
             timers::cancel(&broker, q, &key.join("/"), query.as_deref()).await
+        }
+        (&Method::POST, ["api", "v1", "ephemeral", "configure"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            ephemeral::configure(&broker, &b).await
+        }
+        (&Method::POST, ["api", "v1", "ephemeral", "reset"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            ephemeral::reset(&broker, &b).await
+        }
+        (&Method::DELETE, ["api", "v1", "ephemeral", "queue", q]) => {
+            need(ReadWrite)?;
+            ephemeral::delete(&broker, q).await
+        }
+        (&Method::POST, ["api", "v1", "ephemeral", "push"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            ephemeral::push(&broker, &b).await
+        }
+        (&Method::GET, ["api", "v1", "ephemeral", "pop"]) => {
+            need(ReadWrite)?;
+            drop(req);
+            return ephemeral::pop(broker.clone(), query.as_deref()).await;
+        }
+        (&Method::POST, ["api", "v1", "ephemeral", "ack"]) => {
+            need(ReadWrite)?;
+            let b = body(&broker, req).await?;
+            ephemeral::ack(&broker, &b).await
+        }
+        (&Method::GET, ["api", "v1", "ephemeral", "queues"]) => {
+            need(ReadOnly)?;
+            ephemeral::queues(&broker).await
+        }
+        (&Method::GET, ["api", "v1", "ephemeral", "queues", q, "depth"]) => {
+            need(ReadOnly)?;
+            ephemeral::depth(&broker, q).await
         }
         (&Method::POST, ["api", "v1", "transaction"]) => {
             need(ReadWrite)?;
