@@ -350,6 +350,38 @@ pub struct EphemeralStore {
     queues: BTreeMap<String, Queue>,
 }
 
+/// Which broker holds a queue's ring when several share one database. Each broker renews its
+/// liveness every [`ownership::HEARTBEAT_MS`] for [`ownership::ALIVE_MS`] on storage's clock, and
+/// a queue whose owner is not alive may be claimed by another. An owner serves only while its
+/// last renewal *sent* is younger than [`ownership::FENCE_MS`]: a renewal sent at `t` lands at or
+/// after `t`, so its row lives until at least `t + ALIVE_MS`, and nobody can claim the queue until
+/// the owner has stopped serving it, with `ALIVE_MS - FENCE_MS` to spare for the clocks' rates.
+pub mod ownership {
+    use crate::types::Timestamp;
+
+    pub const HEARTBEAT_MS: u64 = 1000;
+    pub const ALIVE_MS: u64 = 5000;
+    pub const FENCE_MS: u64 = 3500;
+
+    /// Bugs a test can re-introduce.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct OwnershipBugs {
+        /// An owner keeps serving after its liveness lapsed (two rings for one queue once another
+        /// broker claims it).
+        pub serve_past_fence: bool,
+    }
+
+    /// Whether a broker whose last successful renewal was sent at `last_sent` may serve as an
+    /// owner at `now`.
+    pub fn serving(last_sent: Option<Timestamp>, now: Timestamp, bugs: OwnershipBugs) -> bool {
+        match last_sent {
+            None => false,
+            Some(_) if bugs.serve_past_fence => true,
+            Some(t) => now.0 - t.0 < (FENCE_MS as i64) * 1000,
+        }
+    }
+}
+
 /// The parts of a delivery id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct DeliveryId {
@@ -623,6 +655,13 @@ impl EphemeralStore {
         self.bytes -= q.bytes;
         *q = Queue::new(q.options.clone(), generation);
         dropped
+    }
+
+    /// Drops every queue (a broker that stopped owning them: contents are lost, and acks of
+    /// what they delivered answer `stale`). Answers their names.
+    pub fn clear(&mut self) -> Vec<String> {
+        self.bytes = 0;
+        std::mem::take(&mut self.queues).into_keys().collect()
     }
 
     /// Removes a queue; answers whether it was there.

@@ -28,7 +28,7 @@ pub use delivery::{
     requeue_transaction_id, DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued,
     SeekTarget, TxOp, TxOpResult, TxOutcome, KV_PRECONDITION,
 };
-pub use ephemeral::EphemeralConfigStorage;
+pub use ephemeral::{EphemeralBroker, EphemeralConfigStorage, EphemeralOwnerStorage};
 pub use inspect::{
     CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentMark,
     SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
@@ -413,6 +413,7 @@ pub trait Storage:
     + ReadStorage
     + StreamStorage
     + EphemeralConfigStorage
+    + EphemeralOwnerStorage
 {
 }
 
@@ -429,6 +430,7 @@ impl<T> Storage for T where
         + ReadStorage
         + StreamStorage
         + EphemeralConfigStorage
+        + EphemeralOwnerStorage
 {
 }
 
@@ -448,6 +450,7 @@ pub struct StorageSet {
     pub reads: Arc<dyn ReadStorage>,
     pub streams: Arc<dyn StreamStorage>,
     pub ephemeral: Arc<dyn EphemeralConfigStorage>,
+    pub ephemeral_owners: Arc<dyn EphemeralOwnerStorage>,
 }
 
 impl StorageSet {
@@ -465,7 +468,8 @@ impl StorageSet {
             timers: backend.clone(),
             reads: backend.clone(),
             streams: backend.clone(),
-            ephemeral: backend,
+            ephemeral: backend.clone(),
+            ephemeral_owners: backend,
         }
     }
 }

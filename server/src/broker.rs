@@ -304,6 +304,7 @@ impl Broker {
         let (shutting_down, _) = watch::channel(false);
         let rng = SeededRng::new(seed);
         let config_ephemeral_max_bytes = config.ephemeral_max_bytes;
+        let config_ephemeral_address = config.peer_address.clone();
         let ack_rounds = Arc::new(crate::rounds::ack_rounds(
             storage.messages.clone(),
             hooks.round_company_yields,
@@ -355,6 +356,7 @@ impl Broker {
             ephemeral: crate::ephemeral::Ephemeral::new(
                 rng.child("ephemeral incarnation").next_u64(),
                 config_ephemeral_max_bytes,
+                config_ephemeral_address,
             ),
             seed,
         })

@@ -68,6 +68,9 @@ pub struct ServerConfig {
     pub admin_inline_pass_ms: u64,
     /// Payload bytes every ephemeral queue of this broker may hold together.
     pub ephemeral_max_bytes: u64,
+    /// The host:port other brokers of the deployment reach this one at (ephemeral queues'
+    /// owners take their queues' calls). `None`: no peers (the embedded in-memory mode).
+    pub peer_address: Option<String>,
     /// Sizes the KV and locks surfaces accept.
     pub kv_limits: queen_core::kv::KvLimits,
 }
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             push_rounds: DEFAULT_PUSH_ROUNDS,
             admin_inline_pass_ms: DEFAULT_ADMIN_INLINE_PASS_MS,
             ephemeral_max_bytes: DEFAULT_EPHEMERAL_MAX_BYTES,
+            peer_address: None,
         }
     }
 }
@@ -198,6 +202,11 @@ pub struct Settings {
     /// apply first, with its policy).
     #[arg(long, env = "EPHEMERAL_MAX_BYTES", default_value_t = DEFAULT_EPHEMERAL_MAX_BYTES)]
     pub ephemeral_max_bytes: u64,
+    /// With PostgreSQL: the host:port the other brokers of the deployment reach this one at. An
+    /// ephemeral queue's ring lives in one broker and the others forward its calls there.
+    /// Default 127.0.0.1:PORT, right for brokers on one host; set it when they are on several.
+    #[arg(long, env = "PEER_ADDRESS")]
+    pub peer_address: Option<String>,
     /// PostgreSQL connections in the pool [default: 32].
     #[arg(long, env = "DB_POOL_SIZE")]
     pub db_pool_size: Option<usize>,
@@ -416,6 +425,12 @@ impl Settings {
             push_rounds: self.push_rounds,
             admin_inline_pass_ms: self.admin_inline_pass_ms,
             ephemeral_max_bytes: self.ephemeral_max_bytes,
+            // Peers share ephemeral queues only through PostgreSQL; the embedded mode has none.
+            peer_address: pg.is_some().then(|| {
+                self.peer_address
+                    .clone()
+                    .unwrap_or_else(|| format!("127.0.0.1:{}", self.port))
+            }),
             retention: RetentionSettings {
                 interval_ms: self.retention_interval,
                 batch_size: self.retention_batch_size,

@@ -16,6 +16,7 @@ mod helpers;
 pub mod http;
 pub mod metrics;
 mod operations;
+pub mod peers;
 pub mod rounds;
 mod routes;
 pub mod sealing;

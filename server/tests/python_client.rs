@@ -431,8 +431,8 @@ async fn python_ephemeral_postgres() {
 }
 
 /// A declaration outlives the broker that made it: a queue configured and filled through one
-/// broker is, on a broker started afterwards on the same database (a restart: a new incarnation,
-/// empty memory), there as configured and empty, listed by `queues`.
+/// broker is, once that broker stopped, on another broker of the same database (as after a
+/// restart: a new incarnation, empty memory) there as configured and empty, listed by `queues`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ephemeral_declarations_survive_a_restart_postgres() {
     let python = std::env::var("QUEEN_PYTHON").expect("QUEEN_PYTHON (run `bash .ci/test`)");
@@ -452,6 +452,10 @@ async fn ephemeral_declarations_survive_a_restart_postgres() {
     let push = serde_json::json!({"queue": "declared", "messages": [{"payload": 1}]});
     let r = common::request(before.addr, "POST", "/api/v1/ephemeral/push", Some(&push)).await;
     assert_eq!(r.status, 200, "{}", r.json());
+    // The first broker stops (it leaves the live brokers' list, so the second claims the queue
+    // at once instead of after the first's liveness runs out).
+    let _ = before.app.shutting_down.send(true);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let script = format!("{}/tests/python/ephemeral.py", env!("CARGO_MANIFEST_DIR"));
     let out = tokio::process::Command::new(&python)
         .arg(script)
@@ -463,6 +467,28 @@ async fn ephemeral_declarations_survive_a_restart_postgres() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("ephemeral-restart: all checks passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The same script against two brokers on one PostgreSQL, the client sending its calls to both in
+/// turn: each queue's ring lives in one owner and the other forwards, so every check holds as on
+/// one broker; then pops parked through each broker woken by pushes through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_ephemeral_two_brokers_postgres() {
+    let python = std::env::var("QUEEN_PYTHON").expect("QUEEN_PYTHON (run `bash .ci/test`)");
+    let (a, b) = common::start_pair("queen_eph_pair", ServerConfig::default()).await;
+    let script = format!("{}/tests/python/ephemeral.py", env!("CARGO_MANIFEST_DIR"));
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(format!("http://{},http://{}", a.addr, b.addr))
+        .output()
+        .await
+        .expect("run the Python client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ephemeral: all checks passed"),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -1,6 +1,8 @@
 //! `queen.ephemeral_queues`: the declared options of ephemeral queues.
 use async_trait::async_trait;
-use queen_core::storage::{EphemeralConfigStorage, StorageError, StorageResult};
+use queen_core::storage::{
+    EphemeralBroker, EphemeralConfigStorage, EphemeralOwnerStorage, StorageError, StorageResult,
+};
 use serde_json::Value;
 
 use crate::error::{pg_err, pool_err, prepared};
@@ -58,4 +60,102 @@ impl EphemeralConfigStorage for PgStorage {
 fn options_of(text: String) -> StorageResult<Value> {
     serde_json::from_str(&text)
         .map_err(|e| StorageError::Internal(format!("ephemeral: a stored declaration: {e}")))
+}
+
+/// Incarnations are u64 in the broker and bigint here: stored bit for bit.
+fn stored(incarnation: u64) -> i64 {
+    i64::from_ne_bytes(incarnation.to_ne_bytes())
+}
+
+fn loaded(incarnation: i64) -> u64 {
+    u64::from_ne_bytes(incarnation.to_ne_bytes())
+}
+
+#[async_trait]
+impl EphemeralOwnerStorage for PgStorage {
+    async fn ephemeral_heartbeat(
+        &self,
+        incarnation: u64,
+        address: &str,
+        alive_ms: u64,
+    ) -> StorageResult<()> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let sql = "INSERT INTO queen.ephemeral_brokers (incarnation, address, alive_until)
+                   VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
+                   ON CONFLICT (incarnation) DO UPDATE
+                   SET address = EXCLUDED.address, alive_until = EXCLUDED.alive_until";
+        let alive = i64::try_from(alive_ms).unwrap_or(i64::MAX);
+        client
+            .execute(
+                &prepared(&client, sql).await?,
+                &[&stored(incarnation), &address, &alive],
+            )
+            .await
+            .map_err(pg_err("ephemeral: heartbeat"))?;
+        Ok(())
+    }
+
+    async fn ephemeral_claim(
+        &self,
+        queue: &str,
+        incarnation: u64,
+    ) -> StorageResult<EphemeralBroker> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        // Taken when free or when its owner is not alive; then whoever owns it, with the
+        // address its peers reach it at.
+        let claim = "INSERT INTO queen.ephemeral_owners AS o (queue, incarnation) VALUES ($1, $2)
+                     ON CONFLICT (queue) DO UPDATE SET incarnation = EXCLUDED.incarnation
+                     WHERE NOT EXISTS (SELECT 1 FROM queen.ephemeral_brokers b
+                                        WHERE b.incarnation = o.incarnation
+                                          AND b.alive_until > now())";
+        client
+            .execute(
+                &prepared(&client, claim).await?,
+                &[&queue, &stored(incarnation)],
+            )
+            .await
+            .map_err(pg_err("ephemeral: claim a queue"))?;
+        let owner = "SELECT o.incarnation, b.address FROM queen.ephemeral_owners o
+                     JOIN queen.ephemeral_brokers b USING (incarnation) WHERE o.queue = $1";
+        let rows = client
+            .query(&prepared(&client, owner).await?, &[&queue])
+            .await
+            .map_err(pg_err("ephemeral: read a queue's owner"))?;
+        let row = rows.first().ok_or_else(|| {
+            StorageError::Unavailable(format!(
+                "ephemeral: {queue}'s owner has no broker row (it left): try again"
+            ))
+        })?;
+        Ok(EphemeralBroker {
+            incarnation: loaded(row.get(0)),
+            address: row.get(1),
+        })
+    }
+
+    async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let sql = "SELECT incarnation, address FROM queen.ephemeral_brokers
+                   WHERE alive_until > now() ORDER BY incarnation";
+        let rows = client
+            .query(&prepared(&client, sql).await?, &[])
+            .await
+            .map_err(pg_err("ephemeral: list brokers"))?;
+        Ok(rows
+            .iter()
+            .map(|r| EphemeralBroker {
+                incarnation: loaded(r.get(0)),
+                address: r.get(1),
+            })
+            .collect())
+    }
+
+    async fn ephemeral_leave(&self, incarnation: u64) -> StorageResult<()> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let sql = "DELETE FROM queen.ephemeral_brokers WHERE incarnation = $1";
+        client
+            .execute(&prepared(&client, sql).await?, &[&stored(incarnation)])
+            .await
+            .map_err(pg_err("ephemeral: leave"))?;
+        Ok(())
+    }
 }

@@ -676,3 +676,68 @@ impl queen_core::storage::EphemeralConfigStorage for SimDb {
             .is_some())
     }
 }
+
+#[async_trait]
+impl queen_core::storage::EphemeralOwnerStorage for SimDb {
+    async fn ephemeral_heartbeat(
+        &self,
+        incarnation: u64,
+        address: &str,
+        alive_ms: u64,
+    ) -> StorageResult<()> {
+        let now = (self.shared.clock)();
+        let until = Timestamp(now.0.saturating_add(alive_ms as i64 * 1000));
+        lock(&self.shared.state)
+            .ephemeral_brokers
+            .insert(incarnation, (address.to_string(), until));
+        Ok(())
+    }
+
+    async fn ephemeral_claim(
+        &self,
+        queue: &str,
+        incarnation: u64,
+    ) -> StorageResult<queen_core::storage::EphemeralBroker> {
+        let now = (self.shared.clock)();
+        let mut state = lock(&self.shared.state);
+        let alive = |s: &crate::state::DbState, inc: &u64| {
+            s.ephemeral_brokers
+                .get(inc)
+                .is_some_and(|(_, until)| *until > now)
+        };
+        let owner = match state.ephemeral_owners.get(queue) {
+            Some(inc) if alive(&state, inc) => *inc,
+            _ => incarnation,
+        };
+        state.ephemeral_owners.insert(queue.to_string(), owner);
+        let (address, _) = state.ephemeral_brokers.get(&owner).ok_or_else(|| {
+            queen_core::storage::StorageError::Unavailable(format!(
+                "ephemeral: {queue}'s owner has no broker row (it left): try again"
+            ))
+        })?;
+        Ok(queen_core::storage::EphemeralBroker {
+            incarnation: owner,
+            address: address.clone(),
+        })
+    }
+
+    async fn ephemeral_brokers(&self) -> StorageResult<Vec<queen_core::storage::EphemeralBroker>> {
+        let now = (self.shared.clock)();
+        Ok(lock(&self.shared.state)
+            .ephemeral_brokers
+            .iter()
+            .filter(|(_, (_, until))| *until > now)
+            .map(|(inc, (address, _))| queen_core::storage::EphemeralBroker {
+                incarnation: *inc,
+                address: address.clone(),
+            })
+            .collect())
+    }
+
+    async fn ephemeral_leave(&self, incarnation: u64) -> StorageResult<()> {
+        lock(&self.shared.state)
+            .ephemeral_brokers
+            .remove(&incarnation);
+        Ok(())
+    }
+}

@@ -166,6 +166,10 @@ pub struct DbState {
     /// queen.ephemeral_queues: name → declared options. Not transactional: each write is one
     /// row's upsert or delete, never part of a larger transaction.
     pub ephemeral_configs: BTreeMap<String, serde_json::Value>,
+    /// queen.ephemeral_brokers: incarnation → (address, alive until); queen.ephemeral_owners:
+    /// queue → incarnation. Not transactional, as above.
+    pub ephemeral_brokers: BTreeMap<u64, (String, Timestamp)>,
+    pub ephemeral_owners: BTreeMap<String, u64>,
     /// Committed removals, in commit order, when `record_removals` (a simulation's checkers
     /// read them; the embedded backend must not grow).
     pub removals: Vec<RemovedMessages>,
@@ -215,6 +219,8 @@ impl DbState {
             stream_state: Table::default(),
             samples: BTreeMap::new(),
             ephemeral_configs: BTreeMap::new(),
+            ephemeral_brokers: BTreeMap::new(),
+            ephemeral_owners: BTreeMap::new(),
             removals: Vec::new(),
             record_removals: false,
             removals_pending: BTreeMap::new(),

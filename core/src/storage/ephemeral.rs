@@ -16,3 +16,34 @@ pub trait EphemeralConfigStorage: Send + Sync {
     /// Forgets a declaration; answers whether there was one.
     async fn remove_ephemeral_config(&self, queue: &str) -> StorageResult<bool>;
 }
+
+/// A broker that owns ephemeral queues: its incarnation and the address its peers forward to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EphemeralBroker {
+    pub incarnation: u64,
+    pub address: String,
+}
+
+/// Which broker holds each ephemeral queue's ring, when several share one database: one owner a
+/// queue, chosen here and fenced by liveness (`crate::ephemeral::ownership`).
+#[async_trait]
+pub trait EphemeralOwnerStorage: Send + Sync {
+    /// Says this broker is alive for `alive_ms` more (storage's clock), reachable at `address`.
+    async fn ephemeral_heartbeat(
+        &self,
+        incarnation: u64,
+        address: &str,
+        alive_ms: u64,
+    ) -> StorageResult<()>;
+    /// Claims `queue` for `incarnation` when no live broker owns it, and answers the owner (this
+    /// broker, or the live one that already had it).
+    async fn ephemeral_claim(
+        &self,
+        queue: &str,
+        incarnation: u64,
+    ) -> StorageResult<EphemeralBroker>;
+    /// The brokers alive now.
+    async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>>;
+    /// A broker shutting down: its queues are free to claim at once.
+    async fn ephemeral_leave(&self, incarnation: u64) -> StorageResult<()>;
+}

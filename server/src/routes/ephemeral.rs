@@ -1,11 +1,15 @@
 //! `/api/v1/ephemeral/*`: configure, reset, delete, push, pop, ack, queues, depth. The rules are
-//! `queen_core::ephemeral`; the rings are this broker's memory (`crate::ephemeral`); storage keeps
-//! only the declarations, so a restarted broker has every declared queue back, empty.
+//! `queen_core::ephemeral`; the rings are the owning broker's memory (`crate::ephemeral`), and a
+//! call that reaches another broker is forwarded whole to the owner; storage keeps only the
+//! declarations, so a restarted deployment has every declared queue back, empty.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::StatusCode;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, RETRY_AFTER};
+use hyper::{Method, StatusCode};
 use queen_core::ephemeral::{
     self, AckStatus, Delivery, EphemeralError, EphemeralOptions, ErrorKind, PopRequest,
     DEFAULT_PARTITION, MAX_BATCH, QUEUE_MODE,
@@ -15,7 +19,125 @@ use serde_json::{json, value::RawValue, Value};
 use tokio::sync::oneshot;
 
 use crate::broker::Broker;
+use crate::ephemeral::Owner;
 use crate::http::{self, Failure, Reply, Routed};
+use crate::tasks::ephemeral_liveness::beat;
+
+/// Marks a call one broker forwarded to another: the receiver serves it or refuses it, never
+/// forwards it again.
+const FORWARDED: &str = "x-queen-forwarded";
+/// The refusal of a broker that no longer owns the queue it was forwarded a call for.
+const OWNER_MOVED: &str = "ephemeral_owner_moved";
+
+/// An ephemeral call as it arrived, kept to forward whole to its queue's owner.
+pub struct Call {
+    pub method: Method,
+    /// Path and query.
+    pub target: String,
+    pub authorization: Option<HeaderValue>,
+    pub forwarded: bool,
+    pub body: Bytes,
+}
+
+impl Call {
+    pub fn of<B>(req: &hyper::Request<B>) -> Call {
+        Call {
+            method: req.method().clone(),
+            target: req
+                .uri()
+                .path_and_query()
+                .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string()),
+            authorization: req.headers().get(AUTHORIZATION).cloned(),
+            forwarded: req.headers().contains_key(FORWARDED),
+            body: Bytes::new(),
+        }
+    }
+}
+
+/// Which broker holds `queue`'s ring: this one, or (claimed through storage) another.
+async fn owner_of(broker: &Broker, queue: &str) -> Result<Owner, Failure> {
+    if broker.ephemeral.address().is_none() {
+        return Ok(Owner::Local);
+    }
+    let serving = broker.ephemeral.serving(broker.now())
+        || (beat(broker).await && broker.ephemeral.serving(broker.now()));
+    if !serving {
+        return Err(Failure::unavailable(
+            "ephemeral: this broker cannot renew its liveness in storage, so it holds no queue",
+        ));
+    }
+    if let Some(owner) = broker.ephemeral.cached_owner(queue) {
+        return Ok(owner);
+    }
+    let incarnation = broker.ephemeral.incarnation();
+    let found = broker
+        .storage
+        .ephemeral_owners
+        .ephemeral_claim(queue, incarnation)
+        .await?;
+    let owner = if found.incarnation == incarnation {
+        Owner::Local
+    } else {
+        Owner::Remote(found.address)
+    };
+    broker.ephemeral.note_owner(queue, owner.clone());
+    Ok(owner)
+}
+
+/// Sends a call to another broker and answers its reply as it is, and whether it was the
+/// refusal of a broker that no longer owns the queue.
+async fn forward(broker: &Broker, address: &str, call: &Call) -> Result<(Reply, bool), String> {
+    let mut request = hyper::Request::builder()
+        .method(call.method.clone())
+        .uri(&call.target)
+        .header(HOST, address)
+        .header(CONTENT_TYPE, "application/json")
+        .header(FORWARDED, "1");
+    if let Some(auth) = &call.authorization {
+        request = request.header(AUTHORIZATION, auth);
+    }
+    let request = request
+        .body(Full::new(call.body.clone()))
+        .map_err(|e| format!("building the forward: {e}"))?;
+    let answer = broker.ephemeral.peers.send(address, request).await?;
+    let (parts, body) = answer.into_parts();
+    let moved = parts.status == StatusCode::SERVICE_UNAVAILABLE
+        && serde_json::from_slice::<Value>(&body).is_ok_and(|v| v["code"] == OWNER_MOVED);
+    let mut reply = http::json_bytes(parts.status, body.to_vec());
+    if let Some(after) = parts.headers.get(RETRY_AFTER) {
+        reply.headers_mut().insert(RETRY_AFTER, after.clone());
+    }
+    Ok((reply, moved))
+}
+
+/// Serves here (`None`) or answers with the owner's reply. A forward that fails, or that the
+/// broker it reached refuses as not the owner any more, resolves the owner again once.
+async fn at_owner(broker: &Broker, call: &Call, queue: &str) -> Result<Option<Reply>, Failure> {
+    let mut failure = String::new();
+    for _ in 0..2 {
+        let address = match owner_of(broker, queue).await? {
+            Owner::Local => return Ok(None),
+            Owner::Remote(_) if call.forwarded => {
+                return Err(Failure {
+                    code: Some(OWNER_MOVED),
+                    ..Failure::unavailable(format!(
+                        "ephemeral: this broker does not own {queue} (it moved): try again"
+                    ))
+                })
+            }
+            Owner::Remote(address) => address,
+        };
+        match forward(broker, &address, call).await {
+            Ok((reply, false)) => return Ok(Some(reply)),
+            Ok((_, true)) => failure = format!("{address} no longer owns {queue}"),
+            Err(e) => failure = e,
+        }
+        broker.ephemeral.forget_owner(queue);
+    }
+    Err(Failure::unavailable(format!(
+        "ephemeral: {queue}'s owner did not answer ({failure}): try again"
+    )))
+}
 
 fn refused(e: EphemeralError) -> Failure {
     let status = match e.kind {
@@ -67,10 +189,13 @@ async fn load(broker: &Broker, queue: &str, implicit: bool) -> Result<bool, Fail
     Ok(true)
 }
 
-pub async fn configure(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
-    let body = parse_body(body)?;
+pub async fn configure(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> {
+    let body = parse_body(&call.body)?;
     let queue = queue_of(&body)?;
     let options = EphemeralOptions::parse(&body["options"]).map_err(refused)?;
+    if let Some(reply) = at_owner(broker, call, &queue).await? {
+        return Ok(reply);
+    }
     // Storage first: a declaration answered is a declaration kept.
     let resolved = options.to_json();
     broker
@@ -85,8 +210,11 @@ pub async fn configure(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failu
     ))
 }
 
-pub async fn reset(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
-    let queue = queue_of(&parse_body(body)?)?;
+pub async fn reset(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> {
+    let queue = queue_of(&parse_body(&call.body)?)?;
+    if let Some(reply) = at_owner(broker, call, &queue).await? {
+        return Ok(reply);
+    }
     let dropped = broker.ephemeral.with(|s| s.reset(&queue));
     broker.ephemeral.wake(&queue);
     Ok(http::json(
@@ -95,8 +223,11 @@ pub async fn reset(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
     ))
 }
 
-pub async fn delete(broker: &Arc<Broker>, queue: &str) -> Result<Reply, Failure> {
+pub async fn delete(broker: &Arc<Broker>, call: &Call, queue: &str) -> Result<Reply, Failure> {
     ephemeral::check_name("queue", queue).map_err(refused)?;
+    if let Some(reply) = at_owner(broker, call, queue).await? {
+        return Ok(reply);
+    }
     let declared = broker
         .storage
         .ephemeral
@@ -128,9 +259,9 @@ struct PushMessage<'a> {
     payload: Option<&'a RawValue>,
 }
 
-pub async fn push(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
+pub async fn push(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> {
     let parsed: PushBody<'_> =
-        serde_json::from_slice(body).map_err(|e| invalid(format!("push body: {e}")))?;
+        serde_json::from_slice(&call.body).map_err(|e| invalid(format!("push body: {e}")))?;
     let queue = parsed
         .queue
         .ok_or_else(|| invalid("queue (a string) is required"))?;
@@ -154,6 +285,9 @@ pub async fn push(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
             StatusCode::OK,
             &json!({"queue": queue, "partition": partition, "pushed": 0}),
         ));
+    }
+    if let Some(reply) = at_owner(broker, call, queue).await? {
+        return Ok(reply);
     }
     load(broker, queue, true).await?;
     let now = broker.now();
@@ -249,15 +383,40 @@ fn pop_answer(queue: &str, got: &[Delivery]) -> Reply {
     http::json_bytes(StatusCode::OK, out.into_bytes())
 }
 
-pub async fn pop(broker: Arc<Broker>, query: Option<&str>) -> Result<Routed, Failure> {
+pub async fn pop(broker: Arc<Broker>, call: Call, query: Option<&str>) -> Result<Routed, Failure> {
     let params = pop_params(&broker, query)?;
-    load(&broker, &params.queue, true).await?;
     if params.wait_ms.is_none() {
+        if let Some(reply) = at_owner(&broker, &call, &params.queue).await? {
+            return Ok(Routed::Now(reply));
+        }
+        load(&broker, &params.queue, true).await?;
         let got = take(&broker, &params, broker.now()).map_err(refused)?;
         return Ok(Routed::Now(pop_answer(&params.queue, &got)));
     }
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(park(broker, params, tx));
+    // A long poll runs in its own task, so a client that leaves cancels it (and its forward).
+    let (mut tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let served = async {
+            if let Some(reply) = at_owner(&broker, &call, &params.queue).await? {
+                return Ok(Some(reply));
+            }
+            load(&broker, &params.queue, true).await?;
+            Ok::<_, Failure>(None)
+        };
+        let served = tokio::select! {
+            s = served => s,
+            _ = tx.closed() => return,
+        };
+        match served {
+            Ok(None) => park(broker, params, tx).await,
+            Ok(Some(reply)) => {
+                let _ = tx.send(reply);
+            }
+            Err(f) => {
+                let _ = tx.send(http::error(&f));
+            }
+        }
+    });
     Ok(Routed::Later(rx))
 }
 
@@ -294,6 +453,11 @@ async fn park(broker: Arc<Broker>, p: PopParams, mut tx: oneshot::Sender<Reply>)
         tokio::pin!(notified);
         notified.as_mut().enable();
         let now = broker.now();
+        if !broker.ephemeral.owns(&p.queue, now) {
+            // Its ring is gone with this broker's ownership: empty, and the client asks again.
+            let _ = tx.send(pop_answer(&p.queue, &[]));
+            return;
+        }
         let (window, available, lease_end) = broker.ephemeral.with(|s| {
             s.ensure(&p.queue, EphemeralOptions::default);
             let window = s.options(&p.queue).and_then(|o| o.window_buffer);
@@ -338,8 +502,8 @@ async fn park(broker: Arc<Broker>, p: PopParams, mut tx: oneshot::Sender<Reply>)
     }
 }
 
-pub async fn ack(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
-    let body = parse_body(body)?;
+pub async fn ack(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> {
+    let body = parse_body(&call.body)?;
     let queue = queue_of(&body)?;
     let group = match &body["group"] {
         Value::Null => QUEUE_MODE.to_string(),
@@ -365,6 +529,9 @@ pub async fn ack(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
             Ok((id, status))
         })
         .collect::<Result<_, Failure>>()?;
+    if let Some(reply) = at_owner(broker, call, &queue).await? {
+        return Ok(reply);
+    }
     let now = broker.now();
     let results: Vec<Value> = broker.ephemeral.with(|s| {
         acks.iter()
@@ -379,19 +546,60 @@ pub async fn ack(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
     Ok(http::json(StatusCode::OK, &json!({"results": results})))
 }
 
-pub async fn queues(broker: &Arc<Broker>) -> Result<Reply, Failure> {
-    // Declared queues this broker has not met since it started are listed too (empty).
-    for (queue, stored) in broker.storage.ephemeral.ephemeral_configs().await? {
-        if !broker.ephemeral.exists(&queue) {
-            broker.ephemeral.ensure(&queue, options_of(stored)?);
+/// `queues`: the queues whose rings this broker holds, those every other live broker holds (asked
+/// with a forwarded call, which answers only its own), and the declared ones nobody holds now
+/// (empty, as declared).
+pub async fn queues(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> {
+    let mut held: std::collections::BTreeMap<String, Value> = broker
+        .ephemeral
+        .with(|s| s.list())
+        .into_iter()
+        .filter_map(|q| Some((q["queue"].as_str()?.to_string(), q)))
+        .collect();
+    if call.forwarded {
+        let queues: Vec<Value> = held.into_values().collect();
+        return Ok(http::json(StatusCode::OK, &json!({"queues": queues})));
+    }
+    if broker.ephemeral.address().is_some() {
+        let me = broker.ephemeral.incarnation();
+        for peer in broker.storage.ephemeral_owners.ephemeral_brokers().await? {
+            if peer.incarnation == me {
+                continue;
+            }
+            let (reply, _) = forward(broker, &peer.address, call).await.map_err(|e| {
+                Failure::unavailable(format!("ephemeral: listing {}'s queues: {e}", peer.address))
+            })?;
+            let body = http_body_util::BodyExt::collect(reply.into_body())
+                .await
+                .map_err(|e| Failure::unavailable(format!("ephemeral: listing queues: {e}")))?
+                .to_bytes();
+            let listed: Value = serde_json::from_slice(&body).unwrap_or_default();
+            for q in listed["queues"].as_array().into_iter().flatten() {
+                if let Some(name) = q["queue"].as_str() {
+                    held.insert(name.to_string(), q.clone());
+                }
+            }
         }
     }
-    let queues = broker.ephemeral.with(|s| s.list());
+    for (queue, stored) in broker.storage.ephemeral.ephemeral_configs().await? {
+        if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(queue) {
+            let options = options_of(stored)?;
+            let entry = json!({
+                "queue": slot.key(), "length": 0, "bytes": 0, "partitions": 0, "groups": 0,
+                "options": options.to_json(),
+            });
+            slot.insert(entry);
+        }
+    }
+    let queues: Vec<Value> = held.into_values().collect();
     Ok(http::json(StatusCode::OK, &json!({"queues": queues})))
 }
 
-pub async fn depth(broker: &Arc<Broker>, queue: &str) -> Result<Reply, Failure> {
+pub async fn depth(broker: &Arc<Broker>, call: &Call, queue: &str) -> Result<Reply, Failure> {
     ephemeral::check_name("queue", queue).map_err(refused)?;
+    if let Some(reply) = at_owner(broker, call, queue).await? {
+        return Ok(reply);
+    }
     load(broker, queue, false).await?;
     let now = broker.now();
     match broker.ephemeral.with(|s| s.depth(queue, now)) {

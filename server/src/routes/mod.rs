@@ -245,42 +245,36 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
             need(ReadWrite)?;
             timers::cancel(&broker, q, &key.join("/"), query.as_deref()).await
         }
-        (&Method::POST, ["api", "v1", "ephemeral", "configure"]) => {
-            need(ReadWrite)?;
-            let b = body(&broker, req).await?;
-            ephemeral::configure(&broker, &b).await
-        }
-        (&Method::POST, ["api", "v1", "ephemeral", "reset"]) => {
-            need(ReadWrite)?;
-            let b = body(&broker, req).await?;
-            ephemeral::reset(&broker, &b).await
-        }
-        (&Method::DELETE, ["api", "v1", "ephemeral", "queue", q]) => {
-            need(ReadWrite)?;
-            ephemeral::delete(&broker, q).await
-        }
-        (&Method::POST, ["api", "v1", "ephemeral", "push"]) => {
-            need(ReadWrite)?;
-            let b = body(&broker, req).await?;
-            ephemeral::push(&broker, &b).await
-        }
-        (&Method::GET, ["api", "v1", "ephemeral", "pop"]) => {
-            need(ReadWrite)?;
-            drop(req);
-            return ephemeral::pop(broker.clone(), query.as_deref()).await;
-        }
-        (&Method::POST, ["api", "v1", "ephemeral", "ack"]) => {
-            need(ReadWrite)?;
-            let b = body(&broker, req).await?;
-            ephemeral::ack(&broker, &b).await
-        }
-        (&Method::GET, ["api", "v1", "ephemeral", "queues"]) => {
-            need(ReadOnly)?;
-            ephemeral::queues(&broker).await
-        }
-        (&Method::GET, ["api", "v1", "ephemeral", "queues", q, "depth"]) => {
-            need(ReadOnly)?;
-            ephemeral::depth(&broker, q).await
+        (_, ["api", "v1", "ephemeral", ..]) => {
+            need(if method == Method::GET {
+                ReadOnly
+            } else {
+                ReadWrite
+            })?;
+            let mut call = ephemeral::Call::of(&req);
+            match (&method, &seg[3..]) {
+                (&Method::GET, ["pop"]) => {
+                    need(ReadWrite)?;
+                    drop(req);
+                    return ephemeral::pop(broker.clone(), call, query.as_deref()).await;
+                }
+                (&Method::GET, ["queues"]) => ephemeral::queues(&broker, &call).await,
+                (&Method::GET, ["queues", q, "depth"]) => ephemeral::depth(&broker, &call, q).await,
+                (&Method::DELETE, ["queue", q]) => ephemeral::delete(&broker, &call, q).await,
+                (&Method::POST, [verb @ ("configure" | "reset" | "push" | "ack")]) => {
+                    call.body = body(&broker, req).await?;
+                    match *verb {
+                        "configure" => ephemeral::configure(&broker, &call).await,
+                        "reset" => ephemeral::reset(&broker, &call).await,
+                        "push" => ephemeral::push(&broker, &call).await,
+                        _ => ephemeral::ack(&broker, &call).await,
+                    }
+                }
+                _ => Ok(http::json(
+                    StatusCode::NOT_FOUND,
+                    &serde_json::json!({"error": "no_such_route", "code": "no_such_route", "detail": format!("{method} {}", segments.join("/"))}),
+                )),
+            }
         }
         (&Method::POST, ["api", "v1", "transaction"]) => {
             need(ReadWrite)?;

@@ -1,10 +1,11 @@
 //! The background work of a running broker: the wheel ticker, the per-minute sampler, the
-//! retention worker, the timer worker, the failover buffer's drain, (with PostgreSQL) the
+//! retention worker, the timer worker, the failover buffer's drain, the ephemeral owners' liveness (with peers), (with PostgreSQL) the
 //! cross-broker event listener, and the admin totals' refresher (started by the first slow pass,
 //! not here). `Broker::new` starts none of them; `start` starts the ones its settings ask for.
 
 pub(crate) mod admin_totals;
 pub(crate) mod buffer_drain;
+pub(crate) mod ephemeral_liveness;
 pub mod events;
 pub mod retention;
 pub mod sampler;
@@ -33,6 +34,9 @@ pub fn start(broker: &Arc<Broker>) {
             broker.config.retention,
             broker.seed,
         ));
+    }
+    if broker.ephemeral.address().is_some() {
+        tokio::spawn(ephemeral_liveness::liveness(Arc::downgrade(broker)));
     }
     if broker.config.file_buffer.is_some() {
         tokio::spawn(buffer_drain::buffer_drain(

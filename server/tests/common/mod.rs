@@ -43,6 +43,11 @@ pub async fn start(store: Store, config: ServerConfig) -> TestBroker {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let mut config = config;
+    if pg.is_some() {
+        // As the binary does on PostgreSQL: peers reach it here (ephemeral queues' owners).
+        config.peer_address = Some(addr.to_string());
+    }
     let app = Broker::new(config, storage, 7);
     queen_server::tasks::start(&app);
     tokio::spawn(queen_server::serve_listener(app.clone(), listener));
@@ -76,6 +81,10 @@ pub async fn start_pair_with(
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let config = ServerConfig {
+            peer_address: Some(addr.to_string()),
+            ..config
+        };
         let app = Broker::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
         queen_server::tasks::start(&app);
         queen_server::spawn_event_listener(app.clone(), &pg);

@@ -4,9 +4,11 @@ competing consumers of one group, a long poll woken by a push, lease expiry with
 and the `retryLimit` drop, each bound and policy (maxLength and maxBytes under reject and
 drop_oldest, ttlSeconds, windowBuffer), commit on delivery, the ack outcomes, and the two 404s.
 
-Usage: python ephemeral.py http://127.0.0.1:PORT [declared-queue]
-With a second argument it only checks that the queue is declared, as configured, and empty (run
-after a broker restart). Exits non-zero on the first failed expectation.
+Usage: python ephemeral.py http://127.0.0.1:PORT[,http://127.0.0.1:PORT2] [declared-queue]
+With two brokers the client sends its calls to both in turn (every queue has one owner; the other
+forwards), and a pop parked on each broker is woken by a push through the other. With a second
+argument it only checks that the queue is declared, as configured, and empty (run after a broker
+restart). Exits non-zero on the first failed expectation.
 """
 import asyncio
 import sys
@@ -16,7 +18,7 @@ import uuid
 from queen import Queen
 from queen.errors import EphemeralError, EphemeralQueueNotFoundError
 
-URL = sys.argv[1]
+URLS = sys.argv[1].split(",")
 
 
 def check(cond, what):
@@ -200,6 +202,36 @@ async def bounds_and_policies(eph):
         check(e.status == 400, "an unknown policy: 400")
 
 
+async def across_brokers(url_a, url_b):
+    """A pop parked through one broker is woken at once by a push through the other, both ways,
+    and one group's consumers on the two brokers share one ring."""
+    async with Queen(url_a) as qa, Queen(url_b) as qb:
+        a, b = qa.ephemeral, qb.ephemeral
+        for parked, pusher, label in ((a, b, "a<-b"), (b, a, "b<-a")):
+            q = name("across")
+            started = time.monotonic()
+
+            async def later():
+                await asyncio.sleep(0.3)
+                await pusher.push(q, [{"via": label}])
+
+            got, _ = await asyncio.gather(parked.pop(q, wait=True, timeout=10000), later())
+            took = time.monotonic() - started
+            check(payloads(got) == [{"via": label}], f"{label}: the push reaches the pop parked on the other broker")
+            check(took < 2, f"{label}: at once, not at a timeout ({took:.2f}s)")
+        q = name("shared")
+        await a.push(q, [{"i": i} for i in range(6)], partition="one")
+        first = await a.pop(q, group="g", batch=2)
+        second = await b.pop(q, group="g", batch=2)
+        check(len(first["messages"]) == 2 and second["messages"] == [], "the partition a consumer on broker a leased is not handed to one on broker b")
+        acked = await b.ack(q, first["messages"], group="g")
+        check([r["outcome"] for r in acked["results"]] == ["acked", "acked"], "an ack through the other broker finds the delivery")
+        rest = await b.pop(q, group="g", batch=10)
+        check([m["payload"]["i"] for m in rest["messages"]] == [2, 3, 4, 5], "and the rest comes through broker b, in order")
+        depth_a, depth_b = await a.depth(q), await b.depth(q)
+        check(depth_a == depth_b, "both brokers answer the same depth (one ring)")
+
+
 async def declared_after_restart(eph, q):
     depth = await eph.depth(q)
     check(depth["length"] == 0, "after a restart the declared queue is empty")
@@ -211,7 +243,8 @@ async def declared_after_restart(eph, q):
 async def main():
     # A 429 (a full queue under reject) is tried once: the client's default backs off and tries
     # ten times, about two minutes.
-    async with Queen(URL, retry_429={"max_attempts": 1}) as queen:
+    many = {"urls": URLS, "load_balancing_strategy": "round-robin"} if len(URLS) > 1 else {"url": URLS[0]}
+    async with Queen(retry_429={"max_attempts": 1}, **many) as queen:
         eph = queen.ephemeral
         if len(sys.argv) > 2:
             await declared_after_restart(eph, sys.argv[2])
@@ -222,6 +255,8 @@ async def main():
         await long_poll(eph)
         await leases_and_retry_limit(eph)
         await bounds_and_policies(eph)
+    if len(URLS) > 1:
+        await across_brokers(URLS[0], URLS[1])
     print("ephemeral: all checks passed")
 
 

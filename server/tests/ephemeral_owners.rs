@@ -1,0 +1,199 @@
+//! Ephemeral queues shared by several brokers: one owner a queue, fenced by liveness. Two brokers
+//! on one model database with a manual clock, each over real HTTP; the first owner's liveness
+//! renewals fail (it lost its database) while the second claims the queue. The fenced owner must
+//! not serve its old ring: one queue, one ring. With `serve_past_fence` (the owner keeps serving
+//! once its liveness lapsed) the check fails, which the last test proves.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use queen_core::ephemeral::ownership::OwnershipBugs;
+use queen_core::storage::{
+    EphemeralBroker, EphemeralOwnerStorage, StorageError, StorageResult, StorageSet,
+};
+use queen_core::Timestamp;
+use queen_server::broker::{Broker, Hooks};
+use queen_server::config::ServerConfig;
+use queen_storage_sim::{ManualClock, SimBugs, SimDb};
+use serde_json::{json, Value};
+
+/// The shared database's owners capability, as one broker reaches it: its renewals can be made
+/// to fail (that broker lost its connection).
+struct Reach {
+    db: Arc<SimDb>,
+    cut: AtomicBool,
+}
+
+#[async_trait]
+impl EphemeralOwnerStorage for Reach {
+    async fn ephemeral_heartbeat(&self, inc: u64, address: &str, alive: u64) -> StorageResult<()> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(StorageError::Unavailable(
+                "cut off from the database".into(),
+            ));
+        }
+        self.db.ephemeral_heartbeat(inc, address, alive).await
+    }
+    async fn ephemeral_claim(&self, queue: &str, inc: u64) -> StorageResult<EphemeralBroker> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(StorageError::Unavailable(
+                "cut off from the database".into(),
+            ));
+        }
+        self.db.ephemeral_claim(queue, inc).await
+    }
+    async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>> {
+        self.db.ephemeral_brokers().await
+    }
+    async fn ephemeral_leave(&self, inc: u64) -> StorageResult<()> {
+        self.db.ephemeral_leave(inc).await
+    }
+}
+
+struct Pair {
+    clock: ManualClock,
+    a: Arc<Broker>,
+    a_addr: std::net::SocketAddr,
+    a_reach: Arc<Reach>,
+    b_addr: std::net::SocketAddr,
+}
+
+async fn pair() -> Pair {
+    let clock = ManualClock::new(Timestamp::from_secs(1_000_000));
+    let db = SimDb::new(1, clock.as_sim_clock(), SimBugs::default());
+    let mut brokers = vec![];
+    for seed in [1u64, 2] {
+        let reach = Arc::new(Reach {
+            db: db.clone(),
+            cut: AtomicBool::new(false),
+        });
+        let mut storage = StorageSet::of(db.clone());
+        storage.ephemeral_owners = reach.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = ServerConfig {
+            peer_address: Some(addr.to_string()),
+            ..ServerConfig::default()
+        };
+        let hooks = Hooks {
+            clock: clock.as_sim_clock(),
+            ..Hooks::default()
+        };
+        // No background tasks: liveness is renewed only when a call finds it lapsed, so the
+        // clock alone decides who is alive.
+        let broker = Broker::with_hooks(config, storage, seed, hooks);
+        tokio::spawn(queen_server::serve_listener(broker.clone(), listener));
+        brokers.push((broker, addr, reach));
+    }
+    let (_, b_addr, _) = brokers.pop().unwrap();
+    let (a, a_addr, a_reach) = brokers.pop().unwrap();
+    Pair {
+        clock,
+        a,
+        a_addr,
+        a_reach,
+        b_addr,
+    }
+}
+
+async fn push(addr: std::net::SocketAddr, queue: &str, payload: &str) -> u16 {
+    let body = json!({"queue": queue, "messages": [{"payload": payload}]});
+    common::request(addr, "POST", "/api/v1/ephemeral/push", Some(&body))
+        .await
+        .status
+}
+
+/// A pop's payloads, or its status when it is not 200.
+async fn pop(addr: std::net::SocketAddr, queue: &str) -> Result<Vec<Value>, u16> {
+    let r = common::request(
+        addr,
+        "GET",
+        &format!("/api/v1/ephemeral/pop?queue={queue}&group=g&batch=10"),
+        None,
+    )
+    .await;
+    if r.status != 200 {
+        return Err(r.status);
+    }
+    Ok(r.json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["payload"].clone())
+        .collect())
+}
+
+/// Broker a owns `q` and holds "old"; it loses the database; past its liveness b claims `q` and
+/// takes "new". Answers what a pop through a, still cut off, got: it must never be "old".
+async fn after_a_lapse(bugs: OwnershipBugs) -> Result<(), String> {
+    let p = pair().await;
+    p.a.ephemeral.set_bugs(bugs);
+    assert_eq!(push(p.a_addr, "q", "old").await, 200);
+    p.a_reach.cut.store(true, Ordering::SeqCst);
+    // Past ALIVE_MS (5 s) from a's only renewal: b's claim takes the queue.
+    p.clock.advance_millis(6_000);
+    assert_eq!(
+        push(p.b_addr, "q", "new").await,
+        200,
+        "b claims q and takes the push"
+    );
+    match pop(p.a_addr, "q").await {
+        Ok(got) if got.contains(&json!("old")) => {
+            return Err(format!("a served its lapsed ring: {got:?}"))
+        }
+        Ok(got) => assert!(got.is_empty() || got == [json!("new")], "{got:?}"),
+        Err(status) => assert_eq!(status, 503, "a fenced broker answers 503"),
+    }
+    // a reaches the database again: it finds b the owner, and forwards.
+    p.a_reach.cut.store(false, Ordering::SeqCst);
+    let got = pop(p.a_addr, "q")
+        .await
+        .expect("a answers once it reaches the database");
+    if got != [json!("new")] {
+        return Err(format!("a forwarded to the owner and got {got:?}"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_owner_stops_serving_before_another_claims_its_queue() {
+    after_a_lapse(OwnershipBugs::default()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_past_the_fence_is_caught() {
+    let caught = after_a_lapse(OwnershipBugs {
+        serve_past_fence: true,
+    })
+    .await;
+    assert!(
+        caught.is_err(),
+        "an owner serving past its fence must be caught"
+    );
+}
+
+/// Every ephemeral call answers while its queue's owner is unreachable (503, for the client to
+/// retry), and once the owner's liveness runs out another broker takes the queue over, empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_answer_while_the_owner_is_gone_and_the_queue_moves() {
+    let p = pair().await;
+    assert_eq!(push(p.a_addr, "q", "lost").await, 200);
+    // a is gone: it neither answers nor renews (its listener is shut; its renewals fail).
+    p.a_reach.cut.store(true, Ordering::SeqCst);
+    let _ = p.a.shutting_down.send(true);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let answered = pop(p.b_addr, "q").await;
+    assert!(
+        matches!(answered, Err(503) | Ok(_)),
+        "b answers while a's liveness lives: {answered:?}"
+    );
+    p.clock.advance_millis(6_000);
+    assert_eq!(pop(p.b_addr, "q").await, Ok(vec![]), "b owns q now: empty");
+    assert_eq!(push(p.b_addr, "q", "kept").await, 200);
+    assert_eq!(pop(p.b_addr, "q").await, Ok(vec![json!("kept")]));
+}
