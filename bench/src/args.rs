@@ -54,6 +54,7 @@ pub enum Scenario {
     Reads,
     Durable,
     Streams,
+    Ephemeral,
 }
 
 /// A consume shape: `<partitions>x<consumers>`.

@@ -18,7 +18,10 @@
 //! 13. the coordination surfaces (KV, locks, timers) against raw statements;
 //! 14. reads by offset: a 1M-message partition read from offset 0 against a raw segment scan;
 //! 15. durable PostgreSQL (`DURABLE_DATABASE_URL`): push and leased consume against raw, with
-//!     commits per 1,000 messages and WAL bytes per message.
+//!     commits per 1,000 messages and WAL bytes per message;
+//! 16. stream cycles (see `streams.rs`);
+//! 17. ephemeral queues against durable ones on the same broker: push, pop+ack, push-to-delivery
+//!     latency, and the memory of queued messages.
 //!
 //! Usage: `queen-bench --help` (or `bash .ci/bench [--quick]`, which starts PostgreSQL itself);
 //! `queen-bench report` turns a run's JSON into docs/benchmarks.md's table.
@@ -32,6 +35,7 @@ mod consume;
 mod consumers;
 mod coordination;
 mod durable;
+mod ephemeral;
 mod limiter;
 mod live;
 mod parked;
@@ -315,6 +319,11 @@ async fn measure(args: RunArgs) {
         let rows = streams::streams_scenario(run.addr, &run.cfg, run.plan.secs).await;
         run.rows.extend(rows);
         eprintln!("measured stream cycles");
+    }
+    if runs(Scenario::Ephemeral) {
+        let rows = ephemeral::ephemeral_scenario(run.addr, run.plan.secs, run.plan.quick).await;
+        run.rows.extend(rows);
+        eprintln!("measured ephemeral queues");
     }
     if runs(Scenario::Durable) {
         match std::env::var("DURABLE_DATABASE_URL") {
