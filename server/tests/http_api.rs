@@ -1148,6 +1148,107 @@ fn hostile_corpus() -> Vec<(&'static str, String, Option<Value>)> {
             format!("/api/v1/resources/queues/{nul_path}"),
             None,
         ),
+        // Ephemeral queues: every verb's bad shapes and names.
+        (
+            "POST",
+            "/api/v1/ephemeral/configure".into(),
+            Some(json!({"queue": nul})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/configure".into(),
+            Some(json!({"options": {}})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/configure".into(),
+            Some(json!({"queue": "e", "options": {"maxLenght": 5}})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/configure".into(),
+            Some(json!({"queue": "e", "options": {"policy": "block"}})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/configure".into(),
+            Some(json!({"queue": "e", "options": {"leaseSeconds": 0}})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/configure".into(),
+            Some(json!({"queue": "e", "options": {"windowBuffer": {"ms": 10}}})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/push".into(),
+            Some(json!({"queue": "e"})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/push".into(),
+            Some(json!({"queue": "e", "messages": [{"payload": 1}, {"data": 2}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/push".into(),
+            Some(json!({"queue": nul, "messages": [{"payload": 1}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/push".into(),
+            Some(json!({"queue": "e", "partition": nul, "messages": [{"payload": 1}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/push".into(),
+            Some(json!({"queue": 7, "messages": [{"payload": 1}]})),
+        ),
+        ("GET", "/api/v1/ephemeral/pop?queue=e&batch=0".into(), None),
+        ("GET", "/api/v1/ephemeral/pop?queue=e&batch=x".into(), None),
+        (
+            "GET",
+            "/api/v1/ephemeral/pop?queue=e&wait=maybe".into(),
+            None,
+        ),
+        ("GET", "/api/v1/ephemeral/pop?batch=1".into(), None),
+        (
+            "GET",
+            format!("/api/v1/ephemeral/pop?queue=e&group={nul_path}"),
+            None,
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/ack".into(),
+            Some(json!({"queue": "e"})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/ack".into(),
+            Some(json!({"queue": "e", "acks": [{"status": "completed"}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/ack".into(),
+            Some(json!({"queue": "e", "acks": [{"id": "x", "status": "done"}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/ack".into(),
+            Some(json!({"queue": "e", "group": 3, "acks": [{"id": "x"}]})),
+        ),
+        ("POST", "/api/v1/ephemeral/reset".into(), Some(json!({}))),
+        (
+            "GET",
+            format!("/api/v1/ephemeral/queues/{nul_path}/depth"),
+            None,
+        ),
+        ("GET", "/api/v1/ephemeral/queues/never/depth".into(), None),
+        (
+            "DELETE",
+            format!("/api/v1/ephemeral/queue/{nul_path}"),
+            None,
+        ),
     ]
 }
 
@@ -1189,6 +1290,17 @@ async fn hostile_requests_get_the_same_answer_from_both_backends() {
         assert!(
             names.is_empty(),
             "a refused request stored something: {names:?}"
+        );
+        let declared = b.app.storage.ephemeral.ephemeral_configs().await.unwrap();
+        assert!(
+            declared.is_empty(),
+            "a refused configure stored {declared:?}"
+        );
+        let listed = request(b.addr, "GET", "/api/v1/ephemeral/queues", None).await;
+        assert_eq!(
+            listed.json()["queues"],
+            json!([]),
+            "a refused ephemeral call created a queue"
         );
     }
 }

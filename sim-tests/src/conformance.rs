@@ -49,11 +49,13 @@ macro_rules! ensure_eq {
 }
 
 mod conflation;
+mod ephemeral;
 mod kv;
 mod reads;
 mod rounds;
 mod streams;
 pub use conflation::*;
+pub use ephemeral::*;
 pub use kv::*;
 pub use reads::*;
 pub use rounds::*;
@@ -2588,4 +2590,6 @@ cases!(
     conflation_respects_visibility,
     push_rounds_answer_each_request,
     push_rounds_answer_duplicates_as_alone,
+    ephemeral_declarations_round_trip,
+    ephemeral_owners_claim_and_move,
 );

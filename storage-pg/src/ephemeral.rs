@@ -81,7 +81,7 @@ impl EphemeralOwnerStorage for PgStorage {
     ) -> StorageResult<()> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let sql = "INSERT INTO queen.ephemeral_brokers (incarnation, address, alive_until)
-                   VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
+                   VALUES ($1, $2, queen.now() + $3::bigint * interval '1 millisecond')
                    ON CONFLICT (incarnation) DO UPDATE
                    SET address = EXCLUDED.address, alive_until = EXCLUDED.alive_until";
         let alive = i64::try_from(alive_ms).unwrap_or(i64::MAX);
@@ -107,7 +107,7 @@ impl EphemeralOwnerStorage for PgStorage {
                      ON CONFLICT (queue) DO UPDATE SET incarnation = EXCLUDED.incarnation
                      WHERE NOT EXISTS (SELECT 1 FROM queen.ephemeral_brokers b
                                         WHERE b.incarnation = o.incarnation
-                                          AND b.alive_until > now())";
+                                          AND b.alive_until > queen.now())";
         client
             .execute(
                 &prepared(&client, claim).await?,
@@ -135,7 +135,7 @@ impl EphemeralOwnerStorage for PgStorage {
     async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let sql = "SELECT incarnation, address FROM queen.ephemeral_brokers
-                   WHERE alive_until > now() ORDER BY incarnation";
+                   WHERE alive_until > queen.now() ORDER BY incarnation";
         let rows = client
             .query(&prepared(&client, sql).await?, &[])
             .await

@@ -1,0 +1,120 @@
+//! Ephemeral queues' storage: declarations, and which broker owns a queue, on every backend.
+
+use queen_core::storage::EphemeralBroker;
+use serde_json::json;
+
+use super::{e, Backend, CaseResult};
+
+/// A declaration is kept, replaced, listed by name and forgotten.
+pub async fn ephemeral_declarations_round_trip(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    ensure_eq!(s.ephemeral_config("e1").await.map_err(e)?, None, "step 1");
+    s.save_ephemeral_config("e2", &json!({"maxLength": 2}))
+        .await
+        .map_err(e)?;
+    s.save_ephemeral_config("e1", &json!({"maxLength": 5}))
+        .await
+        .map_err(e)?;
+    s.save_ephemeral_config("e1", &json!({"maxLength": 6, "policy": "drop_oldest"}))
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        s.ephemeral_config("e1").await.map_err(e)?,
+        Some(json!({"maxLength": 6, "policy": "drop_oldest"})),
+        "step 2"
+    );
+    let names: Vec<String> = s
+        .ephemeral_configs()
+        .await
+        .map_err(e)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    ensure_eq!(names, vec!["e1".to_string(), "e2".to_string()], "step 3");
+    ensure_eq!(
+        s.remove_ephemeral_config("e1").await.map_err(e)?,
+        true,
+        "step 4"
+    );
+    ensure_eq!(
+        s.remove_ephemeral_config("e1").await.map_err(e)?,
+        false,
+        "step 5"
+    );
+    ensure_eq!(s.ephemeral_config("e1").await.map_err(e)?, None, "step 6");
+    Ok(())
+}
+
+fn broker(incarnation: u64, address: &str) -> EphemeralBroker {
+    EphemeralBroker {
+        incarnation,
+        address: address.to_string(),
+    }
+}
+
+/// The first claim owns a queue while its broker is alive; a claim after the owner's liveness
+/// ran out takes it; a broker that left is not alive. Incarnations use all 64 bits.
+pub async fn ephemeral_owners_claim_and_move(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let (one, two) = (u64::MAX - 1, 2u64);
+    s.ephemeral_heartbeat(one, "a:1", 5000).await.map_err(e)?;
+    s.ephemeral_heartbeat(two, "b:2", 5000).await.map_err(e)?;
+    ensure_eq!(
+        s.ephemeral_claim("q", one).await.map_err(e)?,
+        broker(one, "a:1"),
+        "step 7"
+    );
+    ensure_eq!(
+        s.ephemeral_claim("q", two).await.map_err(e)?,
+        broker(one, "a:1"),
+        "step 8"
+    );
+    ensure_eq!(
+        s.ephemeral_claim("r", two).await.map_err(e)?,
+        broker(two, "b:2"),
+        "step 9"
+    );
+    let mut alive = s.ephemeral_brokers().await.map_err(e)?;
+    alive.sort_by_key(|b| b.incarnation);
+    ensure_eq!(
+        alive,
+        vec![broker(two, "b:2"), broker(one, "a:1")],
+        "step 10"
+    );
+    b.advance_secs(3).await;
+    s.ephemeral_heartbeat(two, "b:2", 5000).await.map_err(e)?;
+    b.advance_secs(3).await;
+    // One's liveness ran out at 5 s: two takes q; r stays two's.
+    ensure_eq!(
+        s.ephemeral_claim("q", two).await.map_err(e)?,
+        broker(two, "b:2"),
+        "step 11"
+    );
+    ensure_eq!(
+        s.ephemeral_claim("q", one).await.map_err(e)?,
+        broker(two, "b:2"),
+        "step 12"
+    );
+    ensure_eq!(
+        s.ephemeral_brokers().await.map_err(e)?,
+        vec![broker(two, "b:2")],
+        "step 13"
+    );
+    // Two leaves: one, renewed, takes both.
+    s.ephemeral_leave(two).await.map_err(e)?;
+    s.ephemeral_heartbeat(one, "a:9", 5000).await.map_err(e)?;
+    ensure_eq!(
+        s.ephemeral_claim("q", one).await.map_err(e)?,
+        broker(one, "a:9"),
+        "step 14"
+    );
+    ensure_eq!(
+        s.ephemeral_claim("r", one).await.map_err(e)?,
+        broker(one, "a:9"),
+        "step 15"
+    );
+    // A claimer that never renewed, of a queue nobody alive owns: refused, to be tried again.
+    s.ephemeral_leave(one).await.map_err(e)?;
+    ensure!(s.ephemeral_claim("q", 77).await.is_err(), "step 16");
+    Ok(())
+}
