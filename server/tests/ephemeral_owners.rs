@@ -8,96 +8,31 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use async_trait::async_trait;
+use common::fleet::{Fleet, Reach};
 use queen_core::ephemeral::ownership::OwnershipBugs;
-use queen_core::storage::{
-    EphemeralBroker, EphemeralOwnerStorage, StorageError, StorageResult, StorageSet,
-};
-use queen_core::Timestamp;
-use queen_server::broker::{Broker, Hooks};
-use queen_server::config::ServerConfig;
-use queen_storage_sim::{ManualClock, SimBugs, SimDb};
 use serde_json::{json, Value};
 
-/// The shared database's owners capability, as one broker reaches it: its renewals can be made
-/// to fail (that broker lost its connection).
-struct Reach {
-    db: Arc<SimDb>,
-    cut: AtomicBool,
-}
-
-#[async_trait]
-impl EphemeralOwnerStorage for Reach {
-    async fn ephemeral_heartbeat(&self, inc: u64, address: &str, alive: u64) -> StorageResult<()> {
-        if self.cut.load(Ordering::SeqCst) {
-            return Err(StorageError::Unavailable(
-                "cut off from the database".into(),
-            ));
-        }
-        self.db.ephemeral_heartbeat(inc, address, alive).await
-    }
-    async fn ephemeral_claim(&self, queue: &str, inc: u64) -> StorageResult<EphemeralBroker> {
-        if self.cut.load(Ordering::SeqCst) {
-            return Err(StorageError::Unavailable(
-                "cut off from the database".into(),
-            ));
-        }
-        self.db.ephemeral_claim(queue, inc).await
-    }
-    async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>> {
-        self.db.ephemeral_brokers().await
-    }
-    async fn ephemeral_leave(&self, inc: u64) -> StorageResult<()> {
-        self.db.ephemeral_leave(inc).await
-    }
-}
-
 struct Pair {
-    clock: ManualClock,
-    a: Arc<Broker>,
+    clock: queen_storage_sim::ManualClock,
+    a: Arc<queen_server::broker::Broker>,
     a_addr: std::net::SocketAddr,
     a_reach: Arc<Reach>,
     b_addr: std::net::SocketAddr,
 }
 
 async fn pair() -> Pair {
-    let clock = ManualClock::new(Timestamp::from_secs(1_000_000));
-    let db = SimDb::new(1, clock.as_sim_clock(), SimBugs::default());
-    let mut brokers = vec![];
-    for seed in [1u64, 2] {
-        let reach = Arc::new(Reach {
-            db: db.clone(),
-            cut: AtomicBool::new(false),
-        });
-        let mut storage = StorageSet::of(db.clone());
-        storage.ephemeral_owners = reach.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let config = ServerConfig {
-            peer_address: Some(addr.to_string()),
-            ..ServerConfig::default()
-        };
-        let hooks = Hooks {
-            clock: clock.as_sim_clock(),
-            ..Hooks::default()
-        };
-        // No background tasks: liveness is renewed only when a call finds it lapsed, so the
-        // clock alone decides who is alive.
-        let broker = Broker::with_hooks(config, storage, seed, hooks);
-        tokio::spawn(queen_server::serve_listener(broker.clone(), listener));
-        brokers.push((broker, addr, reach));
-    }
-    let (_, b_addr, _) = brokers.pop().unwrap();
-    let (a, a_addr, a_reach) = brokers.pop().unwrap();
+    let fleet = Fleet::new();
+    let a = fleet.member(1).await;
+    let b = fleet.member(2).await;
     Pair {
-        clock,
-        a,
-        a_addr,
-        a_reach,
-        b_addr,
+        clock: fleet.clock,
+        a: a.broker,
+        a_addr: a.addr,
+        a_reach: a.reach,
+        b_addr: b.addr,
     }
 }
 

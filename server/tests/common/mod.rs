@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod fleet;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
