@@ -87,6 +87,9 @@ async fn owner_of(broker: &Broker, queue: &str) -> Result<Owner, Failure> {
 /// Sends a call to another broker and answers its reply as it is, and whether it was the
 /// refusal of a broker that no longer owns the queue.
 async fn forward(broker: &Broker, address: &str, call: &Call) -> Result<(Reply, bool), String> {
+    // An owner that vanished without closing its connections (a partition, a dead host) must
+    // not hold the call: a long poll gets its own timeout and a margin, anything else 10 s.
+    let limit = Duration::from_millis(forward_limit_ms(call));
     let mut request = hyper::Request::builder()
         .method(call.method.clone())
         .uri(&call.target)
@@ -99,7 +102,9 @@ async fn forward(broker: &Broker, address: &str, call: &Call) -> Result<(Reply, 
     let request = request
         .body(Full::new(call.body.clone()))
         .map_err(|e| format!("building the forward: {e}"))?;
-    let answer = broker.ephemeral.peers.send(address, request).await?;
+    let answer = tokio::time::timeout(limit, broker.ephemeral.peers.send(address, request))
+        .await
+        .map_err(|_| format!("{address} did not answer within {} ms", limit.as_millis()))??;
     let (parts, body) = answer.into_parts();
     let moved = parts.status == StatusCode::SERVICE_UNAVAILABLE
         && serde_json::from_slice::<Value>(&body).is_ok_and(|v| v["code"] == OWNER_MOVED);
@@ -108,6 +113,26 @@ async fn forward(broker: &Broker, address: &str, call: &Call) -> Result<(Reply, 
         reply.headers_mut().insert(RETRY_AFTER, after.clone());
     }
     Ok((reply, moved))
+}
+
+/// How long a forwarded call may take: a waiting pop its timeout plus 5 s, anything else 10 s.
+fn forward_limit_ms(call: &Call) -> u64 {
+    const OTHERS_MS: u64 = 10_000;
+    let query = call.target.split_once('?').map_or("", |(_, q)| q);
+    let mut wait = false;
+    let mut timeout = 30_000u64;
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("wait", v)) => wait = v == "true" || v == "1",
+            Some(("timeout", v)) => timeout = v.parse().unwrap_or(timeout),
+            _ => {}
+        }
+    }
+    if wait {
+        timeout.saturating_add(5_000)
+    } else {
+        OTHERS_MS
+    }
 }
 
 /// Serves here (`None`) or answers with the owner's reply. A forward that fails, or that the

@@ -74,6 +74,12 @@ async def verbs_and_fan_out(eph):
         check(e.code == "ephemeral_queue_not_found", "depth of a missing queue: EphemeralQueueNotFoundError")
     reset = await eph.reset(name("never"))
     check(reset["dropped"] == 0, "reset of an unknown queue answers dropped:0")
+    q = name("buffered")
+    buffered = await eph.push(q, [{"b": i} for i in range(3)], partition="p", buffered={"message_count": 100, "time_millis": 60000})
+    check(buffered == {"buffered": True, "count": 3}, f"a buffered push is accepted into the client's buffer: {buffered}")
+    await eph.flush(q, partition="p")
+    got = await eph.pop(q, partition="p", batch=10)
+    check([m["b"] for m in payloads(got)] == [0, 1, 2], "the flushed buffer arrives through the ephemeral push route, in order")
 
 
 async def competing_consumers(eph):
