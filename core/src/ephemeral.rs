@@ -350,6 +350,17 @@ pub struct EphemeralStore {
     queues: BTreeMap<String, Queue>,
 }
 
+/// Bugs a test can re-introduce into ephemeral queues.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EphemeralBugs {
+    /// An owner keeps serving after its liveness lapsed (two rings for one queue once another
+    /// broker claims it).
+    pub serve_past_fence: bool,
+    /// A push wakes only the queue-wide parked pops of each group, not those parked on its
+    /// partition (they wait for their timeout).
+    pub wake_queue_wide_only: bool,
+}
+
 /// Which broker holds a queue's ring when several share one database. Each broker renews its
 /// liveness every [`ownership::HEARTBEAT_MS`] for [`ownership::ALIVE_MS`] on storage's clock, and
 /// a queue whose owner is not alive may be claimed by another. An owner serves only while its
@@ -357,23 +368,16 @@ pub struct EphemeralStore {
 /// after `t`, so its row lives until at least `t + ALIVE_MS`, and nobody can claim the queue until
 /// the owner has stopped serving it, with `ALIVE_MS - FENCE_MS` to spare for the clocks' rates.
 pub mod ownership {
+    use super::EphemeralBugs;
     use crate::types::Timestamp;
 
     pub const HEARTBEAT_MS: u64 = 1000;
     pub const ALIVE_MS: u64 = 5000;
     pub const FENCE_MS: u64 = 3500;
 
-    /// Bugs a test can re-introduce.
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-    pub struct OwnershipBugs {
-        /// An owner keeps serving after its liveness lapsed (two rings for one queue once another
-        /// broker claims it).
-        pub serve_past_fence: bool,
-    }
-
     /// Whether a broker whose last successful renewal was sent at `last_sent` may serve as an
     /// owner at `now`.
-    pub fn serving(last_sent: Option<Timestamp>, now: Timestamp, bugs: OwnershipBugs) -> bool {
+    pub fn serving(last_sent: Option<Timestamp>, now: Timestamp, bugs: EphemeralBugs) -> bool {
         match last_sent {
             None => false,
             Some(_) if bugs.serve_past_fence => true,

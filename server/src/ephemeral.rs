@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use queen_core::ephemeral::ownership::{self, OwnershipBugs};
+use queen_core::ephemeral::{ownership, EphemeralBugs};
 use queen_core::ephemeral::{EphemeralOptions, EphemeralStore};
 use queen_core::Timestamp;
 use tokio::sync::Notify;
@@ -28,17 +28,21 @@ pub enum Owner {
     Remote(String),
 }
 
+/// Which parked pops a wake is for: (queue, group, partition; `None` for queue-wide pops).
+pub type WakeKey = (String, String, Option<String>);
+
 pub struct Ephemeral {
     incarnation: u64,
     /// The address peers reach this broker at; `None`: a single broker owning every queue.
     address: Option<String>,
     store: Mutex<EphemeralStore>,
-    wakes: Mutex<BTreeMap<String, Arc<Notify>>>,
+    /// Parked pops by (queue, group, partition; `None`: queue-wide), each key a FIFO of waiters.
+    wakes: Mutex<BTreeMap<WakeKey, Arc<Notify>>>,
     /// Owners this broker has resolved, until a forward fails or its own liveness lapses.
     owners: Mutex<BTreeMap<String, Owner>>,
     /// When this broker's last successful liveness renewal was sent.
     last_beat: Mutex<Option<Timestamp>>,
-    bugs: Mutex<OwnershipBugs>,
+    bugs: Mutex<EphemeralBugs>,
     pub peers: Peers,
 }
 
@@ -51,7 +55,7 @@ impl Ephemeral {
             wakes: Mutex::new(BTreeMap::new()),
             owners: Mutex::new(BTreeMap::new()),
             last_beat: Mutex::new(None),
-            bugs: Mutex::new(OwnershipBugs::default()),
+            bugs: Mutex::new(EphemeralBugs::default()),
             peers: Peers::default(),
         }
     }
@@ -66,7 +70,7 @@ impl Ephemeral {
     }
 
     /// Re-introduces a bug (tests proving the checks catch it).
-    pub fn set_bugs(&self, bugs: OwnershipBugs) {
+    pub fn set_bugs(&self, bugs: EphemeralBugs) {
         *lock(&self.bugs) = bugs;
     }
 
@@ -84,26 +88,66 @@ impl Ephemeral {
         lock(&self.store).ensure(queue, || options);
     }
 
-    /// What a parked pop of `queue` waits on: told by every push, ack and reset of the queue.
-    pub fn wake_of(&self, queue: &str) -> Arc<Notify> {
-        lock(&self.wakes)
-            .entry(queue.to_string())
-            .or_default()
-            .clone()
+    /// What a parked pop waits on: its (queue, group, partition) key's FIFO of waiters.
+    pub fn parked(&self, key: &WakeKey) -> Arc<Notify> {
+        lock(&self.wakes).entry(key.clone()).or_default().clone()
     }
 
-    /// Wakes every pop parked on `queue` (each looks again; those that find nothing park again).
-    pub fn wake(&self, queue: &str) {
-        if let Some(n) = lock(&self.wakes).get(queue) {
-            n.notify_waiters();
+    /// Forgets a key nobody waits on (its last pop left and dropped its handle).
+    pub fn unparked(&self, key: &WakeKey) {
+        let mut wakes = lock(&self.wakes);
+        if wakes.get(key).is_some_and(|n| Arc::strong_count(n) == 1) {
+            wakes.remove(key);
         }
     }
 
-    /// Forgets a deleted queue's wake once no pop holds it.
-    pub fn forget_wake(&self, queue: &str) {
-        let mut wakes = lock(&self.wakes);
-        if wakes.get(queue).is_some_and(|n| Arc::strong_count(n) == 1) {
-            wakes.remove(queue);
+    /// The keys of one queue's parked pops, with their waiters.
+    fn keys_of(&self, queue: &str) -> Vec<(WakeKey, Arc<Notify>)> {
+        let from: WakeKey = (queue.to_string(), String::new(), None);
+        lock(&self.wakes)
+            .range(from..)
+            .take_while(|(k, _)| k.0 == queue)
+            .map(|(k, n)| (k.clone(), n.clone()))
+            .collect()
+    }
+
+    /// A push to (queue, partition): one parked pop of each group that may take it (queue-wide,
+    /// or of that partition). No herd: a push wakes one consumer a group, and that consumer
+    /// passes the wake on when it leaves work behind (`pass_on`).
+    pub fn pushed(&self, queue: &str, partition: &str) {
+        let queue_wide_only = lock(&self.bugs).wake_queue_wide_only;
+        for ((_, _, p), n) in self.keys_of(queue) {
+            let mine = match p.as_deref() {
+                None => true,
+                Some(p) => p == partition && !queue_wide_only,
+            };
+            if mine {
+                n.notify_one();
+            }
+        }
+    }
+
+    /// A group's partition lease ended or a message came back (an ack): one pop of the group.
+    pub fn released(&self, queue: &str, group: &str) {
+        for ((_, g, _), n) in self.keys_of(queue) {
+            if g == group {
+                n.notify_one();
+            }
+        }
+    }
+
+    /// A woken queue-wide pop left work its group could take: the next parked one looks.
+    pub fn pass_on(&self, queue: &str, group: &str) {
+        if let Some(n) = lock(&self.wakes).get(&(queue.to_string(), group.to_string(), None)) {
+            n.notify_one();
+        }
+    }
+
+    /// Everything about a queue changed (a reset, a delete, lost ownership): every parked pop
+    /// of it looks again.
+    pub fn wake_all(&self, queue: &str) {
+        for (_, n) in self.keys_of(queue) {
+            n.notify_waiters();
         }
     }
 
@@ -122,7 +166,7 @@ impl Ephemeral {
             lock(&self.store).clear()
         };
         for queue in dropped {
-            self.wake(&queue);
+            self.wake_all(&queue);
         }
     }
 
@@ -143,7 +187,7 @@ impl Ephemeral {
             lock(&self.store).clear()
         };
         for queue in dropped {
-            self.wake(&queue);
+            self.wake_all(&queue);
         }
         false
     }

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::fleet::{Fleet, Member};
-use queen_core::ephemeral::ownership::OwnershipBugs;
+use queen_core::ephemeral::EphemeralBugs;
 use queen_core::rng::SeededRng;
 use serde_json::{json, Value};
 
@@ -134,7 +134,7 @@ struct Outcome {
 }
 
 /// Runs one seed's schedule.
-async fn run(seed: u64, steps: usize, bugs: OwnershipBugs) -> Outcome {
+async fn run(seed: u64, steps: usize, bugs: EphemeralBugs) -> Outcome {
     let fleet = Fleet::new();
     let mut rng = SeededRng::new(seed);
     let mut slots = vec![];
@@ -310,7 +310,7 @@ fn seeds() -> Vec<u64> {
 async fn a_fleet_keeps_one_ring_a_queue_and_answers_every_call() {
     let (mut deliveries, mut moves, mut unavailable) = (0, 0, 0);
     for seed in seeds() {
-        let out = run(seed, 400, OwnershipBugs::default()).await;
+        let out = run(seed, 400, EphemeralBugs::default()).await;
         assert!(
             out.violations.is_empty(),
             "SIM_SEED={seed}: {}",
@@ -335,8 +335,9 @@ async fn serving_past_the_fence_is_caught_by_the_fleet() {
         let out = run(
             seed,
             400,
-            OwnershipBugs {
+            EphemeralBugs {
                 serve_past_fence: true,
+                ..EphemeralBugs::default()
             },
         )
         .await;

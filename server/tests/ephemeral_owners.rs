@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::fleet::{Fleet, Reach};
-use queen_core::ephemeral::ownership::OwnershipBugs;
+use queen_core::ephemeral::EphemeralBugs;
 use serde_json::{json, Value};
 
 struct Pair {
@@ -65,7 +65,7 @@ async fn pop(addr: std::net::SocketAddr, queue: &str) -> Result<Vec<Value>, u16>
 
 /// Broker a owns `q` and holds "old"; it loses the database; past its liveness b claims `q` and
 /// takes "new". Answers what a pop through a, still cut off, got: it must never be "old".
-async fn after_a_lapse(bugs: OwnershipBugs) -> Result<(), String> {
+async fn after_a_lapse(bugs: EphemeralBugs) -> Result<(), String> {
     let p = pair().await;
     p.a.ephemeral.set_bugs(bugs);
     assert_eq!(push(p.a_addr, "q", "old").await, 200);
@@ -97,13 +97,14 @@ async fn after_a_lapse(bugs: OwnershipBugs) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_owner_stops_serving_before_another_claims_its_queue() {
-    after_a_lapse(OwnershipBugs::default()).await.unwrap();
+    after_a_lapse(EphemeralBugs::default()).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serving_past_the_fence_is_caught() {
-    let caught = after_a_lapse(OwnershipBugs {
+    let caught = after_a_lapse(EphemeralBugs {
         serve_past_fence: true,
+        ..EphemeralBugs::default()
     })
     .await;
     assert!(

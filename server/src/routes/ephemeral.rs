@@ -241,7 +241,7 @@ pub async fn reset(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> 
         return Ok(reply);
     }
     let dropped = broker.ephemeral.with(|s| s.reset(&queue));
-    broker.ephemeral.wake(&queue);
+    broker.ephemeral.wake_all(&queue);
     Ok(http::json(
         StatusCode::OK,
         &json!({"queue": queue, "dropped": dropped}),
@@ -259,8 +259,7 @@ pub async fn delete(broker: &Arc<Broker>, call: &Call, queue: &str) -> Result<Re
         .remove_ephemeral_config(queue)
         .await?;
     let held = broker.ephemeral.with(|s| s.delete(queue));
-    broker.ephemeral.wake(queue);
-    broker.ephemeral.forget_wake(queue);
+    broker.ephemeral.wake_all(queue);
     Ok(http::json(
         StatusCode::OK,
         &json!({"queue": queue, "deleted": declared || held}),
@@ -320,7 +319,7 @@ pub async fn push(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> {
         .ephemeral
         .with(|s| s.push(queue, partition, payloads, now))
         .map_err(refused)?;
-    broker.ephemeral.wake(queue);
+    broker.ephemeral.pushed(queue, partition);
     Ok(http::json(
         StatusCode::OK,
         &json!({"queue": queue, "partition": partition, "pushed": pushed}),
@@ -464,13 +463,25 @@ fn until(broker: &Broker, t: Timestamp) -> Duration {
     Duration::from_micros(u64::try_from(t.0 - broker.now().0).unwrap_or(0))
 }
 
-/// A waiting pop: looks, and parks on the queue's wake until a push, an ack, a reset, the next
-/// lease expiry or its timeout. With `windowBuffer`, a pop that finds fewer than `count`
-/// messages waits up to `ms` from the first it saw for more.
-async fn park(broker: Arc<Broker>, p: PopParams, mut tx: oneshot::Sender<Reply>) {
+/// A waiting pop: looks, and parks on its (queue, group, partition) wake until a push it may
+/// take, an ack of its group, a reset, the next lease expiry or its timeout. With `windowBuffer`,
+/// a pop that finds fewer than `count` messages waits up to `ms` from the first it saw for more.
+async fn park(broker: Arc<Broker>, p: PopParams, tx: oneshot::Sender<Reply>) {
+    let key = (p.queue.clone(), p.group.clone(), p.partition.clone());
+    let wake = broker.ephemeral.parked(&key);
+    parked(&broker, &p, &wake, tx).await;
+    drop(wake);
+    broker.ephemeral.unparked(&key);
+}
+
+async fn parked(
+    broker: &Arc<Broker>,
+    p: &PopParams,
+    wake: &tokio::sync::Notify,
+    mut tx: oneshot::Sender<Reply>,
+) {
     let start = broker.now();
     let deadline = Timestamp(start.0 + p.wait_ms.unwrap_or(0) as i64 * 1000);
-    let wake = broker.ephemeral.wake_of(&p.queue);
     let mut window_end: Option<Timestamp> = None;
     let mut shutdown = broker.shutting_down.subscribe();
     loop {
@@ -498,9 +509,21 @@ async fn park(broker: Arc<Broker>, p: PopParams, mut tx: oneshot::Sender<Reply>)
             _ => false,
         };
         if !fatten && (available > 0 || now >= deadline) {
-            let reply = match take(&broker, &p, now) {
+            let reply = match take(broker, p, now) {
                 Ok(got) if got.is_empty() && now < deadline => None,
-                Ok(got) => Some(pop_answer(&p.queue, &got)),
+                Ok(got) => {
+                    // Woken for work, it may have left some (another partition, a bigger
+                    // push): the next parked pop of its group looks.
+                    if !got.is_empty() && p.partition.is_none() {
+                        let left = broker
+                            .ephemeral
+                            .with(|s| s.available(&p.queue, None, &p.group, now));
+                        if left > 0 {
+                            broker.ephemeral.pass_on(&p.queue, &p.group);
+                        }
+                    }
+                    Some(pop_answer(&p.queue, &got))
+                }
                 Err(e) => Some(http::error(&refused(e))),
             };
             if let Some(reply) = reply {
@@ -517,7 +540,7 @@ async fn park(broker: Arc<Broker>, p: PopParams, mut tx: oneshot::Sender<Reply>)
         }
         tokio::select! {
             _ = &mut notified => {}
-            _ = tokio::time::sleep(until(&broker, wake_at)) => {}
+            _ = tokio::time::sleep(until(broker, wake_at)) => {}
             _ = tx.closed() => return,
             _ = shutdown.changed() => {
                 let _ = tx.send(pop_answer(&p.queue, &[]));
@@ -566,8 +589,8 @@ pub async fn ack(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure> {
             })
             .collect()
     });
-    // An ack may end a partition's lease or return a message: parked pops look again.
-    broker.ephemeral.wake(&queue);
+    // An ack may end a partition's lease or return a message: a parked pop of the group looks.
+    broker.ephemeral.released(&queue, &group);
     Ok(http::json(StatusCode::OK, &json!({"results": results})))
 }
 
