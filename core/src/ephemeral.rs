@@ -359,6 +359,9 @@ pub struct EphemeralBugs {
     /// A push wakes only the queue-wide parked pops of each group, not those parked on its
     /// partition (they wait for their timeout).
     pub wake_queue_wide_only: bool,
+    /// An owner back from a lapse keeps its ring even when the queue changed hands meanwhile
+    /// (an older ring serves again after a newer one did).
+    pub keep_ring_across_epochs: bool,
 }
 
 /// Which broker holds a queue's ring when several share one database. Each broker renews its
@@ -374,6 +377,13 @@ pub mod ownership {
     pub const HEARTBEAT_MS: u64 = 1000;
     pub const ALIVE_MS: u64 = 5000;
     pub const FENCE_MS: u64 = 3500;
+
+    /// Whether an owner that held a queue's ring under epoch `held` keeps it once a claim answers
+    /// it the owner under `claimed`: only if nobody held the queue in between (the same epoch).
+    /// Otherwise the ring is dropped and the queue starts empty.
+    pub fn keeps_ring(held: Option<i64>, claimed: i64, bugs: EphemeralBugs) -> bool {
+        held == Some(claimed) || (bugs.keep_ring_across_epochs && held.is_some())
+    }
 
     /// Whether a broker whose last successful renewal was sent at `last_sent` may serve as an
     /// owner at `now`.

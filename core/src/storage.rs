@@ -28,7 +28,9 @@ pub use delivery::{
     requeue_transaction_id, DeadLetterEntry, DeadLetterPage, DlqQuery, GroupDeleted, Requeued,
     SeekTarget, TxOp, TxOpResult, TxOutcome, KV_PRECONDITION,
 };
-pub use ephemeral::{EphemeralBroker, EphemeralConfigStorage, EphemeralOwnerStorage};
+pub use ephemeral::{
+    EphemeralBroker, EphemeralClaim, EphemeralConfigStorage, EphemeralOwnerStorage,
+};
 pub use inspect::{
     CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentMark,
     SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use queen_core::ephemeral::{ownership, EphemeralBugs};
 use queen_core::ephemeral::{EphemeralOptions, EphemeralStore};
+use queen_core::storage::EphemeralClaim;
 use queen_core::Timestamp;
 use tokio::sync::Notify;
 
@@ -40,6 +41,9 @@ pub struct Ephemeral {
     wakes: Mutex<BTreeMap<WakeKey, Arc<Notify>>>,
     /// Owners this broker has resolved, until a forward fails or its own liveness lapses.
     owners: Mutex<BTreeMap<String, Owner>>,
+    /// The claim epoch under which this broker holds each ring it has: after a lapse, a claim
+    /// that answers the same epoch gives the ring back its contents.
+    held: Mutex<BTreeMap<String, i64>>,
     /// When this broker's last successful liveness renewal was sent.
     last_beat: Mutex<Option<Timestamp>>,
     bugs: Mutex<EphemeralBugs>,
@@ -54,6 +58,7 @@ impl Ephemeral {
             store: Mutex::new(EphemeralStore::new(incarnation, budget_bytes)),
             wakes: Mutex::new(BTreeMap::new()),
             owners: Mutex::new(BTreeMap::new()),
+            held: Mutex::new(BTreeMap::new()),
             last_beat: Mutex::new(None),
             bugs: Mutex::new(EphemeralBugs::default()),
             peers: Peers::default(),
@@ -163,6 +168,7 @@ impl Ephemeral {
         *lock(&self.last_beat) = None;
         let dropped = {
             lock(&self.owners).clear();
+            lock(&self.held).clear();
             lock(&self.store).clear()
         };
         for queue in dropped {
@@ -171,8 +177,10 @@ impl Ephemeral {
     }
 
     /// Whether this broker may serve the queues it owns at `now`. When it may not (its liveness
-    /// lapsed: another broker may claim them), everything it held is dropped: the contents are
-    /// lost, the parked pops answer, and owners are resolved afresh.
+    /// lapsed: another broker may claim them), it stops serving: owners are resolved afresh, and
+    /// the parked pops answer. Its rings stay, each kept only if its next claim finds that
+    /// nobody held the queue meanwhile (`claimed`), so a database restart loses nothing when no
+    /// other broker took over.
     pub fn serving(&self, now: Timestamp) -> bool {
         if self.address.is_none() {
             return true;
@@ -181,15 +189,40 @@ impl Ephemeral {
         if ownership::serving(last, now, *lock(&self.bugs)) {
             return true;
         }
-        let dropped = {
-            let mut owners = lock(&self.owners);
-            owners.clear();
-            lock(&self.store).clear()
-        };
-        for queue in dropped {
+        let owned: Vec<String> = std::mem::take(&mut *lock(&self.owners))
+            .into_iter()
+            .filter(|(_, o)| *o == Owner::Local)
+            .map(|(q, _)| q)
+            .collect();
+        for queue in owned {
             self.wake_all(&queue);
         }
         false
+    }
+
+    /// Records what a claim answered for `queue` and says where its ring is. A ring this broker
+    /// held under another epoch (the queue changed hands meanwhile), or holds for a queue another
+    /// broker owns now, is dropped.
+    pub fn claimed(&self, queue: &str, claim: &EphemeralClaim) -> Owner {
+        let bugs = *lock(&self.bugs);
+        let mine = claim.owner.incarnation == self.incarnation;
+        let mut held = lock(&self.held);
+        let kept = mine && ownership::keeps_ring(held.get(queue).copied(), claim.epoch, bugs);
+        if !kept && lock(&self.store).delete(queue) {
+            drop(held);
+            self.wake_all(queue);
+            held = lock(&self.held);
+        }
+        let owner = if mine {
+            held.insert(queue.to_string(), claim.epoch);
+            Owner::Local
+        } else {
+            held.remove(queue);
+            Owner::Remote(claim.owner.address.clone())
+        };
+        drop(held);
+        self.note_owner(queue, owner.clone());
+        owner
     }
 
     /// Whether this broker still owns `queue` (a parked pop's check each time it wakes).

@@ -13,6 +13,8 @@
 //! - a queue's length within its `maxLength`.
 //!
 //! The switch `serve_past_fence` (an owner keeps serving once its liveness lapsed) is caught.
+//! `keep_ring_across_epochs` needs an owner to lapse, lose the queue and win it back without a
+//! call in between, which the schedule rarely reaches: `ephemeral_owners.rs` proves it.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 

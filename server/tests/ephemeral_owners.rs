@@ -133,3 +133,69 @@ async fn calls_answer_while_the_owner_is_gone_and_the_queue_moves() {
     assert_eq!(push(p.b_addr, "q", "kept").await, 200);
     assert_eq!(pop(p.b_addr, "q").await, Ok(vec![json!("kept")]));
 }
+
+/// An owner that loses the database for longer than its fence (a PostgreSQL restart) while no
+/// other broker takes its queue keeps the ring: once it renews, the same epoch answers and the
+/// contents are still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_nobody_took_over_keeps_the_ring() {
+    let p = pair().await;
+    assert_eq!(push(p.a_addr, "q", "kept").await, 200);
+    p.a_reach.cut.store(true, Ordering::SeqCst);
+    p.clock.advance_millis(6_000);
+    assert_eq!(pop(p.a_addr, "q").await, Err(503), "fenced while cut off");
+    p.a_reach.cut.store(false, Ordering::SeqCst);
+    assert_eq!(pop(p.a_addr, "q").await, Ok(vec![json!("kept")]));
+    // Through the other broker too: a is the owner still.
+    assert_eq!(push(p.b_addr, "q", "more").await, 200);
+    assert_eq!(
+        pop(p.a_addr, "q").await,
+        Ok(vec![]),
+        "the partition is leased to the first pop"
+    );
+}
+
+/// a owns `q` and holds "old"; it lapses; b takes `q` and serves it; b lapses; a takes `q` back.
+/// Answers what a's first pop then got: its old ring must be gone (the queue changed hands twice
+/// meanwhile), so never "old".
+async fn back_after_another_owner(bugs: EphemeralBugs) -> Result<(), String> {
+    let fleet = Fleet::new();
+    let (a, b) = (fleet.member(1).await, fleet.member(2).await);
+    a.broker.ephemeral.set_bugs(bugs);
+    assert_eq!(push(a.addr, "q", "old").await, 200);
+    a.reach.cut.store(true, Ordering::SeqCst);
+    fleet.clock.advance_millis(6_000);
+    assert_eq!(push(b.addr, "q", "new").await, 200);
+    assert_eq!(
+        pop(b.addr, "q").await,
+        Ok(vec![json!("new")]),
+        "b owns q now"
+    );
+    b.reach.cut.store(true, Ordering::SeqCst);
+    a.reach.cut.store(false, Ordering::SeqCst);
+    fleet.clock.advance_millis(6_000);
+    match pop(a.addr, "q").await {
+        Ok(got) if got.is_empty() => Ok(()),
+        other => Err(format!("a took q back and its first pop got {other:?}")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_replaced_meanwhile_is_dropped() {
+    back_after_another_owner(EphemeralBugs::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeping_a_ring_across_epochs_is_caught() {
+    let caught = back_after_another_owner(EphemeralBugs {
+        keep_ring_across_epochs: true,
+        ..EphemeralBugs::default()
+    })
+    .await;
+    assert!(
+        caught.is_err(),
+        "an older ring serving again must be caught"
+    );
+}

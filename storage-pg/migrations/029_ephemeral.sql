@@ -18,7 +18,10 @@ CREATE TABLE queen.ephemeral_brokers (
     alive_until timestamptz NOT NULL
 );
 
+-- epoch counts a queue's changes of hands: an owner whose liveness lapsed and who finds the same
+-- epoch when it renews knows nobody held the queue meanwhile, and keeps its ring.
 CREATE TABLE queen.ephemeral_owners (
     queue       text COLLATE "C" PRIMARY KEY,
-    incarnation bigint NOT NULL
+    incarnation bigint NOT NULL,
+    epoch       bigint NOT NULL DEFAULT 1
 );

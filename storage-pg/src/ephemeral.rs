@@ -1,7 +1,8 @@
 //! `queen.ephemeral_queues`: the declared options of ephemeral queues.
 use async_trait::async_trait;
 use queen_core::storage::{
-    EphemeralBroker, EphemeralConfigStorage, EphemeralOwnerStorage, StorageError, StorageResult,
+    EphemeralBroker, EphemeralClaim, EphemeralConfigStorage, EphemeralOwnerStorage, StorageError,
+    StorageResult,
 };
 use serde_json::Value;
 
@@ -99,12 +100,13 @@ impl EphemeralOwnerStorage for PgStorage {
         &self,
         queue: &str,
         incarnation: u64,
-    ) -> StorageResult<EphemeralBroker> {
+    ) -> StorageResult<EphemeralClaim> {
         let client = self.pool.get().await.map_err(pool_err)?;
         // Taken when free or when its owner is not alive; then whoever owns it, with the
         // address its peers reach it at.
         let claim = "INSERT INTO queen.ephemeral_owners AS o (queue, incarnation) VALUES ($1, $2)
-                     ON CONFLICT (queue) DO UPDATE SET incarnation = EXCLUDED.incarnation
+                     ON CONFLICT (queue) DO UPDATE
+                     SET incarnation = EXCLUDED.incarnation, epoch = o.epoch + 1
                      WHERE NOT EXISTS (SELECT 1 FROM queen.ephemeral_brokers b
                                         WHERE b.incarnation = o.incarnation
                                           AND b.alive_until > queen.now())";
@@ -115,7 +117,7 @@ impl EphemeralOwnerStorage for PgStorage {
             )
             .await
             .map_err(pg_err("ephemeral: claim a queue"))?;
-        let owner = "SELECT o.incarnation, b.address FROM queen.ephemeral_owners o
+        let owner = "SELECT o.incarnation, b.address, o.epoch FROM queen.ephemeral_owners o
                      JOIN queen.ephemeral_brokers b USING (incarnation) WHERE o.queue = $1";
         let rows = client
             .query(&prepared(&client, owner).await?, &[&queue])
@@ -126,9 +128,12 @@ impl EphemeralOwnerStorage for PgStorage {
                 "ephemeral: {queue}'s owner has no broker row (it left): try again"
             ))
         })?;
-        Ok(EphemeralBroker {
-            incarnation: loaded(row.get(0)),
-            address: row.get(1),
+        Ok(EphemeralClaim {
+            owner: EphemeralBroker {
+                incarnation: loaded(row.get(0)),
+                address: row.get(1),
+            },
+            epoch: row.get(2),
         })
     }
 

@@ -697,7 +697,7 @@ impl queen_core::storage::EphemeralOwnerStorage for SimDb {
         &self,
         queue: &str,
         incarnation: u64,
-    ) -> StorageResult<queen_core::storage::EphemeralBroker> {
+    ) -> StorageResult<queen_core::storage::EphemeralClaim> {
         let now = (self.shared.clock)();
         let mut state = lock(&self.shared.state);
         let alive = |s: &crate::state::DbState, inc: &u64| {
@@ -705,19 +705,25 @@ impl queen_core::storage::EphemeralOwnerStorage for SimDb {
                 .get(inc)
                 .is_some_and(|(_, until)| *until > now)
         };
-        let owner = match state.ephemeral_owners.get(queue) {
-            Some(inc) if alive(&state, inc) => *inc,
-            _ => incarnation,
+        let (owner, epoch) = match state.ephemeral_owners.get(queue) {
+            Some((inc, epoch)) if alive(&state, inc) => (*inc, *epoch),
+            Some((_, epoch)) => (incarnation, epoch + 1),
+            None => (incarnation, 1),
         };
-        state.ephemeral_owners.insert(queue.to_string(), owner);
+        state
+            .ephemeral_owners
+            .insert(queue.to_string(), (owner, epoch));
         let (address, _) = state.ephemeral_brokers.get(&owner).ok_or_else(|| {
             queen_core::storage::StorageError::Unavailable(format!(
                 "ephemeral: {queue}'s owner has no broker row (it left): try again"
             ))
         })?;
-        Ok(queen_core::storage::EphemeralBroker {
-            incarnation: owner,
-            address: address.clone(),
+        Ok(queen_core::storage::EphemeralClaim {
+            owner: queen_core::storage::EphemeralBroker {
+                incarnation: owner,
+                address: address.clone(),
+            },
+            epoch,
         })
     }
 

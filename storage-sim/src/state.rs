@@ -169,7 +169,8 @@ pub struct DbState {
     /// queen.ephemeral_brokers: incarnation → (address, alive until); queen.ephemeral_owners:
     /// queue → incarnation. Not transactional, as above.
     pub ephemeral_brokers: BTreeMap<u64, (String, Timestamp)>,
-    pub ephemeral_owners: BTreeMap<String, u64>,
+    /// queue → (incarnation, epoch).
+    pub ephemeral_owners: BTreeMap<String, (u64, i64)>,
     /// Committed removals, in commit order, when `record_removals` (a simulation's checkers
     /// read them; the embedded backend must not grow).
     pub removals: Vec<RemovedMessages>,

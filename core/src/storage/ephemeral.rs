@@ -24,6 +24,15 @@ pub struct EphemeralBroker {
     pub address: String,
 }
 
+/// A queue's owner as a claim answers it. `epoch` counts the queue's changes of hands: an owner
+/// that finds the same epoch after an interruption (its liveness lapsed, nobody took the queue)
+/// may keep the ring it held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EphemeralClaim {
+    pub owner: EphemeralBroker,
+    pub epoch: i64,
+}
+
 /// Which broker holds each ephemeral queue's ring, when several share one database: one owner a
 /// queue, chosen here and fenced by liveness (`crate::ephemeral::ownership`).
 #[async_trait]
@@ -37,11 +46,8 @@ pub trait EphemeralOwnerStorage: Send + Sync {
     ) -> StorageResult<()>;
     /// Claims `queue` for `incarnation` when no live broker owns it, and answers the owner (this
     /// broker, or the live one that already had it).
-    async fn ephemeral_claim(
-        &self,
-        queue: &str,
-        incarnation: u64,
-    ) -> StorageResult<EphemeralBroker>;
+    async fn ephemeral_claim(&self, queue: &str, incarnation: u64)
+        -> StorageResult<EphemeralClaim>;
     /// The brokers alive now.
     async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>>;
     /// A broker shutting down: its queues are free to claim at once.

@@ -69,19 +69,12 @@ async fn owner_of(broker: &Broker, queue: &str) -> Result<Owner, Failure> {
     if let Some(owner) = broker.ephemeral.cached_owner(queue) {
         return Ok(owner);
     }
-    let incarnation = broker.ephemeral.incarnation();
-    let found = broker
+    let claim = broker
         .storage
         .ephemeral_owners
-        .ephemeral_claim(queue, incarnation)
+        .ephemeral_claim(queue, broker.ephemeral.incarnation())
         .await?;
-    let owner = if found.incarnation == incarnation {
-        Owner::Local
-    } else {
-        Owner::Remote(found.address)
-    };
-    broker.ephemeral.note_owner(queue, owner.clone());
-    Ok(owner)
+    Ok(broker.ephemeral.claimed(queue, &claim))
 }
 
 /// Sends a call to another broker and answers its reply as it is, and whether it was the

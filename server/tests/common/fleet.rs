@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use queen_core::storage::{
-    EphemeralBroker, EphemeralOwnerStorage, StorageError, StorageResult, StorageSet,
+    EphemeralBroker, EphemeralClaim, EphemeralOwnerStorage, StorageError, StorageResult, StorageSet,
 };
 use queen_core::Timestamp;
 use queen_server::broker::{Broker, Hooks};
@@ -39,7 +39,7 @@ impl EphemeralOwnerStorage for Reach {
         self.check()?;
         self.db.ephemeral_heartbeat(inc, address, alive).await
     }
-    async fn ephemeral_claim(&self, queue: &str, inc: u64) -> StorageResult<EphemeralBroker> {
+    async fn ephemeral_claim(&self, queue: &str, inc: u64) -> StorageResult<EphemeralClaim> {
         self.check()?;
         self.db.ephemeral_claim(queue, inc).await
     }

@@ -1,6 +1,6 @@
 //! Ephemeral queues' storage: declarations, and which broker owns a queue, on every backend.
 
-use queen_core::storage::EphemeralBroker;
+use queen_core::storage::{EphemeralBroker, EphemeralClaim};
 use serde_json::json;
 
 use super::{e, Backend, CaseResult};
@@ -45,6 +45,13 @@ pub async fn ephemeral_declarations_round_trip(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
+fn claim(incarnation: u64, address: &str, epoch: i64) -> EphemeralClaim {
+    EphemeralClaim {
+        owner: broker(incarnation, address),
+        epoch,
+    }
+}
+
 fn broker(incarnation: u64, address: &str) -> EphemeralBroker {
     EphemeralBroker {
         incarnation,
@@ -53,7 +60,8 @@ fn broker(incarnation: u64, address: &str) -> EphemeralBroker {
 }
 
 /// The first claim owns a queue while its broker is alive; a claim after the owner's liveness
-/// ran out takes it; a broker that left is not alive. Incarnations use all 64 bits.
+/// ran out takes it, and each change of hands moves the epoch; a broker that left is not alive.
+/// Incarnations use all 64 bits.
 pub async fn ephemeral_owners_claim_and_move(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
     let (one, two) = (u64::MAX - 1, 2u64);
@@ -61,17 +69,17 @@ pub async fn ephemeral_owners_claim_and_move(b: &dyn Backend) -> CaseResult {
     s.ephemeral_heartbeat(two, "b:2", 5000).await.map_err(e)?;
     ensure_eq!(
         s.ephemeral_claim("q", one).await.map_err(e)?,
-        broker(one, "a:1"),
+        claim(one, "a:1", 1),
         "step 7"
     );
     ensure_eq!(
         s.ephemeral_claim("q", two).await.map_err(e)?,
-        broker(one, "a:1"),
+        claim(one, "a:1", 1),
         "step 8"
     );
     ensure_eq!(
         s.ephemeral_claim("r", two).await.map_err(e)?,
-        broker(two, "b:2"),
+        claim(two, "b:2", 1),
         "step 9"
     );
     let mut alive = s.ephemeral_brokers().await.map_err(e)?;
@@ -87,12 +95,12 @@ pub async fn ephemeral_owners_claim_and_move(b: &dyn Backend) -> CaseResult {
     // One's liveness ran out at 5 s: two takes q; r stays two's.
     ensure_eq!(
         s.ephemeral_claim("q", two).await.map_err(e)?,
-        broker(two, "b:2"),
+        claim(two, "b:2", 2),
         "step 11"
     );
     ensure_eq!(
         s.ephemeral_claim("q", one).await.map_err(e)?,
-        broker(two, "b:2"),
+        claim(two, "b:2", 2),
         "step 12"
     );
     ensure_eq!(
@@ -105,12 +113,12 @@ pub async fn ephemeral_owners_claim_and_move(b: &dyn Backend) -> CaseResult {
     s.ephemeral_heartbeat(one, "a:9", 5000).await.map_err(e)?;
     ensure_eq!(
         s.ephemeral_claim("q", one).await.map_err(e)?,
-        broker(one, "a:9"),
+        claim(one, "a:9", 3),
         "step 14"
     );
     ensure_eq!(
         s.ephemeral_claim("r", one).await.map_err(e)?,
-        broker(one, "a:9"),
+        claim(one, "a:9", 2),
         "step 15"
     );
     // A claimer that never renewed, of a queue nobody alive owns: refused, to be tried again.
