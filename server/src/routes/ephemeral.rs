@@ -63,7 +63,7 @@ async fn owner_of(broker: &Broker, queue: &str) -> Result<Owner, Failure> {
         || (beat(broker).await && broker.ephemeral.serving(broker.now()));
     if !serving {
         return Err(Failure::unavailable(
-            "ephemeral: this broker cannot renew its liveness in storage, so it holds no queue",
+            "ephemeral: this broker cannot renew its liveness in storage, so it serves no ephemeral queue until it does",
         ));
     }
     if let Some(owner) = broker.ephemeral.cached_owner(queue) {
