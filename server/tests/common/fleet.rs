@@ -80,14 +80,7 @@ impl Fleet {
         });
         let mut storage = StorageSet::of(self.db.clone());
         storage.ephemeral_owners = reach.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let config = ServerConfig {
-            peer_address: Some(addr.to_string()),
-            ..ServerConfig::default()
-        };
+        let (listener, addr, config) = super::bind_peer(ServerConfig::default()).await;
         let hooks = Hooks {
             clock: self.clock.as_sim_clock(),
             ..Hooks::default()

@@ -79,14 +79,7 @@ pub async fn start_pair_with(
         })
         .await
         .expect("pg");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let config = ServerConfig {
-            peer_address: Some(addr.to_string()),
-            ..config
-        };
+        let (listener, addr, config) = bind_peer(config).await;
         let app = Broker::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
         queen_server::tasks::start(&app);
         queen_server::spawn_event_listener(app.clone(), &pg);
@@ -100,6 +93,22 @@ pub async fn start_pair_with(
     let b = brokers.pop().expect("two brokers");
     let a = brokers.pop().expect("two brokers");
     (a, b)
+}
+
+/// A listener on a free port, and `config` with it as the broker's peer address (the ephemeral
+/// queues' owners are reached there).
+pub async fn bind_peer(
+    config: ServerConfig,
+) -> (tokio::net::TcpListener, SocketAddr, ServerConfig) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let config = ServerConfig {
+        peer_address: Some(addr.to_string()),
+        ..config
+    };
+    (listener, addr, config)
 }
 
 pub use queen_raw_client::{Client, Response};
