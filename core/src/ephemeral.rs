@@ -344,6 +344,7 @@ struct Queue {
 /// Every ephemeral queue of one broker.
 pub struct EphemeralStore {
     incarnation: u64,
+    bugs: EphemeralBugs,
     budget_bytes: u64,
     bytes: u64,
     next_generation: u64,
@@ -362,6 +363,11 @@ pub struct EphemeralBugs {
     /// An owner back from a lapse keeps its ring even when the queue changed hands meanwhile
     /// (an older ring serves again after a newer one did).
     pub keep_ring_across_epochs: bool,
+    /// Leases are counted in tenths of what was configured (a unit slip: ms taken for 100 µs),
+    /// so a leased message is handed out again while its consumer still holds it.
+    pub lease_units_slip: bool,
+    /// `drop_oldest` stops one message short of the bound (the queue holds maxLength + 1).
+    pub evict_one_short: bool,
 }
 
 /// Which broker holds a queue's ring when several share one database. Each broker renews its
@@ -612,6 +618,7 @@ impl EphemeralStore {
     pub fn new(incarnation: u64, budget_bytes: u64) -> EphemeralStore {
         EphemeralStore {
             incarnation,
+            bugs: EphemeralBugs::default(),
             budget_bytes,
             bytes: 0,
             next_generation: 1,
@@ -621,6 +628,11 @@ impl EphemeralStore {
 
     pub fn exists(&self, queue: &str) -> bool {
         self.queues.contains_key(queue)
+    }
+
+    /// Re-introduces bugs (tests proving the checks catch them).
+    pub fn set_bugs(&mut self, bugs: EphemeralBugs) {
+        self.bugs = bugs;
     }
 
     /// Payload bytes held by every queue.
@@ -647,7 +659,8 @@ impl EphemeralStore {
             q.options = options;
             if q.options.policy == FullPolicy::DropOldest {
                 let (max_len, max_bytes) = (q.options.max_length, q.options.max_bytes);
-                let freed = evict_until(q, |q| q.length <= max_len && q.bytes <= max_bytes);
+                let slack = u64::from(self.bugs.evict_one_short);
+                let freed = evict_until(q, |q| q.length <= max_len + slack && q.bytes <= max_bytes);
                 self.bytes -= freed;
             }
         }
@@ -724,7 +737,8 @@ impl EphemeralStore {
                 ),
             );
         }
-        let fits = |q: &Queue| q.length + n <= max_len && q.bytes + size <= max_bytes;
+        let slack = u64::from(self.bugs.evict_one_short);
+        let fits = |q: &Queue| q.length + n <= max_len + slack && q.bytes + size <= max_bytes;
         if !fits(q) {
             match q.options.policy {
                 FullPolicy::Reject => {
@@ -862,7 +876,13 @@ impl EphemeralStore {
             taken.push((c.next, 1));
             c.next += 1;
         }
-        let lease_until = Timestamp(now.0 + (q.options.lease_ms as i64) * 1000);
+        let lease_us = (q.options.lease_ms as i64)
+            * if self.bugs.lease_units_slip {
+                100
+            } else {
+                1000
+            };
+        let lease_until = Timestamp(now.0 + lease_us);
         if !req.auto_ack {
             c.lease = Some(Lease {
                 until: lease_until,

@@ -77,6 +77,7 @@ impl Ephemeral {
     /// Re-introduces a bug (tests proving the checks catch it).
     pub fn set_bugs(&self, bugs: EphemeralBugs) {
         *lock(&self.bugs) = bugs;
+        lock(&self.store).set_bugs(bugs);
     }
 
     /// Runs `f` over the rings under the lock.

@@ -12,9 +12,12 @@
 //! - FIFO per (ring, group, partition): first deliveries in push order;
 //! - a queue's length within its `maxLength`.
 //!
-//! The switch `serve_past_fence` (an owner keeps serving once its liveness lapsed) is caught.
-//! `keep_ring_across_epochs` needs an owner to lapse, lose the queue and win it back without a
-//! call in between, which the schedule rarely reaches: `ephemeral_owners.rs` proves it.
+//! The switches `serve_past_fence` (an owner keeps serving once its liveness lapsed),
+//! `lease_units_slip` (leases a tenth as long: a held message handed out again) and
+//! `evict_one_short` (a queue one past its bound) are caught; the FIFO checker has no switch of
+//! its own here (the rules' random test in core holds push order). `keep_ring_across_epochs`
+//! needs an owner to lapse, lose the queue and win it back without a call in between, which the
+//! schedule rarely reaches: `ephemeral_owners.rs` proves it.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
@@ -331,24 +334,43 @@ async fn a_fleet_keeps_one_ring_a_queue_and_answers_every_call() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serving_past_the_fence_is_caught_by_the_fleet() {
+/// Runs seeds with a bug switched on until a checker catches it; panics if none does.
+async fn caught(bugs: EphemeralBugs, name: &str) {
     for seed in 1..=40 {
-        let out = run(
-            seed,
-            400,
-            EphemeralBugs {
-                serve_past_fence: true,
-                ..EphemeralBugs::default()
-            },
-        )
-        .await;
+        let out = run(seed, 400, bugs).await;
         if let Some(v) = out.violations.first() {
-            println!("caught at SIM_SEED={seed}: {v}");
+            println!("{name} caught at SIM_SEED={seed}: {v}");
             return;
         }
     }
-    panic!("serve_past_fence was not caught in 40 seeds");
+    panic!("{name} was not caught in 40 seeds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_past_the_fence_is_caught_by_the_fleet() {
+    let bugs = EphemeralBugs {
+        serve_past_fence: true,
+        ..EphemeralBugs::default()
+    };
+    caught(bugs, "serve_past_fence").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_unit_slip_is_caught_by_the_fleet() {
+    let bugs = EphemeralBugs {
+        lease_units_slip: true,
+        ..EphemeralBugs::default()
+    };
+    caught(bugs, "lease_units_slip").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicting_one_short_is_caught_by_the_fleet() {
+    let bugs = EphemeralBugs {
+        evict_one_short: true,
+        ..EphemeralBugs::default()
+    };
+    caught(bugs, "evict_one_short").await;
 }
 
 #[test]
