@@ -9,8 +9,8 @@
 //!   one consumer of the group until its messages are acked or the lease expires, as on durable
 //!   queues, which is what keeps FIFO per partition with competing consumers. Groupless pops are
 //!   the group [`QUEUE_MODE`].
-//! - **A message leaves the ring** when every group that exists has completed it, when the ring's
-//!   bounds evict it (`policy: drop_oldest`), when it is older than `ttlSeconds`, or when it failed
+//! - **A message leaves the ring** when every group that exists (from its first pop, parked or
+//!   not) has completed it, when the ring's bounds evict it (`policy: drop_oldest`), when it is older than `ttlSeconds`, or when it failed
 //!   `retryLimit` redeliveries (dropped and counted: no DLQ). A group created later starts at the
 //!   oldest message still held.
 //! - **Ids** are `incarnation.generation.partition.seq.attempt` in hex. The incarnation is the
@@ -794,6 +794,14 @@ impl EphemeralStore {
         Ok(n)
     }
 
+    /// Makes `group` exist (a parked pop's group): from now on messages are held for it until it
+    /// completes them, as for a group that took some.
+    pub fn join(&mut self, queue: &str, group: &str) {
+        if let Some(q) = self.queues.get_mut(queue) {
+            q.groups.entry(group.to_string()).or_default();
+        }
+    }
+
     /// Whether `group` would get a message from a pop now, and how many (for `windowBuffer`).
     pub fn available(
         &mut self,
@@ -835,6 +843,9 @@ impl EphemeralStore {
             return Err(not_found(queue));
         };
         self.bytes -= q.expire(now) + q.end_leases(now);
+        // A pop makes its group exist even when it finds nothing: what is pushed from now on is
+        // held for the group until it completes it.
+        q.groups.entry(req.group.to_string()).or_default();
         let ring = {
             let g = q.groups.get(req.group);
             match req.partition {

@@ -59,8 +59,23 @@ async fn scenario(bugs: EphemeralBugs) -> (Vec<u64>, Vec<u64>) {
             (group, r.json())
         });
     }
-    // Let them park.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Until both groups have pops parked (a group exists from its first pop; under load the
+    // requests take a while to arrive).
+    for _ in 0..100 {
+        let d = common::request(
+            b.addr,
+            "GET",
+            &format!("/api/v1/ephemeral/queues/{q}/depth"),
+            None,
+        )
+        .await;
+        let groups: Vec<Value> = d.json()["groups"].as_array().cloned().unwrap_or_default();
+        if groups.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let deadline = tokio::time::Instant::now() + BOUND;
     for n in 0..20 {
         push(b.addr, q, &format!("p{}", n % 4), n).await;

@@ -278,6 +278,35 @@ fn auto_ack_commits_at_delivery_and_frees_what_every_group_completed() {
 }
 
 #[test]
+fn a_group_that_popped_nothing_still_gets_what_comes_next() {
+    let mut s = store();
+    s.ensure("q", EphemeralOptions::default);
+    // Group h looks first and finds nothing (a consumer about to park); g arrives later.
+    assert!(pop(&mut s, "q", "h", 1, at(0)).is_empty());
+    s.push("q", "p", texts(&["a"]), at(1)).unwrap();
+    let req = PopRequest {
+        partition: None,
+        group: "g",
+        batch: 1,
+        auto_ack: true,
+    };
+    assert_eq!(payloads(&s.pop("q", &req, at(2)).unwrap()), ["\"a\""]);
+    assert_eq!(
+        payloads(&pop(&mut s, "q", "h", 1, at(3))),
+        ["\"a\""],
+        "g completing it first does not free it from under h"
+    );
+    // A group that only parked (join) holds messages the same way.
+    s.join("q", "k");
+    s.push("q", "p", texts(&["b"]), at(4)).unwrap();
+    assert_eq!(payloads(&s.pop("q", &req, at(5)).unwrap()), ["\"b\""]);
+    assert_eq!(
+        payloads(&pop(&mut s, "q", "k", 5, at(6))),
+        ["\"a\"", "\"b\""]
+    );
+}
+
+#[test]
 fn options_parse_a_closed_list() {
     let o = EphemeralOptions::parse(&json!({
         "maxBytes": 100, "maxLength": 5, "policy": "drop_oldest", "ttlSeconds": 2,

@@ -489,6 +489,7 @@ async fn parked(
         }
         let (window, available, lease_end) = broker.ephemeral.with(|s| {
             s.ensure(&p.queue, EphemeralOptions::default);
+            s.join(&p.queue, &p.group);
             let window = s.options(&p.queue).and_then(|o| o.window_buffer);
             let available = s.available(&p.queue, p.partition.as_deref(), &p.group, now);
             (window, available, s.next_lease_end(&p.queue))
