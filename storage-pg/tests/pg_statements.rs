@@ -11,6 +11,10 @@ use queen_core::storage::{MessageStorage, PopStorage};
 use queen_core::WorkerId;
 use queen_storage_pg::{testing, PgConfig, PgStorage};
 
+/// pg_stat_statements_reset() clears every database's counts, so the tests of this file, each on
+/// a database of its own, take turns: run at once, one test's reset wiped another's counts.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn req(worker: u128) -> PopRequest {
     PopRequest {
         queue: "stm".into(),
@@ -52,6 +56,7 @@ async fn counted_database(name: &str) -> (PgStorage, tokio_postgres::Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_per_delivered_batch() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let (pg, stats) = counted_database(&format!("queen_stm_{}", std::process::id())).await;
 
     let partitions: Vec<String> = (0..60).map(|i| format!("p{i:02}")).collect();
@@ -184,6 +189,7 @@ async fn statements_per_delivered_batch() {
 /// was a read of the whole backlog and a sort (docs/benchmarks.md, "Scale, sixth look").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pop_reads_the_segments_it_delivers_not_the_backlog() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     use queen_core::storage::{AdminStorage, QueueConfig};
     let name = format!("queen_deep_{}", std::process::id());
     let (pg, stats) = counted_database(&name).await;
@@ -264,6 +270,7 @@ async fn a_pop_reads_the_segments_it_delivers_not_the_backlog() {
 /// against 0.3 in queen-bench's scaling rows (docs/benchmarks.md, "Scale, eighth look").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_probe_planned_on_a_tiny_table_steps_on_both_key_columns() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let name = format!("queen_tiny_plan_{}", std::process::id());
     let (pg, stats) = counted_database(&name).await;
     let config: Vec<String> = stats
@@ -345,6 +352,7 @@ async fn a_cursor_probe_planned_on_a_tiny_table_steps_on_both_key_columns() {
 /// rows (about 200 pages), each statement reads a handful of pages a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let name = format!("queen_tiny_ack_{}", std::process::id());
     let (pg, stats) = counted_database(&name).await;
     let configs: Vec<(String, Vec<String>)> = stats
@@ -430,6 +438,7 @@ async fn acks_and_renewals_planned_on_an_empty_table_stay_key_steps() {
 /// and a handful after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_outgrowing_its_statistics_is_analyzed_and_its_plans_remade() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let name = format!("queen_outgrown_{}", std::process::id());
     let (pg, stats) = counted_database(&name).await;
     analyze_empty_and_hold(&stats, "log_partitions").await;
