@@ -208,6 +208,8 @@ pub struct Hooks {
     /// The longest the timer worker sleeps without reading the earliest due time again.
     pub timer_rescan_ms: u64,
     pub timer_bugs: queen_core::timers::TimerBugs,
+    /// How this broker dials its peers (ephemeral forwards): TCP, or a simulation's network.
+    pub peer_connector: crate::peers::PeerConnector,
 }
 
 impl Default for Hooks {
@@ -225,6 +227,7 @@ impl Default for Hooks {
             crash_points: None,
             timer_rescan_ms: queen_core::timers::RESCAN_MS,
             timer_bugs: queen_core::timers::TimerBugs::default(),
+            peer_connector: crate::peers::tcp_connector(),
         }
     }
 }
@@ -305,6 +308,7 @@ impl Broker {
         let rng = SeededRng::new(seed);
         let config_ephemeral_max_bytes = config.ephemeral_max_bytes;
         let config_ephemeral_address = config.peer_address.clone();
+        let peers = crate::peers::Peers::new(hooks.peer_connector.clone());
         let ack_rounds = Arc::new(crate::rounds::ack_rounds(
             storage.messages.clone(),
             hooks.round_company_yields,
@@ -357,6 +361,7 @@ impl Broker {
                 rng.child("ephemeral incarnation").next_u64(),
                 config_ephemeral_max_bytes,
                 config_ephemeral_address,
+                peers,
             ),
             seed,
         })

@@ -51,7 +51,7 @@ pub struct Ephemeral {
 }
 
 impl Ephemeral {
-    pub fn new(incarnation: u64, budget_bytes: u64, address: Option<String>) -> Self {
+    pub fn new(incarnation: u64, budget_bytes: u64, address: Option<String>, peers: Peers) -> Self {
         Ephemeral {
             incarnation,
             address,
@@ -61,7 +61,7 @@ impl Ephemeral {
             held: Mutex::new(BTreeMap::new()),
             last_beat: Mutex::new(None),
             bugs: Mutex::new(EphemeralBugs::default()),
-            peers: Peers::default(),
+            peers,
         }
     }
 

@@ -4,42 +4,83 @@
 //! second HTTP stack for this one use.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::helpers::lock;
 
 /// Idle connections kept per peer.
 const IDLE_PER_PEER: usize = 16;
 
-#[derive(Default)]
+/// A connection to a peer, ready for requests.
+pub type PeerSender = SendRequest<Full<Bytes>>;
+
+/// Opens a connection to a peer's address. Production dials TCP (`tcp_connector`); the
+/// deterministic simulation dials its own network, so forwards between its brokers run there.
+pub type PeerConnector = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<PeerSender, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// HTTP/1.1 over an open stream to `address`; the connection's task runs until either side
+/// closes it.
+pub async fn handshake<S>(stream: S, address: &str) -> Result<PeerSender, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("HTTP handshake with {address}: {e}"))?;
+    tokio::spawn(async move {
+        // Ends when the peer or this side closes; nothing to report.
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// Dials peers over TCP.
+pub fn tcp_connector() -> PeerConnector {
+    Arc::new(|address: String| {
+        Box::pin(async move {
+            let stream = tokio::net::TcpStream::connect(&address)
+                .await
+                .map_err(|e| format!("connecting to {address}: {e}"))?;
+            let _ = stream.set_nodelay(true);
+            handshake(stream, &address).await
+        })
+    })
+}
+
 pub struct Peers {
-    idle: Mutex<BTreeMap<String, Vec<SendRequest<Full<Bytes>>>>>,
+    idle: Mutex<BTreeMap<String, Vec<PeerSender>>>,
+    connect: PeerConnector,
+}
+
+impl Default for Peers {
+    fn default() -> Self {
+        Peers::new(tcp_connector())
+    }
 }
 
 impl Peers {
-    async fn connect(address: &str) -> Result<SendRequest<Full<Bytes>>, String> {
-        let stream = tokio::net::TcpStream::connect(address)
-            .await
-            .map_err(|e| format!("connecting to {address}: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("HTTP handshake with {address}: {e}"))?;
-        tokio::spawn(async move {
-            // Ends when the peer or this side closes; nothing to report.
-            let _ = connection.await;
-        });
-        Ok(sender)
+    pub fn new(connect: PeerConnector) -> Self {
+        Peers {
+            idle: Mutex::new(BTreeMap::new()),
+            connect,
+        }
     }
 
     /// An idle connection that is still open, or a new one.
-    async fn connection(&self, address: &str) -> Result<SendRequest<Full<Bytes>>, String> {
+    async fn connection(&self, address: &str) -> Result<PeerSender, String> {
         loop {
             let idle = lock(&self.idle).get_mut(address).and_then(Vec::pop);
             match idle {
@@ -48,7 +89,7 @@ impl Peers {
                         return Ok(sender);
                     }
                 }
-                None => return Self::connect(address).await,
+                None => return (self.connect)(address.to_string()).await,
             }
         }
     }

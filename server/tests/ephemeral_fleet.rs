@@ -24,7 +24,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::fleet::{Fleet, Member};
@@ -240,15 +239,15 @@ async fn run(seed: u64, steps: usize, bugs: EphemeralBugs) -> Outcome {
             17 => {
                 // A cut broker heals; a whole one is cut now and then.
                 let i = rng.below(slots.len() as u64) as usize;
-                let cut = &slots[i].member.reach.cut;
-                let now_cut = !cut.load(Ordering::SeqCst) && rng.chance(1, 3);
-                cut.store(now_cut, Ordering::SeqCst);
+                let reach = &slots[i].member.reach;
+                let now_cut = !reach.is_cut() && rng.chance(1, 3);
+                reach.set_cut(now_cut);
                 continue;
             }
             18 if up.len() > 1 && rng.chance(1, 3) => {
                 // A crash: it stops answering and renewing, and never says goodbye.
                 let i = up[rng.below(up.len() as u64) as usize];
-                slots[i].member.reach.cut.store(true, Ordering::SeqCst);
+                slots[i].member.reach.set_cut(true);
                 let _ = slots[i].member.broker.shutting_down.send(true);
                 slots[i].up = false;
                 continue;

@@ -8,18 +8,18 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::fleet::{Fleet, Reach};
+use common::fleet::Fleet;
 use queen_core::ephemeral::EphemeralBugs;
+use queen_storage_sim::reach::OwnerReach;
 use serde_json::{json, Value};
 
 struct Pair {
     clock: queen_storage_sim::ManualClock,
     a: Arc<queen_server::broker::Broker>,
     a_addr: std::net::SocketAddr,
-    a_reach: Arc<Reach>,
+    a_reach: Arc<OwnerReach>,
     b_addr: std::net::SocketAddr,
 }
 
@@ -69,7 +69,7 @@ async fn after_a_lapse(bugs: EphemeralBugs) -> Result<(), String> {
     let p = pair().await;
     p.a.ephemeral.set_bugs(bugs);
     assert_eq!(push(p.a_addr, "q", "old").await, 200);
-    p.a_reach.cut.store(true, Ordering::SeqCst);
+    p.a_reach.set_cut(true);
     // Past ALIVE_MS (5 s) from a's only renewal: b's claim takes the queue.
     p.clock.advance_millis(6_000);
     assert_eq!(
@@ -85,7 +85,7 @@ async fn after_a_lapse(bugs: EphemeralBugs) -> Result<(), String> {
         Err(status) => assert_eq!(status, 503, "a fenced broker answers 503"),
     }
     // a reaches the database again: it finds b the owner, and forwards.
-    p.a_reach.cut.store(false, Ordering::SeqCst);
+    p.a_reach.set_cut(false);
     let got = pop(p.a_addr, "q")
         .await
         .expect("a answers once it reaches the database");
@@ -120,7 +120,7 @@ async fn calls_answer_while_the_owner_is_gone_and_the_queue_moves() {
     let p = pair().await;
     assert_eq!(push(p.a_addr, "q", "lost").await, 200);
     // a is gone: it neither answers nor renews (its listener is shut; its renewals fail).
-    p.a_reach.cut.store(true, Ordering::SeqCst);
+    p.a_reach.set_cut(true);
     let _ = p.a.shutting_down.send(true);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let answered = pop(p.b_addr, "q").await;
@@ -141,10 +141,10 @@ async fn calls_answer_while_the_owner_is_gone_and_the_queue_moves() {
 async fn a_lapse_nobody_took_over_keeps_the_ring() {
     let p = pair().await;
     assert_eq!(push(p.a_addr, "q", "kept").await, 200);
-    p.a_reach.cut.store(true, Ordering::SeqCst);
+    p.a_reach.set_cut(true);
     p.clock.advance_millis(6_000);
     assert_eq!(pop(p.a_addr, "q").await, Err(503), "fenced while cut off");
-    p.a_reach.cut.store(false, Ordering::SeqCst);
+    p.a_reach.set_cut(false);
     assert_eq!(pop(p.a_addr, "q").await, Ok(vec![json!("kept")]));
     // Through the other broker too: a is the owner still.
     assert_eq!(push(p.b_addr, "q", "more").await, 200);
@@ -163,7 +163,7 @@ async fn back_after_another_owner(bugs: EphemeralBugs) -> Result<(), String> {
     let (a, b) = (fleet.member(1).await, fleet.member(2).await);
     a.broker.ephemeral.set_bugs(bugs);
     assert_eq!(push(a.addr, "q", "old").await, 200);
-    a.reach.cut.store(true, Ordering::SeqCst);
+    a.reach.set_cut(true);
     fleet.clock.advance_millis(6_000);
     assert_eq!(push(b.addr, "q", "new").await, 200);
     assert_eq!(
@@ -171,8 +171,8 @@ async fn back_after_another_owner(bugs: EphemeralBugs) -> Result<(), String> {
         Ok(vec![json!("new")]),
         "b owns q now"
     );
-    b.reach.cut.store(true, Ordering::SeqCst);
-    a.reach.cut.store(false, Ordering::SeqCst);
+    b.reach.set_cut(true);
+    a.reach.set_cut(false);
     fleet.clock.advance_millis(6_000);
     match pop(a.addr, "q").await {
         Ok(got) if got.is_empty() => Ok(()),

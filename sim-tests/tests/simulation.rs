@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use queen_core::ephemeral::EphemeralBugs;
 use queen_core::events::EventBugs;
 use queen_core::pop::PopBugs;
 use queen_core::ring::RingBugs;
@@ -381,6 +382,26 @@ fn seed_set_passes() {
             3,
         );
         at_least(Scenario::Prompt, "timers: incarnations fired", 20);
+        // Ephemeral queues shared by both brokers: parked consumers held to the bound; under
+        // faults, owners cut from their rows (queues change hands), redeliveries, 503s.
+        at_least(
+            Scenario::Prompt,
+            "ephemeral: stalls judged against the bound",
+            20,
+        );
+        at_least(
+            Scenario::Faults,
+            "fault: a broker cut from its ephemeral owner rows",
+            10,
+        );
+        // More rings than runs: queues changed hands.
+        at_least(Scenario::Faults, "ephemeral: rings that served", 30);
+        at_least(
+            Scenario::Faults,
+            "ephemeral: redeliveries received (attempt > 1)",
+            100,
+        );
+        at_least(Scenario::Faults, "ephemeral: calls answered 503", 20);
     }
 }
 
@@ -688,6 +709,39 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
                 sim: SimBugs {
                     timers_fire_without_removal: true,
                     ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "ephemeral: a push wakes only queue-wide pops",
+            Scenario::Prompt,
+            Bugs {
+                ephemeral: EphemeralBugs {
+                    wake_queue_wide_only: true,
+                    ..EphemeralBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "ephemeral: an owner serves past its liveness fence",
+            Scenario::Faults,
+            Bugs {
+                ephemeral: EphemeralBugs {
+                    serve_past_fence: true,
+                    ..EphemeralBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "ephemeral: leases a tenth as long",
+            Scenario::Faults,
+            Bugs {
+                ephemeral: EphemeralBugs {
+                    lease_units_slip: true,
+                    ..EphemeralBugs::default()
                 },
                 ..Bugs::default()
             },

@@ -13,6 +13,7 @@ mod kv;
 mod messages;
 mod pop;
 mod queues;
+pub mod reach;
 mod reads;
 mod retention;
 pub mod sched;

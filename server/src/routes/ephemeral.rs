@@ -77,9 +77,32 @@ async fn owner_of(broker: &Broker, queue: &str) -> Result<Owner, Failure> {
     Ok(broker.ephemeral.claimed(queue, &claim))
 }
 
-/// Sends a call to another broker and answers its reply as it is, and whether it was the
-/// refusal of a broker that no longer owns the queue.
-async fn forward(broker: &Broker, address: &str, call: &Call) -> Result<(Reply, bool), String> {
+/// Another broker's answer to a forwarded call.
+struct PeerAnswer {
+    status: StatusCode,
+    retry_after: Option<HeaderValue>,
+    body: Bytes,
+}
+
+impl PeerAnswer {
+    /// The refusal of a broker that no longer owns the queue.
+    fn moved(&self) -> bool {
+        self.status == StatusCode::SERVICE_UNAVAILABLE
+            && serde_json::from_slice::<Value>(&self.body).is_ok_and(|v| v["code"] == OWNER_MOVED)
+    }
+
+    /// The answer as this broker's reply, as it is.
+    fn into_reply(self) -> Reply {
+        let mut reply = http::json_bytes(self.status, self.body.to_vec());
+        if let Some(after) = self.retry_after {
+            reply.headers_mut().insert(RETRY_AFTER, after);
+        }
+        reply
+    }
+}
+
+/// Sends a call to another broker and reads its whole answer.
+async fn forward(broker: &Broker, address: &str, call: &Call) -> Result<PeerAnswer, String> {
     // An owner that vanished without closing its connections (a partition, a dead host) must
     // not hold the call: a long poll gets its own timeout and a margin, anything else 10 s.
     let limit = Duration::from_millis(forward_limit_ms(call));
@@ -99,13 +122,11 @@ async fn forward(broker: &Broker, address: &str, call: &Call) -> Result<(Reply, 
         .await
         .map_err(|_| format!("{address} did not answer within {} ms", limit.as_millis()))??;
     let (parts, body) = answer.into_parts();
-    let moved = parts.status == StatusCode::SERVICE_UNAVAILABLE
-        && serde_json::from_slice::<Value>(&body).is_ok_and(|v| v["code"] == OWNER_MOVED);
-    let mut reply = http::json_bytes(parts.status, body.to_vec());
-    if let Some(after) = parts.headers.get(RETRY_AFTER) {
-        reply.headers_mut().insert(RETRY_AFTER, after.clone());
-    }
-    Ok((reply, moved))
+    Ok(PeerAnswer {
+        status: parts.status,
+        retry_after: parts.headers.get(RETRY_AFTER).cloned(),
+        body,
+    })
 }
 
 /// How long a forwarded call may take: a waiting pop its timeout plus 5 s, anything else 10 s.
@@ -146,8 +167,8 @@ async fn at_owner(broker: &Broker, call: &Call, queue: &str) -> Result<Option<Re
             Owner::Remote(address) => address,
         };
         match forward(broker, &address, call).await {
-            Ok((reply, false)) => return Ok(Some(reply)),
-            Ok((_, true)) => failure = format!("{address} no longer owns {queue}"),
+            Ok(answer) if answer.moved() => failure = format!("{address} no longer owns {queue}"),
+            Ok(answer) => return Ok(Some(answer.into_reply())),
             Err(e) => failure = e,
         }
         broker.ephemeral.forget_owner(queue);
@@ -608,14 +629,17 @@ pub async fn queues(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure>
             if peer.incarnation == me {
                 continue;
             }
-            let (reply, _) = forward(broker, &peer.address, call).await.map_err(|e| {
+            let listing = |e: String| {
                 Failure::unavailable(format!("ephemeral: listing {}'s queues: {e}", peer.address))
-            })?;
-            let body = http_body_util::BodyExt::collect(reply.into_body())
+            };
+            let answer = forward(broker, &peer.address, call)
                 .await
-                .map_err(|e| Failure::unavailable(format!("ephemeral: listing queues: {e}")))?
-                .to_bytes();
-            let listed: Value = serde_json::from_slice(&body).unwrap_or_default();
+                .map_err(listing)?;
+            if answer.status != StatusCode::OK {
+                return Err(listing(format!("it answered {}", answer.status)));
+            }
+            let listed: Value = serde_json::from_slice(&answer.body)
+                .map_err(|e| listing(format!("its answer is not JSON: {e}")))?;
             for q in listed["queues"].as_array().into_iter().flatten() {
                 if let Some(name) = q["queue"].as_str() {
                     held.insert(name.to_string(), q.clone());

@@ -4,59 +4,19 @@
 //! alone decides who is alive, and a test's steps replay exactly.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use queen_core::storage::{
-    EphemeralBroker, EphemeralClaim, EphemeralOwnerStorage, StorageError, StorageResult, StorageSet,
-};
+use queen_core::storage::StorageSet;
 use queen_core::Timestamp;
 use queen_server::broker::{Broker, Hooks};
 use queen_server::config::ServerConfig;
+use queen_storage_sim::reach::OwnerReach;
 use queen_storage_sim::{ManualClock, SimBugs, SimDb};
-
-/// The shared database's owners capability as one broker reaches it.
-pub struct Reach {
-    db: Arc<SimDb>,
-    pub cut: AtomicBool,
-}
-
-impl Reach {
-    fn check(&self) -> StorageResult<()> {
-        if self.cut.load(Ordering::SeqCst) {
-            return Err(StorageError::Unavailable(
-                "cut off from the database".into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl EphemeralOwnerStorage for Reach {
-    async fn ephemeral_heartbeat(&self, inc: u64, address: &str, alive: u64) -> StorageResult<()> {
-        self.check()?;
-        self.db.ephemeral_heartbeat(inc, address, alive).await
-    }
-    async fn ephemeral_claim(&self, queue: &str, inc: u64) -> StorageResult<EphemeralClaim> {
-        self.check()?;
-        self.db.ephemeral_claim(queue, inc).await
-    }
-    async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>> {
-        self.check()?;
-        self.db.ephemeral_brokers().await
-    }
-    async fn ephemeral_leave(&self, inc: u64) -> StorageResult<()> {
-        self.check()?;
-        self.db.ephemeral_leave(inc).await
-    }
-}
 
 pub struct Member {
     pub broker: Arc<Broker>,
     pub addr: SocketAddr,
-    pub reach: Arc<Reach>,
+    pub reach: Arc<OwnerReach>,
 }
 
 pub struct Fleet {
@@ -74,10 +34,7 @@ impl Fleet {
     /// A broker on the fleet's database, serving on a port of its own (`seed` draws its
     /// incarnation).
     pub async fn member(&self, seed: u64) -> Member {
-        let reach = Arc::new(Reach {
-            db: self.db.clone(),
-            cut: AtomicBool::new(false),
-        });
+        let reach = OwnerReach::new(self.db.clone());
         let mut storage = StorageSet::of(self.db.clone());
         storage.ephemeral_owners = reach.clone();
         let (listener, addr, config) = super::bind_peer(ServerConfig::default()).await;

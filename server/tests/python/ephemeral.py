@@ -108,17 +108,23 @@ async def competing_consumers(eph):
     check(len(first["messages"]) == 1 and second["messages"] == [], "a leased partition is not handed to a second consumer of the group")
 
 
-async def long_poll(eph):
-    q = name("poll")
-    await eph.configure(q)
+async def parked_then_pushed(parked, pusher, q, payload):
+    """A pop parked through `parked` (10 s timeout), and a push through `pusher` 0.3 s later:
+    what the pop got, and how long it took."""
     started = time.monotonic()
 
     async def later():
         await asyncio.sleep(0.3)
-        await eph.push(q, [{"hello": True}])
+        await pusher.push(q, [payload])
 
-    got, _ = await asyncio.gather(eph.pop(q, wait=True, timeout=10000), later())
-    took = time.monotonic() - started
+    got, _ = await asyncio.gather(parked.pop(q, wait=True, timeout=10000), later())
+    return got, time.monotonic() - started
+
+
+async def long_poll(eph):
+    q = name("poll")
+    await eph.configure(q)
+    got, took = await parked_then_pushed(eph, eph, q, {"hello": True})
     check(payloads(got) == [{"hello": True}], "a parked pop gets the push")
     check(took < 5, f"woken by the push, not by its timeout ({took:.2f}s)")
     started = time.monotonic()
@@ -214,15 +220,7 @@ async def across_brokers(url_a, url_b):
     async with Queen(url_a) as qa, Queen(url_b) as qb:
         a, b = qa.ephemeral, qb.ephemeral
         for parked, pusher, label in ((a, b, "a<-b"), (b, a, "b<-a")):
-            q = name("across")
-            started = time.monotonic()
-
-            async def later():
-                await asyncio.sleep(0.3)
-                await pusher.push(q, [{"via": label}])
-
-            got, _ = await asyncio.gather(parked.pop(q, wait=True, timeout=10000), later())
-            took = time.monotonic() - started
+            got, took = await parked_then_pushed(parked, pusher, name("across"), {"via": label})
             check(payloads(got) == [{"via": label}], f"{label}: the push reaches the pop parked on the other broker")
             check(took < 2, f"{label}: at once, not at a timeout ({took:.2f}s)")
         q = name("shared")

@@ -33,6 +33,10 @@ pub(super) struct Driver<'a> {
     held: Vec<HeldLink>,
     pub counts: BTreeMap<&'static str, u64>,
     pub liveness: Liveness,
+    /// The delivery bound of the prompt scenario's ephemeral consumers.
+    pub ephemeral_liveness: Liveness,
+    /// Brokers whose reach to the ephemeral owner rows is cut: (broker index, healed at).
+    owner_cuts: Vec<(usize, Duration)>,
     /// A cut notification line: (broker index, restored at).
     outage: Option<(usize, Duration)>,
     quiet_since: Option<Duration>,
@@ -67,6 +71,8 @@ impl<'a> Driver<'a> {
             held: vec![],
             counts: BTreeMap::new(),
             liveness: Liveness::new(DELIVERY_BOUND_US),
+            ephemeral_liveness: Liveness::new(DELIVERY_BOUND_US),
+            owner_cuts: vec![],
             outage: None,
             quiet_since: None,
             violations: vec![],
@@ -91,7 +97,16 @@ impl<'a> Driver<'a> {
                 self.cut_or_restore_line(sim.elapsed());
                 let now = i64::try_from(sim.elapsed().as_micros()).unwrap_or(i64::MAX);
                 let cut = self.outage.is_some();
-                let found = self.liveness.check(now, cut, self.shared, self.db);
+                let (waits, delivered) = self.shared.durable_waits();
+                let found = self
+                    .liveness
+                    .check(now, cut, &waits, &delivered, self.db.as_ref());
+                self.violations.extend(found);
+                // Ephemeral wakes do not ride the notification line: the tight bound always.
+                let (waits, tally) = self.shared.ephemeral_waits();
+                let found =
+                    self.ephemeral_liveness
+                        .check(now, false, &waits, &tally.received, &tally);
                 self.violations.extend(found);
             }
             if self.spec.scenario == Scenario::Faults {
@@ -101,7 +116,10 @@ impl<'a> Driver<'a> {
                 // A large queue's cursors are made at their first claim (no first-contact seed):
                 // a partition without one is held to the same bound as any other.
                 let now = i64::try_from(sim.elapsed().as_micros()).unwrap_or(i64::MAX);
-                let found = self.liveness.check(now, false, self.shared, self.db);
+                let (waits, delivered) = self.shared.durable_waits();
+                let found = self
+                    .liveness
+                    .check(now, false, &waits, &delivered, self.db.as_ref());
                 self.violations.extend(found);
             }
             if self.shared.draining.load(Ordering::SeqCst)
@@ -193,6 +211,19 @@ impl<'a> Driver<'a> {
                 }
             }
         }
+        for (i, reach) in self.fleet.reaches.iter().enumerate() {
+            if !reach.is_cut() && hit(&mut self.rng, faults.owner_cut * per_step) {
+                // Long enough, often, for its liveness to lapse (3.5 s) and its queues to move
+                // (5 s); shorter cuts end before anyone notices.
+                reach.set_cut(true);
+                let healed = elapsed + Duration::from_millis(1_000 + self.rng.below(8_000));
+                self.owner_cuts.push((i, healed));
+                *self
+                    .counts
+                    .entry("fault: a broker cut from its ephemeral owner rows")
+                    .or_default() += 1;
+            }
+        }
         for b in &self.fleet.names {
             if !self.crashed.iter().any(|(c, _)| c == b)
                 && hit(&mut self.rng, faults.crash * per_step)
@@ -234,6 +265,9 @@ impl<'a> Driver<'a> {
             sim.release(c.as_str(), b.as_str());
             sim.repair(c.as_str(), b.as_str());
         }
+        for (i, _) in self.owner_cuts.drain(..) {
+            self.fleet.reaches[i].set_cut(false);
+        }
     }
 
     /// Crashed brokers come back, and held links heal, when their time comes (brokers at once
@@ -247,6 +281,14 @@ impl<'a> Driver<'a> {
             } else {
                 true
             }
+        });
+        let reaches = &self.fleet.reaches;
+        self.owner_cuts.retain(|(i, healed)| {
+            let heal = sim.elapsed() >= *healed;
+            if heal {
+                reaches[*i].set_cut(false);
+            }
+            !heal
         });
         self.held.retain(|(c, b, until, is_partition)| {
             if sim.elapsed() >= *until {

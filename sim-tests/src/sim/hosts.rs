@@ -12,6 +12,7 @@ use queen_core::storage::StorageSet;
 use queen_core::Timestamp;
 use queen_server::broker::{Broker, CrashHook, Hooks, WakeFate, WakeFilter};
 use queen_server::config::{RetentionSettings, ServerConfig};
+use queen_storage_sim::reach::OwnerReach;
 use queen_storage_sim::{PauseKind, SimDb};
 
 use super::{
@@ -74,6 +75,30 @@ pub(super) struct Fleet {
     pub restarts: Arc<AtomicU64>,
     pub lines: Vec<Arc<ListenLine>>,
     pub aims: Vec<Arc<Mutex<Aim>>>,
+    /// Each broker's reach to the ephemeral owner rows (the driver cuts it).
+    pub reaches: Vec<Arc<OwnerReach>>,
+}
+
+/// The port every simulated broker serves on.
+const PORT: u16 = 6632;
+
+/// Where the scenario's brokers share their ephemeral queues (each at its host name, and the
+/// forwards between them over the simulated network): the two-broker scenarios whose clients
+/// use them.
+fn peer_address(scenario: Scenario, name: &str) -> Option<String> {
+    matches!(scenario, Scenario::Faults | Scenario::Prompt).then(|| format!("{name}:{PORT}"))
+}
+
+/// Dials a peer over the simulated network.
+fn turmoil_connector() -> queen_server::peers::PeerConnector {
+    Arc::new(|address: String| {
+        Box::pin(async move {
+            let stream = turmoil::net::TcpStream::connect(address.as_str())
+                .await
+                .map_err(|e| format!("connecting to {address}: {e}"))?;
+            queen_server::peers::handshake(stream, &address).await
+        })
+    })
 }
 
 /// Per-broker settings the seed draws.
@@ -120,8 +145,9 @@ impl BrokerDraws {
 }
 
 /// A simulated broker's configuration.
-fn broker_config(scenario: Scenario, hotlist: bool, pop_rounds: usize) -> ServerConfig {
+fn broker_config(scenario: Scenario, name: &str, hotlist: bool, pop_rounds: usize) -> ServerConfig {
     ServerConfig {
+        peer_address: peer_address(scenario, name),
         hotlist,
         pop_rounds,
         backoff: if scenario == Scenario::Prompt {
@@ -166,6 +192,7 @@ struct HostParts {
     delayed: Arc<AtomicU64>,
     line: Arc<ListenLine>,
     aim: Arc<Mutex<Aim>>,
+    reach: Arc<OwnerReach>,
 }
 
 impl Fleet {
@@ -185,6 +212,7 @@ impl Fleet {
             restarts: Arc::new(AtomicU64::new(0)),
             lines: names.iter().map(|_| Arc::default()).collect(),
             aims: names.iter().map(|_| Arc::default()).collect(),
+            reaches: names.iter().map(|_| OwnerReach::new(db.clone())).collect(),
             names,
         };
         let wake_rng = Arc::new(Mutex::new(root.child("wakes")));
@@ -200,7 +228,7 @@ impl Fleet {
             let parts = HostParts {
                 index: i,
                 spec: *spec,
-                config: broker_config(spec.scenario, draws.hotlist[i], draws.pop_rounds[i]),
+                config: broker_config(spec.scenario, name, draws.hotlist[i], draws.pop_rounds[i]),
                 company_yields: draws.company_yields[i],
                 db: db.clone(),
                 clock: clock.clone(),
@@ -211,6 +239,7 @@ impl Fleet {
                 delayed: fleet.delayed_wakes.clone(),
                 line: fleet.lines[i].clone(),
                 aim: fleet.aims[i].clone(),
+                reach: fleet.reaches[i].clone(),
             };
             let restarts = fleet.restarts.clone();
             sim.host(name.as_str(), move || {
@@ -283,13 +312,17 @@ async fn serve_broker(parts: HostParts, incarnation: u64) -> turmoil::Result {
         crash_points: Some(crash_hook(parts.aim.clone())),
         timer_rescan_ms: SIM_TIMER_RESCAN_MS,
         timer_bugs: bugs.timers,
+        peer_connector: turmoil_connector(),
     };
+    let mut storage = StorageSet::of(parts.db.clone());
+    storage.ephemeral_owners = parts.reach.clone();
     let app = Broker::with_hooks(
         parts.config.clone(),
-        StorageSet::of(parts.db.clone()),
+        storage,
         spec.seed ^ (i as u64) << 32 ^ incarnation,
         hooks,
     );
+    app.ephemeral.set_bugs(bugs.ephemeral);
     queen_server::tasks::start(&app);
     // LISTEN: the model's committed notifications feed the broker's event path, as
     // PostgreSQL's do; a (re)started broker listens anew and resyncs first.
@@ -319,7 +352,7 @@ async fn serve_broker(parts: HostParts, incarnation: u64) -> turmoil::Result {
     }));
     let _ = events_tx.send(queen_core::events::DeliveryEvent::Resync);
     tokio::spawn(queen_server::forward_events(app.clone(), events_rx));
-    let listener = turmoil::net::TcpListener::bind("0.0.0.0:6632").await?;
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
     loop {
         let (stream, _) = listener.accept().await?;
         tokio::spawn(queen_server::serve_connection(app.clone(), stream));

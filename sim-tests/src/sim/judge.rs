@@ -100,16 +100,22 @@ pub(super) fn judge(
             u64::from(covered),
         );
     }
+    violations.extend(ephemeral_verdicts(spec, shared, &mut counts));
     violations.extend(pending_after_drain(spec, db));
     count_coverage(&mut counts, spec, &ev, fleet);
     for (k, v) in driver.liveness.coverage() {
         counts.insert(k, v);
     }
+    if spec.scenario == Scenario::Prompt {
+        let [(_, judged), (_, longest)] = driver.ephemeral_liveness.coverage();
+        counts.insert("ephemeral: stalls judged against the bound", judged);
+        counts.insert("ephemeral: longest stall before a delivery (ms)", longest);
+    }
     if let Ok(c) = shared.counters.lock() {
         counts.extend(c.iter().map(|(k, v)| (*k, *v)));
     }
     count_deliveries(&mut counts, &events);
-    let (trace_hash, trace_tail) = trace(&events, &ev);
+    let (trace_hash, trace_tail) = trace(&events, &ev, shared);
     Outcome {
         violations,
         coverage: counts,
@@ -275,10 +281,13 @@ fn count_deliveries(counts: &mut BTreeMap<&'static str, u64>, events: &[Event]) 
 
 /// The whole trace's hash (a replay must match it) and its tail for a failure report (SIM_TRACE=1:
 /// the whole history of the run, a replay aid).
-fn trace(events: &[Event], ev: &SimEvents) -> (u64, Vec<String>) {
+fn trace(events: &[Event], ev: &SimEvents, shared: &Shared) -> (u64, Vec<String>) {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     for e in events {
         format!("{e:?}").hash(&mut hasher);
+    }
+    if let Ok(log) = shared.ephemeral.lock() {
+        format!("{:?}", *log).hash(&mut hasher);
     }
     format!("{:?}", ev.statements).hash(&mut hasher);
     let keep = if std::env::var("SIM_TRACE").is_ok() {
@@ -294,6 +303,43 @@ fn trace(events: &[Event], ev: &SimEvents) -> (u64, Vec<String>) {
         .map(|e| format!("{e:?}"))
         .collect();
     (hasher.finish(), tail)
+}
+
+/// The ephemeral clients' verdicts (`ephemeral_check`), and what they reached: deliveries,
+/// redeliveries, rings (each owner change of the queue makes one), 503s. On the prompt
+/// scenario's calm network nothing may answer 503.
+fn ephemeral_verdicts(
+    spec: &Spec,
+    shared: &Shared,
+    counts: &mut BTreeMap<&'static str, u64>,
+) -> Vec<String> {
+    let Ok(log) = shared.ephemeral.lock() else {
+        return vec!["ephemeral: the clients' log is poisoned".into()];
+    };
+    if log.pushes.is_empty() {
+        return vec![];
+    }
+    let lease_us = super::ephemeral_clients::LEASE_SECS * 1_000_000;
+    let mut out = super::ephemeral_check::check(&log, lease_us);
+    if spec.scenario == Scenario::Prompt && log.unavailable > 0 {
+        out.push(format!(
+            "ephemeral: {} calls answered 503 on a calm network",
+            log.unavailable
+        ));
+    }
+    let rings: std::collections::BTreeSet<String> = log
+        .received
+        .iter()
+        .filter_map(|r| super::ephemeral_check::id_parts(&r.id).map(|(ring, _, _)| ring))
+        .collect();
+    counts.insert("ephemeral: messages received", log.received.len() as u64);
+    counts.insert(
+        "ephemeral: redeliveries received (attempt > 1)",
+        log.received.iter().filter(|r| r.attempts > 1).count() as u64,
+    );
+    counts.insert("ephemeral: rings that served", rings.len() as u64);
+    counts.insert("ephemeral: calls answered 503", log.unavailable);
+    out
 }
 
 /// A refused acquire names the permits that held the lock when it was decided, which was after

@@ -5,6 +5,8 @@
 
 pub mod conflation_check;
 mod driver;
+pub mod ephemeral_check;
+mod ephemeral_clients;
 pub mod history;
 mod hosts;
 pub mod http;
@@ -14,7 +16,7 @@ pub mod reads_check;
 pub mod streams_check;
 mod workload;
 
-use queen_core::storage::AdminStorage;
+use queen_core::storage::{AdminStorage, EphemeralConfigStorage};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,6 +106,7 @@ pub struct Bugs {
     pub events: EventBugs,
     pub rounds: RoundsBugs,
     pub timers: queen_core::timers::TimerBugs,
+    pub ephemeral: queen_core::ephemeral::EphemeralBugs,
 }
 
 /// One broker's notification line (its LISTEN connection): the driver can cut it, losing every
@@ -148,13 +151,14 @@ pub struct FaultKinds(u8);
 
 impl FaultKinds {
     pub const NONE: FaultKinds = FaultKinds(0);
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "hold",
         "partition",
         "crash",
         "aimed-crash",
         "drop-wake",
         "delay-wake",
+        "owner-cut",
     ];
 
     pub fn with(self, name: &str) -> FaultKinds {
@@ -218,6 +222,9 @@ impl Faults {
         if quiet.has("delay-wake") {
             self.delay_wake = 0.0;
         }
+        if quiet.has("owner-cut") {
+            self.owner_cut = 0.0;
+        }
         self
     }
 }
@@ -277,6 +284,8 @@ pub struct Faults {
     pub aimed_crash: f64,
     pub drop_wake: f64,
     pub delay_wake: f64,
+    /// A broker's reach to its ephemeral owner rows cut (its liveness lapses while it runs).
+    pub owner_cut: f64,
     pub dying_consumer: bool,
     pub lease_boundary: bool,
 }
@@ -293,6 +302,7 @@ impl Faults {
             aimed_crash: f(0.08),
             drop_wake: f(0.25),
             delay_wake: f(0.2),
+            owner_cut: f(0.06),
             dying_consumer: level > 0 || rng.below(2) == 0,
             lease_boundary: level > 0,
         };
@@ -311,6 +321,7 @@ impl Faults {
                     aimed_crash: 0.0,
                     drop_wake,
                     delay_wake: 0.0,
+                    owner_cut: 0.0,
                     dying_consumer: false,
                     lease_boundary: false,
                 };
@@ -325,6 +336,7 @@ impl Faults {
                     aimed_crash: 0.0,
                     drop_wake: 0.0,
                     delay_wake: 0.0,
+                    owner_cut: 0.0,
                     dying_consumer: true,
                     lease_boundary: false,
                 };
@@ -335,6 +347,7 @@ impl Faults {
                     hold: 0.0,
                     partition: 0.0,
                     aimed_crash: 0.0,
+                    owner_cut: 0.0,
                     dying_consumer: false,
                     lease_boundary: false,
                     ..faults
@@ -349,6 +362,7 @@ impl Faults {
                     aimed_crash: 0.0,
                     drop_wake: faults.drop_wake,
                     delay_wake: faults.delay_wake,
+                    owner_cut: 0.0,
                     dying_consumer: false,
                     lease_boundary: false,
                 };
@@ -423,6 +437,10 @@ pub(crate) struct Shared {
     pub stream_cycles: Mutex<Vec<streams_check::StreamCycle>>,
     /// What the faults scenario's conflating consumers saw and did, in order.
     pub conflation_seen: Mutex<Vec<conflation_check::ConflationSeen>>,
+    /// What the ephemeral clients saw and did, in order.
+    pub ephemeral: Mutex<ephemeral_check::Log>,
+    /// The ephemeral consumers' pops in flight, for the delivery bound (prompt scenario).
+    pub ephemeral_waits: Mutex<BTreeMap<String, workload::Wait>>,
 }
 
 /// A seeded coin with probability `p`.
@@ -451,6 +469,46 @@ impl Shared {
             };
         }
     }
+    /// The durable consumers' pops in flight and the deliveries so far, for the delivery bound.
+    fn durable_waits(&self) -> (Vec<workload::Wait>, BTreeMap<(String, String), u64>) {
+        let waits = self
+            .waits
+            .lock()
+            .map(|w| w.values().cloned().collect())
+            .unwrap_or_default();
+        let delivered = self.delivered.lock().map(|d| d.clone()).unwrap_or_default();
+        (waits, delivered)
+    }
+
+    /// The ephemeral consumers' pops in flight, and what was stored and received so far.
+    fn ephemeral_waits(&self) -> (Vec<workload::Wait>, ephemeral_check::Tally) {
+        let waits = self
+            .ephemeral_waits
+            .lock()
+            .map(|w| w.values().cloned().collect())
+            .unwrap_or_default();
+        let mut tally = ephemeral_check::Tally {
+            partitions: ephemeral_clients::PARTITIONS
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
+            stored: BTreeMap::new(),
+            received: BTreeMap::new(),
+        };
+        if let Ok(log) = self.ephemeral.lock() {
+            for p in log.pushes.iter().filter(|p| p.stored.is_some()) {
+                *tally.stored.entry(p.partition.clone()).or_default() += p.count;
+            }
+            for r in &log.received {
+                *tally
+                    .received
+                    .entry((r.group.clone(), r.partition.clone()))
+                    .or_default() += 1;
+            }
+        }
+        (waits, tally)
+    }
+
     pub fn note_delivered(&self, group: &str, partition: &str) {
         if let Ok(mut d) = self.delivered.lock() {
             *d.entry((group.to_string(), partition.to_string()))
@@ -510,6 +568,10 @@ fn configure_queues(db: &Arc<SimDb>) {
             panic!("configure {q}: {e}");
         }
     }
+    let (q, options) = (ephemeral_clients::QUEUE, ephemeral_clients::options());
+    if let Err(e) = rt.block_on(db.save_ephemeral_config(q, &options)) {
+        panic!("declare the ephemeral queue {q}: {e}");
+    }
 }
 
 /// One simulated run: the model, the brokers and the clients on turmoil, the driver's faults
@@ -533,6 +595,8 @@ pub fn run(spec: Spec) -> Outcome {
         fetches: Mutex::new(vec![]),
         stream_cycles: Mutex::new(vec![]),
         conflation_seen: Mutex::new(vec![]),
+        ephemeral: Mutex::new(ephemeral_check::Log::default()),
+        ephemeral_waits: Mutex::new(BTreeMap::new()),
         next_pop_id: AtomicU64::new(1),
         waits: Mutex::new(BTreeMap::new()),
         delivered: Mutex::new(BTreeMap::new()),
@@ -559,6 +623,30 @@ pub fn run(spec: Spec) -> Outcome {
     let simulated_secs = sim.elapsed().as_secs_f64();
     drop(sim);
     judge::judge(&spec, &shared, &db, &fleet, driver, simulated_secs)
+}
+
+/// What the delivery-bound checker asks of a backend: a queue's partitions, and whether a group
+/// has a message deliverable in one of them now.
+pub(crate) trait Deliverable {
+    fn partitions(&self, queue: &str) -> Vec<String>;
+    fn open(&self, queue: &str, partition: &str, group: &str) -> bool;
+    /// One open partition, for a report.
+    fn describe(&self, queue: &str, partition: &str, group: &str) -> String;
+}
+
+/// The durable queues: the model's own claim rules.
+impl Deliverable for SimDb {
+    fn partitions(&self, queue: &str) -> Vec<String> {
+        SimDb::partitions(self, queue)
+    }
+
+    fn open(&self, queue: &str, partition: &str, group: &str) -> bool {
+        self.deliverable_now(queue, partition, group)
+    }
+
+    fn describe(&self, queue: &str, partition: &str, group: &str) -> String {
+        format!("{partition} {:?}", self.cursor(queue, partition, group))
+    }
 }
 
 /// The delivery-bound checker, run at every step of the driver: while something is deliverable
@@ -596,21 +684,20 @@ impl Liveness {
     /// `now`: simulated microseconds since the start (the driver's clock: it runs outside the
     /// simulated hosts, where `Shared::now` reads nothing).
     /// `outage`: a broker's notification line is cut now (the looser bound applies).
-    fn check(&mut self, now: i64, outage: bool, shared: &Shared, db: &SimDb) -> Vec<String> {
+    /// `waits`: the consumers' pops in flight; `delivered`: deliveries so far by (group,
+    /// partition); `backend`: what is deliverable now.
+    fn check(
+        &mut self,
+        now: i64,
+        outage: bool,
+        waits: &[workload::Wait],
+        delivered: &BTreeMap<(String, String), u64>,
+        backend: &dyn Deliverable,
+    ) -> Vec<String> {
         if self.outage && !outage {
             self.restored_at = now;
         }
         self.outage = outage;
-        let waits: Vec<workload::Wait> = shared
-            .waits
-            .lock()
-            .map(|w| w.values().cloned().collect())
-            .unwrap_or_default();
-        let delivered = shared
-            .delivered
-            .lock()
-            .map(|d| d.clone())
-            .unwrap_or_default();
         // What is deliverable now to a parked consumer: (queue, group, partition scope) -> the
         // deliveries so far to that group from the partitions in scope.
         let mut stalled: BTreeMap<(String, String, Option<String>), u64> = BTreeMap::new();
@@ -620,11 +707,11 @@ impl Liveness {
             for queue in &w.queues {
                 let partitions: Vec<String> = match w.partition {
                     Some(p) => vec![p.to_string()],
-                    None => db.partitions(queue),
+                    None => backend.partitions(queue),
                 };
                 let open: Vec<&String> = partitions
                     .iter()
-                    .filter(|p| db.deliverable_now(queue, p, w.group))
+                    .filter(|p| backend.open(queue, p, w.group))
                     .collect();
                 if open.is_empty() {
                     continue;
@@ -649,7 +736,7 @@ impl Liveness {
                     w.consumer,
                     w.since / 1000,
                     open.iter()
-                        .map(|p| format!("{p} {:?}", db.cursor(queue, p, w.group)))
+                        .map(|p| backend.describe(queue, p, w.group))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ));

@@ -615,6 +615,7 @@ pub fn client_names(scenario: Scenario) -> Vec<String> {
         .chain(stream_workers(scenario))
         .chain(conflating_consumers(scenario))
         .chain(readers(scenario))
+        .chain(super::ephemeral_clients::client_names(scenario))
         .collect()
 }
 
@@ -739,6 +740,7 @@ pub(crate) fn spawn_clients(
             Ok(())
         });
     }
+    super::ephemeral_clients::spawn(sim, shared, scenario, rng);
     if scenario == Scenario::Prompt {
         let (shared, rng) = (shared.clone(), rng.child(ADMIN));
         sim.client(ADMIN, async move {
