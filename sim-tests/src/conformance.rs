@@ -2590,6 +2590,7 @@ cases!(
     conflation_respects_visibility,
     push_rounds_answer_each_request,
     push_rounds_answer_duplicates_as_alone,
+    push_rounds_to_existing_partitions_chain_offsets,
     ephemeral_declarations_round_trip,
     ephemeral_owners_claim_and_move,
 );

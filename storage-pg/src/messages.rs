@@ -189,9 +189,11 @@ async fn push_group(
 }
 
 impl PgStorage {
-    /// A round of push requests as one statement: `push_v6` per group, laterally, in the
-    /// partitions' global lock order, every transactionId expected new. `None`: the statement
-    /// did not answer every group whole (a duplicate met, whose answers the requests get alone).
+    /// A round of push requests as one statement, every transactionId expected new: set-based
+    /// (`push_round_v1`) when every queue and partition exists and none is capped or refuses
+    /// plaintext, else `push_v6` per group, laterally, in the partitions' global lock order.
+    /// `None`: the statement did not answer every group whole (a duplicate met, whose answers
+    /// the requests get alone).
     async fn push_round_statement(
         &self,
         requests: &[Vec<PushGroup>],
@@ -230,6 +232,58 @@ impl PgStorage {
         }
         let client = self.pool.get().await.map_err(pool_err)?;
         let context = "push round";
+        // The common case set-based (push_round_v1); it answers no row for a round it leaves to
+        // push_v6 per group (a new queue or partition, a capped or encrypting queue).
+        let set_based = client
+            .prepare_cached(
+                "SELECT o_i, o_partition_id, o_offset, o_count
+                   FROM queen.push_round_v1($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .await
+            .map_err(pg_err(context))?;
+        let args: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &queues,
+            &partitions,
+            &blobs,
+            &sealed,
+            &starts,
+            &ends,
+            &txids,
+            &ids,
+        ];
+        let rows = match client.query(&set_based, &args).await {
+            Ok(rows) => rows,
+            Err(e) if is_duplicate_txid(&e) => return Ok(None),
+            Err(e) => return Err(pg_err(context)(e)),
+        };
+        if !rows.is_empty() {
+            if rows.len() != order.len() {
+                return Err(StorageError::Internal(format!(
+                    "{context}: push_round_v1 answered {} rows for {} groups",
+                    rows.len(),
+                    order.len()
+                )));
+            }
+            let mut answers: Vec<Vec<PushGroupResult>> =
+                requests.iter().map(|g| vec![Vec::new(); g.len()]).collect();
+            for ((row, &(r, k)), (firsts, candidates, frames)) in
+                rows.iter().zip(&order).zip(&firsts_of)
+            {
+                let bad = |what: &str| StorageError::Internal(format!("{context}: {what}"));
+                let count: i64 = row.try_get(3).map_err(|_| bad("count"))?;
+                let stored = Stored {
+                    partition_id: row.try_get(1).map_err(|_| bad("partition id"))?,
+                    first: row.try_get(2).map_err(|_| bad("offset"))?,
+                };
+                if count != candidates.len() as i64 {
+                    return Err(bad("a group stored in part"));
+                }
+                answers[r][k] = stored
+                    .outcomes(firsts, requests[r][k].frames.len(), candidates, frames)
+                    .ok_or_else(|| bad("an outcome missing"))?;
+            }
+            return Ok(Some(answers));
+        }
         let stmt = client
             .prepare_cached(
                 "SELECT g.i, r.o_status, r.o_message_id, r.o_partition_id, r.o_offset,
@@ -244,22 +298,7 @@ impl PgStorage {
             )
             .await
             .map_err(pg_err(context))?;
-        let rows = match client
-            .query(
-                &stmt,
-                &[
-                    &queues,
-                    &partitions,
-                    &blobs,
-                    &sealed,
-                    &starts,
-                    &ends,
-                    &txids,
-                    &ids,
-                ],
-            )
-            .await
-        {
+        let rows = match client.query(&stmt, &args).await {
             Ok(rows) => rows,
             Err(e) if is_duplicate_txid(&e) => return Ok(None),
             Err(e) => return Err(pg_err(context)(e)),
@@ -291,6 +330,36 @@ impl PgStorage {
     }
 }
 
+/// A group stored whole: its partition and first offset (its items take the offsets on from it,
+/// in order).
+struct Stored {
+    partition_id: uuid::Uuid,
+    first: i64,
+}
+
+impl Stored {
+    /// Every item's outcome: each stored candidate queued at its offset, each repeat of a
+    /// transactionId within the group answered as its first.
+    fn outcomes(
+        &self,
+        firsts: &FirstOccurrences,
+        items: usize,
+        candidates: &[usize],
+        frames: &[queen_core::frames::Frame],
+    ) -> Option<PushGroupResult> {
+        let mut outcome: Vec<Option<PushOutcome>> = vec![None; items];
+        let partition_id = self.partition_id.to_string();
+        for ((k, frame), offset) in candidates.iter().zip(frames).zip(self.first..) {
+            outcome[*k] = Some(PushOutcome::Queued {
+                message_id: frame.message_id,
+                partition_id: partition_id.clone(),
+                offset,
+            });
+        }
+        firsts.resolve(outcome)
+    }
+}
+
 /// One group's rows of a round (columns shifted by the group number before them): its outcomes,
 /// or `None` when they are not a whole answer.
 fn round_group(
@@ -309,19 +378,11 @@ fn round_group(
             if count != Some(candidates.len() as i64) {
                 return Err(bad("a group stored in part"));
             }
-            let first: i64 = row.try_get(4).map_err(|_| bad("offset"))?;
-            let partition_id = row
-                .try_get::<_, uuid::Uuid>(3)
-                .map_err(|_| bad("partition id"))?
-                .to_string();
-            for ((k, frame), offset) in candidates.iter().zip(frames).zip(first..) {
-                outcome[*k] = Some(PushOutcome::Queued {
-                    message_id: frame.message_id,
-                    partition_id: partition_id.clone(),
-                    offset,
-                });
-            }
-            return Ok(firsts.resolve(outcome));
+            let stored = Stored {
+                partition_id: row.try_get(3).map_err(|_| bad("partition id"))?,
+                first: row.try_get(4).map_err(|_| bad("offset"))?,
+            };
+            return Ok(stored.outcomes(firsts, g.frames.len(), candidates, frames));
         }
     }
     if rows.len() != candidates.len() {

@@ -94,6 +94,7 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "log_pending_partitions_v2",
     "log_next_pending_v1",
     "push_v6",
+    "push_round_v1",
     "push_take_back_txids_v1",
     "ack_v2",
     // Superseded by v2; kept while brokers of the previous version may still call it (a rolling

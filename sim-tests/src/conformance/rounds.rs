@@ -17,6 +17,13 @@ fn queued_offsets(answer: &[Vec<PushOutcome>]) -> Vec<Option<i64>> {
         .collect()
 }
 
+/// Each request's answer, or the first failure.
+fn every_answer(
+    answers: Vec<queen_core::storage::StorageResult<Vec<Vec<PushOutcome>>>>,
+) -> Result<Vec<Vec<Vec<PushOutcome>>>, String> {
+    answers.into_iter().map(|a| a.map_err(e)).collect()
+}
+
 /// A round without duplicates is one transaction: requests of one partition take offsets in the
 /// round's order, requests of others keep theirs, and a capped queue refuses only its request.
 pub async fn push_rounds_answer_each_request(b: &dyn Backend) -> CaseResult {
@@ -42,10 +49,7 @@ pub async fn push_rounds_answer_each_request(b: &dyn Backend) -> CaseResult {
         ])
         .await;
     ensure_eq!(answers.len(), 4, "an answer per request");
-    let answers: Vec<_> = answers
-        .into_iter()
-        .map(|a| a.map_err(e))
-        .collect::<Result<_, _>>()?;
+    let answers = every_answer(answers)?;
     ensure_eq!(
         queued_offsets(&answers[0]),
         vec![Some(0), Some(1)],
@@ -105,10 +109,7 @@ pub async fn push_rounds_answer_duplicates_as_alone(b: &dyn Backend) -> CaseResu
             vec![again],
         ])
         .await;
-    let answers: Vec<_> = answers
-        .into_iter()
-        .map(|a| a.map_err(e))
-        .collect::<Result<_, _>>()?;
+    let answers = every_answer(answers)?;
     ensure!(
         matches!(answers[0][0][0], PushOutcome::Duplicate { .. }),
         "a stored transactionId: {:?}",
@@ -125,6 +126,69 @@ pub async fn push_rounds_answer_duplicates_as_alone(b: &dyn Backend) -> CaseResu
         queued_offsets(&answers[2])[1],
         Some(2),
         "the rest of the repeating request is stored"
+    );
+    Ok(())
+}
+
+/// A round whose queues and partitions all exist (the common case, one set-based statement on
+/// PostgreSQL): requests of one partition take consecutive offsets in the round's order across
+/// requests, other partitions keep their own, a repeat within a request answers its first, and
+/// a later push follows on.
+pub async fn push_rounds_to_existing_partitions_chain_offsets(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(92);
+    s.push(vec![
+        group(&mut ids, "xq", "p", "x", 0..1),
+        group(&mut ids, "xq", "o", "x", 0..1),
+    ])
+    .await
+    .map_err(e)?;
+    let mut repeating = group(&mut ids, "xq", "p", "y", 3..5);
+    repeating.frames[1].transaction_id = repeating.frames[0].transaction_id.clone();
+    let answers = s
+        .push_round(vec![
+            vec![group(&mut ids, "xq", "p", "a", 1..3)],
+            vec![group(&mut ids, "xq", "o", "b", 1..2), repeating],
+            vec![group(&mut ids, "xq", "p", "c", 5..6)],
+        ])
+        .await;
+    let answers = every_answer(answers)?;
+    ensure_eq!(
+        queued_offsets(&answers[0]),
+        vec![Some(1), Some(2)],
+        "first request"
+    );
+    match &answers[1][1][..] {
+        [PushOutcome::Queued {
+            offset: 3,
+            message_id,
+            ..
+        }, PushOutcome::Duplicate { message_id: d, .. }] => {
+            ensure_eq!(message_id, d, "the repeat answers its first")
+        }
+        other => return Err(format!("the repeating request: {other:?}")),
+    }
+    ensure_eq!(
+        queued_offsets(&answers[1])[0],
+        Some(1),
+        "the other partition"
+    );
+    ensure_eq!(
+        queued_offsets(&answers[2]),
+        vec![Some(4)],
+        "the third, after the second"
+    );
+    s.push(vec![group(&mut ids, "xq", "p", "z", 6..7)])
+        .await
+        .map_err(e)?;
+    let r = s
+        .pop_partition(pop_req("xq", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![0, 1, 2, 3, 5, 6],
+        "stored in the round's order"
     );
     Ok(())
 }
