@@ -1,7 +1,10 @@
 //! Scenario 17: ephemeral queues against durable queues on the same broker in the same run: push
 //! at batch 1 and 100 (8 producers), pop+ack at batch 1 and 100 (8 consumers in queue mode over 8
 //! partitions), push-to-delivery p50/p99 at a tenth of the ephemeral push rate with a consumer
-//! parked in a long poll, and the memory a million queued 200-byte messages cost.
+//! parked in a long poll, and the memory a million queued 200-byte messages cost. Then two
+//! brokers sharing their ephemeral queues (`PEER_ADDRESS`): push and pop+ack at batch 1 through
+//! the broker that does not own the queue (each call forwarded to the owner) against the same
+//! through the owner.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,11 +51,29 @@ async fn delete(addr: std::net::SocketAddr, queue: &str) {
 
 const FEED_BYTES: u64 = 64 << 20;
 
+/// Where a measurement's calls go: `owner` configures (and so owns) the queue, the clients call
+/// `via` (the same broker, or another that forwards each call to the owner).
+#[derive(Clone, Copy)]
+struct Route {
+    owner: std::net::SocketAddr,
+    via: std::net::SocketAddr,
+}
+
+impl Route {
+    fn direct(addr: std::net::SocketAddr) -> Route {
+        Route {
+            owner: addr,
+            via: addr,
+        }
+    }
+}
+
 /// msg/s of `PRODUCERS` pushing `batch` messages a request, ephemeral or durable.
-async fn push_rate(addr: std::net::SocketAddr, ephemeral: bool, batch: usize, secs: u64) -> f64 {
+async fn push_rate(route: Route, ephemeral: bool, batch: usize, secs: u64) -> f64 {
+    let addr = route.via;
     let queue = format!("{}-push{batch}", if ephemeral { "eph" } else { "dur" });
     if ephemeral {
-        let mut c = queen_raw_client::Client::connect(addr).await;
+        let mut c = queen_raw_client::Client::connect(route.owner).await;
         configure(&mut c, &queue, 2_000_000, FEED_BYTES).await;
     }
     let measured = queue.clone();
@@ -87,7 +108,7 @@ async fn push_rate(addr: std::net::SocketAddr, ephemeral: bool, batch: usize, se
     })
     .await;
     if ephemeral {
-        delete(addr, &measured).await;
+        delete(route.owner, &measured).await;
     }
     rate
 }
@@ -111,9 +132,10 @@ fn acks_of(ephemeral: bool, answer: &Value) -> (usize, Value) {
 
 /// msg/s of 8 consumers (queue mode: one group) taking `batch` a pop and acking each batch,
 /// draining a backlog pushed first.
-async fn pop_ack_rate(addr: std::net::SocketAddr, ephemeral: bool, batch: usize, secs: u64) -> f64 {
+async fn pop_ack_rate(route: Route, ephemeral: bool, batch: usize, secs: u64) -> f64 {
+    let addr = route.via;
     let queue = format!("{}-pop{batch}", if ephemeral { "eph" } else { "dur" });
-    let mut c = queen_raw_client::Client::connect(addr).await;
+    let mut c = queen_raw_client::Client::connect(route.owner).await;
     if ephemeral {
         configure(&mut c, &queue, 2_000_000, FEED_BYTES).await;
     }
@@ -185,7 +207,7 @@ async fn pop_ack_rate(addr: std::net::SocketAddr, ephemeral: bool, batch: usize,
     }
     let rate = count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
     if ephemeral {
-        delete(addr, &queue).await;
+        delete(route.owner, &queue).await;
     }
     rate
 }
@@ -280,12 +302,19 @@ async fn memory(addr: std::net::SocketAddr, n: usize) -> f64 {
     grown / (n as f64 * 200.0)
 }
 
-pub async fn ephemeral_scenario(addr: std::net::SocketAddr, secs: u64, quick: bool) -> Vec<Row> {
+/// `peers`: two brokers sharing their ephemeral queues, for the forwarded path.
+pub async fn ephemeral_scenario(
+    addr: std::net::SocketAddr,
+    peers: (std::net::SocketAddr, std::net::SocketAddr),
+    secs: u64,
+    quick: bool,
+) -> Vec<Row> {
     let mut rows = vec![];
     let (mut eph_batch1, mut dur_batch1) = (0.0, 0.0);
+    let here = Route::direct(addr);
     for batch in [1usize, 100] {
-        let eph = push_rate(addr, true, batch, secs).await;
-        let dur = push_rate(addr, false, batch, secs).await;
+        let eph = push_rate(here, true, batch, secs).await;
+        let dur = push_rate(here, false, batch, secs).await;
         if batch == 1 {
             (eph_batch1, dur_batch1) = (eph, dur);
         }
@@ -298,8 +327,8 @@ pub async fn ephemeral_scenario(addr: std::net::SocketAddr, secs: u64, quick: bo
         ));
     }
     for batch in [1usize, 100] {
-        let eph = pop_ack_rate(addr, true, batch, secs).await;
-        let dur = pop_ack_rate(addr, false, batch, secs).await;
+        let eph = pop_ack_rate(here, true, batch, secs).await;
+        let dur = pop_ack_rate(here, false, batch, secs).await;
         rows.push(Row::new(
             format!("ephemeral pop+ack, batch {batch}, {PRODUCERS} consumers"),
             "msg/s",
@@ -338,6 +367,29 @@ pub async fn ephemeral_scenario(addr: std::net::SocketAddr, secs: u64, quick: bo
         dur_rate,
         "-",
         f64::NAN,
+    ));
+    let (owner, other) = peers;
+    let forwarded = Route { owner, via: other };
+    let at_owner = Route::direct(owner);
+    let fwd = push_rate(forwarded, true, 1, secs).await;
+    let own = push_rate(at_owner, true, 1, secs).await;
+    rows.push(Row::new(
+        format!("ephemeral push, batch 1, {PRODUCERS} producers, through a non-owner (forwarded)"),
+        "msg/s",
+        fwd,
+        "through the owner",
+        own,
+    ));
+    let fwd = pop_ack_rate(forwarded, true, 1, secs).await;
+    let own = pop_ack_rate(at_owner, true, 1, secs).await;
+    rows.push(Row::new(
+        format!(
+            "ephemeral pop+ack, batch 1, {PRODUCERS} consumers, through a non-owner (forwarded)"
+        ),
+        "msg/s",
+        fwd,
+        "through the owner",
+        own,
     ));
     let n = if quick { 100_000 } else { 1_000_000 };
     rows.push(Row::new(

@@ -21,7 +21,8 @@
 //!     commits per 1,000 messages and WAL bytes per message;
 //! 16. stream cycles (see `streams.rs`);
 //! 17. ephemeral queues against durable ones on the same broker: push, pop+ack, push-to-delivery
-//!     latency, and the memory of queued messages.
+//!     latency, and the memory of queued messages; push and pop+ack through a broker that
+//!     forwards to the queue's owner against the same through the owner.
 //!
 //! Usage: `queen-bench --help` (or `bash .ci/bench [--quick]`, which starts PostgreSQL itself);
 //! `queen-bench report` turns a run's JSON into docs/benchmarks.md's table.
@@ -188,6 +189,16 @@ pub(crate) async fn start_with(
     seed: u64,
 ) -> (Arc<Broker>, std::net::SocketAddr) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    serve_on(pg, config, seed, listener)
+}
+
+/// A broker with its background tasks, serving `listener` on the brokers' runtime.
+fn serve_on(
+    pg: &queen_storage_pg::PgStorage,
+    config: ServerConfig,
+    seed: u64,
+    listener: std::net::TcpListener,
+) -> (Arc<Broker>, std::net::SocketAddr) {
     listener
         .set_nonblocking(true)
         .expect("nonblocking listener");
@@ -200,6 +211,21 @@ pub(crate) async fn start_with(
         queen_server::serve_listener(served, listener).await
     });
     (app, addr)
+}
+
+/// An in-process broker that shares its ephemeral queues with the other peers on the bench's
+/// database: its `PEER_ADDRESS` is the port it serves on.
+pub(crate) async fn start_peer(
+    pg: &queen_storage_pg::PgStorage,
+    seed: u64,
+) -> (Arc<Broker>, std::net::SocketAddr) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let config = ServerConfig {
+        peer_address: Some(addr.to_string()),
+        ..bench_config()
+    };
+    serve_on(pg, config, seed, listener)
 }
 
 // The allocator of the `queen` binary (server/Cargo.toml says why), counting live bytes.
@@ -321,7 +347,13 @@ async fn measure(args: RunArgs) {
         eprintln!("measured stream cycles");
     }
     if runs(Scenario::Ephemeral) {
-        let rows = ephemeral::ephemeral_scenario(run.addr, run.plan.secs, run.plan.quick).await;
+        // Two more brokers, sharing their ephemeral queues with each other (not with the main
+        // one, which owns its queues alone), for the forwarded path.
+        let (_owner, owner) = start_peer(&run.pg, 17_001).await;
+        let (_other, other) = start_peer(&run.pg, 17_002).await;
+        let rows =
+            ephemeral::ephemeral_scenario(run.addr, (owner, other), run.plan.secs, run.plan.quick)
+                .await;
         run.rows.extend(rows);
         eprintln!("measured ephemeral queues");
     }
