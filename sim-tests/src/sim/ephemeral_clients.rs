@@ -18,8 +18,7 @@ use serde_json::{json, Value};
 
 use super::ephemeral_check::{PushSent, Received};
 use super::http::{request, Answer};
-use super::workload::Wait;
-use super::{Scenario, Shared};
+use super::{Scenario, Shared, Wait};
 
 /// The ephemeral queue and its partitions.
 pub const QUEUE: &str = "eph";
@@ -181,8 +180,7 @@ async fn consume(shared: Arc<Shared>, c: Consumer, mut rng: SeededRng) {
             path.push_str("&autoAck=true");
         }
         let sent = shared.now();
-        set_wait(
-            &shared,
+        shared.set_ephemeral_wait(
             c.name,
             Some(Wait {
                 consumer: format!("{}@{broker}", c.name),
@@ -201,7 +199,7 @@ async fn consume(shared: Arc<Shared>, c: Consumer, mut rng: SeededRng) {
         )
         .await;
         // The wait ends and the deliveries count at one instant (the checker reads both).
-        set_wait(&shared, c.name, None);
+        shared.set_ephemeral_wait(c.name, None);
         let got = received(&shared, &c, &answer, sent);
         if !note_answer(&shared, "pop", &answer) {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -211,15 +209,6 @@ async fn consume(shared: Arc<Shared>, c: Consumer, mut rng: SeededRng) {
             continue;
         }
         settle(&shared, &c, &got, &mut rng).await;
-    }
-}
-
-fn set_wait(shared: &Shared, consumer: &str, wait: Option<Wait>) {
-    if let Ok(mut w) = shared.ephemeral_waits.lock() {
-        match wait {
-            Some(wait) => w.insert(consumer.to_string(), wait),
-            None => w.remove(consumer),
-        };
     }
 }
 

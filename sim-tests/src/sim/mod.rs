@@ -405,6 +405,18 @@ impl CoverageLabel for CrashPoint {
     }
 }
 
+/// A consumer's pop in flight, for the liveness checker: what it waits on and since when.
+#[derive(Clone, Debug)]
+pub struct Wait {
+    pub consumer: String,
+    pub group: &'static str,
+    /// The queues it may be served from (one, or a namespace's).
+    pub queues: Vec<&'static str>,
+    /// `Some`: only this partition (the single-partition route).
+    pub partition: Option<&'static str>,
+    pub since: i64,
+}
+
 /// Shared by the driver and the simulated clients.
 pub(crate) struct Shared {
     pub history: History,
@@ -419,7 +431,7 @@ pub(crate) struct Shared {
     /// Pop ids, unique across consumers (the history matches answers to invocations by id).
     pub next_pop_id: AtomicU64,
     /// Pops in flight by consumer, for the liveness checker.
-    pub waits: Mutex<BTreeMap<String, workload::Wait>>,
+    pub waits: Mutex<BTreeMap<String, Wait>>,
     /// Deliveries by (group, partition), for the liveness checker.
     pub delivered: Mutex<BTreeMap<(String, String), u64>>,
     /// Coverage counters the clients bump.
@@ -440,7 +452,16 @@ pub(crate) struct Shared {
     /// What the ephemeral clients saw and did, in order.
     pub ephemeral: Mutex<ephemeral_check::Log>,
     /// The ephemeral consumers' pops in flight, for the delivery bound (prompt scenario).
-    pub ephemeral_waits: Mutex<BTreeMap<String, workload::Wait>>,
+    pub ephemeral_waits: Mutex<BTreeMap<String, Wait>>,
+}
+
+fn set_wait_in(waits: &Mutex<BTreeMap<String, Wait>>, consumer: &str, wait: Option<Wait>) {
+    if let Ok(mut w) = waits.lock() {
+        match wait {
+            Some(wait) => w.insert(consumer.to_string(), wait),
+            None => w.remove(consumer),
+        };
+    }
 }
 
 /// A seeded coin with probability `p`.
@@ -461,16 +482,16 @@ impl Shared {
     pub fn record(&self, e: Event) {
         self.history.record(e);
     }
-    pub fn set_wait(&self, consumer: &str, wait: Option<workload::Wait>) {
-        if let Ok(mut w) = self.waits.lock() {
-            match wait {
-                Some(wait) => w.insert(consumer.to_string(), wait),
-                None => w.remove(consumer),
-            };
-        }
+    /// A durable consumer's pop in flight (`None`: answered).
+    pub fn set_wait(&self, consumer: &str, wait: Option<Wait>) {
+        set_wait_in(&self.waits, consumer, wait);
+    }
+    /// An ephemeral consumer's pop in flight (`None`: answered).
+    pub fn set_ephemeral_wait(&self, consumer: &str, wait: Option<Wait>) {
+        set_wait_in(&self.ephemeral_waits, consumer, wait);
     }
     /// The durable consumers' pops in flight and the deliveries so far, for the delivery bound.
-    fn durable_waits(&self) -> (Vec<workload::Wait>, BTreeMap<(String, String), u64>) {
+    fn durable_waits(&self) -> (Vec<Wait>, BTreeMap<(String, String), u64>) {
         let waits = self
             .waits
             .lock()
@@ -481,7 +502,7 @@ impl Shared {
     }
 
     /// The ephemeral consumers' pops in flight, and what was stored and received so far.
-    fn ephemeral_waits(&self) -> (Vec<workload::Wait>, ephemeral_check::Tally) {
+    fn ephemeral_waits(&self) -> (Vec<Wait>, ephemeral_check::Tally) {
         let waits = self
             .ephemeral_waits
             .lock()
@@ -690,7 +711,7 @@ impl Liveness {
         &mut self,
         now: i64,
         outage: bool,
-        waits: &[workload::Wait],
+        waits: &[Wait],
         delivered: &BTreeMap<(String, String), u64>,
         backend: &dyn Deliverable,
     ) -> Vec<String> {

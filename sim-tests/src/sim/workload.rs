@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::history::{Event, Msg};
 use super::http::request;
-use super::{hit, Scenario, Shared};
+use super::{hit, Scenario, Shared, Wait};
 
 pub const QUEUES: [&str; 13] = [
     PROMPT_RESET,
@@ -199,18 +199,6 @@ pub fn is_rewound(e: &Event) -> bool {
             .group()
             .is_some_and(|g| g == SEEK_GROUP || g == DELETED_GROUP),
     }
-}
-
-/// A consumer's pop in flight, for the liveness checker: what it waits on and since when.
-#[derive(Clone, Debug)]
-pub struct Wait {
-    pub consumer: String,
-    pub group: &'static str,
-    /// The queues it may be served from (one, or a namespace's).
-    pub queues: Vec<&'static str>,
-    /// `Some`: only this partition (the single-partition route).
-    pub partition: Option<&'static str>,
-    pub since: i64,
 }
 
 #[derive(Clone)]
