@@ -65,12 +65,6 @@ pub struct Peers {
     connect: PeerConnector,
 }
 
-impl Default for Peers {
-    fn default() -> Self {
-        Peers::new(tcp_connector())
-    }
-}
-
 impl Peers {
     pub fn new(connect: PeerConnector) -> Self {
         Peers {
