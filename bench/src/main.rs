@@ -599,15 +599,15 @@ async fn measure_scaling(run: &mut Run) {
             }
         }
         weigh_ring(run, &queue, size);
-        measure_admin_totals(run, size).await;
+        measure_admin_totals(run, &queue, size).await;
         eprintln!("measured scaling, {size} partitions");
     }
 }
 
 /// The admin totals once the database holds the scaling queues so far: a pass over every
 /// partition, and the totals routes answered from it (each against the pass).
-async fn measure_admin_totals(run: &mut Run, size: usize) {
-    let t = admin::measure(run.addr).await;
+async fn measure_admin_totals(run: &mut Run, queue: &str, size: usize) {
+    let t = admin::measure(run.addr, queue).await;
     let label = format!("admin totals, {size}-partition queue");
     let vs = "a pass over every partition, ms";
     run.rows.extend([
@@ -633,9 +633,44 @@ async fn measure_admin_totals(run: &mut Run, size: usize) {
             t.pass_ms,
         ),
         Row::new(
-            label,
+            label.clone(),
             "overview ms (median of 5)",
             t.overview_ms,
+            vs,
+            t.pass_ms,
+        ),
+        Row::new(
+            label.clone(),
+            "its depth for a group ms (median of 5)",
+            t.depth_ms,
+            vs,
+            t.pass_ms,
+        ),
+        Row::new(
+            label.clone(),
+            "its first page of partitions ms (median of 5)",
+            t.queue_ms,
+            vs,
+            t.pass_ms,
+        ),
+        Row::new(
+            label.clone(),
+            "its status view ms (median of 5)",
+            t.queue_status_ms,
+            vs,
+            t.pass_ms,
+        ),
+        Row::new(
+            label.clone(),
+            "a group's partitions on it ms (median of 5)",
+            t.group_ms,
+            vs,
+            t.pass_ms,
+        ),
+        Row::new(
+            label,
+            "its messages, first page, ms (median of 5)",
+            t.messages_ms,
             vs,
             t.pass_ms,
         ),

@@ -7,7 +7,7 @@
 //! A pass costs 15-25 µs per partition on PostgreSQL (cursor rows and two index probes for
 //! each cursor's oldest unconsumed message): 16 s at a million partitions (docs/operations.md).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::Arc;
 
@@ -16,18 +16,19 @@ use queen_core::Timestamp;
 use serde_json::Value;
 
 use crate::http::Failure;
-use crate::views::{depth, lag_stats, Counts, GroupLag};
+use crate::views::{depth, lag_stats, Backlog, Counts, GroupLag};
 
 /// Partitions read per storage call of a pass.
 const PAGE: u32 = 2_000;
 
 /// One queue's totals.
+#[derive(Clone)]
 pub(crate) struct QueueTally {
     /// The queue; `partitions`, `pushed` and `retained` are the pass's own sums.
     pub(crate) view: QueueView,
     pub(crate) counts: Counts,
-    /// The slowest reader's depth summed over partitions (`views::depth`).
-    pub(crate) depth: u64,
+    /// The slowest reader's backlog (`views::depth`).
+    pub(crate) backlog: Backlog,
     pub(crate) leases: u64,
     pub(crate) leased_partitions: u64,
     pub(crate) leased_messages: u64,
@@ -44,6 +45,23 @@ pub(crate) struct PartitionLag {
     pub(crate) pending: u64,
 }
 
+/// The cursors the lagging view keeps: the longest-lagging, over every queue.
+pub(crate) const LAGGING_KEPT: usize = 1_000;
+
+/// A cursor with something unconsumed, for the lagging view.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct LaggingCursor {
+    /// First: the heap of `pass` orders by it.
+    pub(crate) oldest_unconsumed_at: Timestamp,
+    pub(crate) group: String,
+    pub(crate) queue: String,
+    pub(crate) partition: String,
+    pub(crate) partition_id: String,
+    /// The holder of a live lease.
+    pub(crate) worker_id: Option<String>,
+    pub(crate) offset_lag: u64,
+}
+
 /// What one pass found.
 pub(crate) struct Snapshot {
     /// When the pass started.
@@ -58,6 +76,8 @@ pub(crate) struct Snapshot {
     /// At most `metrics_partition_series`, in (queue, partition, group) order.
     pub(crate) partition_lags: Vec<PartitionLag>,
     pub(crate) partition_lags_omitted: u64,
+    /// The `LAGGING_KEPT` cursors whose oldest unconsumed message is oldest, oldest first.
+    pub(crate) lagging: Vec<LaggingCursor>,
 }
 
 impl Snapshot {
@@ -115,66 +135,56 @@ pub(crate) async fn pass(
     let (mut time_lags, mut offset_lags) = (vec![], vec![]);
     let mut partition_lags = vec![];
     let mut omitted = 0u64;
+    // The youngest kept on top, to make room for an older one.
+    let mut lagging: BinaryHeap<LaggingCursor> = BinaryHeap::new();
     let mut queues = vec![];
     for view in inspect.queue_views(QueueFilter::default()).await? {
-        let mut tally = QueueTally {
-            counts: Counts::default(),
-            depth: 0,
-            leases: 0,
-            leased_partitions: 0,
-            leased_messages: 0,
-            consumed: 0,
-            groups: view
-                .groups
-                .iter()
-                .map(|g| (g.clone(), GroupLag::default()))
-                .collect(),
-            view,
-        };
-        let (mut partitions, mut pushed, mut retained) = (0u64, 0u64, 0u64);
-        let mut after: Option<String> = None;
-        loop {
-            let page = inspect
-                .partition_views_page(&tally.view.config.name, after.as_deref(), PAGE)
-                .await?;
-            for p in &page {
-                partitions += 1;
-                pushed += p.pushed();
-                retained += p.retained();
-                tally.add(p, taken_at);
-                for c in &p.cursors {
-                    offset_lags.push(p.pending_after(c.committed) as f64);
-                    time_lags.push(
-                        c.oldest_unconsumed_at
-                            .map_or(0.0, |t| t.millis_until(taken_at) as f64 / 1000.0),
-                    );
-                }
-                for g in &tally.view.groups {
-                    let pending = depth(p, &tally.view.groups, Some(g));
-                    if pending == 0 {
-                        continue;
+        let tally = tally_queue(inspect, QueueTally::new(view), taken_at, |tally, p| {
+            for c in &p.cursors {
+                if let Some(oldest) = c.oldest_unconsumed_at {
+                    let younger_than_kept = lagging.len() >= LAGGING_KEPT
+                        && lagging
+                            .peek()
+                            .is_some_and(|l| l.oldest_unconsumed_at <= oldest);
+                    if !younger_than_kept {
+                        lagging.push(LaggingCursor {
+                            oldest_unconsumed_at: oldest,
+                            group: c.group.clone(),
+                            queue: p.queue.clone(),
+                            partition: p.partition.clone(),
+                            partition_id: p.partition_id.clone(),
+                            worker_id: c.leased_until.and(c.worker_id.clone()),
+                            offset_lag: p.pending_after(c.committed),
+                        });
+                        if lagging.len() > LAGGING_KEPT {
+                            lagging.pop();
+                        }
                     }
-                    if partition_lags.len() >= cap {
-                        omitted += 1;
-                        continue;
-                    }
-                    partition_lags.push(PartitionLag {
-                        queue: p.queue.clone(),
-                        partition: p.partition.clone(),
-                        group: g.clone(),
-                        pending,
-                    });
                 }
+                offset_lags.push(p.pending_after(c.committed) as f64);
+                time_lags.push(
+                    c.oldest_unconsumed_at
+                        .map_or(0.0, |t| t.millis_until(taken_at) as f64 / 1000.0),
+                );
             }
-            match page.last() {
-                Some(last) if page.len() == PAGE as usize => after = Some(last.partition.clone()),
-                _ => break,
+            for g in &tally.view.groups {
+                let pending = depth(p, &tally.view.groups, Some(g));
+                if pending == 0 {
+                    continue;
+                }
+                if partition_lags.len() >= cap {
+                    omitted += 1;
+                    continue;
+                }
+                partition_lags.push(PartitionLag {
+                    queue: p.queue.clone(),
+                    partition: p.partition.clone(),
+                    group: g.clone(),
+                    pending,
+                });
             }
-        }
-        tally.view.partitions = partitions;
-        tally.view.pushed = pushed;
-        tally.view.retained = retained;
-        tally.counts.dead_letter = tally.view.dead_letters;
+        })
+        .await?;
         queues.push(tally);
     }
     Ok(Snapshot {
@@ -185,13 +195,72 @@ pub(crate) async fn pass(
         offset_lags: lag_stats(&mut offset_lags),
         partition_lags,
         partition_lags_omitted: omitted,
+        lagging: lagging.into_sorted_vec(),
     })
 }
 
+/// Adds every partition of the tally's queue to it, page by page, showing each to `each` once
+/// it is added.
+pub(crate) async fn tally_queue(
+    inspect: &dyn InspectStorage,
+    mut tally: QueueTally,
+    taken_at: Timestamp,
+    mut each: impl FnMut(&QueueTally, &PartitionView),
+) -> Result<QueueTally, Failure> {
+    let mut after: Option<String> = None;
+    loop {
+        let page = inspect
+            .partition_views_page(&tally.view.config.name, after.as_deref(), PAGE, None)
+            .await?;
+        for p in &page {
+            tally.add(p, taken_at);
+            each(&tally, p);
+        }
+        match page.last() {
+            Some(last) if page.len() == PAGE as usize => after = Some(last.partition.clone()),
+            _ => return Ok(tally),
+        }
+    }
+}
+
 impl QueueTally {
-    fn add(&mut self, p: &PartitionView, now: Timestamp) {
+    /// An empty tally of `view`'s queue: its partition sums restart from zero, to be added.
+    pub(crate) fn new(mut view: QueueView) -> QueueTally {
+        (view.partitions, view.pushed, view.retained) = (0, 0, 0);
+        QueueTally {
+            counts: Counts {
+                dead_letter: view.dead_letters,
+                ..Counts::default()
+            },
+            backlog: Backlog::default(),
+            leases: 0,
+            leased_partitions: 0,
+            leased_messages: 0,
+            consumed: 0,
+            groups: view
+                .groups
+                .iter()
+                .map(|g| (g.clone(), GroupLag::default()))
+                .collect(),
+            view,
+        }
+    }
+
+    /// The tally also counts `group`'s backlog when the queue does not list it (a group that
+    /// has not read it yet).
+    pub(crate) fn with_group(mut self, group: Option<&str>) -> QueueTally {
+        if let Some(g) = group {
+            self.groups.entry(g.to_string()).or_default();
+        }
+        self
+    }
+
+    pub(crate) fn add(&mut self, p: &PartitionView, now: Timestamp) {
+        self.view.partitions += 1;
+        self.view.pushed += p.pushed();
+        self.view.retained += p.retained();
         self.counts.add(Counts::of(p, &self.view.groups));
-        self.depth += depth(p, &self.view.groups, None);
+        self.backlog.add(Backlog::of(p, &self.view.groups, None));
         let live = p.cursors.iter().filter(|c| c.leased_until.is_some());
         let (mut leases, mut messages) = (0u64, 0u64);
         for c in live {

@@ -50,6 +50,36 @@ pub(crate) fn processing(p: &PartitionView, group: Option<&str>) -> u64 {
         .unwrap_or(0)
 }
 
+/// A backlog over partitions, for a group or (none) the slowest reader: what is pending, how
+/// much of it is leased, and on how many partitions something is pending.
+#[derive(Default, Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Backlog {
+    pub(crate) pending: u64,
+    pub(crate) processing: u64,
+    pub(crate) partitions_pending: u64,
+}
+
+impl Backlog {
+    pub(crate) fn of(p: &PartitionView, groups: &[String], group: Option<&str>) -> Backlog {
+        let pending = depth(p, groups, group);
+        Backlog {
+            pending,
+            processing: processing(p, group).min(pending),
+            partitions_pending: u64::from(pending > 0),
+        }
+    }
+
+    pub(crate) fn add(&mut self, o: Backlog) {
+        self.pending += o.pending;
+        self.processing += o.processing;
+        self.partitions_pending += o.partitions_pending;
+    }
+
+    pub(crate) fn ready(&self) -> u64 {
+        self.pending - self.processing
+    }
+}
+
 /// The six counts of Queen's stats objects, for a set of partitions.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct Counts {
@@ -113,15 +143,6 @@ impl Inventory {
 
     pub(crate) fn partitions_of(&self, queue: &str) -> &[PartitionView] {
         self.partitions.get(queue).map_or(&[], Vec::as_slice)
-    }
-
-    pub(crate) fn counts(&self, q: &QueueView) -> Counts {
-        let mut c = Counts::default();
-        for p in self.partitions_of(&q.config.name) {
-            c.add(Counts::of(p, &q.groups));
-        }
-        c.dead_letter = q.dead_letters;
-        c
     }
 }
 
@@ -223,11 +244,11 @@ pub(crate) fn stat(values: &[f64]) -> Value {
 }
 
 /// One (group, queue) pair's lag over the queue's partitions.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct GroupLag {
     pub(crate) members: u64,
-    pub(crate) partitions_with_lag: u64,
-    pub(crate) total_lag: u64,
+    /// `total_lag` and `partitions_with_lag` of Queen's answers.
+    pub(crate) backlog: Backlog,
     pub(crate) max_time_lag: u64,
     pub(crate) consumed: i64,
 }
@@ -241,9 +262,9 @@ impl GroupLag {
         group: &str,
         now: Timestamp,
     ) {
-        let pending = depth(p, groups, Some(group));
-        self.total_lag += pending;
-        self.partitions_with_lag += u64::from(pending > 0);
+        let backlog = Backlog::of(p, groups, Some(group));
+        let pending = backlog.pending;
+        self.backlog.add(backlog);
         let oldest = match p.cursor(group) {
             Some(c) => {
                 self.members += 1;

@@ -161,6 +161,31 @@ async fn admin_resources(a: SocketAddr, q: &str) {
     assert_eq!(names, ["Default", "p1", "p2"]);
     let (code, v) = get(a, "/api/v1/resources/queues/absent").await;
     assert_eq!((code, v["error"].as_str()), (404, Some("Queue not found")));
+    let (code, v) = get(a, "/api/v1/resources/queues/absent?after=p1").await;
+    assert_eq!((code, v["error"].as_str()), (404, Some("Queue not found")));
+
+    // Paged by name: each page a range, the totals the whole queue's.
+    let (_, whole) = get(a, &format!("/api/v1/resources/queues/{q}")).await;
+    assert_eq!(whole["pagination"]["next"], Value::Null);
+    let (_, first) = get(a, &format!("/api/v1/resources/queues/{q}?limit=2")).await;
+    assert_eq!(first["partitions"].as_array().map(Vec::len), Some(2));
+    assert_eq!(first["pagination"]["next"], "p1");
+    assert_eq!(
+        (&first["totals"], &first["partitionsTotal"]),
+        (&whole["totals"], &json!(3))
+    );
+    let (_, rest) = get(a, &format!("/api/v1/resources/queues/{q}?limit=2&after=p1")).await;
+    assert_eq!(rest["partitions"][0]["name"], "p2");
+    assert_eq!(rest["pagination"]["next"], Value::Null);
+    for (group, pending) in [("g1", 1), ("late", 4)] {
+        let (_, v) = get(
+            a,
+            &format!("/api/v1/resources/queues/{q}/depth?group={group}&limit=1"),
+        )
+        .await;
+        assert_eq!(v["pending"], pending, "{group}: {v}");
+        assert_eq!(v["partitions"].as_array().map(Vec::len), Some(1), "{v}");
+    }
 
     let (_, v) = get(
         a,
@@ -201,6 +226,39 @@ async fn admin_message_browser(a: SocketAddr, q: &str, p2: &str) {
     let (_, v) = get(a, &format!("/api/v1/messages?queue={q}&status=pending")).await;
     assert_eq!(v["messages"][0]["transactionId"], "b2");
     assert_eq!(v["messages"][0]["data"], json!({"tx": "b2"}));
+
+    // Namespace filters: the listing and the analytics count only that namespace's queues.
+    let (code, _) = send(
+        a,
+        "POST",
+        "/api/v1/configure",
+        Some(json!({"queue": "adm-ns", "namespace": "billing"})),
+    )
+    .await;
+    assert_eq!(code, 200);
+    push(a, "adm-ns", "n1", &["n1"]).await;
+    let (_, v) = get(a, "/api/v1/messages?namespace=billing").await;
+    let queues: Vec<&str> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["queue"].as_str().unwrap())
+        .collect();
+    assert_eq!(queues, ["adm-ns"], "{v}");
+    let (_, v) = get(a, "/api/v1/messages?namespace=nobody").await;
+    assert_eq!(v["messages"], json!([]), "{v}");
+    let (_, v) = get(
+        a,
+        "/api/v1/status/analytics?namespace=billing&interval=minute",
+    )
+    .await;
+    let counted: u64 = v["dataPoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["messages"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, 1, "{v}");
 
     let (code, v) = get(a, &format!("/api/v1/messages/{p2}/b1")).await;
     assert_eq!(code, 200, "{v}");
@@ -296,10 +354,31 @@ async fn admin_consumer_groups(a: SocketAddr, q: &str) {
         by_name(&v[q]["partitions"], "partition", "p2")["offsetLag"],
         1
     );
+    let (_, v) = get(a, &format!("/api/v1/consumer-groups/g1?queue={q}&limit=1")).await;
+    assert_eq!(v[q]["partitions"][0]["partition"], "Default", "{v}");
+    assert_eq!(v[q]["pagination"]["next"], "Default");
+    let (_, v) = get(a, &format!("/api/v1/consumer-groups/g1?queue={q}&after=p1")).await;
+    assert_eq!(v[q]["partitions"][0]["offsetLag"], 1, "{v}");
     let (_, v) = get(a, "/api/v1/consumer-groups/nobody").await;
     assert_eq!(v, json!({}));
     let (code, v) = get(a, "/api/v1/consumer-groups/lagging?minLagSeconds=3600").await;
     assert_eq!((code, v), (200, json!([])));
+    // b2, unread by g1 on p2, is past a lag of 0 s once a second has gone by.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (code, v) = get(a, "/api/v1/consumer-groups/lagging?minLagSeconds=0").await;
+    assert_eq!(code, 200, "{v}");
+    let row = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["consumer_group"] == "g1" && l["queue_name"] == q)
+        .unwrap_or_else(|| panic!("g1 does not lag: {v}"));
+    assert_eq!(
+        (row["partition_name"].as_str(), row["offset_lag"].as_u64()),
+        (Some("p2"), Some(1)),
+        "{row}"
+    );
+    assert!(row["time_lag_seconds"].as_u64() >= Some(1), "{row}");
 }
 
 /// A dead letter: shown, retried as a new message, gone; a live message is not deletable; the retried message is delivered again.
@@ -354,6 +433,10 @@ async fn admin_bad_input(a: SocketAddr) {
         "/api/v1/status/analytics?interval=week",
         "/api/v1/traces/names?limit=0",
         "/api/v1/consumer-groups/lagging?minLagSeconds=-1",
+        "/api/v1/resources/queues/adm?limit=0",
+        "/api/v1/resources/queues/adm/depth?limit=10001",
+        "/api/v1/status/queues/adm?after=%00",
+        "/api/v1/consumer-groups/g1?after=p1",
     ] {
         let (code, v) = get(a, path).await;
         assert_eq!(code, 400, "{path}: {v}");
@@ -396,11 +479,11 @@ async fn admin_status(a: SocketAddr) {
         .sum();
     assert_eq!(
         counted,
-        4 + 2 + 1,
-        "every message pushed in the window, the retry too"
+        4 + 1 + 2 + 1,
+        "every message pushed in the window (adm, adm-ns, adm-dlq), the retry too"
     );
     let (_, v) = get(a, "/api/v1/resources/overview").await;
-    assert_eq!(v["queues"], 2);
+    assert_eq!(v["queues"], 3, "adm, adm-ns, adm-dlq");
     let (code, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;
     assert_eq!(code, 200, "{v}");
 }
@@ -594,9 +677,44 @@ async fn totals_from_a_snapshot(store: Store) {
     assert_eq!(entry["messages"]["total"], 2_050);
     assert_eq!(entry["messages"]["pending"], 2_050, "nobody reads it");
     assert!(listed["statsAge"].as_i64().is_some(), "{listed}");
-    let (_, live) = get(a, &format!("/api/v1/resources/queues/{q}")).await;
+    // The whole queue in one page: its totals counted for the request, as the pass counted them.
+    let (_, live) = get(a, &format!("/api/v1/resources/queues/{q}?limit=5000")).await;
+    assert_eq!(live["statsAge"], 0, "{}", live["pagination"]);
+    assert_eq!(live["partitions"].as_array().map(Vec::len), Some(2_050));
     assert_eq!(entry["messages"]["total"], live["totals"]["total"]);
     assert_eq!(entry["messages"]["completed"], live["totals"]["completed"]);
+    // A page of a larger queue: its totals from the pass, with their age.
+    let (code, first) = get(a, &format!("/api/v1/resources/queues/{q}")).await;
+    assert_eq!(code, 200, "{}", first["error"]);
+    assert_eq!(first["partitions"].as_array().map(Vec::len), Some(1_000));
+    assert_eq!(first["pagination"]["next"], "p00999");
+    assert_eq!(first["partitionsTotal"], 2_050);
+    assert_eq!(first["totals"], live["totals"]);
+    assert!(first["statsAge"].as_i64().is_some());
+    let (_, last) = get(a, &format!("/api/v1/resources/queues/{q}?after=p01999")).await;
+    let names: Vec<&str> = last["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 50);
+    assert_eq!((names[0], names[49]), ("p02000", "p02049"));
+    assert_eq!(last["pagination"]["next"], Value::Null);
+    let (_, d) = get(a, &format!("/api/v1/resources/queues/{q}/depth?limit=10")).await;
+    assert_eq!(
+        (d["pending"].as_u64(), d["partitionsPending"].as_u64()),
+        (Some(2_050), Some(2_050)),
+        "{d}"
+    );
+    assert_eq!(d["partitions"].as_array().map(Vec::len), Some(10));
+    let (_, detail) = get(
+        a,
+        &format!("/api/v1/status/queues/{q}?limit=3&after=p00100"),
+    )
+    .await;
+    assert_eq!(detail["partitions"][0]["name"], "p00101", "{detail}");
+    assert_eq!(detail["totals"]["total"], 2_050);
 
     push(a, "snap-g", "y", &["late1", "late2"]).await;
     let (_, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;

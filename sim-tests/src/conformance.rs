@@ -106,6 +106,63 @@ fn ack(tx: &str, pid: &str, status: AckStatus, lease: Option<String>) -> AckItem
     }
 }
 
+/// The admin plane's partition reads: pages by bytewise name after a name, with every cursor or
+/// one group's; by id in (queue, name) order, leaving out ids of no partition.
+pub async fn partition_views_page_and_by_id(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(95);
+    let mut pid = std::collections::BTreeMap::new();
+    for p in ["c", "a", "b"] {
+        let out = push(&*s, &mut ids, "iv", p, "t", 0..2).await?;
+        let Some(PushOutcome::Queued { partition_id, .. }) = out.first() else {
+            return Err(format!("push to {p}: {out:?}"));
+        };
+        pid.insert(p, partition_id.clone());
+    }
+    for g in ["g", QUEUE_MODE_GROUP] {
+        let w = ids.worker();
+        s.pop_partition(pop_req("iv", g, w, 1), "b".into())
+            .await
+            .map_err(e)?;
+    }
+    let names = |v: &[queen_core::storage::PartitionView]| -> Vec<String> {
+        v.iter().map(|p| p.partition.clone()).collect()
+    };
+    let first = s
+        .partition_views_page("iv", None, 2, None)
+        .await
+        .map_err(e)?;
+    ensure_eq!(names(&first), vec!["a", "b"], "first page");
+    let groups: Vec<&str> = first[1].cursors.iter().map(|c| c.group.as_str()).collect();
+    ensure_eq!(groups, vec![QUEUE_MODE_GROUP, "g"], "every cursor on b");
+    let rest = s
+        .partition_views_page("iv", Some("b"), 2, None)
+        .await
+        .map_err(e)?;
+    ensure_eq!(names(&rest), vec!["c"], "the page after b");
+    let of_g = s
+        .partition_views_page("iv", Some("a"), 1, Some("g"))
+        .await
+        .map_err(e)?;
+    let groups: Vec<&str> = of_g[0].cursors.iter().map(|c| c.group.as_str()).collect();
+    ensure_eq!(groups, vec!["g"], "g's cursor only");
+    let asked = vec![
+        pid["c"].clone(),
+        "not-a-uuid".to_string(),
+        pid["a"].clone(),
+        uuid::Uuid::from_u128(7).to_string(),
+        pid["c"].clone(),
+    ];
+    let found = s.partition_views_by_id(&asked).await.map_err(e)?;
+    ensure_eq!(names(&found), vec!["a", "c"], "by id");
+    ensure_eq!(
+        (found[0].last_offset, found[0].partition_id.clone()),
+        (1, pid["a"].clone()),
+        "a's view"
+    );
+    Ok(())
+}
+
 /// A pushed, leased batch comes back exactly as pushed; the cursor does not move on a lease.
 pub async fn leased_pop_delivers_in_order(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
@@ -2593,4 +2650,5 @@ cases!(
     push_rounds_to_existing_partitions_chain_offsets,
     ephemeral_declarations_round_trip,
     ephemeral_owners_claim_and_move,
+    partition_views_page_and_by_id,
 );

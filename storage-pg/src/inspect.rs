@@ -102,6 +102,8 @@ enum PartitionScope<'a> {
     Queue(Option<&'a str>),
     /// One partition by id.
     One(uuid::Uuid),
+    /// Partitions by id.
+    Ids(&'a [uuid::Uuid]),
     /// A page of one queue's partitions by bytewise name.
     Page {
         queue: &'a str,
@@ -132,6 +134,11 @@ impl PgStorage {
             PartitionScope::One(id) => {
                 client
                     .query(&PARTITIONS.replace("{filter}", "p.id = $1"), &[&id])
+                    .await
+            }
+            PartitionScope::Ids(ids) => {
+                client
+                    .query(&PARTITIONS.replace("{filter}", "p.id = ANY($1)"), &[&ids])
                     .await
             }
             PartitionScope::Page {
@@ -260,6 +267,7 @@ impl InspectStorage for PgStorage {
         queue: &str,
         after: Option<&str>,
         limit: u32,
+        group: Option<&str>,
     ) -> StorageResult<Vec<PartitionView>> {
         self.partitions_where(
             PartitionScope::Page {
@@ -267,9 +275,18 @@ impl InspectStorage for PgStorage {
                 after,
                 limit: i64::from(limit),
             },
-            None,
+            group,
         )
         .await
+    }
+
+    async fn partition_views_by_id(&self, ids: &[String]) -> StorageResult<Vec<PartitionView>> {
+        // An id that is no uuid names no partition.
+        let ids: Vec<uuid::Uuid> = ids
+            .iter()
+            .filter_map(|id| uuid::Uuid::parse_str(id).ok())
+            .collect();
+        self.partitions_where(PartitionScope::Ids(&ids), None).await
     }
 
     async fn segments(&self, q: SegmentQuery) -> StorageResult<Vec<StoredSegment>> {

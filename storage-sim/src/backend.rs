@@ -396,6 +396,7 @@ impl InspectStorage for SimDb {
         queue: &str,
         after: Option<&str>,
         limit: u32,
+        group: Option<&str>,
     ) -> StorageResult<Vec<PartitionView>> {
         let now = self.now();
         Ok(inspect::partition_views_page(
@@ -403,6 +404,16 @@ impl InspectStorage for SimDb {
             queue,
             after,
             limit,
+            group,
+            now,
+        ))
+    }
+
+    async fn partition_views_by_id(&self, ids: &[String]) -> StorageResult<Vec<PartitionView>> {
+        let now = self.now();
+        Ok(inspect::partition_views_by_id(
+            &lock(&self.shared.state),
+            ids,
             now,
         ))
     }

@@ -183,6 +183,7 @@ pub(crate) fn partition_views_page(
     queue: &str,
     after: Option<&str>,
     limit: u32,
+    group: Option<&str>,
     now: Timestamp,
 ) -> Vec<PartitionView> {
     st.partitions
@@ -193,7 +194,27 @@ pub(crate) fn partition_views_page(
         .take_while(|((q, _), _)| q == queue)
         .filter(|((_, n), _)| after.is_none_or(|a| n.as_str() > a))
         .take(limit as usize)
-        .map(|((q, n), p)| view(st, q, n, p, None, now))
+        .map(|((q, n), p)| view(st, q, n, p, group, now))
+        .collect()
+}
+
+pub(crate) fn partition_views_by_id(
+    st: &DbState,
+    ids: &[String],
+    now: Timestamp,
+) -> Vec<PartitionView> {
+    let mut names: Vec<(String, String)> = ids
+        .iter()
+        .filter_map(|id| st.partition_ids.get(id, COMMITTED).cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .iter()
+        .filter_map(|key| {
+            let p = st.partitions.get(key, COMMITTED)?;
+            Some(view(st, &key.0, &key.1, p, None, now))
+        })
         .collect()
 }
 

@@ -253,13 +253,21 @@ pub trait InspectStorage: Send + Sync {
         queue: Option<&str>,
         group: Option<&str>,
     ) -> super::StorageResult<Vec<PartitionView>>;
-    /// Up to `limit` partitions of one queue with every cursor on them, in bytewise name
-    /// order, after the partition named `after`: a pass over a queue of any size, page by page.
+    /// Up to `limit` partitions of one queue with their cursors (only `group`'s when given), in
+    /// bytewise name order, after the partition named `after`: a pass over a queue of any size,
+    /// page by page.
     async fn partition_views_page(
         &self,
         queue: &str,
         after: Option<&str>,
         limit: u32,
+        group: Option<&str>,
+    ) -> super::StorageResult<Vec<PartitionView>>;
+    /// The partitions of these ids with every cursor on them, in (queue, name) order; an id of
+    /// no partition is left out.
+    async fn partition_views_by_id(
+        &self,
+        ids: &[String],
     ) -> super::StorageResult<Vec<PartitionView>>;
     /// Stored segments, newest first, from `query.after` on.
     async fn segments(&self, query: SegmentQuery) -> super::StorageResult<Vec<StoredSegment>>;

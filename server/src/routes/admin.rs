@@ -14,8 +14,7 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use queen_core::frames::{slice_blob, Frame};
 use queen_core::storage::{
-    PartitionView, QueueFilter, QueueView, SegmentQuery, StoredMessage, TraceInput, TraceRecord,
-    WorkerSample,
+    PartitionView, QueueFilter, SegmentQuery, StoredMessage, TraceInput, TraceRecord, WorkerSample,
 };
 use queen_core::time::format_iso_micros;
 use queen_core::types::QUEUE_MODE_GROUP;
@@ -25,10 +24,10 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::wire as requests;
 use crate::http::{self, Failure, Reply};
-use crate::stats::QueueTally;
-use crate::tasks::admin_totals;
+use crate::stats::{QueueTally, Snapshot};
+use crate::tasks::admin_totals::{self, QueuePage};
 use crate::views::{
-    bucket_of, bucketed, depth, message_status, page, processing, recent_rates, stat, Counts,
+    bucket_of, bucketed, depth, message_status, page, recent_rates, stat, Backlog, Counts,
     GroupLag, Inventory,
 };
 
@@ -139,78 +138,95 @@ fn partition_json(p: &PartitionView, groups: &[String]) -> Value {
            "oldestMessage": p.oldest_at.map(iso), "newestMessage": p.newest_at.map(iso)})
 }
 
-async fn one_queue(broker: &Broker, name: &str) -> Result<Inventory, Failure> {
-    requests::check_name("queue", name)?;
-    let inv = Inventory::load(
-        &*broker.storage.inspect,
-        QueueFilter {
-            queue: Some(name.to_string()),
-            ..QueueFilter::default()
-        },
-    )
-    .await?;
-    if inv.queues.is_empty() {
-        return Err(not_found("Queue not found"));
+/// `limit` (default 1000) and `after` (a partition name) of a route that lists one queue's
+/// partitions: pages by name, each one index range however deep it starts.
+fn partition_paging(pairs: &Pairs) -> Result<(u32, Option<String>), Failure> {
+    let limit = number(pairs, "limit", 1000, 10_000)?;
+    if limit == 0 {
+        return Err(Failure::bad("limit must be at least 1"));
     }
-    Ok(inv)
+    Ok((limit, name_param(pairs, "after")?))
 }
 
-/// GET /api/v1/resources/queues/{name}: partitions sorted by name.
-pub async fn get_queue(broker: &Arc<Broker>, name: &str) -> Result<Reply, Failure> {
-    let inv = one_queue(broker, name).await?;
-    let q = &inv.queues[0];
-    let partitions: Vec<Value> = inv
-        .partitions_of(name)
+/// A page of queue `name`'s partitions with the queue's totals (`admin_totals::for_queue`), and
+/// the answer's `pagination`.
+async fn queue_page(
+    broker: &Arc<Broker>,
+    name: &str,
+    pairs: &Pairs,
+    group: Option<&str>,
+) -> Result<(QueuePage, Value), Failure> {
+    requests::check_name("queue", name)?;
+    let (limit, after) = partition_paging(pairs)?;
+    let page = admin_totals::for_queue(broker, name, after.as_deref(), limit, group)
+        .await?
+        .ok_or_else(|| not_found("Queue not found"))?;
+    let pagination = json!({"limit": limit, "after": after, "next": page.next});
+    Ok((page, pagination))
+}
+
+/// GET /api/v1/resources/queues/{name}[?limit,after]: partitions sorted by name, a page of them.
+pub async fn get_queue(broker: &Arc<Broker>, name: &str, pairs: &Pairs) -> Result<Reply, Failure> {
+    let (page, pagination) = queue_page(broker, name, pairs, None).await?;
+    let q = &page.tally.view;
+    let partitions: Vec<Value> = page
+        .partitions
         .iter()
         .map(|p| partition_json(p, &q.groups))
         .collect();
     ok(
         &json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
                "task": q.config.task, "createdAt": iso(q.created_at),
-               "partitions": partitions, "totals": inv.counts(q).json()}),
+               "partitions": partitions, "totals": page.tally.counts.json(),
+               "partitionsTotal": q.partitions, "pagination": pagination,
+               "statsAge": page.stats_age}),
     )
 }
 
-/// GET /api/v1/resources/queues/{name}/depth[?group=g].
+/// GET /api/v1/resources/queues/{name}/depth[?group=g,limit,after].
 pub async fn queue_depth(
     broker: &Arc<Broker>,
     name: &str,
     pairs: &Pairs,
 ) -> Result<Reply, Failure> {
     let group = name_param(pairs, "group")?;
-    let inv = one_queue(broker, name).await?;
-    let q = &inv.queues[0];
-    let mut pending = 0;
-    let mut in_flight = 0;
-    let mut partitions_pending = 0;
-    let mut rows = vec![];
-    for p in inv.partitions_of(name) {
-        let d = depth(p, &q.groups, group.as_deref());
-        let busy = processing(p, group.as_deref()).min(d);
-        pending += d;
-        in_flight += busy;
-        if d > 0 {
-            partitions_pending += 1;
-        }
-        rows.push(
-            json!({"partition": p.partition, "pending": d, "processing": busy,
-                         "ready": d - busy}),
-        );
-    }
+    let (page, pagination) = queue_page(broker, name, pairs, group.as_deref()).await?;
+    let t = &page.tally;
+    let groups = &t.view.groups;
+    let rows: Vec<Value> = page
+        .partitions
+        .iter()
+        .map(|p| {
+            let b = Backlog::of(p, groups, group.as_deref());
+            json!({"partition": p.partition, "pending": b.pending, "processing": b.processing,
+                   "ready": b.ready()})
+        })
+        .collect();
+    let total =
+        match &group {
+            None => t.backlog,
+            Some(g) => t.groups.get(g).map(|l| l.backlog).ok_or_else(|| {
+                Failure::server(format!("the tally of queue {name} lacks group {g}"))
+            })?,
+        };
     // A conflating group takes one message a partition: its effective backlog is the number of
     // partitions with something pending.
     let conflation = group
         .as_ref()
-        .is_some_and(|g| q.conflating_groups.contains(g));
+        .is_some_and(|g| t.view.conflating_groups.contains(g));
     let effective_pending = if conflation {
-        partitions_pending
+        total.partitions_pending
     } else {
-        pending
+        total.pending
     };
-    ok(&json!({"queue": name, "group": group, "pending": pending,
-               "partitionsPending": partitions_pending, "conflation": conflation,
-               "effectivePending": effective_pending, "processing": in_flight,
-               "ready": pending - in_flight, "partitions": rows}))
+    ok(
+        &json!({"queue": name, "group": group, "pending": total.pending,
+               "partitionsPending": total.partitions_pending, "conflation": conflation,
+               "effectivePending": effective_pending, "processing": total.processing,
+               "ready": total.ready(), "partitions": rows,
+               "partitionsTotal": t.view.partitions, "pagination": pagination,
+               "statsAge": page.stats_age}),
+    )
 }
 
 /// GET /api/v1/resources/partitions[?queue,minDepth,limit,offset]: Queen's documentation
@@ -370,33 +386,55 @@ fn status_param(pairs: &Pairs) -> Result<Option<&str>, Failure> {
     Ok(status)
 }
 
-/// Dead letters of the queues listed (the newest 1000 of each): their messages show as
-/// dead_letter.
-async fn dead_letter_offsets(
+/// What the message listing knows of a queue it lists: its configuration, the groups reading it
+/// (the admin totals', with those on each message's partition added) and the offsets of its
+/// newest 1000 dead letters, whose messages show as dead_letter.
+struct ListedQueue {
+    config: queen_core::storage::QueueConfig,
+    groups: Vec<String>,
+    dead: std::collections::BTreeSet<(String, i64)>,
+}
+
+/// The listing's view of queue `name`; `None` when it is gone or the filter leaves it out.
+async fn listed_queue(
     broker: &Broker,
-    inv: &Inventory,
-) -> Result<std::collections::BTreeSet<(String, i64)>, Failure> {
-    let mut dead = std::collections::BTreeSet::new();
-    for q in inv.queues.iter().filter(|q| q.dead_letters > 0) {
-        let letters = broker
-            .dead_letters(queen_core::storage::DlqQuery {
-                queue: q.config.name.clone(),
-                limit: 1000,
-                ..Default::default()
-            })
-            .await?;
-        dead.extend(
-            letters
-                .entries
-                .into_iter()
-                .map(|d| (d.partition_id, d.offset)),
-        );
+    snap: &Snapshot,
+    name: &str,
+    filter: &QueueFilter,
+) -> Result<Option<ListedQueue>, Failure> {
+    let Some(config) = broker.storage.pops.queue_config(name).await? else {
+        return Ok(None);
+    };
+    if !filter.matches(&config) {
+        return Ok(None);
     }
-    Ok(dead)
+    let groups = snap
+        .queues
+        .iter()
+        .find(|t| t.view.config.name == name)
+        .map_or_else(Vec::new, |t| t.view.groups.clone());
+    let letters = broker
+        .dead_letters(queen_core::storage::DlqQuery {
+            queue: name.to_string(),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await?;
+    let dead = letters
+        .entries
+        .into_iter()
+        .map(|d| (d.partition_id, d.offset))
+        .collect();
+    Ok(Some(ListedQueue {
+        config,
+        groups,
+        dead,
+    }))
 }
 
 /// GET /api/v1/messages[?queue,partition,ns|namespace,task,status,from,to,limit,offset]:
-/// newest first. `from` defaults to an hour ago, as in Queen.
+/// newest first. `from` defaults to an hour ago, as in Queen. It reads the segments of the
+/// window newest first and, for each batch, the partitions and queues it has not seen yet.
 pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 200)?;
     let ListingNames {
@@ -409,25 +447,17 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
     let now = broker.now();
     let from = time_param(pairs, "from")?.unwrap_or(now.minus_secs(3600));
     let to = time_param(pairs, "to")?;
-    let inv = Inventory::load(
-        &*broker.storage.inspect,
-        QueueFilter {
-            queue: queue.clone(),
-            namespace: namespace.clone(),
-            task: task.clone(),
-        },
-    )
-    .await?;
-    let by_id: BTreeMap<&str, (&PartitionView, &QueueView)> = inv
-        .queues
-        .iter()
-        .flat_map(|q| {
-            inv.partitions_of(&q.config.name)
-                .iter()
-                .map(move |p| (p.partition_id.as_str(), (p, q)))
-        })
-        .collect();
-    let dead = dead_letter_offsets(broker, &inv).await?;
+    let filter = QueueFilter {
+        queue: queue.clone(),
+        namespace,
+        task,
+    };
+    let snap = admin_totals::for_request(broker).await?;
+    let mut queues: BTreeMap<String, Option<ListedQueue>> = BTreeMap::new();
+    if let Some(q) = &queue {
+        queues.insert(q.clone(), listed_queue(broker, &snap, q, &filter).await?);
+    }
+    let mut partitions: BTreeMap<String, PartitionView> = BTreeMap::new();
     let wanted = offset as usize + limit as usize;
     let mut matched: Vec<Value> = vec![];
     let mut after = None;
@@ -449,12 +479,42 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
         if batch.is_empty() {
             break;
         }
+        let mut unseen: Vec<String> = batch
+            .iter()
+            .map(|s| s.partition_id.clone())
+            .filter(|id| !partitions.contains_key(id))
+            .collect();
+        unseen.sort();
+        unseen.dedup();
+        if !unseen.is_empty() {
+            for p in broker
+                .storage
+                .inspect
+                .partition_views_by_id(&unseen)
+                .await?
+            {
+                partitions.insert(p.partition_id.clone(), p);
+            }
+        }
+        for s in &batch {
+            if !queues.contains_key(&s.queue) {
+                let listed = listed_queue(broker, &snap, &s.queue, &filter).await?;
+                queues.insert(s.queue.clone(), listed);
+            }
+        }
         for s in &batch {
             read += 1;
             after = Some(s.mark());
-            let Some((p, q)) = by_id.get(s.partition_id.as_str()) else {
+            let (Some(p), Some(Some(q))) = (partitions.get(&s.partition_id), queues.get(&s.queue))
+            else {
                 continue;
             };
+            let mut groups = q.groups.clone();
+            for c in &p.cursors {
+                if !groups.contains(&c.group) {
+                    groups.push(c.group.clone());
+                }
+            }
             let frames = slice_blob(
                 &s.row.blob,
                 0,
@@ -464,20 +524,21 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
             .map_err(|e| Failure::server(format!("reading a stored segment: {e}")))?;
             for (i, f) in frames.iter().enumerate().rev() {
                 let offset = s.row.base_offset + i as i64;
-                let dead = dead.contains(&(s.partition_id.clone(), offset));
-                let (st, consumed, groups) = message_status(p, &q.groups, offset, dead, now);
+                let dead = q.dead.contains(&(s.partition_id.clone(), offset));
+                let (st, consumed, group_count) = message_status(p, &groups, offset, dead, now);
                 if status.is_some_and(|w| w != st) {
                     continue;
                 }
                 let (data, encrypted) = frame_payload(broker, f)?;
+                let c = &q.config;
                 let mut m = json!({
                     "id": f.message_id.to_string(), "transactionId": f.transaction_id,
                     "partitionId": s.partition_id, "queuePath": format!("{}/{}", s.queue, s.partition),
-                    "queue": s.queue, "partition": s.partition, "namespace": q.config.namespace,
-                    "task": q.config.task, "status": st, "queueStatus": st,
-                    "busStatus": {"consumedBy": consumed, "totalGroups": groups},
+                    "queue": s.queue, "partition": s.partition, "namespace": c.namespace,
+                    "task": c.task, "status": st, "queueStatus": st,
+                    "busStatus": {"consumedBy": consumed, "totalGroups": group_count},
                     "traceId": f.trace_id.map(|t| t.to_string()), "producerSub": f.producer,
-                    "queuePriority": q.config.priority, "createdAt": iso(s.row.created_at),
+                    "queuePriority": c.priority, "createdAt": iso(s.row.created_at),
                     "leaseExpiresAt": p.cursor(QUEUE_MODE_GROUP).and_then(|c| c.leased_until).map(iso),
                     "offset": offset,
                 });
@@ -494,11 +555,13 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
             }
         }
     }
-    let groups: Vec<String> = inv
-        .queues
-        .iter()
+    let mut groups: Vec<String> = queues
+        .values()
+        .flatten()
         .flat_map(|q| q.groups.iter().cloned())
         .collect();
+    groups.sort();
+    groups.dedup();
     let messages = page(matched, limit, offset);
     ok(
         &json!({"total": messages.len(), "messages": messages, "mode": mode_json(&groups),
@@ -882,13 +945,18 @@ pub async fn status_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
     )
 }
 
-/// GET /api/v1/status/queues/{name}.
-pub async fn queue_detail(broker: &Arc<Broker>, name: &str) -> Result<Reply, Failure> {
-    let inv = one_queue(broker, name).await?;
-    let q = &inv.queues[0];
+/// GET /api/v1/status/queues/{name}[?limit,after]: a page of its partitions, each with every
+/// cursor.
+pub async fn queue_detail(
+    broker: &Arc<Broker>,
+    name: &str,
+    pairs: &Pairs,
+) -> Result<Reply, Failure> {
+    let (page, pagination) = queue_page(broker, name, pairs, None).await?;
+    let q = &page.tally.view;
     let c = &q.config;
-    let partitions: Vec<Value> = inv
-        .partitions_of(name)
+    let partitions: Vec<Value> = page
+        .partitions
         .iter()
         .map(|p| {
             let mut v = partition_json(p, &q.groups);
@@ -901,7 +969,7 @@ pub async fn queue_detail(broker: &Arc<Broker>, name: &str) -> Result<Reply, Fai
             v
         })
         .collect();
-    let totals = inv.counts(q);
+    let totals = page.tally.counts;
     let mut t = totals.json();
     t["messages"] = totals.json();
     ok(&json!({
@@ -915,6 +983,7 @@ pub async fn queue_detail(broker: &Arc<Broker>, name: &str) -> Result<Reply, Fai
                              "completedRetentionSeconds": c.completed_retention_seconds,
                              "encryptionEnabled": c.encryption_enabled}},
         "partitions": partitions, "groups": q.groups, "totals": t,
+        "partitionsTotal": q.partitions, "pagination": pagination, "statsAge": page.stats_age,
     }))
 }
 
@@ -933,9 +1002,9 @@ pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Fai
     if (to.0 - from.0) / 1_000_000 / step_secs > 10_000 {
         return Err(Failure::bad("the window holds more than 10000 intervals"));
     }
-    let inv = Inventory::load(&*broker.storage.inspect, queue_filter(pairs, true)?).await?;
-    let queues: std::collections::BTreeSet<&str> =
-        inv.queues.iter().map(|q| q.config.name.as_str()).collect();
+    let filter = queue_filter(pairs, true)?;
+    // Whether each queue met in the window passes the filter, asked once.
+    let mut counted: BTreeMap<String, bool> = BTreeMap::new();
     let mut counts: BTreeMap<i64, u64> = BTreeMap::new();
     let width = step_secs * 1_000_000;
     let mut after = None;
@@ -956,7 +1025,12 @@ pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Fai
         read += batch.len() as u32;
         for s in &batch {
             after = Some(s.mark());
-            if queues.contains(s.queue.as_str()) {
+            if !counted.contains_key(&s.queue) {
+                let config = broker.storage.pops.queue_config(&s.queue).await?;
+                let passes = config.is_some_and(|c| filter.matches(&c));
+                counted.insert(s.queue.clone(), passes);
+            }
+            if counted.get(&s.queue) == Some(&true) {
                 let b = s.row.created_at.0 - s.row.created_at.0.rem_euclid(width);
                 *counts.entry(b).or_default() += u64::from(s.row.msg_count);
             }
@@ -1090,7 +1164,7 @@ pub async fn consumer_groups(broker: &Arc<Broker>) -> Result<Reply, Failure> {
                 "Dead"
             };
             json!({"name": g, "topics": [q], "queueName": q, "members": l.members,
-                   "partitionsWithLag": l.partitions_with_lag, "totalLag": l.total_lag,
+                   "partitionsWithLag": l.backlog.partitions_pending, "totalLag": l.backlog.pending,
                    "maxTimeLag": l.max_time_lag, "state": state, "subscriptionMode": "all",
                    "subscriptionTimestamp": null, "subscriptionCreatedAt": null})
         })
@@ -1098,19 +1172,44 @@ pub async fn consumer_groups(broker: &Arc<Broker>) -> Result<Reply, Failure> {
     ok(&Value::Array(rows))
 }
 
-/// GET /api/v1/consumer-groups/{group}: keyed by queue. Unknown group: `{}`.
-pub async fn consumer_group(broker: &Arc<Broker>, group: &str) -> Result<Reply, Failure> {
+/// GET /api/v1/consumer-groups/{group}[?queue,limit,after]: keyed by queue, a page of each
+/// queue's partitions (`after` needs `queue`). The group's queues are those the admin totals
+/// list it on. Unknown group: `{}`.
+pub async fn consumer_group(
+    broker: &Arc<Broker>,
+    group: &str,
+    pairs: &Pairs,
+) -> Result<Reply, Failure> {
     requests::check_name("consumerGroup", group)?;
-    let inv = Inventory::load(&*broker.storage.inspect, QueueFilter::default()).await?;
+    let (limit, after) = partition_paging(pairs)?;
+    let only = name_param(pairs, "queue")?;
+    if after.is_some() && only.is_none() {
+        return Err(Failure::bad(
+            "after needs queue: it names a partition of one queue",
+        ));
+    }
+    let snap = admin_totals::for_request(broker).await?;
     let now = broker.now();
+    let stats_age = snap.age_secs(now);
     let mut out = serde_json::Map::new();
-    for q in inv
-        .queues
-        .iter()
-        .filter(|q| q.groups.iter().any(|g| g == group))
-    {
-        let rows: Vec<Value> = inv
-            .partitions_of(&q.config.name)
+    let queues = snap.queues.iter().map(|t| &t.view).filter(|q| {
+        q.groups.iter().any(|g| g == group) && only.as_ref().is_none_or(|o| *o == q.config.name)
+    });
+    for q in queues {
+        let mut partitions = broker
+            .storage
+            .inspect
+            .partition_views_page(
+                &q.config.name,
+                after.as_deref(),
+                limit.saturating_add(1),
+                Some(group),
+            )
+            .await?;
+        let more = partitions.len() > limit as usize;
+        partitions.truncate(limit as usize);
+        let next = more.then(|| partitions.last().map(|p| p.partition.clone()));
+        let rows: Vec<Value> = partitions
             .iter()
             .map(|p| {
                 let c = p.cursor(group);
@@ -1125,40 +1224,37 @@ pub async fn consumer_group(broker: &Arc<Broker>, group: &str) -> Result<Reply, 
                        "leaseActive": c.is_some_and(|c| c.leased_until.is_some())})
             })
             .collect();
-        out.insert(q.config.name.clone(), json!({"partitions": rows}));
+        out.insert(
+            q.config.name.clone(),
+            json!({"partitions": rows, "partitionsTotal": q.partitions,
+                   "pagination": {"limit": limit, "after": after, "next": next.flatten()},
+                   "statsAge": stats_age}),
+        );
     }
     ok(&Value::Object(out))
 }
 
-/// GET /api/v1/consumer-groups/lagging?minLagSeconds=3600: worst first.
+/// GET /api/v1/consumer-groups/lagging?minLagSeconds=3600: worst first, from the admin
+/// totals, which keep the `LAGGING_KEPT` longest-lagging cursors.
 pub async fn lagging(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let min_lag = u64::from(number(pairs, "minLagSeconds", 3600, u32::MAX)?);
-    let inv = Inventory::load(&*broker.storage.inspect, QueueFilter::default()).await?;
+    let snap = admin_totals::for_request(broker).await?;
     let now = broker.now();
-    let mut rows = vec![];
-    for q in &inv.queues {
-        for p in inv.partitions_of(&q.config.name) {
-            for c in &p.cursors {
-                let Some(oldest) = c.oldest_unconsumed_at else {
-                    continue;
-                };
-                let lag = oldest.millis_until(now) / 1000;
-                if lag > min_lag {
-                    rows.push((
-                        lag,
-                        json!({"consumer_group": c.group, "queue_name": q.config.name,
-                        "partition_name": p.partition, "partition_id": p.partition_id,
-                        "worker_id": c.leased_until.and(c.worker_id.clone()),
-                        "offset_lag": p.pending_after(c.committed), "time_lag_seconds": lag,
-                        "lag_hours": lag as f64 / 3600.0, "oldest_unconsumed_at": iso(oldest),
-                        "last_consumed_at": null}),
-                    ));
-                }
-            }
-        }
-    }
-    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
-    ok(&Value::Array(rows.into_iter().map(|(_, v)| v).collect()))
+    let rows: Vec<Value> = snap
+        .lagging
+        .iter()
+        .map(|l| (l, l.oldest_unconsumed_at.millis_until(now) / 1000))
+        .take_while(|(_, lag)| *lag > min_lag)
+        .map(|(l, lag)| {
+            json!({"consumer_group": l.group, "queue_name": l.queue,
+                   "partition_name": l.partition, "partition_id": l.partition_id,
+                   "worker_id": l.worker_id, "offset_lag": l.offset_lag,
+                   "time_lag_seconds": lag, "lag_hours": lag as f64 / 3600.0,
+                   "oldest_unconsumed_at": iso(l.oldest_unconsumed_at),
+                   "last_consumed_at": null})
+        })
+        .collect();
+    ok(&Value::Array(rows))
 }
 
 /// POST /api/v1/stats/refresh: runs a pass of the admin totals (`stats`) and answers when it
@@ -1194,7 +1290,10 @@ pub(crate) async fn refresh_stored_metrics(broker: &Arc<Broker>) {
         let queue = QueueLabel {
             queue: q.config.name.clone(),
         };
-        stored.queue_depth.get_or_create(&queue).set(gauge(t.depth));
+        stored
+            .queue_depth
+            .get_or_create(&queue)
+            .set(gauge(t.backlog.pending));
         stored
             .queue_messages
             .get_or_create(&queue)
@@ -1219,7 +1318,7 @@ pub(crate) async fn refresh_stored_metrics(broker: &Arc<Broker>) {
             stored
                 .group_lag
                 .get_or_create(&label)
-                .set(gauge(lag.total_lag));
+                .set(gauge(lag.backlog.pending));
             stored
                 .group_lag_seconds
                 .get_or_create(&label)

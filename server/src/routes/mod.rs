@@ -348,7 +348,7 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
         }
         (&Method::GET, ["api", "v1", "resources", "queues", q]) => {
             need(ReadOnly)?;
-            admin::get_queue(&broker, q).await
+            admin::get_queue(&broker, q, &http::query_pairs(query.as_deref())?).await
         }
         (&Method::GET, ["api", "v1", "resources", "queues", q, "depth"]) => {
             need(ReadOnly)?;
@@ -401,7 +401,7 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
         }
         (&Method::GET, ["api", "v1", "status", "queues", q]) => {
             need(ReadOnly)?;
-            admin::queue_detail(&broker, q).await
+            admin::queue_detail(&broker, q, &http::query_pairs(query.as_deref())?).await
         }
         (&Method::GET, ["api", "v1", "status", "analytics"]) => {
             need(ReadOnly)?;
@@ -425,7 +425,7 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
         }
         (&Method::GET, ["api", "v1", "consumer-groups", g]) => {
             need(ReadOnly)?;
-            admin::consumer_group(&broker, g).await
+            admin::consumer_group(&broker, g, &http::query_pairs(query.as_deref())?).await
         }
         (&Method::POST, ["api", "v1", "stats", "refresh"]) => {
             need(Admin)?;

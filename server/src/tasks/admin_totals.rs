@@ -13,11 +13,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use queen_core::storage::{PartitionView, QueueFilter};
 use queen_core::Timestamp;
 
 use crate::broker::Broker;
 use crate::http::Failure;
-use crate::stats::{pass, Snapshot};
+use crate::stats::{pass, tally_queue, QueueTally, Snapshot};
 
 /// How long after the last read the refresher keeps refreshing.
 const WATCHED_MS: i64 = 5 * 60_000;
@@ -71,6 +72,95 @@ pub(crate) async fn refresh_after(
         ensure_refresher(broker);
     }
     Ok(s)
+}
+
+/// A page of one queue's partitions with the queue's totals, for the routes about one queue.
+pub(crate) struct QueuePage {
+    pub(crate) tally: QueueTally,
+    /// With only the asked group's cursors, when a group was asked.
+    pub(crate) partitions: Vec<PartitionView>,
+    /// The page's last partition when more follow: the next page's `after`.
+    pub(crate) next: Option<String>,
+    /// Whole seconds since the totals were counted (0: for this request).
+    pub(crate) stats_age: i64,
+}
+
+/// Up to `limit` partitions of queue `name` after the partition named `after` (with `group`'s
+/// cursors only, when given), and the queue's totals (with `group`'s backlog, a group that
+/// never read it included). When the page holds
+/// the whole queue the totals are counted from it; otherwise they come from the admin totals
+/// (`for_request`), so no request reads every partition of a large queue. A queue or group
+/// newer than the last pass gets a pass of that queue alone. `None`: no such queue.
+pub(crate) async fn for_queue(
+    broker: &Arc<Broker>,
+    name: &str,
+    after: Option<&str>,
+    limit: u32,
+    group: Option<&str>,
+) -> Result<Option<QueuePage>, Failure> {
+    let inspect = &*broker.storage.inspect;
+    let now = broker.now();
+    let mut partitions = inspect
+        .partition_views_page(name, after, limit.saturating_add(1), group)
+        .await?;
+    let next = if partitions.len() > limit as usize {
+        partitions.truncate(limit as usize);
+        partitions.last().map(|p| p.partition.clone())
+    } else {
+        None
+    };
+    let own_view = || async {
+        let filter = QueueFilter {
+            queue: Some(name.to_string()),
+            ..QueueFilter::default()
+        };
+        Ok::<_, Failure>(inspect.queue_views(filter).await?.into_iter().next())
+    };
+    if after.is_none() && next.is_none() {
+        // The page holds the whole queue.
+        let Some(view) = own_view().await? else {
+            return Ok(None);
+        };
+        let start = QueueTally::new(view).with_group(group);
+        let tally = match group {
+            None => partitions.iter().fold(start, |mut t, p| {
+                t.add(p, now);
+                t
+            }),
+            // The page holds the group's cursors only; the others count too.
+            Some(_) => tally_queue(inspect, start, now, |_, _| {}).await?,
+        };
+        return Ok(Some(QueuePage {
+            tally,
+            partitions,
+            next,
+            stats_age: 0,
+        }));
+    }
+    let snap = for_request(broker).await?;
+    let known = snap
+        .queues
+        .iter()
+        .find(|t| t.view.config.name == name && group.is_none_or(|g| t.groups.contains_key(g)));
+    if let Some(t) = known {
+        return Ok(Some(QueuePage {
+            tally: t.clone(),
+            partitions,
+            next,
+            stats_age: snap.age_secs(now),
+        }));
+    }
+    let Some(view) = own_view().await? else {
+        return Ok(None);
+    };
+    let start = QueueTally::new(view).with_group(group);
+    let tally = tally_queue(inspect, start, now, |_, _| {}).await?;
+    Ok(Some(QueuePage {
+        tally,
+        partitions,
+        next,
+        stats_age: 0,
+    }))
 }
 
 fn ensure_refresher(broker: &Arc<Broker>) {
