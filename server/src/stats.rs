@@ -4,8 +4,8 @@
 //! request while cheap, in the background while read once it is not) is decided in
 //! `tasks/admin_totals.rs`.
 //!
-//! A pass costs 15-25 µs per partition on PostgreSQL (cursor rows and two index probes for
-//! each cursor's oldest unconsumed message): 16 s at a million partitions (docs/operations.md).
+//! A pass costs about 10 µs per partition on PostgreSQL (cursor rows and two index probes for
+//! each cursor's oldest unconsumed message): 10 s at a million partitions (docs/operations.md).
 
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -24,8 +24,12 @@ const PAGE: u32 = 2_000;
 /// One queue's totals.
 #[derive(Clone)]
 pub(crate) struct QueueTally {
-    /// The queue; `partitions`, `pushed` and `retained` are the pass's own sums.
     pub(crate) view: QueueView,
+    pub(crate) partitions: u64,
+    /// Messages pushed in the queue's life.
+    pub(crate) pushed: u64,
+    /// Messages still stored.
+    pub(crate) retained: u64,
     pub(crate) counts: Counts,
     /// The slowest reader's backlog (`views::depth`).
     pub(crate) backlog: Backlog,
@@ -224,10 +228,12 @@ pub(crate) async fn tally_queue(
 }
 
 impl QueueTally {
-    /// An empty tally of `view`'s queue: its partition sums restart from zero, to be added.
-    pub(crate) fn new(mut view: QueueView) -> QueueTally {
-        (view.partitions, view.pushed, view.retained) = (0, 0, 0);
+    /// An empty tally of `view`'s queue, its partitions to be added.
+    pub(crate) fn new(view: QueueView) -> QueueTally {
         QueueTally {
+            partitions: 0,
+            pushed: 0,
+            retained: 0,
             counts: Counts {
                 dead_letter: view.dead_letters,
                 ..Counts::default()
@@ -256,9 +262,9 @@ impl QueueTally {
     }
 
     pub(crate) fn add(&mut self, p: &PartitionView, now: Timestamp) {
-        self.view.partitions += 1;
-        self.view.pushed += p.pushed();
-        self.view.retained += p.retained();
+        self.partitions += 1;
+        self.pushed += p.pushed();
+        self.retained += p.retained();
         self.counts.add(Counts::of(p, &self.view.groups));
         self.backlog.add(Backlog::of(p, &self.view.groups, None));
         let live = p.cursors.iter().filter(|c| c.leased_until.is_some());

@@ -212,12 +212,6 @@ impl InspectStorage for PgStorage {
         let client = self.pool.get().await.map_err(pool_err)?;
         let sql = format!(
             "SELECT q.id, q.created_at,
-                    (SELECT count(*) FROM queen.log_partitions p WHERE p.queue_id = q.id),
-                    (SELECT COALESCE(sum(p.last_offset + 1), 0)::bigint FROM queen.log_partitions p WHERE p.queue_id = q.id),
-                    (SELECT COALESCE(sum(p.last_offset + 1 - COALESCE(
-                             (SELECT s.base_offset FROM queen.log_segments s WHERE s.partition_id = p.id
-                               ORDER BY s.base_offset LIMIT 1), p.last_offset + 1)), 0)::bigint
-                       FROM queen.log_partitions p WHERE p.queue_id = q.id),
                     (SELECT count(*) FROM queen.dead_letters d WHERE d.queue_id = q.id),
                     ARRAY(SELECT g FROM (SELECT c.consumer_group AS g
                                            FROM queen.log_consumers c JOIN queen.log_partitions p ON p.id = c.partition_id
@@ -242,13 +236,10 @@ impl InspectStorage for PgStorage {
             .map(|r| QueueView {
                 id: r.get::<_, uuid::Uuid>(0).to_string(),
                 created_at: ts(r.get(1)),
-                partitions: count(r.get(2)),
-                pushed: count(r.get(3)),
-                retained: count(r.get(4)),
-                dead_letters: count(r.get(5)),
-                groups: r.get(6),
-                conflating_groups: r.get(7),
-                config: config_from_row(r, 8),
+                dead_letters: count(r.get(2)),
+                groups: r.get(3),
+                conflating_groups: r.get(4),
+                config: config_from_row(r, 5),
             })
             .collect())
     }

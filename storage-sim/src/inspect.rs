@@ -111,13 +111,8 @@ pub(crate) fn queue_views(st: &DbState, f: &QueueFilter) -> Vec<QueueView> {
         .iter(COMMITTED)
         .filter(|(_, q)| f.matches(&q.config))
         .map(|(name, q)| {
-            let (mut partitions, mut pushed, mut retained) = (0u64, 0u64, 0u64);
             let mut groups: Vec<String> = vec![];
             for (_, p) in st.partitions_of(name, COMMITTED) {
-                partitions += 1;
-                pushed += u64::try_from(p.last_offset + 1).unwrap_or(0);
-                let start = first_segment(st, &p.id).map_or(p.last_offset + 1, |(b, _)| b);
-                retained += u64::try_from(p.last_offset + 1 - start).unwrap_or(0);
                 groups.extend(
                     st.consumers
                         .range((p.id.clone(), String::new()).., COMMITTED)
@@ -148,9 +143,6 @@ pub(crate) fn queue_views(st: &DbState, f: &QueueFilter) -> Vec<QueueView> {
                 id: q.id.clone(),
                 created_at: q.created_at,
                 config: q.config.clone(),
-                partitions,
-                pushed,
-                retained,
                 dead_letters,
                 groups,
                 conflating_groups,

@@ -74,17 +74,14 @@ impl CursorView {
     }
 }
 
-/// One queue with its configuration and totals over its partitions.
+/// One queue with its configuration, groups and dead letters; what its partitions hold is read
+/// by partition (`partition_views_page`), never summed here: at a million partitions the sums
+/// alone read every partition row several times.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueView {
     pub id: String,
     pub created_at: Timestamp,
     pub config: QueueConfig,
-    pub partitions: u64,
-    /// Messages pushed in the queue's life.
-    pub pushed: u64,
-    /// Messages still stored.
-    pub retained: u64,
     pub dead_letters: u64,
     /// Groups with a cursor row or a subscription record on the queue, in name order.
     pub groups: Vec<String>,

@@ -108,10 +108,10 @@ fn ok(v: &Value) -> Result<Reply, Failure> {
 fn queue_summary(t: &QueueTally) -> Value {
     let (q, c) = (&t.view, &t.counts);
     json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace, "task": q.config.task,
-           "priority": q.config.priority, "createdAt": iso(q.created_at), "partitions": q.partitions,
+           "priority": q.config.priority, "createdAt": iso(q.created_at), "partitions": t.partitions,
            "messages": {"total": c.total, "pending": c.pending, "processing": c.processing,
                         "completed": c.completed(), "deadLetter": c.dead_letter,
-                        "pushed": q.pushed}})
+                        "pushed": t.pushed}})
 }
 
 /// GET /api/v1/resources/queues[?namespace,task,limit,offset]: newest first.
@@ -178,7 +178,7 @@ pub async fn get_queue(broker: &Arc<Broker>, name: &str, pairs: &Pairs) -> Resul
         &json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
                "task": q.config.task, "createdAt": iso(q.created_at),
                "partitions": partitions, "totals": page.tally.counts.json(),
-               "partitionsTotal": q.partitions, "pagination": pagination,
+               "partitionsTotal": page.tally.partitions, "pagination": pagination,
                "statsAge": page.stats_age}),
     )
 }
@@ -224,7 +224,7 @@ pub async fn queue_depth(
                "partitionsPending": total.partitions_pending, "conflation": conflation,
                "effectivePending": effective_pending, "processing": total.processing,
                "ready": total.ready(), "partitions": rows,
-               "partitionsTotal": t.view.partitions, "pagination": pagination,
+               "partitionsTotal": t.partitions, "pagination": pagination,
                "statsAge": page.stats_age}),
     )
 }
@@ -270,7 +270,7 @@ pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
     let mut partitions = 0;
     for t in &snap.queues {
         totals.add(t.counts);
-        partitions += t.view.partitions;
+        partitions += t.partitions;
         namespaces.push(t.view.config.namespace.clone());
         tasks.push(t.view.config.task.clone());
     }
@@ -306,7 +306,7 @@ pub async fn groupings(broker: &Arc<Broker>, by_task: bool) -> Result<Reply, Fai
         }
         let e = by.entry(key.clone()).or_default();
         e.0 += 1;
-        e.1 += q.partitions;
+        e.1 += t.partitions;
         e.2.add(t.counts);
     }
     let (list, item) = if by_task {
@@ -879,10 +879,10 @@ pub async fn status(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failur
         leased_partitions += t.leased_partitions;
         leased_messages += t.leased_messages;
         affected += u64::from(q.dead_letters > 0);
-        if q.retained > 0 {
+        if t.retained > 0 {
             queues.push(
                 json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
-                               "task": q.config.task, "partitions": q.partitions,
+                               "task": q.config.task, "partitions": t.partitions,
                                "totalConsumed": t.consumed}),
             );
         }
@@ -933,7 +933,7 @@ pub async fn status_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
             let (q, c) = (&t.view, t.counts);
             // Queen's quirk kept: pending here is not net of processing.
             json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
-                   "task": q.config.task, "createdAt": iso(q.created_at), "partitions": q.partitions,
+                   "task": q.config.task, "createdAt": iso(q.created_at), "partitions": t.partitions,
                    "messages": {"total": c.total, "pending": c.pending + c.processing,
                                 "processing": c.processing, "completed": c.completed(),
                                 "deadLetter": c.dead_letter}})
@@ -983,7 +983,7 @@ pub async fn queue_detail(
                              "completedRetentionSeconds": c.completed_retention_seconds,
                              "encryptionEnabled": c.encryption_enabled}},
         "partitions": partitions, "groups": q.groups, "totals": t,
-        "partitionsTotal": q.partitions, "pagination": pagination, "statsAge": page.stats_age,
+        "partitionsTotal": page.tally.partitions, "pagination": pagination, "statsAge": page.stats_age,
     }))
 }
 
@@ -1192,10 +1192,12 @@ pub async fn consumer_group(
     let now = broker.now();
     let stats_age = snap.age_secs(now);
     let mut out = serde_json::Map::new();
-    let queues = snap.queues.iter().map(|t| &t.view).filter(|q| {
-        q.groups.iter().any(|g| g == group) && only.as_ref().is_none_or(|o| *o == q.config.name)
+    let queues = snap.queues.iter().filter(|t| {
+        t.view.groups.iter().any(|g| g == group)
+            && only.as_ref().is_none_or(|o| *o == t.view.config.name)
     });
-    for q in queues {
+    for tally in queues {
+        let q = &tally.view;
         let mut partitions = broker
             .storage
             .inspect
@@ -1226,7 +1228,7 @@ pub async fn consumer_group(
             .collect();
         out.insert(
             q.config.name.clone(),
-            json!({"partitions": rows, "partitionsTotal": q.partitions,
+            json!({"partitions": rows, "partitionsTotal": tally.partitions,
                    "pagination": {"limit": limit, "after": after, "next": next.flatten()},
                    "statsAge": stats_age}),
         );
@@ -1261,7 +1263,7 @@ pub async fn lagging(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failu
 /// is done, with what it read and how long it took.
 pub async fn refresh_stats(broker: &Arc<Broker>) -> Result<Reply, Failure> {
     let snap = admin_totals::refresh_after(broker, broker.now()).await?;
-    let partitions: u64 = snap.queues.iter().map(|t| t.view.partitions).sum();
+    let partitions: u64 = snap.queues.iter().map(|t| t.partitions).sum();
     ok(
         &json!({"success": true, "refreshed": true, "queues": snap.queues.len(),
                "partitions": partitions, "tookMs": snap.pass_ms,
@@ -1305,7 +1307,7 @@ pub(crate) async fn refresh_stored_metrics(broker: &Arc<Broker>) {
         stored
             .queue_partitions
             .get_or_create(&queue)
-            .set(gauge(q.partitions));
+            .set(gauge(t.partitions));
         stored
             .dlq_depth
             .get_or_create(&queue)
