@@ -32,8 +32,16 @@ struct Cli {
 enum Command {
     /// Queues with their partitions, stored, pending, in-flight and dead-lettered messages.
     Queues,
-    /// One queue's partitions and every group's cursor on them.
-    Queue { name: String },
+    /// One queue's partitions (a page of them, by name) and every group's cursor on them.
+    Queue {
+        name: String,
+        /// Partitions after this one (the `next` a page names).
+        #[arg(long)]
+        after: Option<String>,
+        /// Partitions in the page (the broker takes up to 10,000).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
     /// Consumer-group lag per (group, queue); with --min-seconds, the lagging partitions.
     Lag {
         /// Only this group.
@@ -215,7 +223,7 @@ async fn run(cli: Cli) -> Result<String, String> {
     };
     let (answer, text) = match cli.command {
         Command::Queues => queues(&broker).await?,
-        Command::Queue { name } => queue(&broker, name).await?,
+        Command::Queue { name, after, limit } => queue(&broker, name, after, limit).await?,
         Command::Lag {
             group,
             min_seconds: Some(secs),
@@ -292,9 +300,13 @@ async fn queues(broker: &Broker) -> Answer {
 }
 
 /// One queue's partitions and how far behind each group is (`GET /api/v1/status/queues/{name}`).
-async fn queue(broker: &Broker, name: String) -> Answer {
+async fn queue(broker: &Broker, name: String, after: Option<String>, limit: u32) -> Answer {
+    let after = after.map_or_else(String::new, |a| format!("&after={}", enc(&a)));
     let v = broker
-        .get(&format!("/api/v1/status/queues/{}", enc(&name)))
+        .get(&format!(
+            "/api/v1/status/queues/{}?limit={limit}{after}",
+            enc(&name)
+        ))
         .await?;
     let rows = list(&v, "partitions")
         .iter()
@@ -323,6 +335,14 @@ async fn queue(broker: &Broker, name: String) -> Answer {
         ],
         &rows,
     );
+    let t = match v["pagination"]["next"].as_str() {
+        Some(next) => format!(
+            "{t}{} of {} partitions; the next page: --after {next}\n",
+            rows.len(),
+            cell(&v["partitionsTotal"])
+        ),
+        None => t,
+    };
     Ok((v, t))
 }
 

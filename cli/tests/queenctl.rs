@@ -96,6 +96,17 @@ async fn every_command() {
     );
     let out = ok(addr, &["queue", "ctl"]).await;
     assert!(out.contains("g:3"), "{out}");
+    assert!(!out.contains("the next page"), "{out}");
+    let out = ok(addr, &["queue", "ctl", "--limit", "1"]).await;
+    let next = out
+        .lines()
+        .find_map(|l| l.strip_prefix("1 of 2 partitions; the next page: --after "))
+        .unwrap_or_else(|| panic!("no next page named:\n{out}"));
+    let out = ok(addr, &["queue", "ctl", "--after", next]).await;
+    assert!(
+        out.contains("g:3") && !out.contains(&format!("{next} ")),
+        "{out}"
+    );
 
     let out = ok(addr, &["lag", "--group", "g"]).await;
     let row = out.lines().find(|l| l.starts_with("g ")).expect(&out);
