@@ -92,6 +92,24 @@ async fn consume(addr: SocketAddr, queue: &str, group: &str, status: &str) -> us
     }
 }
 
+/// The sum of each item's `key`, a number.
+fn sum_of(list: &Value, key: &str) -> u64 {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|v| v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}")))
+        .sum()
+}
+
+/// Each item's `key`, a string.
+fn each<'a>(list: &'a Value, key: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|v| v[key].as_str().unwrap_or_else(|| panic!("no {key} in {v}")))
+        .collect()
+}
+
 fn by_name<'a>(list: &'a Value, key: &str, name: &str) -> &'a Value {
     list.as_array()
         .unwrap()
@@ -152,12 +170,7 @@ async fn admin_resources(a: SocketAddr, q: &str) {
 
     let (code, v) = get(a, &format!("/api/v1/resources/queues/{q}")).await;
     assert_eq!(code, 200);
-    let names: Vec<&str> = v["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
+    let names: Vec<&str> = each(&v["partitions"], "name");
     assert_eq!(names, ["Default", "p1", "p2"]);
     let (code, v) = get(a, "/api/v1/resources/queues/absent").await;
     assert_eq!((code, v["error"].as_str()), (404, Some("Queue not found")));
@@ -200,12 +213,7 @@ async fn admin_message_browser(a: SocketAddr, q: &str, p2: &str) {
     // The message browser: newest first, paged, filtered.
     let (code, v) = get(a, &format!("/api/v1/messages?queue={q}")).await;
     assert_eq!(code, 200, "{v}");
-    let txids: Vec<&str> = v["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["transactionId"].as_str().unwrap())
-        .collect();
+    let txids: Vec<&str> = each(&v["messages"], "transactionId");
     assert_eq!(txids.len(), 4);
     assert_eq!(txids[0], "b2", "newest first: {txids:?}");
     let mut sorted = txids.clone();
@@ -238,12 +246,7 @@ async fn admin_message_browser(a: SocketAddr, q: &str, p2: &str) {
     assert_eq!(code, 200);
     push(a, "adm-ns", "n1", &["n1"]).await;
     let (_, v) = get(a, "/api/v1/messages?namespace=billing").await;
-    let queues: Vec<&str> = v["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["queue"].as_str().unwrap())
-        .collect();
+    let queues: Vec<&str> = each(&v["messages"], "queue");
     assert_eq!(queues, ["adm-ns"], "{v}");
     let (_, v) = get(a, "/api/v1/messages?namespace=nobody").await;
     assert_eq!(v["messages"], json!([]), "{v}");
@@ -252,12 +255,7 @@ async fn admin_message_browser(a: SocketAddr, q: &str, p2: &str) {
         "/api/v1/status/analytics?namespace=billing&interval=minute",
     )
     .await;
-    let counted: u64 = v["dataPoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["messages"].as_u64().unwrap())
-        .sum();
+    let counted: u64 = sum_of(&v["dataPoints"], "messages");
     assert_eq!(counted, 1, "{v}");
 
     let (code, v) = get(a, &format!("/api/v1/messages/{p2}/b1")).await;
@@ -451,12 +449,7 @@ async fn admin_status(a: SocketAddr) {
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let (_, v) = get(a, "/api/v1/status").await;
-        let ingested: u64 = v["throughput"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["ingested"].as_u64().unwrap())
-            .sum();
+        let ingested: u64 = sum_of(&v["throughput"], "ingested");
         if ingested >= 6 {
             status = v;
             break;
@@ -471,12 +464,7 @@ async fn admin_status(a: SocketAddr) {
     let (_, v) = get(a, "/api/v1/analytics/system-metrics").await;
     assert_eq!(v["replicaCount"], 1);
     let (_, v) = get(a, "/api/v1/status/analytics?interval=minute").await;
-    let counted: u64 = v["dataPoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["messages"].as_u64().unwrap())
-        .sum();
+    let counted: u64 = sum_of(&v["dataPoints"], "messages");
     assert_eq!(
         counted,
         4 + 1 + 2 + 1,
@@ -692,12 +680,7 @@ async fn totals_from_a_snapshot(store: Store) {
     assert_eq!(first["totals"], live["totals"]);
     assert!(first["statsAge"].as_i64().is_some());
     let (_, last) = get(a, &format!("/api/v1/resources/queues/{q}?after=p01999")).await;
-    let names: Vec<&str> = last["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
+    let names: Vec<&str> = each(&last["partitions"], "name");
     assert_eq!(names.len(), 50);
     assert_eq!((names[0], names[49]), ("p02000", "p02049"));
     assert_eq!(last["pagination"]["next"], Value::Null);
