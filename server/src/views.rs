@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use queen_core::storage::{InspectStorage, PartitionView, QueueFilter, QueueView, WorkerSample};
+use queen_core::storage::{InspectStorage, PartitionView, WorkerSample};
 use queen_core::types::QUEUE_MODE_GROUP;
 use queen_core::Timestamp;
 use serde_json::{json, Value};
@@ -114,35 +114,6 @@ impl Counts {
     pub(crate) fn json(&self) -> Value {
         json!({"total": self.total, "pending": self.pending, "processing": self.processing,
                "completed": self.completed(), "failed": 0, "deadLetter": self.dead_letter})
-    }
-}
-
-/// Queues (filtered) with their partitions.
-pub(crate) struct Inventory {
-    pub(crate) queues: Vec<QueueView>,
-    pub(crate) partitions: BTreeMap<String, Vec<PartitionView>>,
-}
-
-impl Inventory {
-    pub(crate) async fn load(
-        inspect: &dyn InspectStorage,
-        filter: QueueFilter,
-    ) -> Result<Inventory, Failure> {
-        let queues = inspect.queue_views(filter.clone()).await?;
-        let mut partitions: BTreeMap<String, Vec<PartitionView>> = BTreeMap::new();
-        let views = match (&filter.queue, queues.len()) {
-            (_, 0) => vec![],
-            (Some(q), _) => inspect.partition_views(Some(q), None).await?,
-            (None, _) => inspect.partition_views(None, None).await?,
-        };
-        for p in views {
-            partitions.entry(p.queue.clone()).or_default().push(p);
-        }
-        Ok(Inventory { queues, partitions })
-    }
-
-    pub(crate) fn partitions_of(&self, queue: &str) -> &[PartitionView] {
-        self.partitions.get(queue).map_or(&[], Vec::as_slice)
     }
 }
 

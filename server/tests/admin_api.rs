@@ -206,6 +206,13 @@ async fn admin_resources(a: SocketAddr, q: &str) {
     )
     .await;
     assert_eq!(v["total"], 1, "{v}");
+    let (_, v) = get(
+        a,
+        &format!("/api/v1/resources/partitions?queue={q}&limit=1&offset=1"),
+    )
+    .await;
+    assert_eq!(each(&v["partitions"], "name"), ["p1"], "{v}");
+    assert_eq!((&v["total"], &v["truncated"]), (&json!(3), &json!(false)));
 }
 
 /// The message browser: newest first, paged, filtered; one message by id.
@@ -691,6 +698,21 @@ async fn totals_from_a_snapshot(store: Store) {
         "{d}"
     );
     assert_eq!(d["partitions"].as_array().map(Vec::len), Some(10));
+    let (_, v) = get(
+        a,
+        &format!("/api/v1/resources/partitions?queue={q}&limit=3&offset=2045"),
+    )
+    .await;
+    assert_eq!(
+        each(&v["partitions"], "name"),
+        ["p02045", "p02046", "p02047"]
+    );
+    assert_eq!(v["total"], 2_050, "{v}");
+    let (_, v) = get(a, "/api/v1/resources/partitions?minDepth=1&limit=2").await;
+    assert_eq!(
+        v["total"], 2_050,
+        "snap's partitions; g1 read snap-g's: {v}"
+    );
     let (_, detail) = get(
         a,
         &format!("/api/v1/status/queues/{q}?limit=3&after=p00100"),

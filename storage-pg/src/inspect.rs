@@ -98,8 +98,6 @@ const SAMPLE_COUNTERS: [&str; 10] = [
 
 /// Which partitions a view read takes.
 enum PartitionScope<'a> {
-    /// Every partition of one queue, or of every queue.
-    Queue(Option<&'a str>),
     /// One partition by id.
     One(uuid::Uuid),
     /// Partitions by id.
@@ -122,15 +120,6 @@ impl PgStorage {
         // The filter is spelled out, not `$n IS NULL OR ...`: a one-partition read must plan
         // as an index lookup, not as a scan of every partition.
         let parts = match scope {
-            PartitionScope::Queue(queue) => {
-                let filter = match queue {
-                    Some(_) => "q.name = $1",
-                    None => "$1::text IS NULL",
-                };
-                client
-                    .query(&PARTITIONS.replace("{filter}", filter), &[&queue])
-                    .await
-            }
             PartitionScope::One(id) => {
                 client
                     .query(&PARTITIONS.replace("{filter}", "p.id = $1"), &[&id])
@@ -242,15 +231,6 @@ impl InspectStorage for PgStorage {
                 config: config_from_row(r, 5),
             })
             .collect())
-    }
-
-    async fn partition_views(
-        &self,
-        queue: Option<&str>,
-        group: Option<&str>,
-    ) -> StorageResult<Vec<PartitionView>> {
-        self.partitions_where(PartitionScope::Queue(queue), group)
-            .await
     }
 
     async fn partition_views_page(

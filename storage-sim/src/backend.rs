@@ -377,20 +377,6 @@ impl InspectStorage for SimDb {
         Ok(inspect::queue_views(&lock(&self.shared.state), &filter))
     }
 
-    async fn partition_views(
-        &self,
-        queue: Option<&str>,
-        group: Option<&str>,
-    ) -> StorageResult<Vec<PartitionView>> {
-        let now = self.now();
-        Ok(inspect::partition_views(
-            &lock(&self.shared.state),
-            queue,
-            group,
-            now,
-        ))
-    }
-
     async fn partition_views_page(
         &self,
         queue: &str,

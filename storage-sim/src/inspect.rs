@@ -157,19 +157,6 @@ pub(crate) fn queue_views(st: &DbState, f: &QueueFilter) -> Vec<QueueView> {
     out
 }
 
-pub(crate) fn partition_views(
-    st: &DbState,
-    queue: Option<&str>,
-    group: Option<&str>,
-    now: Timestamp,
-) -> Vec<PartitionView> {
-    st.partitions
-        .iter(COMMITTED)
-        .filter(|((q, _), _)| queue.is_none_or(|w| w == q))
-        .map(|((q, n), p)| view(st, q, n, p, group, now))
-        .collect()
-}
-
 pub(crate) fn partition_views_page(
     st: &DbState,
     queue: &str,

@@ -243,13 +243,6 @@ pub struct WorkerSample {
 pub trait InspectStorage: Send + Sync {
     /// Queues matching the filter, newest first.
     async fn queue_views(&self, filter: QueueFilter) -> super::StorageResult<Vec<QueueView>>;
-    /// Partitions of one queue (or of every queue), in (queue, partition name) order, with
-    /// their cursors (only `group`'s when given).
-    async fn partition_views(
-        &self,
-        queue: Option<&str>,
-        group: Option<&str>,
-    ) -> super::StorageResult<Vec<PartitionView>>;
     /// Up to `limit` partitions of one queue with their cursors (only `group`'s when given), in
     /// bytewise name order, after the partition named `after`: a pass over a queue of any size,
     /// page by page.

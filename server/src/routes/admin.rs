@@ -27,8 +27,7 @@ use crate::http::{self, Failure, Reply};
 use crate::stats::{QueueTally, Snapshot};
 use crate::tasks::admin_totals::{self, QueuePage};
 use crate::views::{
-    bucket_of, bucketed, depth, message_status, page, recent_rates, stat, Backlog, Counts,
-    GroupLag, Inventory,
+    bucket_of, bucketed, depth, message_status, page, recent_rates, stat, Backlog, Counts, GroupLag,
 };
 
 type Pairs = [(String, String)];
@@ -229,35 +228,77 @@ pub async fn queue_depth(
     )
 }
 
+/// Partitions a `minDepth` listing reads at most; past it, it answers what it found and says
+/// `truncated`.
+const MAX_PARTITIONS_PER_LISTING: usize = 100_000;
+
+/// Partitions the listing reads per storage call.
+const LISTING_PAGE: usize = 2_000;
+
 /// GET /api/v1/resources/partitions[?queue,minDepth,limit,offset]: Queen's documentation
-/// describes it and no Queen server answers it; here, every partition with its depth.
+/// describes it and no Queen server answers it; here, partitions with their depth, queue by
+/// queue (the admin totals' queues, newest first), each queue's by name. Without `minDepth` it
+/// reads only up to the page and `total` is the admin totals'; with it, it reads on to count
+/// the matches, up to `MAX_PARTITIONS_PER_LISTING`.
 pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 1000)?;
     let min_depth = u64::from(number(pairs, "minDepth", 0, u32::MAX)?);
-    let inv = Inventory::load(
-        &*broker.storage.inspect,
-        QueueFilter {
-            queue: name_param(pairs, "queue")?,
-            ..QueueFilter::default()
-        },
-    )
-    .await?;
-    let mut rows = vec![];
-    for q in &inv.queues {
-        for p in inv.partitions_of(&q.config.name) {
-            let d = depth(p, &q.groups, None);
-            if d >= min_depth {
-                let mut v = partition_json(p, &q.groups);
-                v["queue"] = json!(q.config.name);
-                v["depth"] = json!(d);
-                rows.push(v);
+    let filter = QueueFilter {
+        queue: name_param(pairs, "queue")?,
+        ..QueueFilter::default()
+    };
+    let snap = admin_totals::for_request(broker).await?;
+    let wanted = offset as usize + limit as usize;
+    let (mut rows, mut matched, mut read, mut truncated) = (vec![], 0usize, 0usize, false);
+    'queues: for t in snap.queues_matching(&filter) {
+        let q = &t.view;
+        let mut after: Option<String> = None;
+        loop {
+            let size = if min_depth == 0 {
+                (wanted - matched).clamp(1, LISTING_PAGE)
+            } else {
+                LISTING_PAGE
+            };
+            let page = broker
+                .storage
+                .inspect
+                .partition_views_page(&q.config.name, after.as_deref(), size as u32, None)
+                .await?;
+            for p in &page {
+                read += 1;
+                let d = depth(p, &q.groups, None);
+                if d >= min_depth {
+                    if matched >= offset as usize && rows.len() < limit as usize {
+                        let mut v = partition_json(p, &q.groups);
+                        v["queue"] = json!(q.config.name);
+                        v["depth"] = json!(d);
+                        rows.push(v);
+                    }
+                    matched += 1;
+                }
+                if min_depth == 0 && matched >= wanted {
+                    break 'queues;
+                }
+                if read >= MAX_PARTITIONS_PER_LISTING {
+                    truncated = true;
+                    break 'queues;
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() == size => after = Some(last.partition.clone()),
+                _ => break,
             }
         }
     }
-    let total = rows.len();
+    let total = if min_depth == 0 {
+        snap.queues_matching(&filter).map(|t| t.partitions).sum()
+    } else {
+        matched as u64
+    };
     ok(
-        &json!({"partitions": page(rows, limit, offset), "total": total,
-               "pagination": {"limit": limit, "offset": offset}}),
+        &json!({"partitions": rows, "total": total, "truncated": truncated,
+               "pagination": {"limit": limit, "offset": offset},
+               "statsAge": snap.age_secs(broker.now())}),
     )
 }
 
