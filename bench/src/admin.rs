@@ -24,6 +24,12 @@ pub struct AdminTimes {
     pub group_ms: f64,
     /// The message browser's first page (200) of the queue's messages.
     pub messages_ms: f64,
+    /// The dashboard's other reads: the status view, the lagging cursors, the dead letters,
+    /// the trace names.
+    pub status_ms: f64,
+    pub lagging_ms: f64,
+    pub dlq_ms: f64,
+    pub trace_names_ms: f64,
 }
 
 const ROUNDS: usize = 5;
@@ -76,5 +82,9 @@ pub async fn measure(addr: std::net::SocketAddr, queue: &str) -> AdminTimes {
         )
         .await,
         messages_ms: median_ms(&mut c, &format!("/api/v1/messages?queue={queue}")).await,
+        status_ms: median_ms(&mut c, "/api/v1/status").await,
+        lagging_ms: median_ms(&mut c, "/api/v1/consumer-groups/lagging?minLagSeconds=60").await,
+        dlq_ms: median_ms(&mut c, &format!("/api/v1/dlq?limit=100&queue={queue}")).await,
+        trace_names_ms: median_ms(&mut c, "/api/v1/traces/names?limit=50").await,
     }
 }

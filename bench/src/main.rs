@@ -668,13 +668,22 @@ async fn measure_admin_totals(run: &mut Run, queue: &str, size: usize) {
             t.pass_ms,
         ),
         Row::new(
-            label,
+            label.clone(),
             "its messages, first page, ms (median of 5)",
             t.messages_ms,
             vs,
             t.pass_ms,
         ),
     ]);
+    for (metric, ms) in [
+        ("status ms (median of 5)", t.status_ms),
+        ("lagging cursors ms (median of 5)", t.lagging_ms),
+        ("its dead letters ms (median of 5)", t.dlq_ms),
+        ("trace names ms (median of 5)", t.trace_names_ms),
+    ] {
+        run.rows
+            .push(Row::new(label.clone(), metric, ms, vs, t.pass_ms));
+    }
 }
 
 /// What the hot-list ring holds after a scaling run, and what its entries cost: live heap bytes
