@@ -30,6 +30,8 @@ pub(crate) struct QueueTally {
     pub(crate) pushed: u64,
     /// Messages still stored.
     pub(crate) retained: u64,
+    /// Partitions with a message stored.
+    pub(crate) partitions_retaining: u64,
     pub(crate) counts: Counts,
     /// The slowest reader's backlog (`views::depth`).
     pub(crate) backlog: Backlog,
@@ -234,6 +236,7 @@ impl QueueTally {
             partitions: 0,
             pushed: 0,
             retained: 0,
+            partitions_retaining: 0,
             counts: Counts {
                 dead_letter: view.dead_letters,
                 ..Counts::default()
@@ -252,6 +255,23 @@ impl QueueTally {
         }
     }
 
+    /// The tally of a group no partition of the queue had a cursor of when it was counted: it
+    /// reads everything stored (`views::depth`).
+    pub(crate) fn unread_by(&self, group: &str) -> QueueTally {
+        let mut t = self.clone();
+        t.groups
+            .entry(group.to_string())
+            .or_insert_with(|| GroupLag {
+                backlog: Backlog {
+                    pending: self.retained,
+                    processing: 0,
+                    partitions_pending: self.partitions_retaining,
+                },
+                ..GroupLag::default()
+            });
+        t
+    }
+
     /// The tally also counts `group`'s backlog when the queue does not list it (a group that
     /// has not read it yet).
     pub(crate) fn with_group(mut self, group: Option<&str>) -> QueueTally {
@@ -265,6 +285,7 @@ impl QueueTally {
         self.partitions += 1;
         self.pushed += p.pushed();
         self.retained += p.retained();
+        self.partitions_retaining += u64::from(p.retained() > 0);
         self.counts.add(Counts::of(p, &self.view.groups));
         self.backlog.add(Backlog::of(p, &self.view.groups, None));
         let live = p.cursors.iter().filter(|c| c.leased_until.is_some());

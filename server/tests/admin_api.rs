@@ -698,6 +698,18 @@ async fn totals_from_a_snapshot(store: Store) {
         "{d}"
     );
     assert_eq!(d["partitions"].as_array().map(Vec::len), Some(10));
+    // A group the pass did not meet reads everything stored, on the page and in the totals.
+    let (_, d) = get(
+        a,
+        &format!("/api/v1/resources/queues/{q}/depth?group=newcomer&limit=2"),
+    )
+    .await;
+    assert_eq!(
+        (d["pending"].as_u64(), d["partitionsPending"].as_u64()),
+        (Some(2_050), Some(2_050)),
+        "{d}"
+    );
+    assert_eq!(sum_of(&d["partitions"], "pending"), 2, "{d}");
     let (_, v) = get(
         a,
         &format!("/api/v1/resources/partitions?queue={q}&limit=3&offset=2045"),

@@ -89,8 +89,9 @@ pub(crate) struct QueuePage {
 /// cursors only, when given), and the queue's totals (with `group`'s backlog, a group that
 /// never read it included). When the page holds
 /// the whole queue the totals are counted from it; otherwise they come from the admin totals
-/// (`for_request`), so no request reads every partition of a large queue. A queue or group
-/// newer than the last pass gets a pass of that queue alone. `None`: no such queue.
+/// (`for_request`), so no request reads every partition of a large queue (a group the pass did
+/// not meet on it had read nothing of it); a queue newer than the last pass gets a pass of that
+/// queue alone. `None`: no such queue.
 pub(crate) async fn for_queue(
     broker: &Arc<Broker>,
     name: &str,
@@ -138,13 +139,14 @@ pub(crate) async fn for_queue(
         }));
     }
     let snap = for_request(broker).await?;
-    let known = snap
-        .queues
-        .iter()
-        .find(|t| t.view.config.name == name && group.is_none_or(|g| t.groups.contains_key(g)));
-    if let Some(t) = known {
+    if let Some(t) = snap.queues.iter().find(|t| t.view.config.name == name) {
+        // A group the pass did not meet on the queue read nothing of it then.
+        let tally = match group {
+            Some(g) if !t.groups.contains_key(g) => t.unread_by(g),
+            _ => t.clone(),
+        };
         return Ok(Some(QueuePage {
-            tally: t.clone(),
+            tally,
             partitions,
             next,
             stats_age: snap.age_secs(now),
