@@ -100,6 +100,11 @@ impl Snapshot {
             .iter()
             .filter(|q| filter.matches(&q.view.config))
     }
+
+    /// The tally of queue `name`, if the pass met it.
+    pub(crate) fn queue(&self, name: &str) -> Option<&QueueTally> {
+        self.queues.iter().find(|t| t.view.config.name == name)
+    }
 }
 
 /// A broker's snapshot and the state of its refresh (`tasks::admin_totals`).
@@ -203,6 +208,26 @@ pub(crate) async fn pass(
         partition_lags_omitted: omitted,
         lagging: lagging.into_sorted_vec(),
     })
+}
+
+/// Up to `limit` partitions of `queue` after the one named `after` (with `group`'s cursors
+/// only, when given), and the page's last partition when more follow: the next page's `after`.
+pub(crate) async fn partition_page(
+    inspect: &dyn InspectStorage,
+    queue: &str,
+    after: Option<&str>,
+    limit: u32,
+    group: Option<&str>,
+) -> Result<(Vec<PartitionView>, Option<String>), Failure> {
+    let mut partitions = inspect
+        .partition_views_page(queue, after, limit.saturating_add(1), group)
+        .await?;
+    if partitions.len() <= limit as usize {
+        return Ok((partitions, None));
+    }
+    partitions.truncate(limit as usize);
+    let next = partitions.last().map(|p| p.partition.clone());
+    Ok((partitions, next))
 }
 
 /// Adds every partition of the tally's queue to it, page by page, showing each to `each` once

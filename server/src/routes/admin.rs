@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::wire as requests;
 use crate::http::{self, Failure, Reply};
-use crate::stats::{QueueTally, Snapshot};
+use crate::stats::{partition_page, QueueTally, Snapshot};
 use crate::tasks::admin_totals::{self, QueuePage};
 use crate::views::{
     bucket_of, bucketed, depth, message_status, page, recent_rates, stat, Backlog, Counts, GroupLag,
@@ -450,9 +450,7 @@ async fn listed_queue(
         return Ok(None);
     }
     let groups = snap
-        .queues
-        .iter()
-        .find(|t| t.view.config.name == name)
+        .queue(name)
         .map_or_else(Vec::new, |t| t.view.groups.clone());
     let letters = broker
         .dead_letters(queen_core::storage::DlqQuery {
@@ -1239,19 +1237,14 @@ pub async fn consumer_group(
     });
     for tally in queues {
         let q = &tally.view;
-        let mut partitions = broker
-            .storage
-            .inspect
-            .partition_views_page(
-                &q.config.name,
-                after.as_deref(),
-                limit.saturating_add(1),
-                Some(group),
-            )
-            .await?;
-        let more = partitions.len() > limit as usize;
-        partitions.truncate(limit as usize);
-        let next = more.then(|| partitions.last().map(|p| p.partition.clone()));
+        let (partitions, next) = partition_page(
+            &*broker.storage.inspect,
+            &q.config.name,
+            after.as_deref(),
+            limit,
+            Some(group),
+        )
+        .await?;
         let rows: Vec<Value> = partitions
             .iter()
             .map(|p| {
@@ -1270,7 +1263,7 @@ pub async fn consumer_group(
         out.insert(
             q.config.name.clone(),
             json!({"partitions": rows, "partitionsTotal": tally.partitions,
-                   "pagination": {"limit": limit, "after": after, "next": next.flatten()},
+                   "pagination": {"limit": limit, "after": after, "next": next},
                    "statsAge": stats_age}),
         );
     }

@@ -18,7 +18,7 @@ use queen_core::Timestamp;
 
 use crate::broker::Broker;
 use crate::http::Failure;
-use crate::stats::{pass, tally_queue, QueueTally, Snapshot};
+use crate::stats::{partition_page, pass, tally_queue, QueueTally, Snapshot};
 
 /// How long after the last read the refresher keeps refreshing.
 const WATCHED_MS: i64 = 5 * 60_000;
@@ -101,15 +101,7 @@ pub(crate) async fn for_queue(
 ) -> Result<Option<QueuePage>, Failure> {
     let inspect = &*broker.storage.inspect;
     let now = broker.now();
-    let mut partitions = inspect
-        .partition_views_page(name, after, limit.saturating_add(1), group)
-        .await?;
-    let next = if partitions.len() > limit as usize {
-        partitions.truncate(limit as usize);
-        partitions.last().map(|p| p.partition.clone())
-    } else {
-        None
-    };
+    let (partitions, next) = partition_page(inspect, name, after, limit, group).await?;
     let own_view = || async {
         let filter = QueueFilter {
             queue: Some(name.to_string()),
@@ -139,7 +131,7 @@ pub(crate) async fn for_queue(
         }));
     }
     let snap = for_request(broker).await?;
-    if let Some(t) = snap.queues.iter().find(|t| t.view.config.name == name) {
+    if let Some(t) = snap.queue(name) {
         // A group the pass did not meet on the queue read nothing of it then.
         let tally = match group {
             Some(g) if !t.groups.contains_key(g) => t.unread_by(g),
