@@ -368,6 +368,10 @@ pub struct EphemeralBugs {
     pub lease_units_slip: bool,
     /// `drop_oldest` stops one message short of the bound (the queue holds maxLength + 1).
     pub evict_one_short: bool,
+    /// An expired lease seeks its group's cursor back to the lease's first open message instead
+    /// of queueing its open deliveries for retry: what the group was already handed out after it
+    /// comes again as new (attempt 1), behind later messages other pops were served.
+    pub lease_expiry_rewinds: bool,
 }
 
 /// Which broker holds a queue's ring when several share one database. Each broker renews its
@@ -553,7 +557,7 @@ impl Queue {
 
     /// Ends the leases that ran out: their open deliveries wait for redelivery, or are dropped at
     /// `retryLimit`.
-    fn end_leases(&mut self, now: Timestamp) -> u64 {
+    fn end_leases(&mut self, now: Timestamp, bugs: EphemeralBugs) -> u64 {
         match self.next_lease_end {
             Some(t) if t <= now => {}
             _ => return 0,
@@ -569,6 +573,12 @@ impl Queue {
                 if lease.until > now {
                     next_end = Some(next_end.map_or(lease.until, |t| t.min(lease.until)));
                     c.lease = Some(lease);
+                    continue;
+                }
+                if bugs.lease_expiry_rewinds {
+                    if let Some((&first, _)) = lease.open.first_key_value() {
+                        c.next = c.next.min(first);
+                    }
                     continue;
                 }
                 for (seq, attempt) in lease.open {
@@ -714,7 +724,7 @@ impl EphemeralStore {
         let Some(q) = self.queues.get_mut(queue) else {
             return Err(not_found(queue));
         };
-        self.bytes -= q.expire(now) + q.end_leases(now);
+        self.bytes -= q.expire(now) + q.end_leases(now, self.bugs);
         let n = payloads.len() as u64;
         let size: u64 = payloads.iter().map(|p| p.len() as u64).sum();
         let (max_len, max_bytes) = (q.options.max_length, q.options.max_bytes);
@@ -813,7 +823,7 @@ impl EphemeralStore {
         let Some(q) = self.queues.get_mut(queue) else {
             return 0;
         };
-        self.bytes -= q.expire(now) + q.end_leases(now);
+        self.bytes -= q.expire(now) + q.end_leases(now, self.bugs);
         let g = q.groups.get(group);
         match partition {
             Some(p) => q.by_name.get(p).map_or(0, |r| q.available(g, *r)),
@@ -842,7 +852,7 @@ impl EphemeralStore {
         let Some(q) = self.queues.get_mut(queue) else {
             return Err(not_found(queue));
         };
-        self.bytes -= q.expire(now) + q.end_leases(now);
+        self.bytes -= q.expire(now) + q.end_leases(now, self.bugs);
         // A pop makes its group exist even when it finds nothing: what is pushed from now on is
         // held for the group until it completes it.
         q.groups.entry(req.group.to_string()).or_default();
@@ -952,7 +962,7 @@ impl EphemeralStore {
         if d.generation != q.generation {
             return AckOutcome::Stale;
         }
-        self.bytes -= q.expire(now) + q.end_leases(now);
+        self.bytes -= q.expire(now) + q.end_leases(now, self.bugs);
         let limit = q.options.retry_limit;
         let Some(c) = q
             .groups
@@ -988,7 +998,7 @@ impl EphemeralStore {
     /// `depth`: the gauges of one queue, or `None` when it does not exist.
     pub fn depth(&mut self, queue: &str, now: Timestamp) -> Option<Value> {
         let q = self.queues.get_mut(queue)?;
-        self.bytes -= q.expire(now) + q.end_leases(now);
+        self.bytes -= q.expire(now) + q.end_leases(now, self.bugs);
         let q = self.queues.get(queue)?;
         let groups: Vec<Value> = q
             .groups
