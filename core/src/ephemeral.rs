@@ -372,6 +372,11 @@ pub struct EphemeralBugs {
     /// of queueing its open deliveries for retry: what the group was already handed out after it
     /// comes again as new (attempt 1), behind later messages other pops were served.
     pub lease_expiry_rewinds: bool,
+    /// A lapse of an owner's liveness is noticed only by a call made while it lasts: an owner
+    /// that nobody called meanwhile serves its old ring again once it renews, though another
+    /// broker took the queue in between (two rings for one queue), and a ring of a queue that
+    /// moved stays in memory until a call for it comes.
+    pub lapse_seen_only_by_calls: bool,
 }
 
 /// Which broker holds a queue's ring when several share one database. Each broker renews its

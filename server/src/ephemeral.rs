@@ -157,10 +157,30 @@ impl Ephemeral {
         }
     }
 
-    /// A renewal of this broker's liveness, sent at `sent`, was stored.
-    pub fn beat_stored(&self, sent: Timestamp) {
+    /// A renewal of this broker's liveness, sent at `sent`, was stored; `stored` is when its
+    /// answer came. If the renewal before it was past the fence by then, this broker was lapsed
+    /// meanwhile, whether or not a call saw it (a call seeing it ends it in `serving`): the lapse
+    /// ends the same way, before the new renewal counts, so no call in between trusts an owner
+    /// resolved before the lapse. The rings it leaves unresolved are for `unresolved_rings`.
+    pub fn beat_stored(&self, sent: Timestamp, stored: Timestamp) {
+        let bugs = *lock(&self.bugs);
+        let previous = *lock(&self.last_beat);
+        if !bugs.lapse_seen_only_by_calls && !ownership::serving(previous, stored, bugs) {
+            self.resolve_owners_afresh();
+        }
         let mut last = lock(&self.last_beat);
         *last = Some(last.map_or(sent, |t| t.max(sent)));
+    }
+
+    /// Queues whose ring this broker holds but whose owner nobody resolved since a lapse: each
+    /// is claimed again (`claimed`), which keeps the ring if nobody took the queue meanwhile
+    /// and drops it if somebody did, rather than leaving it in memory until a call for it comes.
+    pub fn unresolved_rings(&self) -> Vec<String> {
+        let held: Vec<String> = lock(&self.held).keys().cloned().collect();
+        let owners = lock(&self.owners);
+        held.into_iter()
+            .filter(|q| !owners.contains_key(q))
+            .collect()
     }
 
     /// This broker stops owning anything at once (it is shutting down and leaves storage's list
@@ -190,6 +210,13 @@ impl Ephemeral {
         if ownership::serving(last, now, *lock(&self.bugs)) {
             return true;
         }
+        self.resolve_owners_afresh();
+        false
+    }
+
+    /// Forgets every resolved owner and wakes the pops parked on this broker's own queues, so
+    /// they answer and every next call claims its queue again.
+    fn resolve_owners_afresh(&self) {
         let owned: Vec<String> = std::mem::take(&mut *lock(&self.owners))
             .into_iter()
             .filter(|(_, o)| *o == Owner::Local)
@@ -198,7 +225,6 @@ impl Ephemeral {
         for queue in owned {
             self.wake_all(&queue);
         }
-        false
     }
 
     /// Records what a claim answered for `queue` and says where its ring is. A ring this broker

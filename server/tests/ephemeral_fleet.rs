@@ -29,6 +29,7 @@ use std::time::Duration;
 use common::fleet::{Fleet, Member};
 use queen_core::ephemeral::EphemeralBugs;
 use queen_core::rng::SeededRng;
+use queen_server::tasks::ephemeral_liveness::renew;
 use serde_json::{json, Value};
 
 const QUEUES: [(&str, u64, &str); 2] = [("feed", 5, "drop_oldest"), ("jobs", 4, "reject")];
@@ -242,6 +243,11 @@ async fn run(seed: u64, steps: usize, bugs: EphemeralBugs) -> Outcome {
                 let reach = &slots[i].member.reach;
                 let now_cut = !reach.is_cut() && rng.chance(1, 3);
                 reach.set_cut(now_cut);
+                if !now_cut && slots[i].up {
+                    // Its liveness task runs as it heals (the fleet runs no tasks of its own): a
+                    // lapse no call saw ends here, as it would within a second.
+                    renew(&slots[i].member.broker).await;
+                }
                 continue;
             }
             18 if up.len() > 1 && rng.chance(1, 3) => {

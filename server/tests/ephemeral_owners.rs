@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::fleet::Fleet;
 use queen_core::ephemeral::EphemeralBugs;
+use queen_server::tasks::ephemeral_liveness::renew;
 use queen_storage_sim::reach::OwnerReach;
 use serde_json::{json, Value};
 
@@ -198,4 +199,50 @@ async fn keeping_a_ring_across_epochs_is_caught() {
         caught.is_err(),
         "an older ring serving again must be caught"
     );
+}
+
+/// a owns `q` and holds "old"; it loses the database and, while it is lapsed, nobody calls it;
+/// b takes `q` and "new". a reaches the database again and renews. Answers what a pop
+/// through a then got: it must be b's "new", never a's old ring. Without a call during the lapse,
+/// only the renewal can tell a that it lapsed.
+async fn lapse_no_call_saw(bugs: EphemeralBugs) -> Result<(), String> {
+    let p = pair().await;
+    p.a.ephemeral.set_bugs(bugs);
+    assert_eq!(push(p.a_addr, "q", "old").await, 200);
+    p.a_reach.set_cut(true);
+    p.clock.advance_millis(6_000);
+    assert_eq!(push(p.b_addr, "q", "new").await, 200, "b claims q");
+    p.a_reach.set_cut(false);
+    // One round of a's liveness task (the fleet runs none of its own).
+    assert!(renew(&p.a).await, "a renews once it reaches the database");
+    if bugs == EphemeralBugs::default() {
+        assert!(
+            !p.a.ephemeral.exists("q"),
+            "a's ring of a queue that moved stays in memory after the renewal"
+        );
+    }
+    match pop(p.a_addr, "q").await {
+        Ok(got) if got == [json!("new")] => Ok(()),
+        other => Err(format!(
+            "a, back from a lapse no call saw, answered {other:?}"
+        )),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_no_call_saw_ends_at_the_next_renewal() {
+    lapse_no_call_saw(EphemeralBugs::default()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_seen_only_by_calls_is_caught() {
+    let caught = lapse_no_call_saw(EphemeralBugs {
+        lapse_seen_only_by_calls: true,
+        ..EphemeralBugs::default()
+    })
+    .await;
+    let Err(finding) = caught else {
+        panic!("an owner back from an unseen lapse serving its old ring must be caught");
+    };
+    assert!(finding.contains("\"old\""), "{finding}");
 }

@@ -25,12 +25,44 @@ pub(crate) async fn beat(broker: &Broker) -> bool {
         .await
     {
         Ok(()) => {
-            broker.ephemeral.beat_stored(sent);
+            broker.ephemeral.beat_stored(sent, broker.now());
             true
         }
         Err(e) => {
             broker.note_storage_error("ephemeral", &e);
             false
+        }
+    }
+}
+
+/// One round of the liveness task: renews this broker's liveness and, if storage took it,
+/// settles the rings a lapse left unresolved. Answers whether the renewal was stored.
+pub async fn renew(broker: &Broker) -> bool {
+    let stored = beat(broker).await;
+    if stored {
+        settle_rings(broker).await;
+    }
+    stored
+}
+
+/// Claims again each queue whose ring this broker kept through a lapse and that no call has
+/// resolved since (`Ephemeral::unresolved_rings`): a ring of a queue that moved meanwhile is
+/// dropped now, not when a call for it happens to come.
+async fn settle_rings(broker: &Broker) {
+    for queue in broker.ephemeral.unresolved_rings() {
+        match broker
+            .storage
+            .ephemeral_owners
+            .ephemeral_claim(&queue, broker.ephemeral.incarnation())
+            .await
+        {
+            Ok(claim) => {
+                broker.ephemeral.claimed(&queue, &claim);
+            }
+            Err(e) => {
+                broker.note_storage_error("ephemeral", &e);
+                return;
+            }
         }
     }
 }
@@ -51,7 +83,7 @@ pub(crate) async fn liveness(broker: Weak<Broker>) {
                 .await;
             return;
         }
-        beat(&b).await;
+        renew(&b).await;
         drop(b);
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(HEARTBEAT_MS)) => {}

@@ -5,7 +5,7 @@
 
 pub(crate) mod admin_totals;
 pub(crate) mod buffer_drain;
-pub(crate) mod ephemeral_liveness;
+pub mod ephemeral_liveness;
 pub mod events;
 pub mod retention;
 pub mod sampler;
