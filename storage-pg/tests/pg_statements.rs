@@ -530,3 +530,64 @@ async fn pages_per_call(stats: &tokio_postgres::Client, pattern: &str) -> f64 {
     row.get::<_, Option<f64>>(0)
         .unwrap_or_else(|| panic!("no statement like {pattern} was counted"))
 }
+
+/// A retention batch reads the prefixes it removes, not the history of every queue: on a database
+/// whose other queues hold many old segments, the removal's plan walked (created_at, ...) from the
+/// start up to the cutoff for each partition of the batch, every old segment of every partition,
+/// while it held the batch's partition locks and the queue's pushes waited behind them (34 ms a
+/// partition beside a million old segments; docs/benchmarks.md, "Retention beside other queues'
+/// history"). Here 375 buffers against 3,705 before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retention_batch_reads_its_prefixes_not_other_queues_history() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let name = format!("queen_ret_history_{}", std::process::id());
+    let (_pg, stats) = counted_database(&name).await;
+    stats
+        .batch_execute(
+            "INSERT INTO queen.queues (name) VALUES ('history');
+             INSERT INTO queen.queues (name, retention_enabled, completed_retention_seconds)
+                  VALUES ('ret', true, 1);
+             INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
+                  SELECT gen_random_uuid(), q.id, 'h' || g, 19999, now()
+                    FROM queen.queues q, generate_series(1, 2) g WHERE q.name = 'history';
+             INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count,
+                                             created_at, blob)
+                  SELECT p.id, k, k, 1, now() - interval '1 hour', '\\x00'::bytea
+                    FROM queen.log_partitions p, generate_series(0, 19999) k
+                   WHERE p.name LIKE 'h%';
+             INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at,
+                                               oldest_at)
+                  SELECT gen_random_uuid(), q.id, 'r' || g, 0, now() - interval '1 minute',
+                         now() - interval '1 minute'
+                    FROM queen.queues q, generate_series(1, 10) g WHERE q.name = 'ret';
+             INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count,
+                                             created_at, blob)
+                  SELECT p.id, 0, 0, 1, now() - interval '1 minute', '\\x00'::bytea
+                    FROM queen.log_partitions p WHERE p.name LIKE 'r%';
+             INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+                  SELECT p.id, 'g', 0 FROM queen.log_partitions p WHERE p.name LIKE 'r%';
+             INSERT INTO queen.consumer_groups_metadata (queue_name, consumer_group)
+                  VALUES ('ret', 'g');
+             ANALYZE queen.log_partitions; ANALYZE queen.log_segments;
+             SELECT pg_stat_statements_reset();",
+        )
+        .await
+        .expect("a queue with history and one with a consumed segment per partition");
+    let removed: i64 = stats
+        .query_one(
+            "SELECT o_segments FROM queen.retention_batch_v1('ret', false, NULL, NULL, 500)",
+            &[],
+        )
+        .await
+        .expect("retention batch")
+        .get(0);
+    assert_eq!(removed, 10, "each partition's consumed segment goes");
+    let pages = pages_per_call(&stats, "WITH part AS%").await;
+    eprintln!("a retention batch of 10 partitions read {pages} buffers beside 40,000 old segments");
+    assert!(
+        pages < 1000.0,
+        "a retention batch of 10 partitions read {pages} buffers: it walked other queues' history"
+    );
+    drop(stats);
+    testing::drop_database(&name).await;
+}
