@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use crate::broker::Broker;
 use crate::ephemeral::Owner;
 use crate::http::{self, Failure, Reply, Routed};
-use crate::tasks::ephemeral_liveness::beat;
+use crate::tasks::ephemeral_liveness::{beat, claim};
 
 /// Marks a call one broker forwarded to another: the receiver serves it or refuses it, never
 /// forwards it again.
@@ -69,12 +69,7 @@ async fn owner_of(broker: &Broker, queue: &str) -> Result<Owner, Failure> {
     if let Some(owner) = broker.ephemeral.cached_owner(queue) {
         return Ok(owner);
     }
-    let claim = broker
-        .storage
-        .ephemeral_owners
-        .ephemeral_claim(queue, broker.ephemeral.incarnation())
-        .await?;
-    Ok(broker.ephemeral.claimed(queue, &claim))
+    Ok(claim(broker, queue).await?)
 }
 
 /// Another broker's answer to a forwarded call.

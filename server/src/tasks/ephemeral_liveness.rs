@@ -1,13 +1,16 @@
 //! The ephemeral owners' liveness: a broker that shares ephemeral queues with others renews its
 //! row every `HEARTBEAT_MS` (`queen_core::ephemeral::ownership`), and removes it when it shuts
-//! down, so its queues can be claimed at once rather than after `ALIVE_MS`.
+//! down, so its queues can be claimed at once rather than after `ALIVE_MS`. After a lapse it
+//! claims again the queues whose rings it kept, so the ring of a queue that moved is dropped.
 
 use std::sync::Weak;
 use std::time::Duration;
 
 use queen_core::ephemeral::ownership::{ALIVE_MS, HEARTBEAT_MS};
+use queen_core::storage::StorageResult;
 
 use crate::broker::Broker;
+use crate::ephemeral::Owner;
 
 /// Renews this broker's liveness once; answers whether storage took it.
 pub(crate) async fn beat(broker: &Broker) -> bool {
@@ -50,21 +53,22 @@ pub async fn renew(broker: &Broker) -> bool {
 /// dropped now, not when a call for it happens to come.
 async fn settle_rings(broker: &Broker) {
     for queue in broker.ephemeral.unresolved_rings() {
-        match broker
-            .storage
-            .ephemeral_owners
-            .ephemeral_claim(&queue, broker.ephemeral.incarnation())
-            .await
-        {
-            Ok(claim) => {
-                broker.ephemeral.claimed(&queue, &claim);
-            }
-            Err(e) => {
-                broker.note_storage_error("ephemeral", &e);
-                return;
-            }
+        if let Err(e) = claim(broker, &queue).await {
+            broker.note_storage_error("ephemeral", &e);
+            return;
         }
     }
+}
+
+/// Claims `queue` through storage (this broker, unless a live one already owns it) and records
+/// the answer: where the queue's ring is now.
+pub(crate) async fn claim(broker: &Broker, queue: &str) -> StorageResult<Owner> {
+    let claim = broker
+        .storage
+        .ephemeral_owners
+        .ephemeral_claim(queue, broker.ephemeral.incarnation())
+        .await?;
+    Ok(broker.ephemeral.claimed(queue, &claim))
 }
 
 pub(crate) async fn liveness(broker: Weak<Broker>) {
