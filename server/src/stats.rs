@@ -1,11 +1,12 @@
 //! The admin plane's totals: queue counts, group lag, lease figures and the metrics' stored
-//! series, computed by a pass over every partition, page by page, and kept as a snapshot that
+//! series, computed by a pass over every partition, a queue at a time, and kept as a snapshot that
 //! the totals routes read in time proportional to the number of queues. When a pass runs (per
 //! request while cheap, in the background while read once it is not) is decided in
 //! `tasks/admin_totals.rs`.
 //!
-//! A pass costs about 10 µs per partition on PostgreSQL (cursor rows and two index probes for
-//! each cursor's oldest unconsumed message): 10 s at a million partitions (docs/operations.md).
+//! A pass costs about 10 µs per partition on PostgreSQL (one statement per queue: each partition's
+//! first and last segment, its cursors and each cursor's oldest unconsumed message, all
+//! primary-key probes): about 10 s at a million partitions (docs/operations.md).
 
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -17,9 +18,6 @@ use serde_json::Value;
 
 use crate::http::Failure;
 use crate::views::{depth, lag_stats, Backlog, Counts, GroupLag};
-
-/// Partitions read per storage call of a pass.
-const PAGE: u32 = 2_000;
 
 /// One queue's totals.
 #[derive(Clone)]
@@ -230,28 +228,22 @@ pub(crate) async fn partition_page(
     Ok((partitions, next))
 }
 
-/// Adds every partition of the tally's queue to it, page by page, showing each to `each` once
-/// it is added.
+/// Adds every partition of the tally's queue to it (storage reads the queue in one pass where it
+/// can: `InspectStorage::each_partition_of`), showing each to `each` once it is added.
 pub(crate) async fn tally_queue(
     inspect: &dyn InspectStorage,
     mut tally: QueueTally,
     taken_at: Timestamp,
-    mut each: impl FnMut(&QueueTally, &PartitionView),
+    mut each: impl FnMut(&QueueTally, &PartitionView) + Send,
 ) -> Result<QueueTally, Failure> {
-    let mut after: Option<String> = None;
-    loop {
-        let page = inspect
-            .partition_views_page(&tally.view.config.name, after.as_deref(), PAGE, None)
-            .await?;
-        for p in &page {
-            tally.add(p, taken_at);
-            each(&tally, p);
-        }
-        match page.last() {
-            Some(last) if page.len() == PAGE as usize => after = Some(last.partition.clone()),
-            _ => return Ok(tally),
-        }
-    }
+    let name = tally.view.config.name.clone();
+    inspect
+        .each_partition_of(&name, &mut |p| {
+            tally.add(&p, taken_at);
+            each(&tally, &p);
+        })
+        .await?;
+    Ok(tally)
 }
 
 impl QueueTally {

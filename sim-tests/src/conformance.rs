@@ -160,6 +160,26 @@ pub async fn partition_views_page_and_by_id(b: &dyn Backend) -> CaseResult {
         (1, pid["a"].clone()),
         "a's view"
     );
+    // The whole queue in one read holds what its pages hold (leases, every cursor, a partition
+    // no group read), in any order.
+    let mut whole = vec![];
+    let seen = s
+        .each_partition_of("iv", &mut |p| whole.push(p))
+        .await
+        .map_err(e)?;
+    whole.sort_by(|a, b| a.partition.cmp(&b.partition));
+    let paged = s
+        .partition_views_page("iv", None, 100, None)
+        .await
+        .map_err(e)?;
+    ensure_eq!(seen, 3, "partitions the whole read counted");
+    ensure_eq!(whole, paged, "the whole queue against its pages");
+    let mut none = 0;
+    let seen = s
+        .each_partition_of("no-such-queue", &mut |_| none += 1)
+        .await
+        .map_err(e)?;
+    ensure_eq!((seen, none), (0, 0), "a queue that does not exist");
     Ok(())
 }
 

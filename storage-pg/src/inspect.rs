@@ -13,7 +13,7 @@ use queen_core::storage::{
 };
 use queen_core::Timestamp;
 
-use crate::error::{pg_err, pool_err};
+use crate::error::{pg_err, pool_err, prepared};
 use crate::pop::{config_from_row, CONFIG_COLUMNS};
 use crate::{from_system_time, to_system_time, PgStorage};
 
@@ -61,6 +61,42 @@ SELECT c.partition_id, c.consumer_group, c.committed,
   JOIN queen.log_partitions p ON p.id = c.partition_id
  WHERE c.partition_id = ANY($1) AND ($2::text IS NULL OR c.consumer_group = $2)
  ORDER BY c.partition_id, c.consumer_group";
+
+/// Every partition of one queue (by name) with every cursor on it, as arrays (aligned, in no
+/// order: an ORDER BY in each aggregate sorted seven times per partition, 11.5 s against 8.0 s
+/// at a million): one statement in heap order, each partition's segments and cursors by
+/// primary-key probes.
+/// At a million partitions this reads in about half the time of pages by name, whose probes
+/// land on random index pages (8.5 s against 16.4 s on this machine, docs/operations.md).
+const WHOLE_QUEUE: &str = "
+SELECT p.name, p.id, p.created_at, p.last_offset,
+       COALESCE(h.base_offset, p.last_offset + 1), h.created_at, t.created_at,
+       cs.groups, cs.committed, cs.leased_until, cs.leased_through, cs.workers, cs.consumed,
+       cs.oldest
+  FROM queen.log_partitions p
+  LEFT JOIN LATERAL (SELECT s.base_offset, s.created_at FROM queen.log_segments s
+                      WHERE s.partition_id = p.id ORDER BY s.base_offset LIMIT 1) h ON true
+  LEFT JOIN LATERAL (SELECT s.created_at FROM queen.log_segments s
+                      WHERE s.partition_id = p.id ORDER BY s.base_offset DESC LIMIT 1) t ON true
+  LEFT JOIN LATERAL (
+       SELECT array_agg(c.consumer_group) AS groups,
+              array_agg(c.committed) AS committed,
+              array_agg(CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now()
+                             THEN c.lease_expires_at END) AS leased_until,
+              array_agg(CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now()
+                             THEN c.batch_end END) AS leased_through,
+              array_agg(c.worker_id::text) AS workers,
+              array_agg(c.total_consumed) AS consumed,
+              array_agg(CASE WHEN c.committed < p.last_offset THEN COALESCE(
+                   (SELECT s.created_at FROM queen.log_segments s
+                     WHERE s.partition_id = c.partition_id AND s.base_offset <= c.committed + 1
+                       AND s.end_offset > c.committed
+                     ORDER BY s.base_offset DESC LIMIT 1),
+                   (SELECT s.created_at FROM queen.log_segments s
+                     WHERE s.partition_id = c.partition_id AND s.base_offset > c.committed
+                     ORDER BY s.base_offset LIMIT 1)) END) AS oldest
+         FROM queen.log_consumers c WHERE c.partition_id = p.id) cs ON true
+ WHERE p.queue_id = (SELECT id FROM queen.queues WHERE name = $1)";
 
 const TRACE_COLUMNS: &str = "tr.id, tr.partition_id, tr.transaction_id, q.name, p.name, tr.consumer_group,
        tr.event_type, tr.data::text, tr.worker_id,
@@ -249,6 +285,76 @@ impl InspectStorage for PgStorage {
             group,
         )
         .await
+    }
+
+    async fn each_partition_of(
+        &self,
+        queue: &str,
+        each: &mut (dyn FnMut(PartitionView) + Send),
+    ) -> StorageResult<u64> {
+        use futures_util::TryStreamExt;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = prepared(&client, WHOLE_QUEUE).await?;
+        let rows = client
+            .query_raw(&stmt, [queue])
+            .await
+            .map_err(pg_err("a queue's partitions"))?;
+        let mut rows = std::pin::pin!(rows);
+        let mut seen = 0u64;
+        while let Some(r) = rows
+            .try_next()
+            .await
+            .map_err(pg_err("a queue's partitions"))?
+        {
+            let groups: Vec<String> = r.get::<_, Option<Vec<String>>>(7).unwrap_or_default();
+            let committed: Vec<i64> = r.get::<_, Option<Vec<i64>>>(8).unwrap_or_default();
+            let leased_until: Vec<Option<SystemTime>> =
+                r.get::<_, Option<_>>(9).unwrap_or_default();
+            let leased_through: Vec<Option<i64>> = r.get::<_, Option<_>>(10).unwrap_or_default();
+            let workers: Vec<Option<String>> = r.get::<_, Option<_>>(11).unwrap_or_default();
+            let consumed: Vec<i64> = r.get::<_, Option<Vec<i64>>>(12).unwrap_or_default();
+            let oldest: Vec<Option<SystemTime>> = r.get::<_, Option<_>>(13).unwrap_or_default();
+            let n = groups.len();
+            assert!(
+                [
+                    committed.len(),
+                    leased_until.len(),
+                    leased_through.len(),
+                    workers.len(),
+                    consumed.len(),
+                    oldest.len()
+                ]
+                .iter()
+                .all(|&l| l == n),
+                "one statement's cursor arrays differ in length"
+            );
+            let mut cursors: Vec<CursorView> = (0..n)
+                .map(|i| CursorView {
+                    group: groups[i].clone(),
+                    committed: committed[i],
+                    leased_until: leased_until[i].map(ts),
+                    leased_through: leased_through[i],
+                    worker_id: workers[i].clone(),
+                    total_consumed: consumed[i],
+                    oldest_unconsumed_at: oldest[i].map(ts),
+                })
+                .collect();
+            cursors.sort_by(|a, b| a.group.cmp(&b.group));
+            let id: uuid::Uuid = r.get(1);
+            seen += 1;
+            each(PartitionView {
+                queue: queue.to_string(),
+                partition: r.get(0),
+                partition_id: id.to_string(),
+                created_at: ts(r.get(2)),
+                last_offset: r.get(3),
+                log_start: r.get(4),
+                oldest_at: r.get::<_, Option<SystemTime>>(5).map(ts),
+                newest_at: r.get::<_, Option<SystemTime>>(6).map(ts),
+                cursors,
+            });
+        }
+        Ok(seen)
     }
 
     async fn partition_views_by_id(&self, ids: &[String]) -> StorageResult<Vec<PartitionView>> {

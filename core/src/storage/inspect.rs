@@ -253,6 +253,33 @@ pub trait InspectStorage: Send + Sync {
         limit: u32,
         group: Option<&str>,
     ) -> super::StorageResult<Vec<PartitionView>>;
+    /// Every partition of one queue with every cursor on it, shown to `each` one at a time in
+    /// no particular order; how many. A backend that can read the whole queue in one pass
+    /// cheaper than page by page (PostgreSQL: one statement in heap order, about half the time
+    /// at a million partitions) says so here; by default it reads pages of 2,000.
+    async fn each_partition_of(
+        &self,
+        queue: &str,
+        each: &mut (dyn FnMut(PartitionView) + Send),
+    ) -> super::StorageResult<u64> {
+        const PAGE: u32 = 2_000;
+        let mut after: Option<String> = None;
+        let mut seen = 0u64;
+        loop {
+            let page = self
+                .partition_views_page(queue, after.as_deref(), PAGE, None)
+                .await?;
+            let full = page.len() == PAGE as usize;
+            after = page.last().map(|p| p.partition.clone());
+            for p in page {
+                seen += 1;
+                each(p);
+            }
+            if !full {
+                return Ok(seen);
+            }
+        }
+    }
     /// The partitions of these ids with every cursor on them, in (queue, name) order; an id of
     /// no partition is left out.
     async fn partition_views_by_id(
