@@ -591,3 +591,73 @@ async fn a_retention_batch_reads_its_prefixes_not_other_queues_history() {
     drop(stats);
     testing::drop_database(&name).await;
 }
+
+/// Buffers read by every statement of this database since the counts were reset.
+async fn buffers_since_reset(stats: &tokio_postgres::Client) -> f64 {
+    stats
+        .query_one(
+            "SELECT COALESCE(sum(shared_blks_hit + shared_blks_read), 0)::float8
+               FROM pg_stat_statements
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND query NOT LIKE '%pg_stat_statements%'",
+            &[],
+        )
+        .await
+        .expect("counts")
+        .get(0)
+}
+
+/// The admin reads of a small queue read the small queue, beside one of 200,000 partitions:
+/// the queue's groups were a sub-select of the listing whose one plan (for every queue) joined
+/// every cursor with every partition, and the whole-queue read of a kept generic plan scanned
+/// every partition; a two-partition queue's page took 246 ms beside a million
+/// (docs/operations.md, "Admin API").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_queue_s_admin_reads_do_not_read_a_big_queue() {
+    use queen_core::storage::{InspectStorage, QueueFilter};
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let name = format!("queen_small_beside_big_{}", std::process::id());
+    let (pg, stats) = counted_database(&name).await;
+    stats
+        .batch_execute(
+            "INSERT INTO queen.queues (name) VALUES ('big'), ('small');
+             INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
+                  SELECT gen_random_uuid(), q.id, q.name || g, 0, now()
+                    FROM queen.queues q, generate_series(1, 200000) g
+                   WHERE q.name = 'big' OR g <= 2;
+             INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+                  SELECT p.id, 'g', 0 FROM queen.log_partitions p;
+             ANALYZE queen.log_partitions; ANALYZE queen.log_consumers;",
+        )
+        .await
+        .expect("a queue of 200,000 partitions and one of 2, a cursor on each");
+    // The first reads prepare and warm up; the counted ones follow.
+    for counted in [false, true] {
+        if counted {
+            stats
+                .batch_execute("SELECT pg_stat_statements_reset()")
+                .await
+                .expect("reset");
+        }
+        let filter = QueueFilter {
+            queue: Some("small".into()),
+            ..QueueFilter::default()
+        };
+        let views = pg.queue_views(filter).await.expect("queue views");
+        assert_eq!(views.len(), 1, "the small queue");
+        assert_eq!(views[0].groups, vec!["g".to_string()], "its group");
+        let seen = pg
+            .each_partition_of("small", &mut |_| {})
+            .await
+            .expect("the small queue's partitions");
+        assert_eq!(seen, 2, "its partitions");
+    }
+    let buffers = buffers_since_reset(&stats).await;
+    eprintln!("a two-partition queue's view and partitions read {buffers} buffers beside 200,000");
+    assert!(
+        buffers < 500.0,
+        "a two-partition queue's view and partitions read {buffers} buffers: they read the big queue"
+    );
+    drop(stats);
+    testing::drop_database(&name).await;
+}
