@@ -134,6 +134,29 @@ const SAMPLE_COUNTERS: [&str; 10] = [
     "db_errors",
 ];
 
+/// A partition's view from the columns `first..first + 7` of a row (name, id, created_at,
+/// last offset, log start, oldest and newest segment times), as `PARTITIONS` and `WHOLE_QUEUE`
+/// select them.
+fn partition_view(
+    r: &tokio_postgres::Row,
+    first: usize,
+    queue: String,
+    cursors: Vec<CursorView>,
+) -> PartitionView {
+    let id: uuid::Uuid = r.get(first + 1);
+    PartitionView {
+        queue,
+        partition: r.get(first),
+        partition_id: id.to_string(),
+        created_at: ts(r.get(first + 2)),
+        last_offset: r.get(first + 3),
+        log_start: r.get(first + 4),
+        oldest_at: r.get::<_, Option<SystemTime>>(first + 5).map(ts),
+        newest_at: r.get::<_, Option<SystemTime>>(first + 6).map(ts),
+        cursors,
+    }
+}
+
 /// Which partitions a view read takes.
 enum PartitionScope<'a> {
     /// One partition by id.
@@ -216,18 +239,8 @@ impl PgStorage {
         Ok(parts
             .iter()
             .map(|r| {
-                let id: uuid::Uuid = r.get(2);
-                PartitionView {
-                    queue: r.get(0),
-                    partition: r.get(1),
-                    partition_id: id.to_string(),
-                    created_at: ts(r.get(3)),
-                    last_offset: r.get(4),
-                    log_start: r.get(5),
-                    oldest_at: r.get::<_, Option<SystemTime>>(6).map(ts),
-                    newest_at: r.get::<_, Option<SystemTime>>(7).map(ts),
-                    cursors: by_partition.remove(&id).unwrap_or_default(),
-                }
+                let cursors = by_partition.remove(&r.get(2)).unwrap_or_default();
+                partition_view(r, 1, r.get(0), cursors)
             })
             .collect())
     }
@@ -378,19 +391,8 @@ impl InspectStorage for PgStorage {
                 })
                 .collect();
             cursors.sort_by(|a, b| a.group.cmp(&b.group));
-            let id: uuid::Uuid = r.get(1);
             seen += 1;
-            each(PartitionView {
-                queue: queue.to_string(),
-                partition: r.get(0),
-                partition_id: id.to_string(),
-                created_at: ts(r.get(2)),
-                last_offset: r.get(3),
-                log_start: r.get(4),
-                oldest_at: r.get::<_, Option<SystemTime>>(5).map(ts),
-                newest_at: r.get::<_, Option<SystemTime>>(6).map(ts),
-                cursors,
-            });
+            each(partition_view(&r, 0, queue.to_string(), cursors));
         }
         txn.commit().await.map_err(pg_err("a queue's partitions"))?;
         Ok(seen)
