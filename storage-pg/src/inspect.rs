@@ -32,73 +32,97 @@ fn parse_uuid(id: &str) -> StorageResult<uuid::Uuid> {
         .map_err(|_| StorageError::Invalid(format!("partitionId must be a UUID, got {id:?}")))
 }
 
-/// Partitions (with their first and last retained segment) matching the filters.
-const PARTITIONS: &str = "
-SELECT q.name, p.name, p.id, p.created_at, p.last_offset,
-       COALESCE(h.base_offset, p.last_offset + 1), h.created_at, t.created_at
-  FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
-  LEFT JOIN LATERAL (SELECT s.base_offset, s.created_at FROM queen.log_segments s
-                      WHERE s.partition_id = p.id ORDER BY s.base_offset LIMIT 1) h ON true
-  LEFT JOIN LATERAL (SELECT s.created_at FROM queen.log_segments s
-                      WHERE s.partition_id = p.id ORDER BY s.base_offset DESC LIMIT 1) t ON true
- WHERE {filter}
- ORDER BY q.name, p.name";
-
-/// Cursors on the partitions read (by id). The oldest unconsumed message's segment is found by two
-/// primary-key probes: the one holding committed + 1, else (retention removed it) the next.
-const CURSORS: &str = "
-SELECT c.partition_id, c.consumer_group, c.committed,
-       CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now() THEN c.lease_expires_at END,
-       CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now() THEN c.batch_end END,
-       c.worker_id::text, c.total_consumed,
-       CASE WHEN c.committed < p.last_offset THEN COALESCE(
+// The expressions the partition reads share, as literals for `concat!`.
+/// A partition's first and last retained segment (`h`, `t`), by primary-key probes.
+macro_rules! segment_ends {
+    () => {
+        "LEFT JOIN LATERAL (SELECT s.base_offset, s.created_at FROM queen.log_segments s
+                            WHERE s.partition_id = p.id ORDER BY s.base_offset LIMIT 1) h ON true
+         LEFT JOIN LATERAL (SELECT s.created_at FROM queen.log_segments s
+                            WHERE s.partition_id = p.id ORDER BY s.base_offset DESC LIMIT 1) t ON true"
+    };
+}
+/// A partition's columns for `partition_view`, after `segment_ends`.
+macro_rules! partition_columns {
+    () => {
+        "p.name, p.id, p.created_at, p.last_offset,
+         COALESCE(h.base_offset, p.last_offset + 1), h.created_at, t.created_at"
+    };
+}
+/// A cursor's live lease: its end, and the last offset it covers.
+macro_rules! lease_end {
+    () => {
+        "CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now() THEN c.lease_expires_at END"
+    };
+}
+macro_rules! leased_through {
+    () => {
+        "CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now() THEN c.batch_end END"
+    };
+}
+/// The created_at of a cursor's oldest unconsumed message's segment, by two primary-key probes:
+/// the one holding committed + 1, else (retention removed it) the next.
+macro_rules! oldest_unconsumed_at {
+    () => {
+        "CASE WHEN c.committed < p.last_offset THEN COALESCE(
             (SELECT s.created_at FROM queen.log_segments s
               WHERE s.partition_id = c.partition_id AND s.base_offset <= c.committed + 1
                 AND s.end_offset > c.committed
               ORDER BY s.base_offset DESC LIMIT 1),
             (SELECT s.created_at FROM queen.log_segments s
               WHERE s.partition_id = c.partition_id AND s.base_offset > c.committed
-              ORDER BY s.base_offset LIMIT 1)) END
-  FROM queen.log_consumers c
-  JOIN queen.log_partitions p ON p.id = c.partition_id
- WHERE c.partition_id = ANY($1) AND ($2::text IS NULL OR c.consumer_group = $2)
- ORDER BY c.partition_id, c.consumer_group";
+              ORDER BY s.base_offset LIMIT 1)) END"
+    };
+}
 
-/// Every partition of one queue (by name) with every cursor on it, as arrays (aligned, in no
+/// Partitions (with their first and last retained segment) matching the filters.
+const PARTITIONS: &str = concat!(
+    "SELECT q.name, ",
+    partition_columns!(),
+    " FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id ",
+    segment_ends!(),
+    " WHERE {filter} ORDER BY q.name, p.name"
+);
+
+/// Cursors on the partitions read (by id).
+const CURSORS: &str = concat!(
+    "SELECT c.partition_id, c.consumer_group, c.committed, ",
+    lease_end!(),
+    ", ",
+    leased_through!(),
+    ", c.worker_id::text, c.total_consumed, ",
+    oldest_unconsumed_at!(),
+    " FROM queen.log_consumers c JOIN queen.log_partitions p ON p.id = c.partition_id
+     WHERE c.partition_id = ANY($1) AND ($2::text IS NULL OR c.consumer_group = $2)
+     ORDER BY c.partition_id, c.consumer_group"
+);
+
+/// Every partition of one queue (by id) with every cursor on it, as arrays (aligned, in no
 /// order: an ORDER BY in each aggregate sorted seven times per partition, 11.5 s against 8.0 s
 /// at a million): one statement in heap order, each partition's segments and cursors by
-/// primary-key probes.
-/// At a million partitions this reads in about half the time of pages by name, whose probes
-/// land on random index pages (8.5 s against 16.4 s on this machine, docs/operations.md).
-const WHOLE_QUEUE: &str = "
-SELECT p.name, p.id, p.created_at, p.last_offset,
-       COALESCE(h.base_offset, p.last_offset + 1), h.created_at, t.created_at,
-       cs.groups, cs.committed, cs.leased_until, cs.leased_through, cs.workers, cs.consumed,
+/// primary-key probes. At a million partitions it reads in about 60% of the time of pages by
+/// name, whose probes land on random index pages (docs/benchmarks.md, "The admin pass, one
+/// statement per queue").
+const WHOLE_QUEUE: &str = concat!(
+    "SELECT ",
+    partition_columns!(),
+    ", cs.groups, cs.committed, cs.leased_until, cs.leased_through, cs.workers, cs.consumed,
        cs.oldest
-  FROM queen.log_partitions p
-  LEFT JOIN LATERAL (SELECT s.base_offset, s.created_at FROM queen.log_segments s
-                      WHERE s.partition_id = p.id ORDER BY s.base_offset LIMIT 1) h ON true
-  LEFT JOIN LATERAL (SELECT s.created_at FROM queen.log_segments s
-                      WHERE s.partition_id = p.id ORDER BY s.base_offset DESC LIMIT 1) t ON true
-  LEFT JOIN LATERAL (
-       SELECT array_agg(c.consumer_group) AS groups,
-              array_agg(c.committed) AS committed,
-              array_agg(CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now()
-                             THEN c.lease_expires_at END) AS leased_until,
-              array_agg(CASE WHEN c.worker_id IS NOT NULL AND c.lease_expires_at > queen.now()
-                             THEN c.batch_end END) AS leased_through,
-              array_agg(c.worker_id::text) AS workers,
-              array_agg(c.total_consumed) AS consumed,
-              array_agg(CASE WHEN c.committed < p.last_offset THEN COALESCE(
-                   (SELECT s.created_at FROM queen.log_segments s
-                     WHERE s.partition_id = c.partition_id AND s.base_offset <= c.committed + 1
-                       AND s.end_offset > c.committed
-                     ORDER BY s.base_offset DESC LIMIT 1),
-                   (SELECT s.created_at FROM queen.log_segments s
-                     WHERE s.partition_id = c.partition_id AND s.base_offset > c.committed
-                     ORDER BY s.base_offset LIMIT 1)) END) AS oldest
+     FROM queen.log_partitions p ",
+    segment_ends!(),
+    " LEFT JOIN LATERAL (
+       SELECT array_agg(c.consumer_group) AS groups, array_agg(c.committed) AS committed,
+              array_agg(",
+    lease_end!(),
+    ") AS leased_until, array_agg(",
+    leased_through!(),
+    ") AS leased_through, array_agg(c.worker_id::text) AS workers,
+              array_agg(c.total_consumed) AS consumed, array_agg(",
+    oldest_unconsumed_at!(),
+    ") AS oldest
          FROM queen.log_consumers c WHERE c.partition_id = p.id) cs ON true
- WHERE p.queue_id = $1";
+     WHERE p.queue_id = $1"
+);
 
 const TRACE_COLUMNS: &str = "tr.id, tr.partition_id, tr.transaction_id, q.name, p.name, tr.consumer_group,
        tr.event_type, tr.data::text, tr.worker_id,
