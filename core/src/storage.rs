@@ -32,8 +32,9 @@ pub use ephemeral::{
     EphemeralBroker, EphemeralClaim, EphemeralConfigStorage, EphemeralOwnerStorage,
 };
 pub use inspect::{
-    CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentMark,
-    SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
+    CreatedCount, CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView,
+    SegmentMark, SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord,
+    WorkerSample,
 };
 pub use kv::KvStorage;
 pub use messages::{

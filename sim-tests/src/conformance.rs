@@ -183,6 +183,65 @@ pub async fn partition_views_page_and_by_id(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
+/// Messages by creation time (the analytics route): counted per queue and per interval where they
+/// are stored, a queue alone when asked, the window's end excluded.
+pub async fn messages_created_per_interval(b: &dyn Backend) -> CaseResult {
+    use queen_core::Timestamp;
+    let s = b.storage();
+    let mut ids = Ids::new(97);
+    push(&*s, &mut ids, "an1", "p", "t", 0..3).await?;
+    b.advance_secs(3600).await;
+    push(&*s, &mut ids, "an1", "p", "u", 0..2).await?;
+    push(&*s, &mut ids, "an2", "p", "t", 0..1).await?;
+    // 1970 to the year 3000: every message of the case.
+    let (from, to) = (Timestamp(0), Timestamp(32_503_680_000_000_000));
+    let all = s.messages_created(from, to, 3600, None).await.map_err(e)?;
+    let mine: Vec<_> = all
+        .iter()
+        .filter(|c| c.queue == "an1" || c.queue == "an2")
+        .collect();
+    let shape: Vec<(&str, u64)> = mine
+        .iter()
+        .map(|c| (c.queue.as_str(), c.messages))
+        .collect();
+    ensure_eq!(
+        shape,
+        vec![("an1", 3), ("an1", 2), ("an2", 1)],
+        "per queue and hour"
+    );
+    ensure_eq!(
+        mine[1].bucket.0 - mine[0].bucket.0,
+        3_600_000_000,
+        "an1's two pushes an hour apart, in consecutive hours"
+    );
+    ensure!(
+        mine.iter().all(|c| c.bucket.0 % 3_600_000_000 == 0),
+        "intervals start at multiples of their width: {mine:?}"
+    );
+    ensure_eq!(
+        mine[2].bucket,
+        mine[1].bucket,
+        "an2's push in an1's second hour"
+    );
+    let one = s
+        .messages_created(from, to, 60, Some("an2"))
+        .await
+        .map_err(e)?;
+    let shape: Vec<(&str, u64)> = one.iter().map(|c| (c.queue.as_str(), c.messages)).collect();
+    ensure_eq!(shape, vec![("an2", 1)], "an2 alone, per minute");
+    let before = s
+        .messages_created(from, mine[1].bucket, 3600, Some("an1"))
+        .await
+        .map_err(e)?;
+    let shape: Vec<u64> = before.iter().map(|c| c.messages).collect();
+    ensure_eq!(
+        shape,
+        vec![3],
+        "a window ending where the second hour starts"
+    );
+    Ok(())
+}
+
 /// A pushed, leased batch comes back exactly as pushed; the cursor does not move on a lease.
 pub async fn leased_pop_delivers_in_order(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
@@ -2671,4 +2730,5 @@ cases!(
     ephemeral_declarations_round_trip,
     ephemeral_owners_claim_and_move,
     partition_views_page_and_by_id,
+    messages_created_per_interval,
 );

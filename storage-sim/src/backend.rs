@@ -11,8 +11,8 @@ use queen_core::storage::{
     TxOutcome,
 };
 use queen_core::storage::{
-    InspectStorage, PartitionView, QueueFilter, QueueView, SegmentQuery, StoredMessage,
-    StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
+    CreatedCount, InspectStorage, PartitionView, QueueFilter, QueueView, SegmentQuery,
+    StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
 use queen_core::Timestamp;
 
@@ -392,6 +392,22 @@ impl InspectStorage for SimDb {
             limit,
             group,
             now,
+        ))
+    }
+
+    async fn messages_created(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+        width_secs: i64,
+        queue: Option<&str>,
+    ) -> StorageResult<Vec<CreatedCount>> {
+        Ok(inspect::messages_created(
+            &lock(&self.shared.state),
+            from,
+            to,
+            width_secs,
+            queue,
         ))
     }
 

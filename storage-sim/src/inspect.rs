@@ -1,11 +1,13 @@
 //! The admin API's reads in the model: the same answers as `storage-pg/src/inspect.rs`, read
 //! from committed state (tx 0), as PostgreSQL's read-committed statements would.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use queen_core::storage::{
-    CursorView, DeadLetterRef, PartitionView, QueueFilter, QueueView, SegmentQuery, SegmentRow,
-    StorageError, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord, WorkerSample,
+    CreatedCount, CursorView, DeadLetterRef, PartitionView, QueueFilter, QueueView, SegmentQuery,
+    SegmentRow, StorageError, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord,
+    WorkerSample,
 };
 use queen_core::{Offset, Timestamp};
 
@@ -238,6 +240,36 @@ pub(crate) fn segments(st: &DbState, q: &SegmentQuery) -> Vec<StoredSegment> {
     found
 }
 
+pub(crate) fn messages_created(
+    st: &DbState,
+    from: Timestamp,
+    to: Timestamp,
+    width_secs: i64,
+    queue: Option<&str>,
+) -> Vec<CreatedCount> {
+    let width = width_secs.max(1) * 1_000_000;
+    let mut counts: BTreeMap<(String, Timestamp), u64> = BTreeMap::new();
+    for ((pid, base), s) in st.segments.iter(COMMITTED) {
+        let Some((q, _)) = st.partition_ids.get(pid, COMMITTED) else {
+            continue;
+        };
+        if queue.is_some_and(|w| w != q) || s.created_at < from || s.created_at >= to {
+            continue;
+        }
+        let bucket = Timestamp(s.created_at.0 - s.created_at.0.rem_euclid(width));
+        *counts.entry((q.clone(), bucket)).or_default() +=
+            u64::try_from(s.end_offset - base + 1).unwrap_or(0);
+    }
+    counts
+        .into_iter()
+        .map(|((queue, bucket), messages)| CreatedCount {
+            queue,
+            bucket,
+            messages,
+        })
+        .collect()
+}
+
 pub(crate) fn message(
     st: &DbState,
     partition_id: &str,
@@ -431,7 +463,7 @@ pub(crate) fn traces_named(
 }
 
 pub(crate) fn trace_names(st: &DbState, limit: u32, offset: u32) -> (Vec<TraceName>, u64) {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
     /// Per name: traces, the (partition, transactionId) messages they are of, last seen.
     type NameTally<'a> = (u64, BTreeSet<(&'a str, &'a str)>, Timestamp);
     let mut by_name: BTreeMap<&str, NameTally> = BTreeMap::new();

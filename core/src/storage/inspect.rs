@@ -238,6 +238,16 @@ pub struct WorkerSample {
     pub parked: u64,
 }
 
+/// Messages of one queue stored with a creation time in one interval (`InspectStorage::
+/// messages_created`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CreatedCount {
+    pub queue: String,
+    /// The interval's start: a multiple of its width since the epoch.
+    pub bucket: Timestamp,
+    pub messages: u64,
+}
+
 /// The reads of the admin API. Cheap by construction (see the module comment).
 #[async_trait::async_trait]
 pub trait InspectStorage: Send + Sync {
@@ -286,6 +296,16 @@ pub trait InspectStorage: Send + Sync {
         &self,
         ids: &[String],
     ) -> super::StorageResult<Vec<PartitionView>>;
+    /// Stored messages created in `[from, to)` (of `queue` alone when given), counted per queue
+    /// and per interval of `width_secs`, in (queue, interval) order; counted where they are
+    /// stored, not read.
+    async fn messages_created(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+        width_secs: i64,
+        queue: Option<&str>,
+    ) -> super::StorageResult<Vec<CreatedCount>>;
     /// Stored segments, newest first, from `query.after` on.
     async fn segments(&self, query: SegmentQuery) -> super::StorageResult<Vec<StoredSegment>>;
     /// The message stored under (partition id, transactionId), if any.

@@ -1027,7 +1027,7 @@ pub async fn queue_detail(
 }
 
 /// GET /api/v1/status/analytics[?from,to,interval,queue,namespace,task]: messages by creation
-/// time (from the segments of the window, one row per push), zero-filled, oldest first.
+/// time (the segments of the window counted in storage), zero-filled, oldest first.
 pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let now = broker.now();
     let (from, to, _) = window(pairs, now, 24 * 3600)?;
@@ -1042,42 +1042,29 @@ pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Fai
         return Err(Failure::bad("the window holds more than 10000 intervals"));
     }
     let filter = queue_filter(pairs, true)?;
-    // Whether each queue met in the window passes the filter, asked once.
-    let mut counted: BTreeMap<String, bool> = BTreeMap::new();
+    let created = broker
+        .storage
+        .inspect
+        .messages_created(from, to, step_secs, name_param(pairs, "queue")?.as_deref())
+        .await?;
+    // Whether each queue passes the filter, asked once (the counts come in queue order).
+    let mut passes: Option<(String, bool)> = None;
     let mut counts: BTreeMap<i64, u64> = BTreeMap::new();
-    let width = step_secs * 1_000_000;
-    let mut after = None;
-    let mut read = 0u32;
-    loop {
-        let batch = broker
-            .storage
-            .inspect
-            .segments(SegmentQuery {
-                queue: name_param(pairs, "queue")?,
-                from: Some(from),
-                to: Some(to),
-                after: after.clone(),
-                limit: 1000,
-                ..SegmentQuery::default()
-            })
-            .await?;
-        read += batch.len() as u32;
-        for s in &batch {
-            after = Some(s.mark());
-            if !counted.contains_key(&s.queue) {
-                let config = broker.storage.pops.queue_config(&s.queue).await?;
-                let passes = config.is_some_and(|c| filter.matches(&c));
-                counted.insert(s.queue.clone(), passes);
+    for c in created {
+        let taken = match &passes {
+            Some((q, p)) if *q == c.queue => *p,
+            _ => {
+                let config = broker.storage.pops.queue_config(&c.queue).await?;
+                let p = config.is_some_and(|conf| filter.matches(&conf));
+                passes = Some((c.queue.clone(), p));
+                p
             }
-            if counted.get(&s.queue) == Some(&true) {
-                let b = s.row.created_at.0 - s.row.created_at.0.rem_euclid(width);
-                *counts.entry(b).or_default() += u64::from(s.row.msg_count);
-            }
-        }
-        if batch.len() < 1000 || read >= 100_000 {
-            break;
+        };
+        if taken {
+            *counts.entry(c.bucket.0).or_default() += c.messages;
         }
     }
+    let width = step_secs * 1_000_000;
     let mut points = vec![];
     let mut b = from.0 - from.0.rem_euclid(width);
     while b < to.0 {
