@@ -1,7 +1,6 @@
 //! The admin API's reads on PostgreSQL. Plain statements, not procedures: each is one read
 //! (or one small write) with no rule of its own to keep in one place.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -75,53 +74,64 @@ macro_rules! oldest_unconsumed_at {
     };
 }
 
-/// Partitions (with their first and last retained segment) matching the filters.
+/// Every cursor on partition `p` that `$group` (a condition on `c`) takes, as arrays (aligned,
+/// in no order: an ORDER BY in each aggregate sorted seven times per partition, 11.5 s against
+/// 8.0 s at a million), by probes of the cursors' primary key.
+macro_rules! cursor_arrays {
+    ($group:literal) => {
+        concat!(
+            " LEFT JOIN LATERAL (
+               SELECT array_agg(c.consumer_group) AS groups, array_agg(c.committed) AS committed,
+                      array_agg(",
+            lease_end!(),
+            ") AS leased_until, array_agg(",
+            leased_through!(),
+            ") AS leased_through, array_agg(c.worker_id::text) AS workers,
+                      array_agg(c.total_consumed) AS consumed, array_agg(",
+            oldest_unconsumed_at!(),
+            ") AS oldest
+                 FROM queen.log_consumers c WHERE c.partition_id = p.id AND ",
+            $group,
+            ") cs ON true"
+        )
+    };
+}
+/// The arrays of `cursor_arrays`, after `partition_columns`.
+macro_rules! cursor_columns {
+    () => {
+        "cs.groups, cs.committed, cs.leased_until, cs.leased_through, cs.workers, cs.consumed,
+         cs.oldest"
+    };
+}
+
+/// Partitions matching `{filter}` (with their first and last retained segment) and their
+/// cursors, those of the group `$1` when it is not null. One statement: the cursors read as a
+/// second statement by the page's ids probed each partition twice more (its cursors, then its
+/// row again), 14.9 ms against 11.2 ms for a page of 1,000 of a million.
 const PARTITIONS: &str = concat!(
     "SELECT q.name, ",
     partition_columns!(),
+    ", ",
+    cursor_columns!(),
     " FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id ",
     segment_ends!(),
+    cursor_arrays!("($1::text IS NULL OR c.consumer_group = $1)"),
     " WHERE {filter} ORDER BY q.name, p.name"
 );
 
-/// Cursors on the partitions read (by id).
-const CURSORS: &str = concat!(
-    "SELECT c.partition_id, c.consumer_group, c.committed, ",
-    lease_end!(),
-    ", ",
-    leased_through!(),
-    ", c.worker_id::text, c.total_consumed, ",
-    oldest_unconsumed_at!(),
-    " FROM queen.log_consumers c JOIN queen.log_partitions p ON p.id = c.partition_id
-     WHERE c.partition_id = ANY($1) AND ($2::text IS NULL OR c.consumer_group = $2)
-     ORDER BY c.partition_id, c.consumer_group"
-);
-
-/// Every partition of one queue (by id) with every cursor on it, as arrays (aligned, in no
-/// order: an ORDER BY in each aggregate sorted seven times per partition, 11.5 s against 8.0 s
-/// at a million): one statement in heap order, each partition's segments and cursors by
-/// primary-key probes. At a million partitions it reads in about 60% of the time of pages by
-/// name, whose probes land on random index pages (docs/benchmarks.md, "The admin pass, one
-/// statement per queue").
+/// Every partition of one queue (by id) with every cursor on it: one statement in heap order,
+/// each partition's segments and cursors by primary-key probes. At a million partitions it reads
+/// in about 60% of the time of pages by name, whose probes land on random index pages
+/// (docs/benchmarks.md, "The admin pass, one statement per queue").
 const WHOLE_QUEUE: &str = concat!(
     "SELECT ",
     partition_columns!(),
-    ", cs.groups, cs.committed, cs.leased_until, cs.leased_through, cs.workers, cs.consumed,
-       cs.oldest
-     FROM queen.log_partitions p ",
+    ", ",
+    cursor_columns!(),
+    " FROM queen.log_partitions p ",
     segment_ends!(),
-    " LEFT JOIN LATERAL (
-       SELECT array_agg(c.consumer_group) AS groups, array_agg(c.committed) AS committed,
-              array_agg(",
-    lease_end!(),
-    ") AS leased_until, array_agg(",
-    leased_through!(),
-    ") AS leased_through, array_agg(c.worker_id::text) AS workers,
-              array_agg(c.total_consumed) AS consumed, array_agg(",
-    oldest_unconsumed_at!(),
-    ") AS oldest
-         FROM queen.log_consumers c WHERE c.partition_id = p.id) cs ON true
-     WHERE p.queue_id = $1"
+    cursor_arrays!("true"),
+    " WHERE p.queue_id = $1"
 );
 
 const TRACE_COLUMNS: &str = "tr.id, tr.partition_id, tr.transaction_id, q.name, p.name, tr.consumer_group,
@@ -181,6 +191,46 @@ fn partition_view(
     }
 }
 
+/// A partition's cursors from the arrays of `cursor_columns` at columns `first..first + 7`,
+/// sorted by group.
+fn cursors_from_arrays(r: &tokio_postgres::Row, first: usize) -> Vec<CursorView> {
+    let groups: Vec<String> = r.get::<_, Option<Vec<String>>>(first).unwrap_or_default();
+    let committed: Vec<i64> = r.get::<_, Option<Vec<i64>>>(first + 1).unwrap_or_default();
+    let leased_until: Vec<Option<SystemTime>> =
+        r.get::<_, Option<_>>(first + 2).unwrap_or_default();
+    let leased_through: Vec<Option<i64>> = r.get::<_, Option<_>>(first + 3).unwrap_or_default();
+    let workers: Vec<Option<String>> = r.get::<_, Option<_>>(first + 4).unwrap_or_default();
+    let consumed: Vec<i64> = r.get::<_, Option<Vec<i64>>>(first + 5).unwrap_or_default();
+    let oldest: Vec<Option<SystemTime>> = r.get::<_, Option<_>>(first + 6).unwrap_or_default();
+    let n = groups.len();
+    assert!(
+        [
+            committed.len(),
+            leased_until.len(),
+            leased_through.len(),
+            workers.len(),
+            consumed.len(),
+            oldest.len()
+        ]
+        .iter()
+        .all(|&l| l == n),
+        "one statement's cursor arrays differ in length"
+    );
+    let mut cursors: Vec<CursorView> = (0..n)
+        .map(|i| CursorView {
+            group: groups[i].clone(),
+            committed: committed[i],
+            leased_until: leased_until[i].map(ts),
+            leased_through: leased_through[i],
+            worker_id: workers[i].clone(),
+            total_consumed: consumed[i],
+            oldest_unconsumed_at: oldest[i].map(ts),
+        })
+        .collect();
+    cursors.sort_by(|a, b| a.group.cmp(&b.group));
+    cursors
+}
+
 /// Which partitions a view read takes.
 enum PartitionScope<'a> {
     /// One partition by id.
@@ -203,16 +253,19 @@ impl PgStorage {
     ) -> StorageResult<Vec<PartitionView>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         // The filter is spelled out, not `$n IS NULL OR ...`: a one-partition read must plan
-        // as an index lookup, not as a scan of every partition.
-        let parts = match scope {
+        // as an index lookup, not as a scan of every partition. `$1` is the group.
+        let rows = match scope {
             PartitionScope::One(id) => {
                 client
-                    .query(&PARTITIONS.replace("{filter}", "p.id = $1"), &[&id])
+                    .query(&PARTITIONS.replace("{filter}", "p.id = $2"), &[&group, &id])
                     .await
             }
             PartitionScope::Ids(ids) => {
                 client
-                    .query(&PARTITIONS.replace("{filter}", "p.id = ANY($1)"), &[&ids])
+                    .query(
+                        &PARTITIONS.replace("{filter}", "p.id = ANY($2)"),
+                        &[&group, &ids],
+                    )
                     .await
             }
             PartitionScope::Page {
@@ -224,48 +277,28 @@ impl PgStorage {
                 // (1.9 ms for 2,000 of a million partitions). The queue's id is a sub-select, so
                 // it is an index condition: joined by name, the planner sorted the queue's
                 // partitions for each page (130 ms). The first page has its own statement: with
-                // `$2 IS NULL OR name > $2` the bound would be no index condition either.
+                // `$3 IS NULL OR name > $3` the bound would be no index condition either.
                 let filter = match after {
                     Some(_) => {
-                        "p.queue_id = (SELECT id FROM queen.queues WHERE name = $1)
-                         AND p.name COLLATE \"C\" > $2"
+                        "p.queue_id = (SELECT id FROM queen.queues WHERE name = $2)
+                         AND p.name COLLATE \"C\" > $3"
                     }
                     None => {
-                        "p.queue_id = (SELECT id FROM queen.queues WHERE name = $1)
-                         AND $2::text IS NULL"
+                        "p.queue_id = (SELECT id FROM queen.queues WHERE name = $2)
+                         AND $3::text IS NULL"
                     }
                 };
                 let sql = PARTITIONS.replace("{filter}", filter).replace(
                     "ORDER BY q.name, p.name",
-                    "ORDER BY p.name COLLATE \"C\" LIMIT $3",
+                    "ORDER BY p.name COLLATE \"C\" LIMIT $4",
                 );
-                client.query(&sql, &[&queue, &after, &limit]).await
+                client.query(&sql, &[&group, &queue, &after, &limit]).await
             }
         }
         .map_err(pg_err("partition views"))?;
-        let ids: Vec<uuid::Uuid> = parts.iter().map(|r| r.get(2)).collect();
-        let cursors = client
-            .query(CURSORS, &[&ids, &group])
-            .await
-            .map_err(pg_err("cursor views"))?;
-        let mut by_partition: BTreeMap<uuid::Uuid, Vec<CursorView>> = BTreeMap::new();
-        for r in &cursors {
-            by_partition.entry(r.get(0)).or_default().push(CursorView {
-                group: r.get(1),
-                committed: r.get(2),
-                leased_until: r.get::<_, Option<SystemTime>>(3).map(ts),
-                leased_through: r.get(4),
-                worker_id: r.get(5),
-                total_consumed: r.get(6),
-                oldest_unconsumed_at: r.get::<_, Option<SystemTime>>(7).map(ts),
-            });
-        }
-        Ok(parts
+        Ok(rows
             .iter()
-            .map(|r| {
-                let cursors = by_partition.remove(&r.get(2)).unwrap_or_default();
-                partition_view(r, 1, r.get(0), cursors)
-            })
+            .map(|r| partition_view(r, 1, r.get(0), cursors_from_arrays(r, 8)))
             .collect())
     }
 }
@@ -381,40 +414,7 @@ impl InspectStorage for PgStorage {
             .await
             .map_err(pg_err("a queue's partitions"))?
         {
-            let groups: Vec<String> = r.get::<_, Option<Vec<String>>>(7).unwrap_or_default();
-            let committed: Vec<i64> = r.get::<_, Option<Vec<i64>>>(8).unwrap_or_default();
-            let leased_until: Vec<Option<SystemTime>> =
-                r.get::<_, Option<_>>(9).unwrap_or_default();
-            let leased_through: Vec<Option<i64>> = r.get::<_, Option<_>>(10).unwrap_or_default();
-            let workers: Vec<Option<String>> = r.get::<_, Option<_>>(11).unwrap_or_default();
-            let consumed: Vec<i64> = r.get::<_, Option<Vec<i64>>>(12).unwrap_or_default();
-            let oldest: Vec<Option<SystemTime>> = r.get::<_, Option<_>>(13).unwrap_or_default();
-            let n = groups.len();
-            assert!(
-                [
-                    committed.len(),
-                    leased_until.len(),
-                    leased_through.len(),
-                    workers.len(),
-                    consumed.len(),
-                    oldest.len()
-                ]
-                .iter()
-                .all(|&l| l == n),
-                "one statement's cursor arrays differ in length"
-            );
-            let mut cursors: Vec<CursorView> = (0..n)
-                .map(|i| CursorView {
-                    group: groups[i].clone(),
-                    committed: committed[i],
-                    leased_until: leased_until[i].map(ts),
-                    leased_through: leased_through[i],
-                    worker_id: workers[i].clone(),
-                    total_consumed: consumed[i],
-                    oldest_unconsumed_at: oldest[i].map(ts),
-                })
-                .collect();
-            cursors.sort_by(|a, b| a.group.cmp(&b.group));
+            let cursors = cursors_from_arrays(&r, 7);
             seen += 1;
             each(partition_view(&r, 0, queue.to_string(), cursors));
         }
