@@ -19,6 +19,7 @@ use queen_core::storage::{
 use queen_core::time::format_iso_micros;
 use queen_core::types::QUEUE_MODE_GROUP;
 use queen_core::Timestamp;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::broker::Broker;
@@ -27,7 +28,8 @@ use crate::http::{self, Failure, Reply};
 use crate::stats::{partition_page, QueueTally, Snapshot};
 use crate::tasks::admin_totals::{self, QueuePage};
 use crate::views::{
-    bucket_of, bucketed, depth, message_status, page, recent_rates, stat, Backlog, Counts, GroupLag,
+    bucket_of, bucketed, depth, message_status, page, recent_rates, stat, Backlog, Counts,
+    CountsWire, GroupLag,
 };
 
 type Pairs = [(String, String)];
@@ -104,6 +106,70 @@ fn ok(v: &Value) -> Result<Reply, Failure> {
     Ok(http::json(StatusCode::OK, v))
 }
 
+/// An answer of `fields` and a `partitions` array serialized straight from typed rows: built
+/// as a tree of values, a page of 1,000 cost the broker about 6 ms of CPU.
+fn ok_with_partitions<P: Serialize>(fields: Value, partitions: &[P]) -> Result<Reply, Failure> {
+    #[derive(Serialize)]
+    struct WithPartitions<'a, P> {
+        #[serde(flatten)]
+        fields: Value,
+        partitions: &'a [P],
+    }
+    let bytes = serde_json::to_vec(&WithPartitions { fields, partitions })
+        .map_err(|e| Failure::server(format!("writing a page of partitions: {e}")))?;
+    Ok(http::json_bytes(StatusCode::OK, bytes))
+}
+
+/// A partition of a queue's page, as `partition_json` answers it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PartitionRow {
+    id: String,
+    name: String,
+    created_at: String,
+    stats: CountsWire,
+    messages: CountsWire,
+    last_offset: i64,
+    log_start: i64,
+    oldest_message: Option<String>,
+    newest_message: Option<String>,
+    /// The listing across queues says whose it is, and its depth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    depth: Option<u64>,
+    /// The status view adds each cursor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cursor: Option<CursorSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_activity: Option<Option<String>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CursorSummary {
+    total_consumed: i64,
+    groups: Vec<CursorRow>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CursorRow {
+    consumer_group: String,
+    committed: i64,
+    pending: u64,
+    lease_expires_at: Option<String>,
+}
+
+/// A partition's backlog for the depth route.
+#[derive(Serialize)]
+struct DepthRow<'a> {
+    partition: &'a str,
+    pending: u64,
+    processing: u64,
+    ready: u64,
+}
+
 fn queue_summary(t: &QueueTally) -> Value {
     let (q, c) = (&t.view, &t.counts);
     json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace, "task": q.config.task,
@@ -129,12 +195,23 @@ pub async fn list_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, F
                "statsAge": snap.age_secs(broker.now())}))
 }
 
-fn partition_json(p: &PartitionView, groups: &[String]) -> Value {
+fn partition_json(p: &PartitionView, groups: &[String]) -> PartitionRow {
     let c = Counts::of(p, groups);
-    json!({"id": p.partition_id, "name": p.partition, "createdAt": iso(p.created_at),
-           "stats": c.json(), "messages": c.json(),
-           "lastOffset": p.last_offset, "logStart": p.log_start,
-           "oldestMessage": p.oldest_at.map(iso), "newestMessage": p.newest_at.map(iso)})
+    PartitionRow {
+        id: p.partition_id.clone(),
+        name: p.partition.clone(),
+        created_at: iso(p.created_at),
+        stats: c.wire(),
+        messages: c.wire(),
+        last_offset: p.last_offset,
+        log_start: p.log_start,
+        oldest_message: p.oldest_at.map(iso),
+        newest_message: p.newest_at.map(iso),
+        queue: None,
+        depth: None,
+        cursor: None,
+        last_activity: None,
+    }
 }
 
 /// `limit` (default 1000) and `after` (a partition name) of a route that lists one queue's
@@ -168,17 +245,18 @@ async fn queue_page(
 pub async fn get_queue(broker: &Arc<Broker>, name: &str, pairs: &Pairs) -> Result<Reply, Failure> {
     let (page, pagination) = queue_page(broker, name, pairs, None).await?;
     let q = &page.tally.view;
-    let partitions: Vec<Value> = page
+    let partitions: Vec<PartitionRow> = page
         .partitions
         .iter()
         .map(|p| partition_json(p, &q.groups))
         .collect();
-    ok(
-        &json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
+    ok_with_partitions(
+        json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
                "task": q.config.task, "createdAt": iso(q.created_at),
-               "partitions": partitions, "totals": page.tally.counts.json(),
+               "totals": page.tally.counts.json(),
                "partitionsTotal": page.tally.partitions, "pagination": pagination,
                "statsAge": page.stats_age}),
+        &partitions,
     )
 }
 
@@ -192,13 +270,17 @@ pub async fn queue_depth(
     let (page, pagination) = queue_page(broker, name, pairs, group.as_deref()).await?;
     let t = &page.tally;
     let groups = &t.view.groups;
-    let rows: Vec<Value> = page
+    let rows: Vec<DepthRow> = page
         .partitions
         .iter()
         .map(|p| {
             let b = Backlog::of(p, groups, group.as_deref());
-            json!({"partition": p.partition, "pending": b.pending, "processing": b.processing,
-                   "ready": b.ready()})
+            DepthRow {
+                partition: &p.partition,
+                pending: b.pending,
+                processing: b.processing,
+                ready: b.ready(),
+            }
         })
         .collect();
     let total =
@@ -218,13 +300,14 @@ pub async fn queue_depth(
     } else {
         total.pending
     };
-    ok(
-        &json!({"queue": name, "group": group, "pending": total.pending,
+    ok_with_partitions(
+        json!({"queue": name, "group": group, "pending": total.pending,
                "partitionsPending": total.partitions_pending, "conflation": conflation,
                "effectivePending": effective_pending, "processing": total.processing,
-               "ready": total.ready(), "partitions": rows,
+               "ready": total.ready(),
                "partitionsTotal": t.partitions, "pagination": pagination,
                "statsAge": page.stats_age}),
+        &rows,
     )
 }
 
@@ -269,10 +352,10 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
                 let d = depth(p, &q.groups, None);
                 if d >= min_depth {
                     if matched >= offset as usize && rows.len() < limit as usize {
-                        let mut v = partition_json(p, &q.groups);
-                        v["queue"] = json!(q.config.name);
-                        v["depth"] = json!(d);
-                        rows.push(v);
+                        let mut row = partition_json(p, &q.groups);
+                        row.queue = Some(q.config.name.clone());
+                        row.depth = Some(d);
+                        rows.push(row);
                     }
                     matched += 1;
                 }
@@ -295,10 +378,11 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
     } else {
         matched as u64
     };
-    ok(
-        &json!({"partitions": rows, "total": total, "truncated": truncated,
+    ok_with_partitions(
+        json!({"total": total, "truncated": truncated,
                "pagination": {"limit": limit, "offset": offset},
                "statsAge": snap.age_secs(broker.now())}),
+        &rows,
     )
 }
 
@@ -994,24 +1078,33 @@ pub async fn queue_detail(
     let (page, pagination) = queue_page(broker, name, pairs, None).await?;
     let q = &page.tally.view;
     let c = &q.config;
-    let partitions: Vec<Value> = page
+    let partitions: Vec<PartitionRow> = page
         .partitions
         .iter()
         .map(|p| {
-            let mut v = partition_json(p, &q.groups);
-            v["cursor"] = json!({
-                "totalConsumed": p.cursors.iter().map(|c| c.total_consumed).sum::<i64>(),
-                "groups": p.cursors.iter().map(|c| json!({"consumerGroup": c.group,
-                    "committed": c.committed, "pending": p.pending_after(c.committed),
-                    "leaseExpiresAt": c.leased_until.map(iso)})).collect::<Vec<_>>()});
-            v["lastActivity"] = json!(p.newest_at.map(iso));
-            v
+            let mut row = partition_json(p, &q.groups);
+            row.cursor = Some(CursorSummary {
+                total_consumed: p.cursors.iter().map(|c| c.total_consumed).sum::<i64>(),
+                groups: p
+                    .cursors
+                    .iter()
+                    .map(|c| CursorRow {
+                        consumer_group: c.group.clone(),
+                        committed: c.committed,
+                        pending: p.pending_after(c.committed),
+                        lease_expires_at: c.leased_until.map(iso),
+                    })
+                    .collect(),
+            });
+            row.last_activity = Some(p.newest_at.map(iso));
+            row
         })
         .collect();
     let totals = page.tally.counts;
     let mut t = totals.json();
     t["messages"] = totals.json();
-    ok(&json!({
+    ok_with_partitions(
+        json!({
         "queue": {"id": q.id, "name": c.name, "namespace": c.namespace, "task": c.task,
                   "priority": c.priority, "createdAt": iso(q.created_at),
                   "config": {"leaseTime": c.lease_time_secs, "retryLimit": c.retry_limit,
@@ -1021,9 +1114,11 @@ pub async fn queue_detail(
                              "retentionSeconds": c.retention_seconds,
                              "completedRetentionSeconds": c.completed_retention_seconds,
                              "encryptionEnabled": c.encryption_enabled}},
-        "partitions": partitions, "groups": q.groups, "totals": t,
+        "groups": q.groups, "totals": t,
         "partitionsTotal": page.tally.partitions, "pagination": pagination, "statsAge": page.stats_age,
-    }))
+        }),
+        &partitions,
+    )
 }
 
 /// GET /api/v1/status/analytics[?from,to,interval,queue,namespace,task]: messages by creation
