@@ -265,8 +265,8 @@ pub trait InspectStorage: Send + Sync {
     ) -> super::StorageResult<Vec<PartitionView>>;
     /// Every partition of one queue with every cursor on it, shown to `each` one at a time in
     /// no particular order; how many. A backend that can read the whole queue in one pass
-    /// cheaper than page by page (PostgreSQL: one statement in heap order, about 60% of the time
-    /// at a million partitions) says so here; by default it reads pages of 2,000.
+    /// cheaper than page by page (PostgreSQL: one statement in partition-id order, about half the
+    /// time at a million partitions) says so here; by default it reads pages of 2,000.
     async fn each_partition_of(
         &self,
         queue: &str,
