@@ -105,9 +105,9 @@ macro_rules! cursor_columns {
 }
 
 /// Partitions matching `{filter}` (with their first and last retained segment) and their
-/// cursors, those of the group `$1` when it is not null. One statement: the cursors read as a
-/// second statement by the page's ids probed each partition twice more (its cursors, then its
-/// row again), 14.9 ms against 11.2 ms for a page of 1,000 of a million.
+/// cursors, those of the group `$1` when it is not null. One statement: the cursors as a second
+/// one over the page's ids probed each partition's row again, 14.9 ms against 11.2 ms for a page
+/// of 1,000 of a million.
 const PARTITIONS: &str = concat!(
     "SELECT q.name, ",
     partition_columns!(),
@@ -122,8 +122,8 @@ const PARTITIONS: &str = concat!(
 /// Every partition of one queue (by id) with every cursor on it: one statement, each partition's
 /// segments and cursors by primary-key probes. In the order of partition ids, which those keys
 /// begin with, so consecutive probes walk the indexes forward instead of landing on random pages
-/// (13.3 s against 16.8 s in heap order for a million, in psql); by name, as pages go, they take
-/// about 1.6 times as long (docs/benchmarks.md, "The admin pass, one statement per queue").
+/// (13.3 s against 16.8 s in heap order for a million, in psql; by name, as pages go, 1.6 times
+/// the heap order's time: docs/benchmarks.md, "The admin pass, one statement per queue").
 const WHOLE_QUEUE: &str = concat!(
     "SELECT ",
     partition_columns!(),
