@@ -120,7 +120,7 @@ fn ok_with_partitions<P: Serialize>(fields: Value, partitions: &[P]) -> Result<R
     Ok(http::json_bytes(StatusCode::OK, bytes))
 }
 
-/// A partition of a queue's page, as `partition_json` answers it.
+/// A partition of a queue's page, as `partition_row` answers it.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct PartitionRow {
@@ -195,7 +195,7 @@ pub async fn list_queues(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, F
                "statsAge": snap.age_secs(broker.now())}))
 }
 
-fn partition_json(p: &PartitionView, groups: &[String]) -> PartitionRow {
+fn partition_row(p: &PartitionView, groups: &[String]) -> PartitionRow {
     let c = Counts::of(p, groups);
     PartitionRow {
         id: p.partition_id.clone(),
@@ -248,7 +248,7 @@ pub async fn get_queue(broker: &Arc<Broker>, name: &str, pairs: &Pairs) -> Resul
     let partitions: Vec<PartitionRow> = page
         .partitions
         .iter()
-        .map(|p| partition_json(p, &q.groups))
+        .map(|p| partition_row(p, &q.groups))
         .collect();
     ok_with_partitions(
         json!({"id": q.id, "name": q.config.name, "namespace": q.config.namespace,
@@ -352,7 +352,7 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
                 let d = depth(p, &q.groups, None);
                 if d >= min_depth {
                     if matched >= offset as usize && rows.len() < limit as usize {
-                        let mut row = partition_json(p, &q.groups);
+                        let mut row = partition_row(p, &q.groups);
                         row.queue = Some(q.config.name.clone());
                         row.depth = Some(d);
                         rows.push(row);
@@ -1082,7 +1082,7 @@ pub async fn queue_detail(
         .partitions
         .iter()
         .map(|p| {
-            let mut row = partition_json(p, &q.groups);
+            let mut row = partition_row(p, &q.groups);
             row.cursor = Some(CursorSummary {
                 total_consumed: p.cursors.iter().map(|c| c.total_consumed).sum::<i64>(),
                 groups: p
