@@ -634,7 +634,7 @@ async fn labelled_metrics_postgres() {
     labelled_metrics(Store::Postgres("admin_metrics")).await;
 }
 
-/// The admin totals from a pass's snapshot (ADMIN_INLINE_PASS_MS=0: never computed per
+/// The admin totals from a pass's snapshot (ADMIN_INLINE_PARTITIONS=0: never computed per
 /// request): a pass reads a queue of more partitions than one page, its totals equal the
 /// one-queue route's (read as they stand), every totals answer says its statsAge,
 /// `POST /stats/refresh` waits for a pass that sees every push before it, and while the totals
@@ -643,7 +643,7 @@ async fn totals_from_a_snapshot(store: Store) {
     let b = start(
         store,
         ServerConfig {
-            admin_inline_pass_ms: 0,
+            admin_inline_partitions: 0,
             ..config()
         },
     )
@@ -782,4 +782,51 @@ async fn totals_from_a_snapshot_memory() {
 #[tokio::test]
 async fn totals_from_a_snapshot_postgres() {
     totals_from_a_snapshot(Store::Postgres("admin_snapshot")).await;
+}
+
+/// Below ADMIN_INLINE_PARTITIONS (as the last pass counted them) every totals answer is counted
+/// for its request, whatever the machine's speed: each push shows at once, `statsAge` 0. Once
+/// a pass counts that many, answers come from the kept pass with their age, and a refresh
+/// shows the rest.
+async fn totals_per_request_below_the_partition_count(store: Store) {
+    let b = start(
+        store,
+        ServerConfig {
+            admin_inline_partitions: 3,
+            ..config()
+        },
+    )
+    .await;
+    let a = b.addr;
+    let q = "inline";
+    for (i, partition) in ["p1", "p2", "p3"].into_iter().enumerate() {
+        push(a, q, partition, &[&format!("t{i}")]).await;
+        let (_, listed) = get(a, "/api/v1/resources/queues").await;
+        let entry = by_name(&listed["queues"], "name", q);
+        assert_eq!(entry["partitions"], i + 1, "{listed}");
+        assert_eq!(entry["messages"]["total"], i + 1, "{listed}");
+        assert_eq!(listed["statsAge"], 0, "{listed}");
+    }
+    push(a, q, "p4", &["t3"]).await;
+    let (_, listed) = get(a, "/api/v1/resources/queues").await;
+    let entry = by_name(&listed["queues"], "name", q);
+    assert!(
+        entry["partitions"] == 3 || entry["partitions"] == 4,
+        "the kept pass, or the refresher's newer one: {listed}"
+    );
+    assert!(listed["statsAge"].as_i64().is_some(), "{listed}");
+    let (_, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;
+    assert_eq!(v["partitions"], 4, "{v}");
+    let (_, listed) = get(a, "/api/v1/resources/queues").await;
+    assert_eq!(by_name(&listed["queues"], "name", q)["partitions"], 4);
+}
+
+#[tokio::test]
+async fn totals_per_request_below_the_partition_count_memory() {
+    totals_per_request_below_the_partition_count(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn totals_per_request_below_the_partition_count_postgres() {
+    totals_per_request_below_the_partition_count(Store::Postgres("admin_inline_count")).await;
 }

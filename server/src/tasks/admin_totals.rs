@@ -1,6 +1,6 @@
 //! When the admin totals' pass (`stats`) runs. A pass costs time linear in partitions, so:
-//! - while a pass takes less than `ADMIN_INLINE_PASS_MS`, each request runs one (requests that
-//!   arrive during it share it): exact figures, `statsAge` 0;
+//! - while the last pass read fewer than `ADMIN_INLINE_PARTITIONS`, each request runs one
+//!   (requests that arrive during it share it): exact figures, `statsAge` 0;
 //! - past it, requests answer the last snapshot and its `statsAge`, and a refresher task runs
 //!   passes with a pause of nine times the pass's length (at most a tenth of one connection's
 //!   time) while anyone reads them (`WATCHED_MS`), then stops;
@@ -28,7 +28,7 @@ const PAUSE_FACTOR: u32 = 9;
 const MIN_PAUSE: Duration = Duration::from_secs(1);
 
 fn slow(broker: &Broker, s: &Snapshot) -> bool {
-    s.pass_ms >= broker.config.admin_inline_pass_ms
+    s.queues.iter().map(|t| t.partitions).sum::<u64>() >= broker.config.admin_inline_partitions
 }
 
 /// The totals for a request: fresh while a pass is cheap, else the last snapshot (and the
