@@ -88,7 +88,8 @@ pg_make_certs() {
 # Starts the server of PG_DIR on PG_PORT (first start, or again after pg_pause stopped it).
 pg_launch() {
   # Durability settings off: this database is thrown away after the run. PG_EXTRA_OPTS: more
-  # server options (the full benchmark sizes shared_buffers to its million-partition queue).
+  # server options (scale investigations pass `-c shared_buffers=2GB`; the benchmark and the
+  # tests run with PostgreSQL's defaults).
   pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start \
     -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c shared_preload_libraries=pg_stat_statements ${PG_TLS_OPTS:-} ${PG_EXTRA_OPTS:-}" >/dev/null \
     || { cat "$PG_DIR/server.log" >&2; return 1; }
