@@ -99,7 +99,7 @@ fn segment_holding(st: &DbState, pid: &str, offset: Offset, tx: u64) -> Option<S
         base_offset: *base,
         start_idx: (offset - base) as u32,
         take: 1,
-        msg_count: (s.end_offset - base + 1) as u32,
+        msg_count: s.message_count(*base),
         created_at: s.created_at,
         blob: s.blob.clone(),
     })

@@ -213,7 +213,7 @@ pub(crate) fn segments(st: &DbState, q: &SegmentQuery) -> Vec<StoredSegment> {
                     (s.created_at, pid.as_str(), *base)
                         < (m.created_at, m.partition_id.as_str(), m.base_offset)
                 });
-            let count = u32::try_from(s.end_offset - base + 1).unwrap_or(0);
+            let count = s.message_count(*base);
             wanted.then(|| StoredSegment {
                 queue: queue.clone(),
                 partition: partition.clone(),
@@ -257,8 +257,7 @@ pub(crate) fn messages_created(
             continue;
         }
         let bucket = Timestamp(s.created_at.0 - s.created_at.0.rem_euclid(width));
-        *counts.entry((q.clone(), bucket)).or_default() +=
-            u64::try_from(s.end_offset - base + 1).unwrap_or(0);
+        *counts.entry((q.clone(), bucket)).or_default() += u64::from(s.message_count(*base));
     }
     counts
         .into_iter()
@@ -321,7 +320,7 @@ pub(crate) fn message(
             base_offset: *base,
             start_idx: u32::try_from(offset - base).unwrap_or(0),
             take: 1,
-            msg_count: u32::try_from(s.end_offset - base + 1).unwrap_or(0),
+            msg_count: s.message_count(*base),
             created_at: s.created_at,
             blob: s.blob.clone(),
         },

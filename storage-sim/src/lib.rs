@@ -272,7 +272,7 @@ impl SimDb {
                 .segments
                 .range((p.id.clone(), Offset::MIN)..=(p.id.clone(), Offset::MAX), 0);
             for ((_, base), seg) in segments {
-                let count = (seg.end_offset - base + 1) as usize;
+                let count = seg.message_count(*base) as usize;
                 let Ok(frames) = queen_core::frames::slice_blob(&seg.blob, 0, count, count) else {
                     continue;
                 };

@@ -55,7 +55,7 @@ pub(crate) fn read_partition(
                 break;
             }
             bytes += s.blob.len() as u64;
-            let msg_count = (s.end_offset - base + 1) as u32;
+            let msg_count = s.message_count(*base);
             // SimBugs::fetch_from_segment_base: the slice ignores where in the segment the
             // offset is.
             let start_idx = if from_segment_base {

@@ -51,6 +51,21 @@ pub struct SegmentData {
     pub blob: Arc<Vec<u8>>,
 }
 
+impl SegmentData {
+    /// The messages of this segment, stored at `base`: at least one (a push stores no empty
+    /// segment) and at most a push's batch, so anything else is a broken store.
+    pub fn message_count(&self, base: Offset) -> u32 {
+        let count = self.end_offset - base + 1;
+        match u32::try_from(count) {
+            Ok(n) if n >= 1 => n,
+            _ => panic!(
+                "segment at offset {base} ends at {}: {count} messages",
+                self.end_offset
+            ),
+        }
+    }
+}
+
 /// queen_streams.queries: one registered query.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamQueryRow {
