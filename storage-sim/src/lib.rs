@@ -296,6 +296,12 @@ impl SimDb {
         pop::deliverable_now(&lock(&self.shared.state), queue, partition, group, now)
     }
 
+    /// The queue's partitions for which `deliverable_now` holds, by name, read at once.
+    pub fn deliverable_partitions(&self, queue: &str, group: &str) -> Vec<String> {
+        let now = self.now();
+        pop::deliverable_partitions(&lock(&self.shared.state), queue, group, now)
+    }
+
     /// Every removal retention committed so far, in commit order (recorded in interleaved mode,
     /// for a simulation's checkers; empty otherwise).
     pub fn removals(&self) -> Vec<RemovedMessages> {

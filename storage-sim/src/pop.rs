@@ -12,7 +12,7 @@ use queen_core::params::effective_lease_seconds;
 use queen_core::storage::{Claim, PopRequest, PopResult, SegmentRow, StorageError, Verdict};
 use queen_core::{Offset, Timestamp};
 
-use crate::state::{advisory_key, DbState, MetaRow, PartitionRow, WatermarkRow};
+use crate::state::{advisory_key, DbState, MetaRow, PartitionRow, QueueRow, WatermarkRow};
 use crate::table::{Insert, Lock};
 use crate::tx::{in_tx, lock, Shared, StmtError, TaskCell, Tx, TxHandle};
 use crate::SimBugs;
@@ -1068,10 +1068,6 @@ pub(crate) fn pending_partitions(
         .collect()
 }
 
-/// A liveness oracle for simulations: whether a pop of `group` could take at least one message
-/// of the partition now, by the claim rules over committed state (no side effects). A partition
-/// without a cursor row counts from its start, unless the group has a subscription timestamp
-/// (that seeding is the pop's to judge, and the oracle stays silent).
 /// Whether a timer due at `now` will push into (queue, partition).
 fn due_timer_targets(st: &DbState, queue: &str, partition: &str, now: Timestamp) -> bool {
     st.timers
@@ -1080,6 +1076,10 @@ fn due_timer_targets(st: &DbState, queue: &str, partition: &str, now: Timestamp)
         .any(|(_, t)| t.partition == partition && t.deliver_at <= now)
 }
 
+/// A liveness oracle for simulations: whether a pop of `group` could take at least one message
+/// of the partition now, by the claim rules over committed state (no side effects). A partition
+/// without a cursor row counts from its start, unless the group has a subscription timestamp
+/// (that seeding is the pop's to judge, and the oracle stays silent).
 pub(crate) fn deliverable_now(
     st: &DbState,
     queue: &str,
@@ -1090,12 +1090,38 @@ pub(crate) fn deliverable_now(
     let Some(q) = st.queues.get(&queue.to_string(), 0) else {
         return false;
     };
-    let Some(p) = st
-        .partitions
+    st.partitions
         .get(&(queue.to_string(), partition.to_string()), 0)
-    else {
-        return false;
+        .is_some_and(|p| deliverable_in(st, queue, q, p, partition, group, now))
+}
+
+/// The partitions of a queue that `deliverable_now` finds open to `group`, by name, read under
+/// one look at the state (the simulation's liveness checker asks at every step).
+pub(crate) fn deliverable_partitions(
+    st: &DbState,
+    queue: &str,
+    group: &str,
+    now: Timestamp,
+) -> Vec<String> {
+    let Some(q) = st.queues.get(&queue.to_string(), 0) else {
+        return vec![];
     };
+    st.partitions_of(queue, 0)
+        .filter(|(name, p)| deliverable_in(st, queue, q, p, name, group, now))
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
+/// `deliverable_now` for a partition row already read.
+fn deliverable_in(
+    st: &DbState,
+    queue: &str,
+    q: &QueueRow,
+    p: &PartitionRow,
+    partition: &str,
+    group: &str,
+    now: Timestamp,
+) -> bool {
     let committed = match st.consumers.get(&(p.id.clone(), group.to_string()), 0) {
         Some(c) if !c.claimable(now) => return false,
         Some(c) => c.committed,

@@ -17,7 +17,7 @@ pub mod streams_check;
 mod workload;
 
 use queen_core::storage::{AdminStorage, EphemeralConfigStorage};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
@@ -651,6 +651,14 @@ pub fn run(spec: Spec) -> Outcome {
 pub(crate) trait Deliverable {
     fn partitions(&self, queue: &str) -> Vec<String>;
     fn open(&self, queue: &str, partition: &str, group: &str) -> bool;
+    /// The queue's partitions that are open to `group` now, by name (`open` of each, unless a
+    /// backend has a quicker way).
+    fn open_partitions(&self, queue: &str, group: &str) -> Vec<String> {
+        self.partitions(queue)
+            .into_iter()
+            .filter(|p| self.open(queue, p, group))
+            .collect()
+    }
     /// One open partition, for a report.
     fn describe(&self, queue: &str, partition: &str, group: &str) -> String;
 }
@@ -665,10 +673,17 @@ impl Deliverable for SimDb {
         self.deliverable_now(queue, partition, group)
     }
 
+    fn open_partitions(&self, queue: &str, group: &str) -> Vec<String> {
+        self.deliverable_partitions(queue, group)
+    }
+
     fn describe(&self, queue: &str, partition: &str, group: &str) -> String {
         format!("{partition} {:?}", self.cursor(queue, partition, group))
     }
 }
+
+/// A delivery-bound scope: (queue, group, partition or `None` for queue-wide).
+type Scope = (String, String, Option<String>);
 
 /// The delivery-bound checker, run at every step of the driver: while something is deliverable
 /// to a group (by the model's own claim rules, `SimDb::deliverable_now`) and a consumer of that
@@ -683,7 +698,7 @@ struct Liveness {
     restored_at: i64,
     outage: bool,
     /// (queue, group, partition or None for queue-wide) -> (stalled since, deliveries then).
-    stalls: BTreeMap<(String, String, Option<String>), (i64, u64)>,
+    stalls: BTreeMap<Scope, (i64, u64)>,
     /// The longest stall that ended in a delivery, and how many stalls were judged.
     longest_us: i64,
     judged: u64,
@@ -719,50 +734,58 @@ impl Liveness {
             self.restored_at = now;
         }
         self.outage = outage;
-        // What is deliverable now to a parked consumer: (queue, group, partition scope) -> the
-        // deliveries so far to that group from the partitions in scope.
-        let mut stalled: BTreeMap<(String, String, Option<String>), u64> = BTreeMap::new();
-        // For the report: the open partitions and the consumers parked, per stalled scope.
-        let mut context: BTreeMap<(String, String, Option<String>), String> = BTreeMap::new();
+        // The scopes with a consumer parked past the slack: (queue, group, partition scope) ->
+        // the consumers parked there, in the order of `waits`. Each scope is asked of the
+        // backend once, however many of a group's consumers wait on it.
+        let mut parked: BTreeMap<Scope, Vec<&Wait>> = BTreeMap::new();
         for w in waits.iter().filter(|w| now - w.since >= PARK_SLACK_US) {
             for queue in &w.queues {
-                let partitions: Vec<String> = match w.partition {
-                    Some(p) => vec![p.to_string()],
-                    None => backend.partitions(queue),
-                };
-                let open: Vec<&String> = partitions
-                    .iter()
-                    .filter(|p| backend.open(queue, p, w.group))
-                    .collect();
-                if open.is_empty() {
-                    continue;
-                }
-                let seen: u64 = partitions
-                    .iter()
-                    .map(|p| {
-                        delivered
-                            .get(&(w.group.to_string(), p.clone()))
-                            .copied()
-                            .unwrap_or(0)
-                    })
-                    .sum();
                 let key = (
                     queue.to_string(),
                     w.group.to_string(),
                     w.partition.map(str::to_string),
                 );
-                let note = context.entry(key.clone()).or_default();
-                note.push_str(&format!(
-                    " [{} parked since {} ms; open: {}]",
-                    w.consumer,
-                    w.since / 1000,
-                    open.iter()
-                        .map(|p| backend.describe(queue, p, w.group))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
-                stalled.insert(key, seen);
+                parked.entry(key).or_default().push(w);
             }
+        }
+        // What is deliverable now to a parked consumer: scope -> the deliveries so far to that
+        // group from the partitions in scope, and the open partitions (for a report).
+        let mut stalled: BTreeMap<Scope, (u64, Vec<String>)> = BTreeMap::new();
+        for key in parked.keys() {
+            let (queue, group, partition) = key;
+            let (open, seen) = match partition {
+                Some(p) => (
+                    if backend.open(queue, p, group) {
+                        vec![p.clone()]
+                    } else {
+                        vec![]
+                    },
+                    delivered
+                        .get(&(group.clone(), p.clone()))
+                        .copied()
+                        .unwrap_or(0),
+                ),
+                None => {
+                    let open = backend.open_partitions(queue, group);
+                    if open.is_empty() {
+                        continue;
+                    }
+                    // The group's deliveries from any partition of the queue.
+                    let partitions: BTreeSet<String> =
+                        backend.partitions(queue).into_iter().collect();
+                    let seen = delivered
+                        .range((group.clone(), String::new())..)
+                        .take_while(|((g, _), _)| g == group)
+                        .filter(|((_, p), _)| partitions.contains(p))
+                        .map(|(_, n)| n)
+                        .sum();
+                    (open, seen)
+                }
+            };
+            if open.is_empty() {
+                continue;
+            }
+            stalled.insert(key.clone(), (seen, open));
         }
         let mut out = vec![];
         let ended: Vec<_> = self
@@ -775,7 +798,7 @@ impl Liveness {
             self.stalls.remove(&key);
             self.judged += 1;
         }
-        for (key, seen) in stalled {
+        for (key, (seen, open)) in stalled {
             let entry = self.stalls.entry(key.clone()).or_insert((now, seen));
             if entry.1 != seen {
                 // A delivery from this scope: the group made progress. Outside a cut line, the
@@ -795,6 +818,23 @@ impl Liveness {
             };
             if now - started > bound {
                 let (queue, group, partition) = &key;
+                // Built only for a finding: the checker runs at every step.
+                let context: String = parked
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .map(|w| {
+                        format!(
+                            " [{} parked since {} ms; open: {}]",
+                            w.consumer,
+                            w.since / 1000,
+                            open.iter()
+                                .map(|p| backend.describe(queue, p, group))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    })
+                    .collect();
                 out.push(format!(
                     "liveness: {queue}/{} had a message deliverable to {group} and a parked \
                      consumer for {} ms with no delivery (bound {} ms), at {} ms:{}",
@@ -802,7 +842,7 @@ impl Liveness {
                     (now - started) / 1000,
                     bound / 1000,
                     now / 1000,
-                    context.get(&key).map_or("", String::as_str)
+                    context
                 ));
                 // One finding per stall.
                 *entry = (now, seen);
