@@ -66,6 +66,9 @@ pub struct ServerConfig {
     /// partitions than this; past it they come from a snapshot (`stats`). 0: always from the
     /// snapshot.
     pub admin_inline_partitions: u64,
+    /// The deepest partitions each admin-totals pass keeps, which a `minDepth` partition
+    /// listing answers from without reading partitions itself.
+    pub admin_deepest_partitions: usize,
     /// Payload bytes every ephemeral queue of this broker may hold together.
     pub ephemeral_max_bytes: u64,
     /// The host:port other brokers of the deployment reach this one at (ephemeral queues'
@@ -84,6 +87,9 @@ pub const DEFAULT_PUSH_ROUNDS: usize = 2;
 /// (release build, 2 cores), so no request waits longer for exact totals; a count, not a time,
 /// so whether a request runs a pass does not change with the machine's load.
 pub const DEFAULT_ADMIN_INLINE_PARTITIONS: u64 = 2_000;
+/// Default ADMIN_DEEPEST_PARTITIONS: a few MB of partition views at most (each with its
+/// cursors), and more rows than a dashboard pages through.
+pub const DEFAULT_ADMIN_DEEPEST_PARTITIONS: usize = 10_000;
 /// Default EPHEMERAL_MAX_BYTES: 256 MiB of payloads.
 pub const DEFAULT_EPHEMERAL_MAX_BYTES: u64 = 256 * 1024 * 1024;
 /// Default PG_WARM_INTERVAL_MS.
@@ -114,6 +120,7 @@ impl Default for ServerConfig {
             pop_rounds: DEFAULT_POP_ROUNDS,
             push_rounds: DEFAULT_PUSH_ROUNDS,
             admin_inline_partitions: DEFAULT_ADMIN_INLINE_PARTITIONS,
+            admin_deepest_partitions: DEFAULT_ADMIN_DEEPEST_PARTITIONS,
             ephemeral_max_bytes: DEFAULT_EPHEMERAL_MAX_BYTES,
             peer_address: None,
         }
@@ -203,6 +210,15 @@ pub struct Settings {
         default_value_t = DEFAULT_ADMIN_INLINE_PARTITIONS
     )]
     pub admin_inline_partitions: u64,
+    /// The deepest partitions (those with the most pending for their slowest group) each pass
+    /// of the admin totals keeps: GET /api/v1/resources/partitions?minDepth answers from them
+    /// and says truncated when the pass left out a partition at least that deep.
+    #[arg(
+        long,
+        env = "ADMIN_DEEPEST_PARTITIONS",
+        default_value_t = DEFAULT_ADMIN_DEEPEST_PARTITIONS
+    )]
+    pub admin_deepest_partitions: usize,
     /// Payload bytes all ephemeral queues of this broker may hold together; a push past it is
     /// refused with 503 ephemeral_budget_exhausted (each queue's own maxBytes and maxLength
     /// apply first, with its policy).
@@ -430,6 +446,7 @@ impl Settings {
             pop_rounds: self.pop_rounds,
             push_rounds: self.push_rounds,
             admin_inline_partitions: self.admin_inline_partitions,
+            admin_deepest_partitions: self.admin_deepest_partitions,
             ephemeral_max_bytes: self.ephemeral_max_bytes,
             // Peers share ephemeral queues only through PostgreSQL; the embedded mode has none.
             peer_address: pg.is_some().then(|| {

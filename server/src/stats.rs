@@ -9,6 +9,7 @@
 //! all primary-key probes): 8.1-12.4 s at a million partitions, with the machine's state
 //! (docs/operations.md).
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::Arc;
@@ -67,6 +68,39 @@ pub(crate) struct LaggingCursor {
     pub(crate) offset_lag: u64,
 }
 
+/// A partition with something pending, for the `minDepth` listing (`Snapshot::deepest`).
+pub(crate) struct DeepPartition {
+    /// `views::depth` over the queue's groups.
+    pub(crate) depth: u64,
+    /// Its queue's place in `Snapshot::queues` (the listing's queue order).
+    pub(crate) queue_index: usize,
+    pub(crate) view: PartitionView,
+}
+
+impl DeepPartition {
+    /// The heap's order: a shallower one is dropped first (ties by place, for determinism).
+    fn rank(&self) -> (u64, usize, &str) {
+        (self.depth, self.queue_index, &self.view.partition)
+    }
+}
+
+impl PartialEq for DeepPartition {
+    fn eq(&self, other: &Self) -> bool {
+        self.rank() == other.rank()
+    }
+}
+impl Eq for DeepPartition {}
+impl PartialOrd for DeepPartition {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for DeepPartition {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
 /// What one pass found.
 pub(crate) struct Snapshot {
     /// When the pass started.
@@ -83,6 +117,12 @@ pub(crate) struct Snapshot {
     pub(crate) partition_lags_omitted: u64,
     /// The `LAGGING_KEPT` cursors whose oldest unconsumed message is oldest, oldest first.
     pub(crate) lagging: Vec<LaggingCursor>,
+    /// The deepest partitions (at most `ADMIN_DEEPEST_PARTITIONS`, each with something
+    /// pending), in listing order: by queue (`queues`' order), then name.
+    pub(crate) deepest: Vec<DeepPartition>,
+    /// The greatest depth of a partition with something pending that `deepest` left out (0:
+    /// none was left out): a `minDepth` above it finds every match in `deepest`.
+    pub(crate) deepest_left_out: u64,
 }
 
 impl Snapshot {
@@ -134,11 +174,12 @@ impl AdminStats {
 }
 
 /// One pass over every queue's partitions, started at `taken_at`; at most `partition_series`
-/// partition lags are kept.
+/// partition lags and `deepest_kept` of the deepest partitions are kept.
 pub(crate) async fn pass(
     inspect: &dyn InspectStorage,
     taken_at: Timestamp,
     partition_series: usize,
+    deepest_kept: usize,
 ) -> Result<Snapshot, Failure> {
     let started = tokio::time::Instant::now();
     let cap = partition_series;
@@ -147,9 +188,34 @@ pub(crate) async fn pass(
     let mut omitted = 0u64;
     // The youngest kept on top, to make room for an older one.
     let mut lagging: BinaryHeap<LaggingCursor> = BinaryHeap::new();
+    // The shallowest kept on top, to make room for a deeper one.
+    let mut deepest: BinaryHeap<Reverse<DeepPartition>> = BinaryHeap::new();
+    let mut deepest_left_out = 0u64;
     let mut queues = vec![];
     for view in inspect.queue_views(QueueFilter::default()).await? {
+        let queue_index = queues.len();
         let tally = tally_queue(inspect, QueueTally::new(view), taken_at, |tally, p| {
+            let d = depth(p, &tally.view.groups, None);
+            if d > 0 {
+                let shallower_than_kept = deepest.len() >= deepest_kept
+                    && deepest.peek().is_none_or(|Reverse(k)| {
+                        (d, queue_index, p.partition.as_str()) <= k.rank()
+                    });
+                if shallower_than_kept {
+                    deepest_left_out = deepest_left_out.max(d);
+                } else {
+                    deepest.push(Reverse(DeepPartition {
+                        depth: d,
+                        queue_index,
+                        view: p.clone(),
+                    }));
+                    if deepest.len() > deepest_kept {
+                        if let Some(Reverse(out)) = deepest.pop() {
+                            deepest_left_out = deepest_left_out.max(out.depth);
+                        }
+                    }
+                }
+            }
             for c in &p.cursors {
                 if let Some(oldest) = c.oldest_unconsumed_at {
                     let younger_than_kept = lagging.len() >= LAGGING_KEPT
@@ -206,6 +272,14 @@ pub(crate) async fn pass(
         partition_lags,
         partition_lags_omitted: omitted,
         lagging: lagging.into_sorted_vec(),
+        deepest: {
+            let mut kept: Vec<DeepPartition> = deepest.into_iter().map(|Reverse(k)| k).collect();
+            kept.sort_by(|a, b| {
+                (a.queue_index, &a.view.partition).cmp(&(b.queue_index, &b.view.partition))
+            });
+            kept
+        },
+        deepest_left_out,
     })
 }
 

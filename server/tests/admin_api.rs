@@ -830,3 +830,80 @@ async fn totals_per_request_below_the_partition_count_memory() {
 async fn totals_per_request_below_the_partition_count_postgres() {
     totals_per_request_below_the_partition_count(Store::Postgres("admin_inline_count")).await;
 }
+
+/// A `minDepth` listing answers from the deepest partitions each pass keeps
+/// (ADMIN_DEEPEST_PARTITIONS, here 2), as deep as the pass found them: exact while the pass left
+/// out none that deep, `truncated` once it did; the queue filter and paging apply to the kept
+/// ones.
+async fn min_depth_from_the_deepest_kept(store: Store) {
+    let b = start(
+        store,
+        ServerConfig {
+            admin_deepest_partitions: 2,
+            ..config()
+        },
+    )
+    .await;
+    let a = b.addr;
+    push(a, "deep", "p1", &["a1", "a2", "a3"]).await;
+    push(a, "deep", "p2", &["b1"]).await;
+    push(a, "deep", "p3", &["c1", "c2"]).await;
+    push(a, "deep2", "x", &["d1", "d2", "d3", "d4", "d5"]).await;
+    let listing = |query: &str| {
+        let path = format!("/api/v1/resources/partitions?{query}");
+        async move {
+            let (code, v) = get(a, &path).await;
+            assert_eq!(code, 200, "{path}: {v}");
+            let rows: Vec<(String, String, u64)> = v["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (
+                        r["queue"].as_str().unwrap().to_string(),
+                        r["name"].as_str().unwrap().to_string(),
+                        r["depth"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            (rows, v["total"].as_u64(), v["truncated"].as_bool())
+        }
+    };
+    let row = |q: &str, p: &str, d: u64| (q.to_string(), p.to_string(), d);
+
+    // Kept: deep2/x (5) and deep/p1 (3); left out: p3 (2) and p2 (1).
+    let (mut rows, total, truncated) = listing("minDepth=3").await;
+    rows.sort();
+    assert_eq!(rows, [row("deep", "p1", 3), row("deep2", "x", 5)]);
+    assert_eq!((total, truncated), (Some(2), Some(false)));
+    let (rows, total, truncated) = listing("minDepth=3&queue=deep").await;
+    assert_eq!(rows, [row("deep", "p1", 3)]);
+    assert_eq!((total, truncated), (Some(1), Some(false)));
+    let (rows, total, truncated) = listing("minDepth=2&limit=1&offset=1").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (total, truncated),
+        (Some(2), Some(true)),
+        "p3 is 2 deep and was left out"
+    );
+    let (_, total, truncated) = listing("minDepth=6").await;
+    assert_eq!((total, truncated), (Some(0), Some(false)));
+
+    // deep2 read: the next pass keeps p1 and p3, and leaves out only p2.
+    assert_eq!(consume(a, "deep2", "g", "completed").await, 5);
+    let (rows, total, truncated) = listing("minDepth=2").await;
+    assert_eq!(rows, [row("deep", "p1", 3), row("deep", "p3", 2)]);
+    assert_eq!((total, truncated), (Some(2), Some(false)));
+    let (_, total, truncated) = listing("minDepth=1").await;
+    assert_eq!((total, truncated), (Some(2), Some(true)));
+}
+
+#[tokio::test]
+async fn min_depth_from_the_deepest_kept_memory() {
+    min_depth_from_the_deepest_kept(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn min_depth_from_the_deepest_kept_postgres() {
+    min_depth_from_the_deepest_kept(Store::Postgres("admin_deepest")).await;
+}

@@ -311,8 +311,8 @@ pub async fn queue_depth(
     )
 }
 
-/// Partitions a `minDepth` listing reads at most; past it, it answers what it found and says
-/// `truncated`.
+/// Partitions a listing without `minDepth` reads at most (an `offset` deep into a large
+/// database); past it, it answers what it found and says `truncated`.
 const MAX_PARTITIONS_PER_LISTING: usize = 100_000;
 
 /// Partitions the listing reads per storage call.
@@ -321,8 +321,9 @@ const LISTING_PAGE: usize = 2_000;
 /// GET /api/v1/resources/partitions[?queue,minDepth,limit,offset]: Queen's documentation
 /// describes it and no Queen server answers it; here, partitions with their depth, queue by
 /// queue (the admin totals' queues, newest first), each queue's by name. Without `minDepth` it
-/// reads only up to the page and `total` is the admin totals'; with it, it reads on to count
-/// the matches, up to `MAX_PARTITIONS_PER_LISTING`.
+/// reads only up to the page and `total` is the admin totals'. With it, it reads no partition:
+/// it answers the deepest partitions the admin totals' pass kept, as deep as that pass found
+/// them, and says `truncated` when the pass left out one at least `minDepth` deep.
 pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 1000)?;
     let min_depth = u64::from(number(pairs, "minDepth", 0, u32::MAX)?);
@@ -331,40 +332,79 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
         ..QueueFilter::default()
     };
     let snap = admin_totals::for_request(broker).await?;
-    let wanted = offset as usize + limit as usize;
-    let (mut rows, mut matched, mut read, mut truncated) = (vec![], 0usize, 0usize, false);
-    'queues: for t in snap.queues_matching(&filter) {
+    let (rows, total, truncated) = if min_depth == 0 {
+        let (rows, truncated) =
+            first_partitions(broker, &snap, &filter, offset as usize, limit as usize).await?;
+        let total = snap.queues_matching(&filter).map(|t| t.partitions).sum();
+        (rows, total, truncated)
+    } else {
+        let matching: Vec<_> = snap
+            .deepest
+            .iter()
+            .filter(|d| d.depth >= min_depth)
+            .filter(|d| {
+                snap.queues
+                    .get(d.queue_index)
+                    .is_some_and(|t| filter.matches(&t.view.config))
+            })
+            .collect();
+        let rows = matching
+            .iter()
+            .skip(offset as usize)
+            .take(limit as usize)
+            .filter_map(|d| {
+                let t = snap.queues.get(d.queue_index)?;
+                let mut row = partition_row(&d.view, &t.view.groups);
+                row.queue = Some(t.view.config.name.clone());
+                row.depth = Some(d.depth);
+                Some(row)
+            })
+            .collect();
+        (
+            rows,
+            matching.len() as u64,
+            min_depth <= snap.deepest_left_out,
+        )
+    };
+    ok_with_partitions(
+        json!({"total": total, "truncated": truncated,
+               "pagination": {"limit": limit, "offset": offset},
+               "statsAge": snap.age_secs(broker.now())}),
+        &rows,
+    )
+}
+
+/// The partitions from `offset` to `offset + limit` in the listing's order, read a page at a
+/// time (each with its depth), and whether `MAX_PARTITIONS_PER_LISTING` cut the reading short.
+async fn first_partitions(
+    broker: &Arc<Broker>,
+    snap: &Snapshot,
+    filter: &QueueFilter,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<PartitionRow>, bool), Failure> {
+    let wanted = (offset + limit).min(MAX_PARTITIONS_PER_LISTING);
+    let (mut rows, mut seen) = (vec![], 0usize);
+    for t in snap.queues_matching(filter) {
         let q = &t.view;
         let mut after: Option<String> = None;
         loop {
-            let size = if min_depth == 0 {
-                (wanted - matched).clamp(1, LISTING_PAGE)
-            } else {
-                LISTING_PAGE
-            };
+            let size = (wanted - seen).clamp(1, LISTING_PAGE);
             let page = broker
                 .storage
                 .inspect
                 .partition_views_page(&q.config.name, after.as_deref(), size as u32, None)
                 .await?;
             for p in &page {
-                read += 1;
-                let d = depth(p, &q.groups, None);
-                if d >= min_depth {
-                    if matched >= offset as usize && rows.len() < limit as usize {
-                        let mut row = partition_row(p, &q.groups);
-                        row.queue = Some(q.config.name.clone());
-                        row.depth = Some(d);
-                        rows.push(row);
-                    }
-                    matched += 1;
+                if seen >= offset {
+                    let mut row = partition_row(p, &q.groups);
+                    row.queue = Some(q.config.name.clone());
+                    row.depth = Some(depth(p, &q.groups, None));
+                    rows.push(row);
                 }
-                if min_depth == 0 && matched >= wanted {
-                    break 'queues;
-                }
-                if read >= MAX_PARTITIONS_PER_LISTING {
-                    truncated = true;
-                    break 'queues;
+                seen += 1;
+                if seen >= wanted {
+                    return Ok((rows, wanted < offset + limit));
                 }
             }
             match page.last() {
@@ -373,17 +413,7 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
             }
         }
     }
-    let total = if min_depth == 0 {
-        snap.queues_matching(&filter).map(|t| t.partitions).sum()
-    } else {
-        matched as u64
-    };
-    ok_with_partitions(
-        json!({"total": total, "truncated": truncated,
-               "pagination": {"limit": limit, "offset": offset},
-               "statsAge": snap.age_secs(broker.now())}),
-        &rows,
-    )
+    Ok((rows, false))
 }
 
 /// GET /api/v1/resources/overview.

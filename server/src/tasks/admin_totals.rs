@@ -64,6 +64,7 @@ pub(crate) async fn refresh_after(
             &*broker.storage.inspect,
             broker.now(),
             broker.config.metrics_partition_series,
+            broker.config.admin_deepest_partitions,
         )
         .await?,
     );
