@@ -140,6 +140,12 @@ impl Snapshot {
             .filter(|q| filter.matches(&q.view.config))
     }
 
+    /// The tally of a kept deep partition's queue: `queue_index` is a place in `queues`, set
+    /// by the pass that made both.
+    pub(crate) fn queue_of(&self, d: &DeepPartition) -> &QueueTally {
+        &self.queues[d.queue_index]
+    }
+
     /// The tally of queue `name`, if the pass met it.
     pub(crate) fn queue(&self, name: &str) -> Option<&QueueTally> {
         self.queues.iter().find(|t| t.view.config.name == name)

@@ -342,22 +342,18 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
             .deepest
             .iter()
             .filter(|d| d.depth >= min_depth)
-            .filter(|d| {
-                snap.queues
-                    .get(d.queue_index)
-                    .is_some_and(|t| filter.matches(&t.view.config))
-            })
+            .map(|d| (d, snap.queue_of(d)))
+            .filter(|(_, t)| filter.matches(&t.view.config))
             .collect();
         let rows = matching
             .iter()
             .skip(offset as usize)
             .take(limit as usize)
-            .filter_map(|d| {
-                let t = snap.queues.get(d.queue_index)?;
+            .map(|(d, t)| {
                 let mut row = partition_row(&d.view, &t.view.groups);
                 row.queue = Some(t.view.config.name.clone());
                 row.depth = Some(d.depth);
-                Some(row)
+                row
             })
             .collect();
         (
