@@ -87,8 +87,8 @@ pub const DEFAULT_PUSH_ROUNDS: usize = 2;
 /// (release build, 2 cores), so no request waits longer for exact totals; a count, not a time,
 /// so whether a request runs a pass does not change with the machine's load.
 pub const DEFAULT_ADMIN_INLINE_PARTITIONS: u64 = 2_000;
-/// Default ADMIN_DEEPEST_PARTITIONS: a few MB of partition views at most (each with its
-/// cursors), and more rows than a dashboard pages through.
+/// Default ADMIN_DEEPEST_PARTITIONS: about 6 MB of partition views (each with its cursors;
+/// measured, docs/operations.md), and more rows than a dashboard pages through.
 pub const DEFAULT_ADMIN_DEEPEST_PARTITIONS: usize = 10_000;
 /// Default EPHEMERAL_MAX_BYTES: 256 MiB of payloads.
 pub const DEFAULT_EPHEMERAL_MAX_BYTES: u64 = 256 * 1024 * 1024;
