@@ -200,8 +200,7 @@ pub(crate) async fn pass(
     let mut queues = vec![];
     for view in inspect.queue_views(QueueFilter::default()).await? {
         let queue_index = queues.len();
-        let tally = tally_queue(inspect, QueueTally::new(view), taken_at, |tally, p| {
-            let d = depth(p, &tally.view.groups, None);
+        let tally = tally_queue(inspect, QueueTally::new(view), taken_at, |tally, p, d| {
             if d > 0 {
                 let shallower_than_kept = deepest.len() >= deepest_kept
                     && deepest.peek().is_none_or(|Reverse(k)| {
@@ -310,18 +309,19 @@ pub(crate) async fn partition_page(
 }
 
 /// Adds every partition of the tally's queue to it (storage reads the queue in one pass where it
-/// can: `InspectStorage::each_partition_of`), showing each to `each` once it is added.
+/// can: `InspectStorage::each_partition_of`), showing each to `each` once it is added, with its
+/// depth (`views::depth` over the queue's groups).
 pub(crate) async fn tally_queue(
     inspect: &dyn InspectStorage,
     mut tally: QueueTally,
     taken_at: Timestamp,
-    mut each: impl FnMut(&QueueTally, &PartitionView) + Send,
+    mut each: impl FnMut(&QueueTally, &PartitionView, u64) + Send,
 ) -> Result<QueueTally, Failure> {
     let name = tally.view.config.name.clone();
     inspect
         .each_partition_of(&name, &mut |p| {
-            tally.add(&p, taken_at);
-            each(&tally, &p);
+            let depth = tally.add(&p, taken_at);
+            each(&tally, &p, depth);
         })
         .await?;
     Ok(tally)
@@ -379,13 +379,15 @@ impl QueueTally {
         self
     }
 
-    pub(crate) fn add(&mut self, p: &PartitionView, now: Timestamp) {
+    /// Adds the partition's figures, and answers its depth (its backlog's `pending`).
+    pub(crate) fn add(&mut self, p: &PartitionView, now: Timestamp) -> u64 {
         self.partitions += 1;
         self.pushed += p.pushed();
         self.retained += p.retained();
         self.partitions_retaining += u64::from(p.retained() > 0);
         self.counts.add(Counts::of(p, &self.view.groups));
-        self.backlog.add(Backlog::of(p, &self.view.groups, None));
+        let backlog = Backlog::of(p, &self.view.groups, None);
+        self.backlog.add(backlog);
         let live = p.cursors.iter().filter(|c| c.leased_until.is_some());
         let (mut leases, mut messages) = (0u64, 0u64);
         for c in live {
@@ -399,5 +401,6 @@ impl QueueTally {
         for (g, lag) in &mut self.groups {
             lag.add(p, &self.view.groups, g, now);
         }
+        backlog.pending
     }
 }

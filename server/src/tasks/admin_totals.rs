@@ -122,7 +122,7 @@ pub(crate) async fn for_queue(
                 t
             }),
             // The page holds the group's cursors only; the others count too.
-            Some(_) => tally_queue(inspect, start, now, |_, _| {}).await?,
+            Some(_) => tally_queue(inspect, start, now, |_, _, _| {}).await?,
         };
         return Ok(Some(QueuePage {
             tally,
@@ -149,7 +149,7 @@ pub(crate) async fn for_queue(
         return Ok(None);
     };
     let start = QueueTally::new(view).with_group(group);
-    let tally = tally_queue(inspect, start, now, |_, _| {}).await?;
+    let tally = tally_queue(inspect, start, now, |_, _, _| {}).await?;
     Ok(Some(QueuePage {
         tally,
         partitions,
