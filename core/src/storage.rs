@@ -33,8 +33,8 @@ pub use ephemeral::{
 };
 pub use inspect::{
     CreatedCount, CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView,
-    SegmentMark, SegmentQuery, StoredMessage, StoredSegment, TraceInput, TraceName, TraceRecord,
-    WorkerSample,
+    SegmentMark, SegmentQuery, StoredMessage, StoredSegment, StoredTotals, TraceInput, TraceName,
+    TraceRecord, WorkerSample,
 };
 pub use kv::KvStorage;
 pub use messages::{

@@ -6,7 +6,19 @@ use std::fmt;
 ///
 /// The core never reads a clock: every timestamp arrives as an argument. Microseconds match
 /// PostgreSQL's `timestamptz` resolution, so the model and the database compare equal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct Timestamp(pub i64);
 
 impl Timestamp {

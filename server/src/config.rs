@@ -202,8 +202,9 @@ pub struct Settings {
     /// The admin totals (queue listings, overview, status, consumer groups, the metrics' queue
     /// series) are computed afresh for each request while the database holds fewer partitions
     /// than this (as the last pass counted them). Past it they come from the last pass, which a
-    /// background pass renews while they are read (pausing nine times a pass's length), and
-    /// each answer says its statsAge. 0: always from the last pass.
+    /// background pass renews while they are read (pausing nine times a pass's length; the
+    /// brokers of a deployment take turns and store each pass for the others and for restarts),
+    /// and each answer says its statsAge. 0: always from the last pass.
     #[arg(
         long,
         env = "ADMIN_INLINE_PARTITIONS",

@@ -14,15 +14,16 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::Arc;
 
-use queen_core::storage::{InspectStorage, PartitionView, QueueFilter, QueueView};
+use queen_core::storage::{InspectStorage, PartitionView, QueueFilter, QueueView, StoredTotals};
 use queen_core::Timestamp;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::http::Failure;
 use crate::views::{depth, lag_stats, Backlog, Counts, GroupLag};
 
 /// One queue's totals.
-#[derive(Clone)]
+#[derive(Clone, Serialize, Deserialize)]
 pub(crate) struct QueueTally {
     pub(crate) view: QueueView,
     pub(crate) partitions: u64,
@@ -44,6 +45,7 @@ pub(crate) struct QueueTally {
 }
 
 /// One (queue, partition, group) pending figure, for the metrics' capped partition series.
+#[derive(Serialize, Deserialize)]
 pub(crate) struct PartitionLag {
     pub(crate) queue: String,
     pub(crate) partition: String,
@@ -55,7 +57,7 @@ pub(crate) struct PartitionLag {
 pub(crate) const LAGGING_KEPT: usize = 1_000;
 
 /// A cursor with something unconsumed, for the lagging view.
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
+#[derive(PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct LaggingCursor {
     /// First: the heap of `pass` orders by it.
     pub(crate) oldest_unconsumed_at: Timestamp,
@@ -69,6 +71,7 @@ pub(crate) struct LaggingCursor {
 }
 
 /// A partition with something pending, for the `minDepth` listing (`Snapshot::deepest`).
+#[derive(Serialize, Deserialize)]
 pub(crate) struct DeepPartition {
     /// `views::depth` over the queue's groups.
     pub(crate) depth: u64,
@@ -101,7 +104,9 @@ impl Ord for DeepPartition {
     }
 }
 
-/// What one pass found.
+/// What one pass found. Stored for the other brokers and for restarts as JSON
+/// (`Snapshot::stored`, `Snapshot::from_stored`).
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Snapshot {
     /// When the pass started.
     pub(crate) taken_at: Timestamp,
@@ -125,7 +130,55 @@ pub(crate) struct Snapshot {
     pub(crate) deepest_left_out: u64,
 }
 
+/// The stored form's version: a broker reads only a pass stored in its own form (an upgrade that
+/// changed it passes again, as a broker with no stored pass does).
+const STORED_FORM: u32 = 1;
+
+#[derive(Serialize)]
+struct StoredForm<'a> {
+    form: u32,
+    snapshot: &'a Snapshot,
+}
+
+/// The form alone (the rest skipped), read before the snapshot is.
+#[derive(Deserialize)]
+struct FormOnly {
+    form: u32,
+}
+
+#[derive(Deserialize)]
+struct ReadForm {
+    snapshot: Snapshot,
+}
+
 impl Snapshot {
+    /// The form `InspectStorage::store_totals` keeps.
+    pub(crate) fn stored(&self) -> Result<StoredTotals, Failure> {
+        let body = serde_json::to_vec(&StoredForm {
+            form: STORED_FORM,
+            snapshot: self,
+        })
+        .map_err(|e| Failure::server(format!("serializing the admin totals: {e}")))?;
+        Ok(StoredTotals {
+            taken_at: self.taken_at,
+            body,
+        })
+    }
+
+    /// A stored pass, or why it cannot be read (another form, a damaged body).
+    pub(crate) fn from_stored(stored: &StoredTotals) -> Result<Snapshot, String> {
+        let FormOnly { form } =
+            serde_json::from_slice(&stored.body).map_err(|e| format!("not a stored pass: {e}"))?;
+        if form != STORED_FORM {
+            return Err(format!(
+                "stored in form {form}, this broker reads form {STORED_FORM}"
+            ));
+        }
+        serde_json::from_slice::<ReadForm>(&stored.body)
+            .map(|r| r.snapshot)
+            .map_err(|e| format!("a damaged stored pass: {e}"))
+    }
+
     /// Whole seconds since the pass started.
     pub(crate) fn age_secs(&self, now: Timestamp) -> i64 {
         i64::try_from(self.taken_at.millis_until(now) / 1000).unwrap_or(i64::MAX)
@@ -171,11 +224,16 @@ impl AdminStats {
             .clone()
     }
 
-    pub(crate) fn store(&self, s: Arc<Snapshot>) {
-        *self
+    /// Keeps `s` unless the snapshot kept meanwhile was taken later (a pass of this broker's
+    /// that ended while the stored one was read).
+    pub(crate) fn store_if_newer(&self, s: Arc<Snapshot>) {
+        let mut current = self
             .current
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(s);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.as_ref().is_none_or(|c| c.taken_at < s.taken_at) {
+            *current = Some(s);
+        }
     }
 }
 

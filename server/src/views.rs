@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use queen_core::storage::{InspectStorage, PartitionView, WorkerSample};
 use queen_core::types::QUEUE_MODE_GROUP;
 use queen_core::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::http::Failure;
@@ -53,7 +53,7 @@ pub(crate) fn processing(p: &PartitionView, group: Option<&str>) -> u64 {
 
 /// A backlog over partitions, for a group or (none) the slowest reader: what is pending, how
 /// much of it is leased, and on how many partitions something is pending.
-#[derive(Default, Clone, Copy, Debug, PartialEq)]
+#[derive(Default, Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Backlog {
     pub(crate) pending: u64,
     pub(crate) processing: u64,
@@ -82,7 +82,7 @@ impl Backlog {
 }
 
 /// The six counts of Queen's stats objects, for a set of partitions.
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone, Copy, Serialize, Deserialize)]
 pub(crate) struct Counts {
     pub(crate) total: u64,
     pub(crate) pending: u64,
@@ -240,7 +240,7 @@ pub(crate) fn stat(values: &[f64]) -> Value {
 }
 
 /// One (group, queue) pair's lag over the queue's partitions.
-#[derive(Default, Clone)]
+#[derive(Default, Clone, Serialize, Deserialize)]
 pub(crate) struct GroupLag {
     pub(crate) members: u64,
     /// `total_lag` and `partitions_with_lag` of Queen's answers.

@@ -907,3 +907,95 @@ async fn min_depth_from_the_deepest_kept_memory() {
 async fn min_depth_from_the_deepest_kept_postgres() {
     min_depth_from_the_deepest_kept(Store::Postgres("admin_deepest")).await;
 }
+
+/// A slow pass is stored for the deployment (ADMIN_INLINE_PARTITIONS=0: every pass counts as
+/// slow): a broker started later answers its first totals request from the stored pass instead
+/// of passing itself, and while another holds the deployment's pass lease its refresher takes
+/// the passes others store instead of passing; once the lease is free it passes again.
+async fn a_stored_pass_serves_the_other_brokers(store: Store) {
+    let cfg = || ServerConfig {
+        admin_inline_partitions: 0,
+        ..config()
+    };
+    let first = start(store, cfg()).await;
+    let a = first.addr;
+    let q = "shared-totals";
+    let total_on = |addr: SocketAddr| async move {
+        let (code, v) = get(addr, "/api/v1/resources/queues").await;
+        assert_eq!(code, 200, "{v}");
+        assert!(v["statsAge"].as_i64().is_some(), "{v}");
+        v["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == q)
+            .map_or(0, |e| e["messages"]["total"].as_u64().unwrap())
+    };
+    push(a, q, "p", &["m1", "m2", "m3"]).await;
+    let (code, v) = send(a, "POST", "/api/v1/stats/refresh", None).await;
+    assert_eq!(code, 200, "{v}");
+    push(a, q, "p", &["m4"]).await;
+
+    // Started after the pass: its first answer is the stored pass (3), not a pass of its own (4).
+    let second = common::start_beside(&first, cfg()).await;
+    let b = second.addr;
+    assert_eq!(total_on(b).await, 3, "the stored pass");
+
+    // Another holder has the lease: the second broker's refresher only takes stored passes.
+    let retention = &second.app.storage.retention;
+    assert!(retention
+        .claim_maintenance("admin-totals", "another broker", 600)
+        .await
+        .unwrap());
+    push(a, q, "p", &["m5"]).await;
+    // Its snapshot is due after a second (a short pass's pause): were it to pass regardless of
+    // the lease, it would see m5 by now.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        total_on(b).await,
+        3,
+        "passed while another broker held the lease"
+    );
+    let (code, _) = send(a, "POST", "/api/v1/stats/refresh", None).await;
+    assert_eq!(code, 200);
+    push(a, q, "p", &["m6"]).await;
+    let mut seen = 0;
+    for _ in 0..50 {
+        seen = total_on(b).await;
+        if seen != 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        seen, 5,
+        "the first broker's stored pass, not one of its own (6)"
+    );
+
+    // Lease free: the second broker's refresher passes again.
+    retention
+        .release_maintenance("admin-totals", "another broker")
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        seen = total_on(b).await;
+        if seen == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        seen, 6,
+        "the refresher never passed once the lease was free"
+    );
+}
+
+#[tokio::test]
+async fn a_stored_pass_serves_the_other_brokers_memory() {
+    a_stored_pass_serves_the_other_brokers(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn a_stored_pass_serves_the_other_brokers_postgres() {
+    a_stored_pass_serves_the_other_brokers(Store::Postgres("admin_stored_pass")).await;
+}

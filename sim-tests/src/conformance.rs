@@ -183,6 +183,48 @@ pub async fn partition_views_page_and_by_id(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
+/// The admin totals' stored pass: the later of two stays whatever order they are stored in, and
+/// a broker holding a pass reads a body only when a newer one is stored.
+pub async fn stored_totals_keep_the_later_pass(b: &dyn Backend) -> CaseResult {
+    use queen_core::storage::StoredTotals;
+    use queen_core::Timestamp;
+    let s = b.storage();
+    ensure_eq!(
+        s.stored_totals(None).await.map_err(e)?,
+        None,
+        "none stored yet"
+    );
+    let pass = |secs: i64, body: &[u8]| StoredTotals {
+        taken_at: Timestamp(1_700_000_000_000_000 + secs * 1_000_000),
+        body: body.to_vec(),
+    };
+    s.store_totals(&pass(10, b"second")).await.map_err(e)?;
+    s.store_totals(&pass(5, b"first, finished last"))
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        s.stored_totals(None).await.map_err(e)?,
+        Some(pass(10, b"second")),
+        "an earlier pass does not replace a later one"
+    );
+    s.store_totals(&pass(20, b"third")).await.map_err(e)?;
+    ensure_eq!(
+        s.stored_totals(Some(pass(10, b"").taken_at))
+            .await
+            .map_err(e)?,
+        Some(pass(20, b"third")),
+        "newer than the pass held"
+    );
+    ensure_eq!(
+        s.stored_totals(Some(pass(20, b"").taken_at))
+            .await
+            .map_err(e)?,
+        None,
+        "nothing newer than the pass held"
+    );
+    Ok(())
+}
+
 /// Messages by creation time (the analytics route): counted per queue and per interval where they
 /// are stored, a queue alone when asked, the window's end excluded.
 pub async fn messages_created_per_interval(b: &dyn Backend) -> CaseResult {
@@ -2731,4 +2773,5 @@ cases!(
     ephemeral_owners_claim_and_move,
     partition_views_page_and_by_id,
     messages_created_per_interval,
+    stored_totals_keep_the_later_pass,
 );

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use queen_core::storage::{
     CreatedCount, CursorView, DeadLetterRef, InspectStorage, PartitionView, QueueFilter, QueueView,
     SegmentQuery, SegmentRow, StorageError, StorageResult, StoredMessage, StoredSegment,
-    TraceInput, TraceName, TraceRecord, WorkerSample,
+    StoredTotals, TraceInput, TraceName, TraceRecord, WorkerSample,
 };
 use queen_core::Timestamp;
 
@@ -872,5 +872,39 @@ impl InspectStorage for PgStorage {
             )
             .await
             .map_err(pg_err("remove samples"))
+    }
+
+    async fn store_totals(&self, totals: &StoredTotals) -> StorageResult<()> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        client
+            .execute(
+                "INSERT INTO queen.admin_totals (taken_at, body) VALUES ($1, $2)
+                 ON CONFLICT (singleton) DO UPDATE SET taken_at = excluded.taken_at,
+                                                       body = excluded.body
+                  WHERE admin_totals.taken_at < excluded.taken_at",
+                &[&to_system_time(totals.taken_at), &totals.body],
+            )
+            .await
+            .map_err(pg_err("store the admin totals"))?;
+        Ok(())
+    }
+
+    async fn stored_totals(
+        &self,
+        newer_than: Option<Timestamp>,
+    ) -> StorageResult<Option<StoredTotals>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_opt(
+                "SELECT taken_at, body FROM queen.admin_totals
+                  WHERE $1::timestamptz IS NULL OR taken_at > $1",
+                &[&newer_than.map(to_system_time)],
+            )
+            .await
+            .map_err(pg_err("the stored admin totals"))?;
+        Ok(row.map(|r| StoredTotals {
+            taken_at: ts(r.get(0)),
+            body: r.get(1),
+        }))
     }
 }

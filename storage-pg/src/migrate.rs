@@ -75,6 +75,7 @@ pub const MIGRATIONS: &[Migration] = &[
     ),
     migration!(28, "group conflation", "028_group_conflation.sql"),
     migration!(29, "ephemeral queues' configuration", "029_ephemeral.sql"),
+    migration!(30, "admin totals", "030_admin_totals.sql"),
 ];
 
 macro_rules! functions {

@@ -497,6 +497,21 @@ impl InspectStorage for SimDb {
             before,
         ))
     }
+
+    async fn store_totals(&self, totals: &queen_core::storage::StoredTotals) -> StorageResult<()> {
+        inspect::store_totals(&mut lock(&self.shared.state), totals);
+        Ok(())
+    }
+
+    async fn stored_totals(
+        &self,
+        newer_than: Option<Timestamp>,
+    ) -> StorageResult<Option<queen_core::storage::StoredTotals>> {
+        Ok(inspect::stored_totals(
+            &lock(&self.shared.state),
+            newer_than,
+        ))
+    }
 }
 
 #[async_trait]

@@ -546,3 +546,25 @@ pub(crate) fn remove_samples_before(st: &mut DbState, before: Timestamp) -> u64 
     st.samples = keep;
     removed
 }
+
+/// `InspectStorage::store_totals`: the later pass stays.
+pub(crate) fn store_totals(st: &mut DbState, totals: &queen_core::storage::StoredTotals) {
+    let later = st
+        .stored_totals
+        .as_ref()
+        .is_none_or(|kept| totals.taken_at > kept.taken_at);
+    if later {
+        st.stored_totals = Some(totals.clone());
+    }
+}
+
+/// `InspectStorage::stored_totals`.
+pub(crate) fn stored_totals(
+    st: &DbState,
+    newer_than: Option<Timestamp>,
+) -> Option<queen_core::storage::StoredTotals> {
+    st.stored_totals
+        .as_ref()
+        .filter(|kept| newer_than.is_none_or(|t| kept.taken_at > t))
+        .cloned()
+}

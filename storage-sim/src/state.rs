@@ -178,6 +178,8 @@ pub struct DbState {
     /// queen.worker_samples: (bucket, hostname, worker id) → sample. Not transactional: a
     /// sample is one broker's own write, never read back within a transaction.
     pub samples: BTreeMap<(Timestamp, String, String), queen_core::storage::WorkerSample>,
+    /// queen.admin_totals: the admin totals' stored pass. Not transactional, as above.
+    pub stored_totals: Option<queen_core::storage::StoredTotals>,
     /// queen.ephemeral_queues: name → declared options. Not transactional: each write is one
     /// row's upsert or delete, never part of a larger transaction.
     pub ephemeral_configs: BTreeMap<String, serde_json::Value>,
@@ -234,6 +236,7 @@ impl DbState {
             stream_names: Table::default(),
             stream_state: Table::default(),
             samples: BTreeMap::new(),
+            stored_totals: None,
             ephemeral_configs: BTreeMap::new(),
             ephemeral_brokers: BTreeMap::new(),
             ephemeral_owners: BTreeMap::new(),

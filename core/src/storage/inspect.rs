@@ -11,7 +11,7 @@ use super::queue::QueueConfig;
 use crate::types::{Offset, Timestamp};
 
 /// One partition as it stands, with every group's cursor on it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PartitionView {
     pub queue: String,
     pub partition: String,
@@ -51,7 +51,7 @@ impl PartitionView {
 }
 
 /// One (partition, consumer group) cursor.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CursorView {
     pub group: String,
     pub committed: Offset,
@@ -77,7 +77,7 @@ impl CursorView {
 /// One queue with its configuration, groups and dead letters; what its partitions hold is read
 /// by partition (`partition_views_page`), never summed here: at a million partitions the sums
 /// alone read every partition row several times.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QueueView {
     pub id: String,
     pub created_at: Timestamp,
@@ -248,6 +248,16 @@ pub struct CreatedCount {
     pub messages: u64,
 }
 
+/// The admin totals of one pass over every partition, as the broker that ran it serialized them
+/// (opaque here), kept in storage so other brokers and restarted ones answer from it instead of
+/// passing again (`InspectStorage::store_totals`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredTotals {
+    /// When the pass started.
+    pub taken_at: Timestamp,
+    pub body: Vec<u8>,
+}
+
 /// The reads of the admin API. Cheap by construction (see the module comment).
 #[async_trait::async_trait]
 pub trait InspectStorage: Send + Sync {
@@ -351,4 +361,13 @@ pub trait InspectStorage: Send + Sync {
     ) -> super::StorageResult<Vec<WorkerSample>>;
     /// Removes samples older than `before`; how many.
     async fn remove_samples_before(&self, before: Timestamp) -> super::StorageResult<u64>;
+    /// Keeps `totals` as the stored pass unless one taken later is stored already (two brokers
+    /// that passed at once: the later pass stays, whichever finished last).
+    async fn store_totals(&self, totals: &StoredTotals) -> super::StorageResult<()>;
+    /// The stored pass when it was taken after `newer_than` (any stored pass when `None`): a
+    /// broker that holds a pass reads no body unless a newer one is stored.
+    async fn stored_totals(
+        &self,
+        newer_than: Option<Timestamp>,
+    ) -> super::StorageResult<Option<StoredTotals>>;
 }

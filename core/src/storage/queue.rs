@@ -1,7 +1,7 @@
 //! A queue's configuration.
 
 /// A queue's configuration row (`queen.queues`), with the options of the configure endpoint.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QueueConfig {
     pub name: String,
     pub namespace: String,

@@ -6,8 +6,12 @@
 //!   time) while anyone reads them (`WATCHED_MS`), then stops;
 //! - `POST /api/v1/stats/refresh` runs a pass and waits for it.
 //!
-//! Each broker keeps its own snapshot. Queen keeps one table refreshed by one job; here a
-//! deployment of B brokers whose admin plane is read through all of them pays B passes.
+//! A slow pass is stored (`InspectStorage::store_totals`), as Queen keeps its totals in one
+//! table: a broker with no snapshot of its own (just started) answers from the stored one at
+//! once instead of making its first request wait for a pass (47 s at 2.6 million partitions),
+//! and a deployment's brokers take turns under one maintenance lease (`TOTALS_LEASE`): a
+//! refresher whose snapshot is due adopts a newer stored pass, else passes if it gets the lease,
+//! else waits for the broker that holds it. B brokers pay one pass per period, not B.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -19,6 +23,10 @@ use queen_core::Timestamp;
 use crate::broker::Broker;
 use crate::http::Failure;
 use crate::stats::{partition_page, pass, tally_queue, QueueTally, Snapshot};
+
+/// The maintenance lease (`RetentionStorage::claim_maintenance`) of the broker that passes for
+/// the deployment.
+const TOTALS_LEASE: &str = "admin-totals";
 
 /// How long after the last read the refresher keeps refreshing.
 const WATCHED_MS: i64 = 5 * 60_000;
@@ -39,13 +47,39 @@ pub(crate) async fn for_request(broker: &Arc<Broker>) -> Result<Arc<Snapshot>, F
         .stats
         .last_read_ms
         .store(asked_at.0 / 1000, Ordering::Relaxed);
-    if let Some(s) = broker.stats.current() {
+    let current = match broker.stats.current() {
+        Some(s) => Some(s),
+        // Just started: the deployment's stored pass, if one is kept.
+        None => adopt_stored(broker).await?,
+    };
+    if let Some(s) = current {
         if slow(broker, &s) {
             ensure_refresher(broker);
             return Ok(s);
         }
     }
     refresh_after(broker, asked_at).await
+}
+
+/// Takes the stored pass when it is newer than this broker's (or this broker has none) and
+/// readable, and keeps it; the broker's snapshot, whichever it is.
+async fn adopt_stored(broker: &Arc<Broker>) -> Result<Option<Arc<Snapshot>>, Failure> {
+    let current = broker.stats.current();
+    let newer_than = current.as_ref().map(|s| s.taken_at);
+    let Some(stored) = broker.storage.inspect.stored_totals(newer_than).await? else {
+        return Ok(current);
+    };
+    match Snapshot::from_stored(&stored) {
+        Ok(s) => {
+            let s = Arc::new(s);
+            broker.stats.store_if_newer(s.clone());
+            Ok(broker.stats.current())
+        }
+        Err(why) => {
+            tracing::warn!(%why, "not reading the stored admin totals: this broker passes itself");
+            Ok(current)
+        }
+    }
 }
 
 /// Runs a pass now (or takes one that started after `asked_at`) and keeps it.
@@ -68,7 +102,25 @@ pub(crate) async fn refresh_after(
         )
         .await?,
     );
-    broker.stats.store(s.clone());
+    // A pass that is no longer slow still replaces a stored slow one: a broker started later
+    // would take that for the deployment's size.
+    let was_slow = broker.stats.current().is_some_and(|c| slow(broker, &c));
+    broker.stats.store_if_newer(s.clone());
+    if slow(broker, &s) || was_slow {
+        // For the other brokers and for restarts; the pass stands without it.
+        let stored = match s.stored() {
+            Ok(stored) => broker
+                .storage
+                .inspect
+                .store_totals(&stored)
+                .await
+                .map_err(Failure::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = stored {
+            tracing::warn!(error = %e.message, "storing the admin totals");
+        }
+    }
     if slow(broker, &s) {
         ensure_refresher(broker);
     }
@@ -168,15 +220,13 @@ fn pause_after(pass_ms: u64) -> Duration {
     (Duration::from_millis(pass_ms) * PAUSE_FACTOR).max(MIN_PAUSE)
 }
 
-/// Refreshes the snapshot while it is read and passes are slow; then ends. It pauses first: it
-/// starts right after a pass.
+/// Refreshes the snapshot while it is read and passes are slow; then ends.
 async fn refresher(broker: Weak<Broker>) {
-    let mut pause = match broker.upgrade() {
-        Some(b) => pause_after(b.stats.current().map_or(0, |s| s.pass_ms)),
+    let holder = match broker.upgrade() {
+        Some(b) => b.mint_uuid().to_string(),
         None => return,
     };
     loop {
-        tokio::time::sleep(pause).await;
         let Some(b) = broker.upgrade() else { return };
         let watched = b.now().0 / 1000 - b.stats.last_read_ms.load(Ordering::Relaxed) < WATCHED_MS;
         let slow_passes = b.stats.current().is_some_and(|s| slow(&b, &s));
@@ -184,12 +234,43 @@ async fn refresher(broker: Weak<Broker>) {
             b.stats.refresher_running.store(false, Ordering::Release);
             return;
         }
-        pause = match refresh_after(&b, b.now()).await {
-            Ok(s) => pause_after(s.pass_ms),
+        let pause = match refresher_turn(&b, &holder).await {
+            Ok(pause) => pause,
             Err(e) => {
                 tracing::debug!(error = %e.message, "refreshing the admin totals");
                 MIN_PAUSE * 5
             }
         };
+        drop(b);
+        tokio::time::sleep(pause).await;
     }
+}
+
+/// One look of the refresher: adopts a newer stored pass; when the snapshot is due, passes
+/// under the deployment's lease (or, when another broker holds it, looks again shortly for the
+/// pass it will store). How long to wait before the next look.
+async fn refresher_turn(b: &Arc<Broker>, holder: &str) -> Result<Duration, Failure> {
+    let Some(s) = adopt_stored(b).await? else {
+        return Ok(MIN_PAUSE);
+    };
+    let age = Duration::from_millis(s.taken_at.millis_until(b.now()));
+    let pause = pause_after(s.pass_ms);
+    if age < pause {
+        return Ok((pause - age).max(MIN_PAUSE));
+    }
+    // Held a little past twice the last pass: a lease that lapses mid-pass lets a second broker
+    // pass too, which costs time and nothing else.
+    let lease_secs = u32::try_from(s.pass_ms / 500 + 10).unwrap_or(u32::MAX);
+    let retention = &b.storage.retention;
+    if !retention
+        .claim_maintenance(TOTALS_LEASE, holder, lease_secs)
+        .await?
+    {
+        return Ok(MIN_PAUSE);
+    }
+    let passed = refresh_after(b, b.now()).await;
+    let released = retention.release_maintenance(TOTALS_LEASE, holder).await;
+    let s = passed?;
+    released?;
+    Ok(pause_after(s.pass_ms))
 }

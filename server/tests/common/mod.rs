@@ -56,6 +56,20 @@ pub async fn start(store: Store, config: ServerConfig) -> TestBroker {
     TestBroker { app, addr, pg }
 }
 
+/// A second broker on `first`'s storage (its backend and connections), with a config of its own:
+/// what one broker leaves in storage for another, on either backend.
+pub async fn start_beside(first: &TestBroker, config: ServerConfig) -> TestBroker {
+    let (listener, addr, config) = bind_peer(config).await;
+    let app = Broker::new(config, first.app.storage.clone(), 8);
+    queen_server::tasks::start(&app);
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    TestBroker {
+        app,
+        addr,
+        pg: first.pg.clone(),
+    }
+}
+
 /// Two brokers on one fresh PostgreSQL database, each listening for the other's events.
 pub async fn start_pair(name: &str, config: ServerConfig) -> (TestBroker, TestBroker) {
     start_pair_with(name, config.clone(), config).await
