@@ -69,6 +69,9 @@ pub struct ServerConfig {
     /// The deepest partitions each admin-totals pass keeps, which a `minDepth` partition
     /// listing answers from without reading partitions itself.
     pub admin_deepest_partitions: usize,
+    /// How long a totals request waits for a pass when the broker has no snapshot to answer
+    /// (none of its own, none stored) before it answers 503; the pass goes on.
+    pub admin_totals_wait_ms: u64,
     /// Payload bytes every ephemeral queue of this broker may hold together.
     pub ephemeral_max_bytes: u64,
     /// The host:port other brokers of the deployment reach this one at (ephemeral queues'
@@ -90,6 +93,9 @@ pub const DEFAULT_ADMIN_INLINE_PARTITIONS: u64 = 2_000;
 /// Default ADMIN_DEEPEST_PARTITIONS: about 6 MB of partition views (each with its cursors;
 /// measured, docs/operations.md), and more rows than a dashboard pages through.
 pub const DEFAULT_ADMIN_DEEPEST_PARTITIONS: usize = 10_000;
+/// Default ADMIN_TOTALS_WAIT_MS: under common proxies' and Prometheus' timeouts (10 s and up),
+/// so they get an answer instead of a dropped connection.
+pub const DEFAULT_ADMIN_TOTALS_WAIT_MS: u64 = 5_000;
 /// Default EPHEMERAL_MAX_BYTES: 256 MiB of payloads.
 pub const DEFAULT_EPHEMERAL_MAX_BYTES: u64 = 256 * 1024 * 1024;
 /// Default PG_WARM_INTERVAL_MS.
@@ -121,6 +127,7 @@ impl Default for ServerConfig {
             push_rounds: DEFAULT_PUSH_ROUNDS,
             admin_inline_partitions: DEFAULT_ADMIN_INLINE_PARTITIONS,
             admin_deepest_partitions: DEFAULT_ADMIN_DEEPEST_PARTITIONS,
+            admin_totals_wait_ms: DEFAULT_ADMIN_TOTALS_WAIT_MS,
             ephemeral_max_bytes: DEFAULT_EPHEMERAL_MAX_BYTES,
             peer_address: None,
         }
@@ -220,6 +227,15 @@ pub struct Settings {
         default_value_t = DEFAULT_ADMIN_DEEPEST_PARTITIONS
     )]
     pub admin_deepest_partitions: usize,
+    /// Milliseconds a totals request waits for a pass when the broker has none to answer from
+    /// (its first over a large database that no broker has stored a pass of) before it answers
+    /// 503 with Retry-After; the pass goes on, and answers once it is done.
+    #[arg(
+        long,
+        env = "ADMIN_TOTALS_WAIT_MS",
+        default_value_t = DEFAULT_ADMIN_TOTALS_WAIT_MS
+    )]
+    pub admin_totals_wait_ms: u64,
     /// Payload bytes all ephemeral queues of this broker may hold together; a push past it is
     /// refused with 503 ephemeral_budget_exhausted (each queue's own maxBytes and maxLength
     /// apply first, with its policy).
@@ -448,6 +464,7 @@ impl Settings {
             push_rounds: self.push_rounds,
             admin_inline_partitions: self.admin_inline_partitions,
             admin_deepest_partitions: self.admin_deepest_partitions,
+            admin_totals_wait_ms: self.admin_totals_wait_ms,
             ephemeral_max_bytes: self.ephemeral_max_bytes,
             // Peers share ephemeral queues only through PostgreSQL; the embedded mode has none.
             peer_address: pg.is_some().then(|| {

@@ -999,3 +999,64 @@ async fn a_stored_pass_serves_the_other_brokers_memory() {
 async fn a_stored_pass_serves_the_other_brokers_postgres() {
     a_stored_pass_serves_the_other_brokers(Store::Postgres("admin_stored_pass")).await;
 }
+
+/// A totals request that finds no pass to answer from (none kept, none stored) waits for one at
+/// most ADMIN_TOTALS_WAIT_MS (here 0) and answers 503 with Retry-After, and the pass it started
+/// goes on without it: a later request answers from that pass. Were the pass the request's own
+/// work, dropped with it, a pass longer than a proxy's timeout would never end.
+async fn a_first_pass_outlives_its_request(store: Store) {
+    let b = start(
+        store,
+        ServerConfig {
+            admin_inline_partitions: 0,
+            admin_totals_wait_ms: 0,
+            ..config()
+        },
+    )
+    .await;
+    let a = b.addr;
+    push(a, "first-pass", "p", &["m1", "m2"]).await;
+    let r = Client::connect(a)
+        .await
+        .get("/api/v1/resources/queues")
+        .await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("retry-after")),
+        "{:?}",
+        r.headers
+    );
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(
+        v["error"].as_str().unwrap().contains("being counted"),
+        "{v}"
+    );
+    let mut answered = None;
+    for _ in 0..50 {
+        let (code, v) = get(a, "/api/v1/resources/queues").await;
+        if code == 200 {
+            answered = Some(v);
+            break;
+        }
+        assert_eq!(code, 503, "{v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let v = answered.expect("the pass the first request started never ended");
+    assert_eq!(
+        by_name(&v["queues"], "name", "first-pass")["messages"]["total"],
+        2,
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn a_first_pass_outlives_its_request_memory() {
+    a_first_pass_outlives_its_request(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn a_first_pass_outlives_its_request_postgres() {
+    a_first_pass_outlives_its_request(Store::Postgres("admin_first_pass")).await;
+}

@@ -40,7 +40,8 @@ fn slow(broker: &Broker, s: &Snapshot) -> bool {
 }
 
 /// The totals for a request: fresh while a pass is cheap, else the last snapshot (and the
-/// refresher keeps it young while it is read).
+/// refresher keeps it young while it is read). With no snapshot at all it waits for a pass at
+/// most `admin_totals_wait_ms`, then answers 503; the pass goes on for the next request.
 pub(crate) async fn for_request(broker: &Arc<Broker>) -> Result<Arc<Snapshot>, Failure> {
     let asked_at = broker.now();
     broker
@@ -58,7 +59,56 @@ pub(crate) async fn for_request(broker: &Arc<Broker>) -> Result<Arc<Snapshot>, F
             return Ok(s);
         }
     }
-    refresh_after(broker, asked_at).await
+    let wait = Duration::from_millis(broker.config.admin_totals_wait_ms);
+    let pass = start_pass(broker, asked_at, Wanted::ForRequest);
+    // 0: never wait (a timeout of 0 still waits for the timer's next tick).
+    if !wait.is_zero() {
+        if let Ok(done) = tokio::time::timeout(wait, pass).await {
+            return ended(done);
+        }
+    }
+    Err(Failure::unavailable(format!(
+        "the admin totals are being counted (a pass over every partition, which this broker has \
+         none of yet, ran past {} ms); retry shortly",
+        wait.as_millis()
+    )))
+}
+
+/// Which pass a caller takes.
+#[derive(Clone, Copy)]
+enum Wanted {
+    /// One that started after it asked (`POST /stats/refresh`, the refresher).
+    StartedAfter,
+    /// The same, or any slow one: past `ADMIN_INLINE_PARTITIONS` a request answers the last
+    /// pass, so one that waited for a slow pass takes it instead of starting another.
+    ForRequest,
+}
+
+/// `refresh` in a task of its own: a caller that leaves (a proxy's timeout, a dropped
+/// connection) does not cancel the pass, which would make a pass longer than the timeout never
+/// end.
+fn start_pass(
+    broker: &Arc<Broker>,
+    asked_at: Timestamp,
+    wanted: Wanted,
+) -> tokio::task::JoinHandle<Result<Arc<Snapshot>, Failure>> {
+    let b = broker.clone();
+    tokio::spawn(async move { refresh(&b, asked_at, wanted).await })
+}
+
+fn ended(
+    done: Result<Result<Arc<Snapshot>, Failure>, tokio::task::JoinError>,
+) -> Result<Arc<Snapshot>, Failure> {
+    done.map_err(|e| Failure::server(format!("the admin totals' pass ended: {e}")))?
+}
+
+/// Runs a pass now (or takes one that started after `asked_at`) and keeps it; it goes on if the
+/// caller leaves.
+pub(crate) async fn refresh_after(
+    broker: &Arc<Broker>,
+    asked_at: Timestamp,
+) -> Result<Arc<Snapshot>, Failure> {
+    ended(start_pass(broker, asked_at, Wanted::StartedAfter).await)
 }
 
 /// Takes the stored pass when it is newer than this broker's (or this broker has none) and
@@ -82,14 +132,19 @@ async fn adopt_stored(broker: &Arc<Broker>) -> Result<Option<Arc<Snapshot>>, Fai
     }
 }
 
-/// Runs a pass now (or takes one that started after `asked_at`) and keeps it.
-pub(crate) async fn refresh_after(
+/// Runs a pass (or takes the one `wanted`, run meanwhile) and keeps it.
+async fn refresh(
     broker: &Arc<Broker>,
     asked_at: Timestamp,
+    wanted: Wanted,
 ) -> Result<Arc<Snapshot>, Failure> {
     let _one_pass = broker.stats.pass.lock().await;
     if let Some(s) = broker.stats.current() {
-        if s.taken_at >= asked_at {
+        let taken = match wanted {
+            Wanted::StartedAfter => s.taken_at >= asked_at,
+            Wanted::ForRequest => s.taken_at >= asked_at || slow(broker, &s),
+        };
+        if taken {
             return Ok(s);
         }
     }
