@@ -305,9 +305,10 @@ async fn refresher(broker: Weak<Broker>) {
 /// under the deployment's lease (or, when another broker holds it, looks again shortly for the
 /// pass it will store). How long to wait before the next look.
 async fn refresher_turn(b: &Arc<Broker>, holder: &str) -> Result<Duration, Failure> {
-    let Some(s) = adopt_stored(b).await? else {
-        return Ok(MIN_PAUSE);
-    };
+    // The refresher runs only while a snapshot is kept, and none is ever dropped.
+    let s = adopt_stored(b)
+        .await?
+        .ok_or_else(|| Failure::server("the admin totals' refresher runs with no snapshot kept"))?;
     let age = Duration::from_millis(s.taken_at.millis_until(b.now()));
     let pause = pause_after(s.pass_ms);
     if age < pause {
