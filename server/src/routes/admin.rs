@@ -14,7 +14,8 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use queen_core::frames::{slice_blob, Frame};
 use queen_core::storage::{
-    PartitionView, QueueFilter, SegmentQuery, StoredMessage, TraceInput, TraceRecord, WorkerSample,
+    PartitionView, QueueFilter, QueueView, SegmentQuery, StoredMessage, TraceInput, TraceRecord,
+    WorkerSample,
 };
 use queen_core::time::format_iso_micros;
 use queen_core::types::QUEUE_MODE_GROUP;
@@ -349,12 +350,7 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
             .iter()
             .skip(offset as usize)
             .take(limit as usize)
-            .map(|(d, t)| {
-                let mut row = partition_row(&d.view, &t.view.groups);
-                row.queue = Some(t.view.config.name.clone());
-                row.depth = Some(d.depth);
-                row
-            })
+            .map(|(d, t)| listing_row(&d.view, &t.view, d.depth))
             .collect();
         (
             rows,
@@ -368,6 +364,14 @@ pub async fn list_partitions(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Repl
                "statsAge": snap.age_secs(broker.now())}),
         &rows,
     )
+}
+
+/// A row of the listing across queues: the partition's row with its queue and depth.
+fn listing_row(p: &PartitionView, q: &QueueView, depth: u64) -> PartitionRow {
+    let mut row = partition_row(p, &q.groups);
+    row.queue = Some(q.config.name.clone());
+    row.depth = Some(depth);
+    row
 }
 
 /// The partitions from `offset` to `offset + limit` in the listing's order, read a page at a
@@ -393,10 +397,7 @@ async fn first_partitions(
                 .await?;
             for p in &page {
                 if seen >= offset {
-                    let mut row = partition_row(p, &q.groups);
-                    row.queue = Some(q.config.name.clone());
-                    row.depth = Some(depth(p, &q.groups, None));
-                    rows.push(row);
+                    rows.push(listing_row(p, q, depth(p, &q.groups, None)));
                 }
                 seen += 1;
                 if seen >= wanted {

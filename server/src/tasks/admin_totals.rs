@@ -160,8 +160,9 @@ async fn refresh(
     // A pass that is no longer slow still replaces a stored slow one: a broker started later
     // would take that for the deployment's size.
     let was_slow = broker.stats.current().is_some_and(|c| slow(broker, &c));
+    let is_slow = slow(broker, &s);
     broker.stats.store_if_newer(s.clone());
-    if slow(broker, &s) || was_slow {
+    if is_slow || was_slow {
         // For the other brokers and for restarts; the pass stands without it.
         let stored = match s.stored() {
             Ok(stored) => broker
@@ -176,7 +177,7 @@ async fn refresh(
             tracing::warn!(error = %e.message, "storing the admin totals");
         }
     }
-    if slow(broker, &s) {
+    if is_slow {
         ensure_refresher(broker);
     }
     Ok(s)

@@ -754,17 +754,16 @@ impl Liveness {
         for key in parked.keys() {
             let (queue, group, partition) = key;
             let (open, seen) = match partition {
-                Some(p) => (
-                    if backend.open(queue, p, group) {
-                        vec![p.clone()]
-                    } else {
-                        vec![]
-                    },
-                    delivered
+                Some(p) => {
+                    if !backend.open(queue, p, group) {
+                        continue;
+                    }
+                    let seen = delivered
                         .get(&(group.clone(), p.clone()))
                         .copied()
-                        .unwrap_or(0),
-                ),
+                        .unwrap_or(0);
+                    (vec![p.clone()], seen)
+                }
                 None => {
                     let open = backend.open_partitions(queue, group);
                     if open.is_empty() {
@@ -782,9 +781,6 @@ impl Liveness {
                     (open, seen)
                 }
             };
-            if open.is_empty() {
-                continue;
-            }
             stalled.insert(key.clone(), (seen, open));
         }
         let mut out = vec![];
