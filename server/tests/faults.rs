@@ -368,6 +368,23 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         brokers.push((app, addr));
     }
     let (a, b) = (brokers[0].1, brokers[1].1);
+    // A backlog on six partitions whose ring on B knows four of them are ready (two pops took
+    // one each): the long-polls that meet the outage on it each take one partition and hand the
+    // wake on to the other.
+    for n in 0..6 {
+        let body = json!({"items": [{"queue": "faults-backlog", "partition": format!("part{n}"),
+                                     "payload": {"n": n}}]});
+        assert_eq!(
+            request(a, "POST", "/api/v1/push", Some(&body)).await.status,
+            201
+        );
+    }
+    const BACKLOG_POP: &str =
+        "/api/v1/pop/queue/faults-backlog?batch=1&partitions=1&consumerGroup=g&leaseSeconds=30";
+    for _ in 0..2 {
+        let path = format!("{BACKLOG_POP}&wait=false");
+        assert_eq!(request(b, "GET", &path, None).await.status, 200);
+    }
     let unhealthy_meanwhile = Arc::new(AtomicBool::new(false));
     let outage = {
         let (pg, unhealthy) = (pg.clone(), unhealthy_meanwhile.clone());
@@ -379,6 +396,19 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
             if request(a, "GET", "/health", None).await.status == 503 {
                 unhealthy.store(true, Ordering::Relaxed);
             }
+            let backlog_pops: Vec<_> = (0..2)
+                .map(|_| {
+                    let path = format!("{BACKLOG_POP}&wait=true&timeout=1000");
+                    tokio::spawn(async move { request(b, "GET", &path, None).await.status })
+                })
+                .collect();
+            for p in backlog_pops {
+                let status = p.await.unwrap();
+                assert!(
+                    matches!(status, 200 | 204),
+                    "a backlog pop answered {status}"
+                );
+            }
             paused.await.unwrap();
         }
     };
@@ -387,11 +417,37 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         unhealthy_meanwhile.load(Ordering::Relaxed),
         "/health was not 503 while PostgreSQL was down"
     );
+    // The long-polls on B ask storage again once per initial backoff interval (100 ms) while it
+    // is away, not as fast as calls fail: before that rule a group's parked pops woke one
+    // another after every failure, about 57,000 failing calls a second per broker. The bound is
+    // B's 4 pops at 10 calls a second for twice the outage and the restart.
+    let failed_pop_calls = pop_storage_errors(b).await;
+    eprintln!("{failed_pop_calls} failed pop calls on B");
+    assert!(
+        failed_pop_calls <= 4 * 10 * 2 * 5,
+        "{failed_pop_calls} failed pop calls on the consumers' broker through a 3 s outage"
+    );
     assert!(
         seen.statuses.get(&("push", 503)).copied().unwrap_or(0) > 0,
         "no push met the outage: {:?}",
         seen.statuses
     );
+}
+
+/// Storage calls of pops that failed on the broker at `addr`, by its metrics.
+async fn pop_storage_errors(addr: std::net::SocketAddr) -> u64 {
+    let r = request(addr, "GET", "/metrics/prometheus", None).await;
+    assert_eq!(r.status, 200);
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .filter(|l| l.starts_with("queen_storage_errors_total{") && l.contains("route=\"pop\""))
+        .map(|l| {
+            let value = l.rsplit(' ').next().unwrap_or_default();
+            value
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("a counter: {l}")) as u64
+        })
+        .sum()
 }
 
 /// More long-polls and pushes at once than the pool has connections (4): they queue for
