@@ -802,7 +802,7 @@ impl PopMachine {
                         Ok(_) => self.empty_or_park(now, woken),
                         // Storage away: look again later, as for an empty answer.
                         Err(e) if e.is_unavailable() => {
-                            self.note_storage_away(now, ctx);
+                            self.note_storage_away(&e, now, ctx);
                             self.empty_or_park(now, woken)
                         }
                         Err(e) => self.finish(PopReply::Failed(e)),
@@ -1200,15 +1200,19 @@ impl PopMachine {
         self.effects
             .push_back(PopEffect::ReleasePermit { rtt_us: None });
         if e.is_unavailable() {
-            self.note_storage_away(now, ctx);
+            self.note_storage_away(&e, now, ctx);
             return self.empty_or_park(now, round.woken);
         }
         self.finish(PopReply::Failed(e));
     }
 
     /// A call failed as unreachable: every pop of the broker waits one initial backoff interval
-    /// before asking storage again (`PopContext::storage_away_until`).
-    fn note_storage_away(&self, now: Timestamp, ctx: &mut PopContext) {
+    /// before asking storage again (`PopContext::storage_away_until`). A transaction that lost to
+    /// concurrent ones (`Contention`) says nothing of the others' calls.
+    fn note_storage_away(&self, e: &StorageError, now: Timestamp, ctx: &mut PopContext) {
+        if !matches!(e, StorageError::Unavailable(_)) {
+            return;
+        }
         let interval = i64::try_from(self.config.backoff.initial_ms).unwrap_or(i64::MAX);
         let until = now.plus_millis(interval.max(1));
         ctx.storage_away_until = Some(ctx.storage_away_until.map_or(until, |u| u.max(until)));
