@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use common::{request, start_pair, Client};
 use queen_server::config::ServerConfig;
 use serde_json::{json, Value};
@@ -346,27 +347,7 @@ impl Drop for PrivatePg {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
     let pg = Arc::new(PrivatePg::start());
-    let mut brokers = vec![];
-    for seed in 0..2u64 {
-        let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-            tls: Default::default(),
-            pg: pg.config(),
-            pool_size: 8,
-        })
-        .await
-        .expect("connect");
-        let app = queen_server::broker::Broker::new(
-            ServerConfig::default(),
-            queen_core::storage::StorageSet::of(Arc::new(storage.clone())),
-            seed,
-        );
-        queen_server::tasks::start(&app);
-        queen_server::spawn_event_listener(app.clone(), &storage);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(queen_server::serve_listener(app.clone(), listener));
-        brokers.push((app, addr));
-    }
+    let brokers = brokers_on(&pg).await;
     let (a, b) = (brokers[0].1, brokers[1].1);
     // A backlog on six partitions whose ring on B knows four of them are ready (two pops took
     // one each): the long-polls that meet the outage on it each take one partition and hand the
@@ -432,6 +413,216 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         "no push met the outage: {:?}",
         seen.statuses
     );
+}
+
+/// The coordination surfaces through a PostgreSQL restart, with two brokers on it: KV
+/// increments through both, lock cycles through both, timers scheduled through one. While it is
+/// down they answer 503 (never a 500); afterwards the counter holds every increment answered 200
+/// and none beyond those answered 503 (whose commit the caller cannot know), no two workers
+/// held the lock at once and its tokens only rose, and every timer answered `ok` fired once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordination_holds_through_a_postgres_restart() {
+    let pg = Arc::new(PrivatePg::start());
+    let brokers = brokers_on(&pg).await;
+    let addrs = [brokers[0].1, brokers[1].1];
+    let stop = Arc::new(AtomicBool::new(false));
+    let statuses = Arc::new(Mutex::new(BTreeMap::<(&'static str, u16), u64>::new()));
+    let count = |statuses: &Mutex<BTreeMap<(&'static str, u16), u64>>, route, status| {
+        *statuses.lock().unwrap().entry((route, status)).or_default() += 1;
+    };
+    // KV: (answered 200, answered 503) per worker.
+    let mut kv_workers = vec![];
+    for addr in addrs {
+        let (stop, statuses) = (stop.clone(), statuses.clone());
+        kv_workers.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            let (mut applied, mut unknown) = (0u64, 0u64);
+            let incr = json!({"operations": [{"op": "incr", "ns": "faults", "key": "ctr", "forever": true}]});
+            while !stop.load(Ordering::Relaxed) {
+                let r = c.post("/api/v1/kv", &incr).await;
+                count(&statuses, "kv", r.status);
+                match r.status {
+                    200 => {
+                        assert_eq!(r.json()["results"][0]["applied"], true, "{:?}", r.json());
+                        applied += 1;
+                    }
+                    503 => {
+                        unknown += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    s => panic!("an incr answered {s}"),
+                }
+            }
+            (applied, unknown)
+        }));
+    }
+    // Locks: the holders right now, the most seen at once, and every token granted in order.
+    let holders = Arc::new(AtomicU64::new(0));
+    let most_holders = Arc::new(AtomicU64::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let mut lock_workers = vec![];
+    for (i, addr) in addrs.into_iter().enumerate() {
+        let (stop, statuses) = (stop.clone(), statuses.clone());
+        let (holders, most_holders, tokens) =
+            (holders.clone(), most_holders.clone(), tokens.clone());
+        lock_workers.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            let acquire = json!({"operations": [{"op": "acquire", "name": "faults-mutex",
+                                                 "ttlSeconds": 2, "owner": format!("w{i}")}]});
+            while !stop.load(Ordering::Relaxed) {
+                let r = c.post("/api/v1/locks", &acquire).await;
+                count(&statuses, "locks", r.status);
+                if r.status != 200 {
+                    assert_eq!(r.status, 503, "an acquire answered {}", r.status);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                let got = r.json()["results"][0].clone();
+                if got["acquired"] != true {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                let token = got["token"].as_i64().expect("a token");
+                {
+                    let mut t = tokens.lock().unwrap();
+                    // A resent acquire of a permit still held (its release failed) answers it again.
+                    if got["already"] != true || t.last() != Some(&token) {
+                        t.push(token);
+                    }
+                }
+                let now_held = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                most_holders.fetch_max(now_held, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                let release = json!({"operations": [{"op": "release", "name": "faults-mutex",
+                                                     "token": token, "slot": got["slot"]}]});
+                let r = c.post("/api/v1/locks", &release).await;
+                count(&statuses, "locks", r.status);
+                assert!(
+                    matches!(r.status, 200 | 503),
+                    "a release answered {}",
+                    r.status
+                );
+            }
+        }));
+    }
+    // Timers through A, each due 300 ms later: the keys answered `ok`.
+    let timers = {
+        let (stop, statuses, addr) = (stop.clone(), statuses.clone(), addrs[0]);
+        tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            let mut scheduled = vec![];
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let key = format!("t{n}");
+                let payload =
+                    base64::engine::general_purpose::STANDARD.encode(json!({"k": key}).to_string());
+                let op = json!({"operations": [{"op": "schedule", "queue": "faults-timers",
+                    "timerKey": key, "payload": payload, "delayMs": 300, "txn": key}]});
+                let r = c.post("/api/v1/timers", &op).await;
+                count(&statuses, "timers", r.status);
+                match r.status {
+                    200 if r.json()["results"][0]["ok"] == true => scheduled.push(key),
+                    503 => tokio::time::sleep(Duration::from_millis(20)).await,
+                    s => panic!(
+                        "a schedule answered {s}: {:?}",
+                        String::from_utf8_lossy(&r.body)
+                    ),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            scheduled
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    {
+        let pg = pg.clone();
+        tokio::task::spawn_blocking(move || pg.pause(3))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut applied, mut unknown) = (0, 0);
+    for w in kv_workers {
+        let (a, u) = w.await.unwrap();
+        (applied, unknown) = (applied + a, unknown + u);
+    }
+    for w in lock_workers {
+        w.await.unwrap();
+    }
+    let scheduled = timers.await.unwrap();
+    let statuses = statuses.lock().unwrap().clone();
+    eprintln!("answers {statuses:?}");
+    for route in ["kv", "locks", "timers"] {
+        assert!(
+            statuses.get(&(route, 503)).copied().unwrap_or(0) > 0,
+            "no {route} call met the outage: {statuses:?}"
+        );
+    }
+    let r = request(addrs[1], "GET", "/api/v1/kv/faults/ctr", None).await;
+    assert_eq!(r.status, 200);
+    let value = r.json()["value"].as_u64().expect("a number");
+    assert!(
+        applied <= value && value <= applied + unknown,
+        "the counter is {value}: {applied} increments answered 200, {unknown} answered 503"
+    );
+    assert_eq!(
+        most_holders.load(Ordering::SeqCst),
+        1,
+        "two holders at once"
+    );
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(tokens.len() > 10, "too few lock cycles: {}", tokens.len());
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "lock tokens fell: {tokens:?}"
+    );
+    let fired = common::pop_until(
+        addrs[1],
+        None,
+        "faults-timers",
+        scheduled.len(),
+        "transactionId",
+    )
+    .await;
+    let missing: Vec<&String> = scheduled
+        .iter()
+        .filter(|k| !fired.contains_key(*k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "timers answered ok that never fired: {missing:?}"
+    );
+}
+
+/// Two brokers on `pg`, each with its tasks and its event listener, serving on a port of their own.
+async fn brokers_on(
+    pg: &PrivatePg,
+) -> Vec<(Arc<queen_server::broker::Broker>, std::net::SocketAddr)> {
+    let mut brokers = vec![];
+    for seed in 0..2u64 {
+        let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            tls: Default::default(),
+            pg: pg.config(),
+            pool_size: 8,
+        })
+        .await
+        .expect("connect");
+        let app = queen_server::broker::Broker::new(
+            ServerConfig::default(),
+            queen_core::storage::StorageSet::of(Arc::new(storage.clone())),
+            seed,
+        );
+        queen_server::tasks::start(&app);
+        queen_server::spawn_event_listener(app.clone(), &storage);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+        brokers.push((app, addr));
+    }
+    brokers
 }
 
 /// Storage calls of pops that failed on the broker at `addr`, by its metrics.
