@@ -597,6 +597,86 @@ async fn coordination_holds_through_a_postgres_restart() {
     );
 }
 
+/// A table locked by another session (an operator's `LOCK TABLE`, a stuck migration): requests
+/// that need it wait at most the connections' `lock_timeout`, then answer 503 with Retry-After,
+/// where they used to wait as long as the lock was held. Once it is released they succeed.
+/// (The broker sets 10 s unless the URL sets one: here the URL's 500 ms, to keep the test short.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_table_answers_503_instead_of_hanging() {
+    let name = format!("queen_faults_locked_{}", std::process::id());
+    let mut cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    {
+        let unset = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+            tls: Default::default(),
+            pg: cfg.clone(),
+            pool_size: 1,
+        })
+        .await
+        .expect("connect");
+        let client = unset.pool().get().await.expect("a connection");
+        let row = client
+            .query_one("SHOW lock_timeout", &[])
+            .await
+            .expect("show");
+        assert_eq!(
+            row.get::<_, String>(0),
+            "10s",
+            "the broker's default lock_timeout"
+        );
+    }
+    cfg.options("-c lock_timeout=500");
+    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("connect");
+    let app = queen_server::broker::Broker::new(
+        ServerConfig::default(),
+        queen_core::storage::StorageSet::of(Arc::new(storage)),
+        0,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let push = json!({"items": [{"queue": "locked", "payload": {"n": 1}}]});
+    assert_eq!(
+        request(addr, "POST", "/api/v1/push", Some(&push))
+            .await
+            .status,
+        201
+    );
+
+    let (locker, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE queen.log_partitions IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        request(addr, "POST", "/api/v1/push", Some(&push)),
+    )
+    .await
+    .expect("the push hung behind the lock");
+    let waited = started.elapsed();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.header("retry-after").is_some(),
+        "a 503 without Retry-After"
+    );
+    eprintln!("the push answered 503 after {waited:?}");
+    locker.batch_execute("COMMIT").await.expect("unlock");
+    assert_eq!(
+        request(addr, "POST", "/api/v1/push", Some(&push))
+            .await
+            .status,
+        201
+    );
+}
+
 /// Two brokers on `pg`, each with its tasks and its event listener, serving on a port of their own.
 async fn brokers_on(
     pg: &PrivatePg,

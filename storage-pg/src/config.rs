@@ -1,6 +1,7 @@
 //! Connection settings: a URL, or host / port / user / password / database, and the pool size.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::tls::{split_tls_options, SslMode, TlsSettings};
 
@@ -100,9 +101,74 @@ impl PgConfig {
     }
 }
 
+/// How long a connection attempt may take before it fails (the pool's creation as well).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long sent data may stay unacknowledged, and how soon an idle connection is probed
+/// (`KEEPALIVE_IDLE`, then every `KEEPALIVE_INTERVAL`, `KEEPALIVE_RETRIES` times): a database
+/// behind a network that drops packets fails its connections in about 30 s, where the kernel's
+/// defaults take 15 minutes to two hours and every request on them hangs meanwhile.
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_RETRIES: u32 = 3;
+/// How long a statement waits for a lock (PostgreSQL's `lock_timeout`) before it fails (503):
+/// a table locked by an operator or a stuck session turns into answers clients can retry, not
+/// requests that hang while their connections run out. The broker's own waits are a round's
+/// row locks (milliseconds); migrations wait as long as they must.
+pub const LOCK_TIMEOUT_MS: u64 = 10_000;
+/// tokio-postgres' keepalive idle time when none is given (its `Config::new`).
+const DRIVER_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
+/// The connection settings with the bounds above wherever the operator's URL gave none
+/// (`connect_timeout`, `tcp_user_timeout`, `keepalives_idle`, `lock_timeout` in `options`).
+pub fn bounded(mut pg: tokio_postgres::Config) -> tokio_postgres::Config {
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    if pg.get_keepalives() && pg.get_keepalives_idle() == DRIVER_KEEPALIVE_IDLE {
+        pg.keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    let options = pg.get_options().unwrap_or_default().to_string();
+    if !options.contains("lock_timeout") {
+        let lock = format!("-c lock_timeout={LOCK_TIMEOUT_MS}");
+        pg.options(if options.trim().is_empty() {
+            lock
+        } else {
+            format!("{options} {lock}")
+        });
+    }
+    pg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_are_bounded_unless_the_url_says_otherwise() {
+        let url = |u: &str| bounded(tokio_postgres::Config::from_str(u).unwrap());
+        let c = url("postgres://h/db");
+        assert_eq!(c.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        assert_eq!(c.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(c.get_options(), Some("-c lock_timeout=10000"));
+        let c = url(
+            "postgres://h/db?connect_timeout=3&keepalives_idle=60&options=-c%20lock_timeout%3D0%20-c%20work_mem%3D8MB",
+        );
+        assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(c.get_options(), Some("-c lock_timeout=0 -c work_mem=8MB"));
+        let c = url("postgres://h/db?options=-c%20work_mem%3D8MB");
+        assert_eq!(
+            c.get_options(),
+            Some("-c work_mem=8MB -c lock_timeout=10000")
+        );
+    }
 
     #[test]
     fn nothing_configured_means_in_memory() {

@@ -69,6 +69,9 @@ pub struct PgStorage {
     partition_numbers: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, u64>>>,
 }
 
+/// How long a request waits for a pool connection before it answers 503.
+pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Entries the partition-number cache holds before it starts over (about 40 bytes each).
 const PARTITION_NUMBERS_CACHED: usize = 1 << 20;
 
@@ -76,20 +79,27 @@ impl PgStorage {
     /// Builds the pool and applies pending migrations.
     pub async fn connect(config: &PgConfig) -> StorageResult<PgStorage> {
         let tls = tls::connector(&config.tls).map_err(StorageError::Internal)?;
+        let pg = config::bounded(config.pg.clone());
         let manager = Manager::from_config(
-            config.pg.clone(),
+            pg.clone(),
             tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        // A request waits at most POOL_WAIT for a connection: past it the database is taken as
+        // unavailable (503), instead of requests queueing behind connections that hang.
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(config::CONNECT_TIMEOUT))
+            .recycle_timeout(Some(config::CONNECT_TIMEOUT))
             .build()
             .map_err(|e| StorageError::Internal(format!("building the connection pool: {e}")))?;
         let storage = PgStorage {
             pool,
-            listen: (config.pg.clone(), tls),
+            listen: (pg, tls),
             partition_numbers: Default::default(),
         };
         let mut client = storage.pool.get().await.map_err(pool_err)?;

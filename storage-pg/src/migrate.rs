@@ -140,6 +140,13 @@ pub struct SchemaChanges {
 }
 
 pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
+    // Migrations wait as long as they must: for another broker's migrations (the advisory
+    // lock) and for the table locks a schema change takes. The connection's own lock_timeout
+    // (config::LOCK_TIMEOUT_MS) comes back when they are done.
+    client
+        .batch_execute("SET lock_timeout = 0")
+        .await
+        .map_err(pg_err("migration lock timeout"))?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -149,6 +156,10 @@ pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(pg_err("migration unlock"));
+    client
+        .batch_execute("RESET lock_timeout")
+        .await
+        .map_err(pg_err("migration lock timeout"))?;
     let changes = result?;
     unlock?;
     Ok(changes)
