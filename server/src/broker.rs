@@ -277,6 +277,21 @@ pub struct Broker {
 /// item-by-item path.
 const DELIVERY_LEDGER_CAPACITY: usize = 65_536;
 
+/// How long a request's own work (a long-poll's parking aside), or one storage call of a pop,
+/// may take before the broker gives up on it and answers 503: a database that stopped answering
+/// without closing its connections (a stalled disk, a frozen host) otherwise held every request
+/// on it, `/health` included, for as long as it stayed so. Long enough for the slowest legitimate
+/// request (a forced admin pass at millions of partitions runs on in the background anyway).
+pub const STORAGE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The failure a request or a pop's storage call past `STORAGE_DEADLINE` answers with.
+pub fn past_storage_deadline() -> queen_core::storage::StorageError {
+    queen_core::storage::StorageError::Unavailable(format!(
+        "storage did not answer within {} s",
+        STORAGE_DEADLINE.as_secs()
+    ))
+}
+
 /// How often one (route, SQLSTATE) pair's storage errors are logged (each is counted).
 const STORAGE_ERROR_LOG_EVERY_MS: i64 = 10_000;
 

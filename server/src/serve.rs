@@ -13,7 +13,7 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::broker::Broker;
+use crate::broker::{past_storage_deadline, Broker, STORAGE_DEADLINE};
 use crate::http::{self, Failure, Reply, Routed};
 use crate::routes::{route, surface};
 
@@ -37,10 +37,13 @@ pub fn handle(broker: Arc<Broker>, req: Request<Incoming>) -> impl Future<Output
 
 async fn answer(broker: Arc<Broker>, req: Request<Incoming>) -> Routed {
     let surface = surface(req.uri().path());
-    match AssertUnwindSafe(route(broker.clone(), req))
-        .catch_unwind()
+    // A pop hands back its pending reply at once (its driver has storage deadlines of its own),
+    // so the deadline bounds every route's own work, never a long-poll's parking.
+    let routing = AssertUnwindSafe(route(broker.clone(), req)).catch_unwind();
+    let routed = tokio::time::timeout(STORAGE_DEADLINE, routing)
         .await
-    {
+        .unwrap_or_else(|_| Ok(Err(Failure::from(past_storage_deadline()))));
+    match routed {
         Ok(Ok(routed)) => routed,
         Ok(Err(f)) => {
             let counter = if f.status.is_client_error() {

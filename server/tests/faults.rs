@@ -677,6 +677,84 @@ async fn a_locked_table_answers_503_instead_of_hanging() {
     );
 }
 
+/// A database that stops answering without closing its connections (a stalled disk, a frozen
+/// host; here the in-memory backend with every statement held): a push answers 503 with
+/// Retry-After at the storage deadline (60 s, in paused time), where it used to wait as long as
+/// the database did, and a pop's storage call gives up at the same deadline (the pop answers
+/// 204). Once the database answers again, so does the broker. (A long-poll is asked with
+/// `wait=false` here: its own timeout runs on the broker's wall clock, which paused time does not
+/// move.)
+#[tokio::test(start_paused = true)]
+async fn a_frozen_database_answers_503_at_the_deadline() {
+    let frozen = Arc::new(AtomicBool::new(false));
+    let pause: queen_storage_sim::PauseFn = {
+        let frozen = frozen.clone();
+        Arc::new(move |_| {
+            let frozen = frozen.clone();
+            Box::pin(async move {
+                while frozen.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        })
+    };
+    let db = queen_storage_sim::SimDb::interleaved(
+        1,
+        Arc::new(queen_server::wall_now),
+        queen_storage_sim::SimBugs::default(),
+        pause,
+    );
+    let app = queen_server::broker::Broker::new(
+        ServerConfig::default(),
+        queen_core::storage::StorageSet::of(db),
+        0,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let push = json!({"items": [{"queue": "frozen", "payload": {"n": 1}}]});
+    assert_eq!(
+        request(addr, "POST", "/api/v1/push", Some(&push))
+            .await
+            .status,
+        201
+    );
+
+    frozen.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(600),
+        request(addr, "POST", "/api/v1/push", Some(&push)),
+    )
+    .await
+    .expect("the push hung with the database");
+    let waited = started.elapsed();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.header("retry-after").is_some(),
+        "a 503 without Retry-After"
+    );
+    assert!(
+        waited >= queen_server::broker::STORAGE_DEADLINE,
+        "answered before the deadline: {waited:?}"
+    );
+    let r = tokio::time::timeout(
+        Duration::from_secs(600),
+        request(addr, "GET", "/api/v1/pop/queue/frozen?wait=false", None),
+    )
+    .await
+    .expect("the long-poll hung with the database");
+    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+
+    frozen.store(false, Ordering::SeqCst);
+    assert_eq!(
+        request(addr, "POST", "/api/v1/push", Some(&push))
+            .await
+            .status,
+        201
+    );
+}
+
 /// Two brokers on `pg`, each with its tasks and its event listener, serving on a port of their own.
 async fn brokers_on(
     pg: &PrivatePg,

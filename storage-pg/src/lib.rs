@@ -69,6 +69,9 @@ pub struct PgStorage {
     partition_numbers: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, u64>>>,
 }
 
+/// How long `/health`'s probe of the database may take before it says unreachable.
+pub const HEALTH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How long a request waits for a pool connection before it answers 503.
 pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -209,10 +212,17 @@ impl PgStorage {
 #[async_trait]
 impl HealthStorage for PgStorage {
     async fn health(&self) -> StorageHealth {
-        let reachable = match self.pool.get().await {
-            Ok(client) => client.simple_query("SELECT 1").await.is_ok(),
-            Err(_) => false,
+        // A database that does not answer within HEALTH_DEADLINE is unhealthy: a probe (a load
+        // balancer's, Kubernetes') needs its answer promptly, not when the database thaws.
+        let probe = async {
+            match self.pool.get().await {
+                Ok(client) => client.simple_query("SELECT 1").await.is_ok(),
+                Err(_) => false,
+            }
         };
+        let reachable = tokio::time::timeout(HEALTH_DEADLINE, probe)
+            .await
+            .unwrap_or(false);
         StorageHealth {
             reachable,
             database: if reachable {

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 
-use crate::broker::{Broker, CrashPoint};
+use crate::broker::{past_storage_deadline, Broker, CrashPoint, STORAGE_DEADLINE};
 use crate::helpers::lock;
 use crate::http::Routed;
 use crate::http::{self, Failure, Reply};
@@ -94,12 +94,20 @@ async fn drive(broker: Arc<Broker>, params: PopParams, mut tx: oneshot::Sender<R
                 PopEffect::Storage { id, command } => {
                     broker.metrics.storage_calls.inc();
                     let started = broker.now();
-                    let result = match (command, &broker.pop_rounds) {
-                        (StorageCommand::PopList { req, candidates }, Some(rounds)) => {
-                            rounds.call((req, candidates)).await.map(StorageReply::Pop)
+                    let call = async {
+                        match (command, &broker.pop_rounds) {
+                            (StorageCommand::PopList { req, candidates }, Some(rounds)) => {
+                                rounds.call((req, candidates)).await.map(StorageReply::Pop)
+                            }
+                            (command, _) => Box::pin(execute(&*broker.storage.pops, command)).await,
                         }
-                        (command, _) => Box::pin(execute(&*broker.storage.pops, command)).await,
                     };
+                    // Past the deadline the machine takes storage as unreachable (it parks or
+                    // answers 204); a claim that committed meanwhile comes back when its lease
+                    // ends.
+                    let result = tokio::time::timeout(STORAGE_DEADLINE, call)
+                        .await
+                        .unwrap_or_else(|_| Err(past_storage_deadline()));
                     broker
                         .metrics
                         .record_storage("pop", started.micros_until(broker.now()));
