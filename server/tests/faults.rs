@@ -625,21 +625,7 @@ async fn a_locked_table_answers_503_instead_of_hanging() {
         );
     }
     cfg.options("-c lock_timeout=500");
-    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-        tls: Default::default(),
-        pg: cfg.clone(),
-        pool_size: 4,
-    })
-    .await
-    .expect("connect");
-    let app = queen_server::broker::Broker::new(
-        ServerConfig::default(),
-        queen_core::storage::StorageSet::of(Arc::new(storage)),
-        0,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let (_app, addr) = broker_on(&cfg, 4, 0).await;
     let push = json!({"items": [{"queue": "locked", "payload": {"n": 1}}]});
     assert_eq!(
         request(addr, "POST", "/api/v1/push", Some(&push))
@@ -654,19 +640,7 @@ async fn a_locked_table_answers_503_instead_of_hanging() {
         .batch_execute("BEGIN; LOCK TABLE queen.log_partitions IN ACCESS EXCLUSIVE MODE")
         .await
         .expect("lock");
-    let started = Instant::now();
-    let r = tokio::time::timeout(
-        Duration::from_secs(30),
-        request(addr, "POST", "/api/v1/push", Some(&push)),
-    )
-    .await
-    .expect("the push hung behind the lock");
-    let waited = started.elapsed();
-    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
-    assert!(
-        r.header("retry-after").is_some(),
-        "a 503 without Retry-After"
-    );
+    let waited = push_answers_503_within(addr, &push, Duration::from_secs(30)).await;
     eprintln!("the push answered 503 after {waited:?}");
     locker.batch_execute("COMMIT").await.expect("unlock");
     assert_eq!(
@@ -709,9 +683,7 @@ async fn a_frozen_database_answers_503_at_the_deadline() {
         queen_core::storage::StorageSet::of(db),
         0,
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let addr = serve(&app).await;
     let push = json!({"items": [{"queue": "frozen", "payload": {"n": 1}}]});
     assert_eq!(
         request(addr, "POST", "/api/v1/push", Some(&push))
@@ -721,19 +693,7 @@ async fn a_frozen_database_answers_503_at_the_deadline() {
     );
 
     frozen.store(true, Ordering::SeqCst);
-    let started = tokio::time::Instant::now();
-    let r = tokio::time::timeout(
-        Duration::from_secs(600),
-        request(addr, "POST", "/api/v1/push", Some(&push)),
-    )
-    .await
-    .expect("the push hung with the database");
-    let waited = started.elapsed();
-    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
-    assert!(
-        r.header("retry-after").is_some(),
-        "a 503 without Retry-After"
-    );
+    let waited = push_answers_503_within(addr, &push, Duration::from_secs(600)).await;
     assert!(
         waited >= queen_server::broker::STORAGE_DEADLINE,
         "answered before the deadline: {waited:?}"
@@ -755,30 +715,65 @@ async fn a_frozen_database_answers_503_at_the_deadline() {
     );
 }
 
+/// Sends `push` and expects a 503 with Retry-After within `bound` (a hang fails the test);
+/// answers how long it took (in tokio's time, paused or not).
+async fn push_answers_503_within(
+    addr: std::net::SocketAddr,
+    push: &Value,
+    bound: Duration,
+) -> Duration {
+    let started = tokio::time::Instant::now();
+    let r = tokio::time::timeout(bound, request(addr, "POST", "/api/v1/push", Some(push)))
+        .await
+        .unwrap_or_else(|_| panic!("the push did not answer within {bound:?}"));
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.header("retry-after").is_some(),
+        "a 503 without Retry-After"
+    );
+    started.elapsed()
+}
+
+/// A broker (its tasks started) on the PostgreSQL of `cfg` with `pool_size` connections,
+/// serving on a port of its own.
+async fn broker_on(
+    cfg: &tokio_postgres::Config,
+    pool_size: usize,
+    seed: u64,
+) -> (Arc<queen_server::broker::Broker>, std::net::SocketAddr) {
+    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size,
+    })
+    .await
+    .expect("connect");
+    let app = queen_server::broker::Broker::new(
+        ServerConfig::default(),
+        queen_core::storage::StorageSet::of(Arc::new(storage.clone())),
+        seed,
+    );
+    queen_server::tasks::start(&app);
+    queen_server::spawn_event_listener(app.clone(), &storage);
+    let addr = serve(&app).await;
+    (app, addr)
+}
+
+/// Serves `app` on a port of its own.
+async fn serve(app: &Arc<queen_server::broker::Broker>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    addr
+}
+
 /// Two brokers on `pg`, each with its tasks and its event listener, serving on a port of their own.
 async fn brokers_on(
     pg: &PrivatePg,
 ) -> Vec<(Arc<queen_server::broker::Broker>, std::net::SocketAddr)> {
     let mut brokers = vec![];
     for seed in 0..2u64 {
-        let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-            tls: Default::default(),
-            pg: pg.config(),
-            pool_size: 8,
-        })
-        .await
-        .expect("connect");
-        let app = queen_server::broker::Broker::new(
-            ServerConfig::default(),
-            queen_core::storage::StorageSet::of(Arc::new(storage.clone())),
-            seed,
-        );
-        queen_server::tasks::start(&app);
-        queen_server::spawn_event_listener(app.clone(), &storage);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(queen_server::serve_listener(app.clone(), listener));
-        brokers.push((app, addr));
+        brokers.push(broker_on(&pg.config(), 8, seed).await);
     }
     brokers
 }
@@ -806,22 +801,7 @@ async fn pop_storage_errors(addr: std::net::SocketAddr) -> u64 {
 async fn more_requests_than_connections_queue_and_all_answer() {
     let name = format!("queen_faults_pressure_{}", std::process::id());
     let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
-    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-        tls: Default::default(),
-        pg: cfg.clone(),
-        pool_size: 4,
-    })
-    .await
-    .expect("connect");
-    let app = queen_server::broker::Broker::new(
-        ServerConfig::default(),
-        queen_core::storage::StorageSet::of(Arc::new(storage)),
-        9,
-    );
-    queen_server::tasks::start(&app);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let (app, addr) = broker_on(&cfg, 4, 9).await;
     let guard = Duration::from_secs(60);
     let mut polls = vec![];
     for i in 0..200 {
