@@ -1598,16 +1598,16 @@ fn a_committed_release_during_a_partition_look_makes_the_pop_look_again() {
 /// ring holds more partitions than one pop takes: every pop that takes candidates hands the wake
 /// on, and every call fails at once. Driven as the broker drives them (a hand-off wakes a parked
 /// pop of the group, or marks a busy one woken), the pops ask storage at most once per initial
-/// backoff interval each after the first failure, where before they woke one another in a
-/// loop that never let the clock move (about 57,000 failing calls a second per broker, measured
+/// backoff interval each after the first failure, and never wait longer than their backoff's cap
+/// between calls, where before they woke one another in a loop that never let the clock move (about 57,000 failing calls a second per broker, measured
 /// during a restart).
 #[test]
 fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
     use std::collections::BTreeMap;
     const POPS: usize = 3;
-    const WINDOW_MS: i64 = 1_000;
-    // Failing calls in the window, and whether the run stopped at its step cap.
-    let run = |bugs: PopBugs| -> (u64, bool) {
+    const WINDOW_MS: i64 = 3_000;
+    // When each failing call in the window was made, and whether the run stopped at its step cap.
+    let run = |bugs: PopBugs| -> (Vec<Timestamp>, bool) {
         let config = PopConfig {
             bugs,
             ..PopConfig::default()
@@ -1623,7 +1623,7 @@ fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
         let mut seq = 0u64;
         let mut parked: Vec<Option<u64>> = vec![None; POPS];
         let mut done = [false; POPS];
-        let mut calls = 0u64;
+        let mut calls = vec![];
         let mut push =
             |events: &mut BTreeMap<_, _>, at: Timestamp, e: (usize, PopInput, Option<u64>)| {
                 seq += 1;
@@ -1643,7 +1643,7 @@ fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
                             push(&mut events, now, (i, PopInput::PermitGranted, None))
                         }
                         PopEffect::Storage { id, .. } => {
-                            calls += 1;
+                            calls.push(now);
                             let err = queen_core::storage::StorageError::Unavailable(
                                 "connection refused".into(),
                             );
@@ -1706,14 +1706,30 @@ fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
     let bound = POPS as u64 * (1 + (WINDOW_MS / interval) as u64);
     let (calls, capped) = run(PopBugs::default());
     assert!(!capped, "the clock moves on");
+    let n = calls.len() as u64;
     assert!(
-        calls <= bound,
-        "{calls} failing calls in {WINDOW_MS} ms from {POPS} pops (bound {bound})"
+        n <= bound,
+        "{n} failing calls in {WINDOW_MS} ms from {POPS} pops (bound {bound})"
+    );
+    // Liveness: storage that answers again is asked within the pops' own backoff cap, so the
+    // wait adds nothing to how soon a parked pop is served after an outage.
+    let cap = WaitBackoff::default().max_ms;
+    let end = T0.plus_millis(WINDOW_MS);
+    let longest = calls
+        .windows(2)
+        .map(|w| w[0].millis_until(w[1]))
+        .chain(calls.last().map(|last| last.millis_until(end)))
+        .max()
+        .expect("calls");
+    assert!(
+        longest <= cap,
+        "{longest} ms without a call while storage was away (cap {cap} ms)"
     );
     let (looped, capped) = run(PopBugs {
         retry_unreachable_storage_at_once: true,
         ..PopBugs::default()
     });
+    let looped = looped.len() as u64;
     assert!(
         capped && looped > 10 * bound,
         "the switch brings the wake loop back: {looped} calls, capped {capped}"
