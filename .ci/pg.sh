@@ -95,10 +95,15 @@ pg_launch() {
     || { cat "$PG_DIR/server.log" >&2; return 1; }
 }
 
-# An outage: stops the server of PG_DIR (fast shutdown: sessions are terminated), waits the given
-# seconds, starts it again on the same port. For the fault tests (server/tests/faults.rs).
+# Stops the server of PG_DIR (fast shutdown: sessions are terminated) and keeps its data, for
+# pg_launch to start it again. For the fault tests (server/tests/faults.rs).
+pg_halt() {
+  pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null
+}
+
+# An outage: pg_halt, the given seconds, pg_launch on the same port.
 pg_pause() {
-  pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null || return 1
+  pg_halt || return 1
   sleep "$1"
   pg_launch
 }

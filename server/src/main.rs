@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use queen_core::storage::StorageSet;
+use queen_core::storage::{StorageError, StorageSet};
 use queen_server::broker::Broker;
 use queen_server::config::Settings;
 use queen_server::wall_now;
@@ -46,9 +46,9 @@ async fn run(settings: Settings) -> Result<(), String> {
         u64::try_from(wall_now().0).unwrap_or(0) ^ u64::from(std::process::id()).rotate_left(32);
     let (storage, pg) = match pg_config {
         Some(pg) => {
-            let storage = PgStorage::connect(&pg)
-                .await
-                .map_err(|e| format!("cannot use PostgreSQL: {e}"))?;
+            let Some(storage) = connect_when_up(&pg).await? else {
+                return Ok(());
+            };
             tracing::info!(
                 pool = pg.pool_size,
                 sslmode = ?pg.tls.mode,
@@ -136,6 +136,40 @@ async fn run(settings: Settings) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The first connection to PostgreSQL and its migrations. A database that is not up yet (a host
+/// booting both, a restart, a failover) is waited for, asked again at most every
+/// `FIRST_CONNECTION_BACKOFF_CAP`, with a warning each time; a wrong setting stops the broker at
+/// once and says which. `None`: a shutdown signal came while waiting.
+async fn connect_when_up(pg: &queen_storage_pg::PgConfig) -> Result<Option<PgStorage>, String> {
+    let mut backoff = Duration::from_millis(250);
+    let mut attempt = 1u32;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        match PgStorage::connect(pg).await {
+            Ok(storage) => return Ok(Some(storage)),
+            Err(StorageError::Unavailable(e)) => {
+                tracing::warn!(
+                    attempt,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    error = %e,
+                    "waiting for PostgreSQL"
+                );
+            }
+            Err(e) => return Err(format!("cannot use PostgreSQL: {e}")),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = &mut shutdown => return Ok(None),
+        }
+        backoff = (backoff * 2).min(FIRST_CONNECTION_BACKOFF_CAP);
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+/// The longest wait between two tries of the first connection.
+const FIRST_CONNECTION_BACKOFF_CAP: Duration = Duration::from_secs(5);
 
 async fn shutdown_signal() {
     let ctrl_c = async {

@@ -852,18 +852,40 @@ async fn more_requests_than_connections_queue_and_all_answer() {
     queen_storage_pg::testing::drop_database(&name).await;
 }
 
-/// The `queen` binary on the database at `url`, listening on `port`.
+/// The `queen` binary on the database at `url`, listening on `port`, once it answers healthy.
 async fn spawn_broker(url: &str, port: u16) -> tokio::process::Child {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_queen"))
+    let child = start_queen(url, port, None);
+    assert!(
+        healthy_within(port, Duration::from_secs(100)).await,
+        "queen did not become healthy"
+    );
+    child
+}
+
+/// The `queen` binary on the database at `url`, listening on `port`, its log to `log` (the
+/// test's own output when `None`).
+fn start_queen(url: &str, port: u16, log: Option<&std::path::Path>) -> tokio::process::Child {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_queen"));
+    command
         .env("DATABASE_URL", url)
         .env("HOST", "127.0.0.1")
         .env("PORT", port.to_string())
         .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start queen");
+        .kill_on_drop(true);
+    if let Some(path) = log {
+        let file = std::fs::File::create(path).expect("log file");
+        command
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file);
+    }
+    command.spawn().expect("start queen")
+}
+
+/// Whether the broker on `port` answers `/health` with 200 within `limit`.
+async fn healthy_within(port: u16, limit: Duration) -> bool {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    for _ in 0..200 {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
         if let Ok(Ok(r)) = tokio::time::timeout(
             Duration::from_millis(500),
             tokio::spawn(async move {
@@ -880,12 +902,75 @@ async fn spawn_broker(url: &str, port: u16) -> tokio::process::Child {
         .await
         {
             if r == Some(true) {
-                return child;
+                return true;
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("queen did not become healthy");
+    false
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A broker started while PostgreSQL is down (a host booting both, a restart of the database
+/// beside the broker's deploy) waits for it with a warning per try instead of exiting, and
+/// serves once it is up; a wrong setting (a database that does not exist) stops it at once and
+/// says why, since waiting would not mend it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_started_before_postgres_waits_for_it() {
+    let pg = PrivatePg::start();
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port);
+    assert!(pg.script("pg_halt").status().expect("pg_halt").success());
+    let log = std::env::temp_dir().join(format!("queen-waits-{}.log", std::process::id()));
+    let port = free_port();
+    let mut broker = start_queen(&url, port, Some(&log));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        broker.try_wait().expect("try_wait").is_none(),
+        "the broker exited while PostgreSQL was down: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("waiting for PostgreSQL"),
+        "no warning while waiting: {text}"
+    );
+    assert!(pg
+        .script("pg_launch")
+        .status()
+        .expect("pg_launch")
+        .success());
+    assert!(
+        healthy_within(port, Duration::from_secs(30)).await,
+        "the broker did not serve once PostgreSQL was up: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let pushed = request(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "waited", "payload": {"n": 1}}]})),
+    )
+    .await;
+    assert_eq!(pushed.status, 201);
+    broker.kill().await.expect("kill");
+
+    let wrong = format!("postgres://postgres@127.0.0.1:{}/no_such_database", pg.port);
+    let mut broker = start_queen(&wrong, free_port(), Some(&log));
+    let status = tokio::time::timeout(Duration::from_secs(20), broker.wait())
+        .await
+        .expect("a broker with a wrong database name kept running")
+        .expect("wait");
+    assert!(!status.success());
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("cannot use PostgreSQL") && text.contains("no_such_database"),
+        "the broker did not say why it stopped: {text}"
+    );
+    let _ = std::fs::remove_file(&log);
 }
 
 /// One request on a fresh connection that may die with the broker: `None` when no answer came.
@@ -925,10 +1010,7 @@ async fn a_killed_broker_loses_nothing_and_applies_nothing_twice() {
         Some(i) => format!("{}/{name}", &base[..i]),
         None => panic!("DATABASE_URL has no database part: {base}"),
     };
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut broker = spawn_broker(&url, port).await;
     let (requests, expected) = kill_test_requests();

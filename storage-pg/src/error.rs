@@ -68,6 +68,51 @@ pub fn pool_err(e: deadpool_postgres::PoolError) -> StorageError {
     StorageError::Unavailable(format!("no database connection: {e}"))
 }
 
+/// The broker's first connection at start: `Unavailable` when the database is not up yet (refused,
+/// unreachable, timed out, starting up or shutting down, out of connections), which is worth
+/// waiting for; `Internal` when a setting is wrong (the password, the database's name, a
+/// certificate TLS refuses), which fails the same way however long one waits.
+pub fn first_connection_err(e: deadpool_postgres::PoolError) -> StorageError {
+    use deadpool_postgres::PoolError;
+    let not_up_yet = match &e {
+        PoolError::Timeout(_) => true,
+        PoolError::Backend(pg) => match pg.as_db_error() {
+            Some(db) => class(db.code().code()) == Class::Unavailable,
+            None => !refused_by_tls(pg),
+        },
+        PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => false,
+    };
+    // tokio-postgres shows a server's refusal as "db error"; its message says what to mend.
+    let said = match &e {
+        PoolError::Backend(pg) => pg
+            .as_db_error()
+            .map(|db| format!(": {} ({})", db.message(), db.code().code())),
+        _ => None,
+    }
+    .unwrap_or_default();
+    if not_up_yet {
+        StorageError::Unavailable(format!("no database connection: {e}{said}"))
+    } else {
+        StorageError::Internal(format!("cannot connect to PostgreSQL: {e}{said}"))
+    }
+}
+
+/// Whether a connection failed in its TLS handshake: tokio-postgres reports a server without TLS
+/// as a TLS error, and tokio-rustls a refused certificate as an `InvalidData` I/O error.
+fn refused_by_tls(e: &tokio_postgres::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<rustls::Error>().is_some()
+            || s.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    e.to_string().contains("TLS")
+}
+
 /// How many times a transaction that lost to a concurrent one (serialization failure, deadlock)
 /// runs in all before the broker answers 503.
 pub const CONTENTION_ATTEMPTS: u32 = 3;

@@ -79,7 +79,8 @@ pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 const PARTITION_NUMBERS_CACHED: usize = 1 << 20;
 
 impl PgStorage {
-    /// Builds the pool and applies pending migrations.
+    /// Builds the pool and applies pending migrations. `Unavailable` when the database is not up
+    /// (worth trying again), `Internal` when a setting is wrong.
     pub async fn connect(config: &PgConfig) -> StorageResult<PgStorage> {
         let tls = tls::connector(&config.tls).map_err(StorageError::Internal)?;
         let pg = config::bounded(config.pg.clone());
@@ -105,7 +106,11 @@ impl PgStorage {
             listen: (pg, tls),
             partition_numbers: Default::default(),
         };
-        let mut client = storage.pool.get().await.map_err(pool_err)?;
+        let mut client = storage
+            .pool
+            .get()
+            .await
+            .map_err(error::first_connection_err)?;
         migrate::migrate(&mut client).await?;
         Ok(storage)
     }
