@@ -1469,3 +1469,58 @@ async fn a_drain_cut_short_stores_nothing_twice() {
     let _ = std::fs::remove_dir_all(&dir);
     queen_storage_pg::testing::drop_database(&name).await;
 }
+
+/// Queen's real Python client runs an exactly-once pipeline on two brokers (each source message
+/// handled in one transaction: a `once` marker, its ack, a push, a KV increment and a timer)
+/// while PostgreSQL is stopped for 3 s and started again: every message comes out exactly once,
+/// the counter is exact and every timer fires (`tests/python/pipeline.py` checks and says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_pipeline_is_exactly_once_through_a_postgres_restart() {
+    use tokio::io::AsyncBufReadExt;
+    let python = std::env::var("QUEEN_PYTHON").expect(
+        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
+    );
+    let pg = Arc::new(PrivatePg::start());
+    let brokers = brokers_on(&pg).await;
+    let mut script = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/pipeline.py"
+        ))
+        .arg(format!("http://{}", brokers[0].1))
+        .arg(format!("http://{}", brokers[1].1))
+        .arg("400")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the Python client");
+    let mut lines = tokio::io::BufReader::new(script.stdout.take().unwrap()).lines();
+    let mut printed = vec![];
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let cue = line == "pipeline: pushed";
+        printed.push(line);
+        if cue {
+            break;
+        }
+    }
+    // The pipeline is under way: stop PostgreSQL under it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pg2 = pg.clone();
+    tokio::task::spawn_blocking(move || pg2.pause(3))
+        .await
+        .unwrap();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(180), lines.next_line())
+        .await
+        .expect("the pipeline hung")
+        .unwrap()
+    {
+        printed.push(line);
+    }
+    let status = script.wait().await.unwrap();
+    let printed = printed.join("\n");
+    eprintln!("{printed}");
+    assert!(
+        status.success() && printed.contains("pipeline: all checks passed"),
+        "the pipeline failed:\n{printed}"
+    );
+}
