@@ -186,6 +186,11 @@ pub struct PopBugs {
     /// just failed as unreachable: the wake hand-offs between a group's parked pops then turn
     /// an outage into a hot loop of failing calls.
     pub retry_unreachable_storage_at_once: bool,
+    /// A pop whose call failed as unreachable parks for its empty-answer backoff, as if storage
+    /// had said there was nothing: the work it was doing (a group's first contact after a
+    /// delete, a reseed, candidates put back) waits for that re-check, up to the backoff's cap
+    /// (10 s with Queen's production settings) after storage answers again.
+    pub park_on_backoff_after_unreachable_storage: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -225,11 +230,18 @@ pub struct PopContext {
     /// The legacy path's shared probe answers.
     pub probes: ProbeMemos,
     /// Until when storage counts as unreachable: a pop's call failed as unavailable (a restart,
-    /// lost connections), so no pop asks again before one initial backoff interval has passed.
-    /// Measured before it: about 57,000 failing calls a second per broker during a PostgreSQL
-    /// restart, a group's parked pops waking one another after each failure.
+    /// lost connections), so no pop asks again before the wait has passed (the initial backoff
+    /// interval, doubling with each further failure up to `STORAGE_AWAY_CAP_MS`). Measured
+    /// before it: about 57,000 failing calls a second per broker during a PostgreSQL restart, a
+    /// group's parked pops waking one another after each failure.
     pub storage_away_until: Option<Timestamp>,
+    /// Calls that failed as unreachable since storage last answered one.
+    pub storage_failures: u32,
 }
+
+/// The longest broker-wide wait after calls failed as unreachable (unless the initial backoff
+/// interval is longer): how long after storage answers again its parked pops may take to ask.
+pub const STORAGE_AWAY_CAP_MS: u64 = 1_000;
 
 /// The legacy path's (`QUEEN_HOTLIST=0`) last "nothing claimable now" probe answer per (queue,
 /// group), shared by the parked pops of that pair: within one initial backoff interval of it,
@@ -387,6 +399,7 @@ impl PopContext {
             event_bugs,
             probes: ProbeMemos::default(),
             storage_away_until: None,
+            storage_failures: 0,
         }
     }
 
@@ -791,6 +804,9 @@ impl PopMachine {
                             ctx.probes.note_revisit(queue, group, at, now);
                         }
                     }
+                    if result.is_ok() {
+                        ctx.storage_failures = 0;
+                    }
                     match result {
                         Ok(StorageReply::NextPending(Some(t))) if t <= now => {
                             self.acquire(woken, false)
@@ -800,10 +816,9 @@ impl PopMachine {
                             self.empty_or_park(now, woken)
                         }
                         Ok(_) => self.empty_or_park(now, woken),
-                        // Storage away: look again later, as for an empty answer.
                         Err(e) if e.is_unavailable() => {
                             self.note_storage_away(&e, now, ctx);
-                            self.empty_or_park(now, woken)
+                            self.after_unreachable_storage(now, woken, ctx)
                         }
                         Err(e) => self.finish(PopReply::Failed(e)),
                     }
@@ -1103,6 +1118,7 @@ impl PopMachine {
             Ok(r) => r,
             Err(e) => return self.on_storage_failed(work, round, e, now, ctx),
         };
+        ctx.storage_failures = 0;
         if let StorageReply::Pop(result) = &reply {
             // A discovery pop's answers are of several queues: kept for this pop only.
             let queue = self.params.queue_name().map(str::to_string);
@@ -1201,20 +1217,41 @@ impl PopMachine {
             .push_back(PopEffect::ReleasePermit { rtt_us: None });
         if e.is_unavailable() {
             self.note_storage_away(&e, now, ctx);
-            return self.empty_or_park(now, round.woken);
+            return self.after_unreachable_storage(now, round.woken, ctx);
         }
         self.finish(PopReply::Failed(e));
     }
 
-    /// A call failed as unreachable: every pop of the broker waits one initial backoff interval
-    /// before asking storage again (`PopContext::storage_away_until`). A transaction that lost to
+    /// A call failed as unreachable, and its work is still to do: a long-poll asks again once
+    /// the broker-wide wait ends (`storage_away_until`), not after its empty-answer backoff,
+    /// so the work is done within one wait of storage answering again. A call that lost to
+    /// concurrent transactions (`Contention`) sets no wait and backs off as an empty answer.
+    fn after_unreachable_storage(&mut self, now: Timestamp, woken: bool, ctx: &PopContext) {
+        match ctx.storage_away_until {
+            Some(until)
+                if until > now && !self.config.bugs.park_on_backoff_after_unreachable_storage =>
+            {
+                self.wait_out_storage(until, now)
+            }
+            _ => self.empty_or_park(now, woken),
+        }
+    }
+
+    /// A call failed as unreachable: every pop of the broker waits before asking storage again
+    /// (`PopContext::storage_away_until`): the initial backoff interval, doubled for each failure
+    /// since storage last answered, up to `STORAGE_AWAY_CAP_MS`. A transaction that lost to
     /// concurrent ones (`Contention`) says nothing of the others' calls.
     fn note_storage_away(&self, e: &StorageError, now: Timestamp, ctx: &mut PopContext) {
         if !matches!(e, StorageError::Unavailable(_)) {
             return;
         }
-        let interval = i64::try_from(self.config.backoff.initial_ms).unwrap_or(i64::MAX);
-        let until = now.plus_millis(interval.max(1));
+        let initial = self.config.backoff.initial_ms.max(1);
+        let doublings = ctx.storage_failures.min(16);
+        ctx.storage_failures = ctx.storage_failures.saturating_add(1);
+        let wait = initial
+            .saturating_mul(1u64 << doublings)
+            .min(STORAGE_AWAY_CAP_MS.max(initial));
+        let until = now.plus_millis(i64::try_from(wait).unwrap_or(i64::MAX));
         ctx.storage_away_until = Some(ctx.storage_away_until.map_or(until, |u| u.max(until)));
     }
 

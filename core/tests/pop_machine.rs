@@ -1598,8 +1598,8 @@ fn a_committed_release_during_a_partition_look_makes_the_pop_look_again() {
 /// ring holds more partitions than one pop takes: every pop that takes candidates hands the wake
 /// on, and every call fails at once. Driven as the broker drives them (a hand-off wakes a parked
 /// pop of the group, or marks a busy one woken), the pops ask storage at most once per initial
-/// backoff interval each after the first failure, and never wait longer than their backoff's cap
-/// between calls, where before they woke one another in a loop that never let the clock move (about 57,000 failing calls a second per broker, measured
+/// backoff interval each after the first failure (the broker-wide wait doubles from it), and
+/// never wait longer than the wait's cap between calls, where before they woke one another in a loop that never let the clock move (about 57,000 failing calls a second per broker, measured
 /// during a restart).
 #[test]
 fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
@@ -1711,10 +1711,11 @@ fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
         n <= bound,
         "{n} failing calls in {WINDOW_MS} ms from {POPS} pops (bound {bound})"
     );
-    // Liveness: storage that answers again is asked within the pops' own backoff cap, so the
-    // wait adds nothing to how soon a parked pop is served after an outage.
-    let cap = WaitBackoff::default().max_ms;
+    // Liveness: storage that answers again is asked within one broker-wide wait (at most its
+    // cap), so a parked pop's work (a first contact, a reseed, candidates put back) is done
+    // within it once storage answers, not at the pop's next backoff re-check.
     let end = T0.plus_millis(WINDOW_MS);
+    let cap = queen_core::pop::STORAGE_AWAY_CAP_MS;
     let longest = calls
         .windows(2)
         .map(|w| w[0].millis_until(w[1]))
@@ -1723,8 +1724,9 @@ fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
         .expect("calls");
     assert!(
         longest <= cap,
-        "{longest} ms without a call while storage was away (cap {cap} ms)"
+        "{longest} ms without a call while storage was away (the wait's cap: {cap} ms)"
     );
+    // (The switch that parks failed pops on their backoff is proven by the next test.)
     let (looped, capped) = run(PopBugs {
         retry_unreachable_storage_at_once: true,
         ..PopBugs::default()
@@ -1733,5 +1735,93 @@ fn unreachable_storage_is_asked_once_an_interval_not_in_a_wake_loop() {
     assert!(
         capped && looped > 10 * bound,
         "the switch brings the wake loop back: {looped} calls, capped {capped}"
+    );
+}
+
+/// A group's first contact (after a delete, say) whose calls fail as unreachable (the pool out of
+/// connections, a lock timeout, a restart) while the broker hears events as usual: the parked
+/// long-poll asks again once each broker-wide wait ends, not at its empty-answer backoff, so
+/// the claim comes within one wait of storage answering again. With Queen's production re-check
+/// timing (1 s, then 10 s) the switch left such a pop parked up to 10 s after storage was back.
+#[test]
+fn work_cut_short_by_unreachable_storage_is_done_one_wait_after_it_answers() {
+    let backoff = WaitBackoff {
+        initial_ms: 1_000,
+        threshold: 1,
+        multiplier: 5.0,
+        max_ms: 10_000,
+    };
+    const BACK_AT_MS: i64 = 3_500;
+    // When the pop claimed, given when storage answers again.
+    let run = |bugs: PopBugs| -> Timestamp {
+        let config = PopConfig {
+            backoff,
+            bugs,
+            ..PopConfig::default()
+        };
+        let mut c = ctx();
+        let mut m = machine(&[("wait", "true"), ("timeout", "30000")], config);
+        let back = T0.plus_millis(BACK_AT_MS);
+        let mut events: std::collections::BTreeMap<(Timestamp, u64), PopInput> =
+            std::collections::BTreeMap::new();
+        let mut seq = 0u64;
+        events.insert((T0, seq), PopInput::Start);
+        while let Some(((now, _), input)) = events.pop_first() {
+            assert!(now < T0.plus_secs(30), "the pop never claimed");
+            m.handle(input, now, &mut c);
+            for effect in drain(&mut m) {
+                seq += 1;
+                match effect {
+                    PopEffect::AcquirePermit => {
+                        events.insert((now, seq), PopInput::PermitGranted);
+                    }
+                    PopEffect::Storage { id, command } => {
+                        let result = if now < back {
+                            Err(queen_core::storage::StorageError::Unavailable(
+                                "no connection".into(),
+                            ))
+                        } else {
+                            Ok(match command {
+                                StorageCommand::QueueConfig { .. } => {
+                                    StorageReply::Config(Some(QueueConfig::with_defaults("q")))
+                                }
+                                StorageCommand::PopWildcard { .. } => {
+                                    StorageReply::Pop(PopResult {
+                                        claims: vec![claim("p")],
+                                        ..PopResult::default()
+                                    })
+                                }
+                                other => panic!("unexpected command {other:?}"),
+                            })
+                        };
+                        events.insert((now, seq), PopInput::StorageDone { id, result });
+                    }
+                    PopEffect::Park { until } => {
+                        events.insert((until, seq), PopInput::Timer);
+                    }
+                    PopEffect::Reply(PopReply::Messages { .. }) => return now,
+                    PopEffect::Reply(other) => panic!("the pop answered {other:?}"),
+                    PopEffect::PassWake | PopEffect::ReleasePermit { .. } => {}
+                }
+            }
+        }
+        panic!("the pop stopped without an answer");
+    };
+    let wait = backoff.initial_ms;
+    let claimed = T0
+        .plus_millis(BACK_AT_MS)
+        .millis_until(run(PopBugs::default()));
+    assert!(
+        claimed <= wait,
+        "claimed {claimed} ms after storage answered again (one wait: {wait} ms)"
+    );
+    let late = T0.plus_millis(BACK_AT_MS).millis_until(run(PopBugs {
+        park_on_backoff_after_unreachable_storage: true,
+        ..PopBugs::default()
+    }));
+    eprintln!("claimed {claimed} ms after storage answered again; {late} ms with the switch");
+    assert!(
+        late > wait,
+        "the switch parks the pop on its backoff: claimed {late} ms after storage was back"
     );
 }

@@ -398,8 +398,8 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         unhealthy_meanwhile.load(Ordering::Relaxed),
         "/health was not 503 while PostgreSQL was down"
     );
-    // The long-polls on B ask storage again once per initial backoff interval (100 ms) while it
-    // is away, not as fast as calls fail: before that rule a group's parked pops woke one
+    // The long-polls on B ask storage again once per broker-wide wait (100 ms, doubling to 1 s)
+    // while it is away, not as fast as calls fail: before that rule a group's parked pops woke one
     // another after every failure, about 57,000 failing calls a second per broker. The bound is
     // B's 4 pops at 10 calls a second for twice the outage and the restart.
     let failed_pop_calls = pop_storage_errors(b).await;
