@@ -382,6 +382,11 @@ fn seed_set_passes() {
             3,
         );
         at_least(Scenario::Prompt, "timers: incarnations fired", 20);
+        at_least(
+            Scenario::Prompt,
+            "fault: a broker's pops cut off from the database",
+            3,
+        );
         // Ephemeral queues shared by both brokers: parked consumers held to the bound; under
         // faults, owners cut from their rows (queues change hands), redeliveries, 503s.
         at_least(
@@ -616,6 +621,28 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "pops ask unreachable storage again at once",
+            Scenario::Prompt,
+            Bugs {
+                pop: PopBugs {
+                    retry_unreachable_storage_at_once: true,
+                    ..PopBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "pops park on their backoff after unreachable storage",
+            Scenario::Prompt,
+            Bugs {
+                pop: PopBugs {
+                    park_on_backoff_after_unreachable_storage: true,
+                    ..PopBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "a round task leaves with calls queued",
             Scenario::Prompt,
             Bugs {
@@ -783,18 +810,19 @@ const PROOF_SEEDS: std::ops::Range<u64> = 5_000..5_040;
 /// costs about one run per switch (a prompt-scenario run is about 12 s) instead of a walk through
 /// the seeds before it. A code change that moves the schedules only makes the proof slower: the
 /// search goes on through `PROOF_SEEDS` and says which seed now catches the switch.
-const CAUGHT_AT: [(&str, u64); 9] = [
+const CAUGHT_AT: [(&str, u64); 10] = [
     ("ring cleared without the epoch check", 5_036),
+    ("no revisit for single-partition pops", 5_001),
     (
         "a committed release forgets a push made during the lease",
-        5_004,
+        5_005,
     ),
-    ("a reseed keeps stale leased state", 5_002),
+    ("a reseed keeps stale leased state", 5_005),
     (
         "a ring pop leaves work behind without handing the wake on",
-        5_008,
+        5_031,
     ),
-    ("a round task leaves with calls queued", 5_013),
+    ("a round task leaves with calls queued", 5_014),
     ("a push round drops a request it answered", 5_006),
     ("a stream cycle's fence ignores the lease", 5_001),
     ("a conflating pop commits the message it delivers", 5_001),

@@ -7,14 +7,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use queen_core::pop::STORAGE_AWAY_CAP_MS;
 use queen_core::rng::SeededRng;
 use queen_storage_sim::SimDb;
 
 use super::hosts::Fleet;
 use super::{
     hit, workload, Aim, CoverageLabel, Faults, Liveness, Scenario, Shared, Spec, AIMED_POINTS,
-    DELIVERY_BOUND_US, TICK,
+    DELIVERY_BOUND_US, PRODUCTION_BACKOFF, TICK,
 };
+
+/// The bound on a broker's pop calls while its pops are cut off from the database comes in waves:
+/// after a call fails, no pop of the broker asks again for the broker-wide wait (at least the
+/// re-check's initial interval), so the calls of a cut are those of one wave per interval at
+/// most, and a wave is the calls already in flight together when the first of them failed. This many a wave (the
+/// runs show one to three a cut); a broker whose parked pops wake one another after each failure
+/// asks as fast as calls fail.
+const POP_CALLS_A_WAVE: u64 = 4;
 
 /// A link held or partitioned: (client, broker, until, is a partition).
 type HeldLink = (String, String, Duration, bool);
@@ -39,6 +48,12 @@ pub(super) struct Driver<'a> {
     owner_cuts: Vec<(usize, Duration)>,
     /// A cut notification line: (broker index, restored at).
     outage: Option<(usize, Duration)>,
+    /// Pops cut off from the database: (broker index, cut at, restored at). Drawn from a
+    /// stream of their own, so the other faults of a seed are drawn as before.
+    pop_cut: Option<(usize, Duration, Duration)>,
+    pop_cut_rng: SeededRng,
+    /// The most failing pop calls one cut saw, against its bound (coverage).
+    pub pop_cut_calls: (u64, u64),
     quiet_since: Option<Duration>,
     pub violations: Vec<String>,
     /// Lock safety: the highest token seen per lock, and each permit row's version.
@@ -61,6 +76,7 @@ impl<'a> Driver<'a> {
         Driver {
             spec,
             faults,
+            pop_cut_rng: rng.child("pop cuts"),
             rng,
             fleet,
             shared,
@@ -74,6 +90,8 @@ impl<'a> Driver<'a> {
             ephemeral_liveness: Liveness::new(DELIVERY_BOUND_US),
             owner_cuts: vec![],
             outage: None,
+            pop_cut: None,
+            pop_cut_calls: (0, 0),
             quiet_since: None,
             violations: vec![],
             lock_tokens: BTreeMap::new(),
@@ -95,13 +113,22 @@ impl<'a> Driver<'a> {
             self.restore_due(sim);
             if self.spec.scenario == Scenario::Prompt {
                 self.cut_or_restore_line(sim.elapsed());
+                let pops_back = self.cut_or_restore_pops(sim.elapsed());
                 let now = i64::try_from(sim.elapsed().as_micros()).unwrap_or(i64::MAX);
-                let cut = self.outage.is_some();
+                let cut = self.outage.is_some() || self.pop_cut.is_some();
                 let (waits, delivered) = self.shared.durable_waits();
                 let found = self
                     .liveness
                     .check(now, cut, &waits, &delivered, self.db.as_ref());
                 self.violations.extend(found);
+                if pops_back {
+                    // Nothing tells a broker that the database answers again: its pops learn it
+                    // when they next ask, at most one broker-wide wait after the last failure.
+                    // The bound holds from then.
+                    let wait_ms = STORAGE_AWAY_CAP_MS.max(PRODUCTION_BACKOFF.initial_ms);
+                    let wait_us = i64::try_from(wait_ms * 1_000).unwrap_or(i64::MAX);
+                    self.liveness.hold_from(now + wait_us);
+                }
                 // Ephemeral wakes do not ride the notification line: the tight bound always.
                 let (waits, tally) = self.shared.ephemeral_waits();
                 let found =
@@ -335,6 +362,52 @@ impl<'a> Driver<'a> {
                 self.outage = None;
             }
             _ => {}
+        }
+    }
+
+    /// The prompt scenario cuts one broker's pops off from the database now and then (every pop
+    /// storage call fails as against a PostgreSQL that is down; pushes and acks still land), for
+    /// 0.3 to 2.5 s. At the restore, the broker's failed calls meanwhile are held to a bound
+    /// (`POP_CALLS_A_WAVE`). Returns whether a cut ended now.
+    fn cut_or_restore_pops(&mut self, elapsed: Duration) -> bool {
+        let per_step = TICK.as_secs_f64();
+        match self.pop_cut {
+            None if elapsed < self.work && hit(&mut self.pop_cut_rng, 0.15 * per_step) => {
+                let b = self.pop_cut_rng.below(self.fleet.pop_reaches.len() as u64) as usize;
+                self.fleet.pop_reaches[b].cut();
+                let back = elapsed + Duration::from_millis(300 + self.pop_cut_rng.below(2_200));
+                self.pop_cut = Some((b, elapsed, back));
+                *self
+                    .counts
+                    .entry("fault: a broker's pops cut off from the database")
+                    .or_default() += 1;
+                false
+            }
+            Some((b, since, back))
+                if elapsed >= back || self.shared.draining.load(Ordering::SeqCst) =>
+            {
+                let calls = self.fleet.pop_reaches[b].restore();
+                let cut_ms = u64::try_from((elapsed - since).as_millis()).unwrap_or(u64::MAX);
+                let bound = POP_CALLS_A_WAVE * (2 + cut_ms / PRODUCTION_BACKOFF.initial_ms);
+                if std::env::var("SIM_EVENTS").is_ok() {
+                    eprintln!(
+                        "{} ms broker{b} pops restored after {cut_ms} ms: {calls} failed calls",
+                        elapsed.as_millis()
+                    );
+                }
+                if calls > self.pop_cut_calls.0 {
+                    self.pop_cut_calls = (calls, bound);
+                }
+                if calls > bound {
+                    self.violations.push(format!(
+                        "liveness: broker{b}'s pops asked the database {calls} times while cut \
+                         off from it for {cut_ms} ms (bound {bound}): a wake loop, not a wait"
+                    ));
+                }
+                self.pop_cut = None;
+                true
+            }
+            _ => false,
         }
     }
 

@@ -15,6 +15,7 @@ use queen_server::config::{RetentionSettings, ServerConfig};
 use queen_storage_sim::reach::OwnerReach;
 use queen_storage_sim::{PauseKind, SimDb};
 
+use super::pop_reach::PopReach;
 use super::{
     hit, Aim, Faults, ListenLine, Scenario, Spec, PRODUCTION_BACKOFF, SCALE_RESEED_PAGE,
     SIM_RESEED_INTERVAL_MS, SIM_RESEED_PAGE, SIM_TIMER_RESCAN_MS,
@@ -77,6 +78,8 @@ pub(super) struct Fleet {
     pub aims: Vec<Arc<Mutex<Aim>>>,
     /// Each broker's reach to the ephemeral owner rows (the driver cuts it).
     pub reaches: Vec<Arc<OwnerReach>>,
+    /// Each broker's pops' reach to the database (the prompt scenario's driver cuts it).
+    pub pop_reaches: Vec<Arc<PopReach>>,
 }
 
 /// The port every simulated broker serves on.
@@ -193,6 +196,7 @@ struct HostParts {
     line: Arc<ListenLine>,
     aim: Arc<Mutex<Aim>>,
     reach: Arc<OwnerReach>,
+    pop_reach: Arc<PopReach>,
 }
 
 impl Fleet {
@@ -213,6 +217,7 @@ impl Fleet {
             lines: names.iter().map(|_| Arc::default()).collect(),
             aims: names.iter().map(|_| Arc::default()).collect(),
             reaches: names.iter().map(|_| OwnerReach::new(db.clone())).collect(),
+            pop_reaches: names.iter().map(|_| PopReach::new(db.clone())).collect(),
             names,
         };
         let wake_rng = Arc::new(Mutex::new(root.child("wakes")));
@@ -240,6 +245,7 @@ impl Fleet {
                 line: fleet.lines[i].clone(),
                 aim: fleet.aims[i].clone(),
                 reach: fleet.reaches[i].clone(),
+                pop_reach: fleet.pop_reaches[i].clone(),
             };
             let restarts = fleet.restarts.clone();
             sim.host(name.as_str(), move || {
@@ -316,6 +322,7 @@ async fn serve_broker(parts: HostParts, incarnation: u64) -> turmoil::Result {
     };
     let mut storage = StorageSet::of(parts.db.clone());
     storage.ephemeral_owners = parts.reach.clone();
+    storage.pops = parts.pop_reach.clone();
     let app = Broker::with_hooks(
         parts.config.clone(),
         storage,

@@ -110,6 +110,9 @@ pub(super) fn judge(
         let [(_, judged), (_, longest)] = driver.ephemeral_liveness.coverage();
         counts.insert("ephemeral: stalls judged against the bound", judged);
         counts.insert("ephemeral: longest stall before a delivery (ms)", longest);
+        let (calls, bound) = driver.pop_cut_calls;
+        counts.insert("pop cuts: most failed calls in one cut", calls);
+        counts.insert("pop cuts: that cut's bound", bound);
     }
     if let Ok(c) = shared.counters.lock() {
         counts.extend(c.iter().map(|(k, v)| (*k, *v)));

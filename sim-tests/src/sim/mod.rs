@@ -12,6 +12,7 @@ mod hosts;
 pub mod http;
 mod judge;
 pub mod kv_check;
+pub mod pop_reach;
 pub mod reads_check;
 pub mod streams_check;
 mod workload;
@@ -694,7 +695,8 @@ struct Liveness {
     bound_us: i64,
     /// While a notification line is cut.
     loose_bound_us: i64,
-    /// When the last cut line was restored: a stall is timed from then at the latest.
+    /// When the last cut (a notification line, a broker's pops) was restored, or when its broker
+    /// can know it: a stall is timed from then at the latest.
     restored_at: i64,
     outage: bool,
     /// (queue, group, partition or None for queue-wide) -> (stalled since, deliveries then).
@@ -731,7 +733,7 @@ impl Liveness {
         backend: &dyn Deliverable,
     ) -> Vec<String> {
         if self.outage && !outage {
-            self.restored_at = now;
+            self.restored_at = self.restored_at.max(now);
         }
         self.outage = outage;
         // The scopes with a consumer parked past the slack: (queue, group, partition scope) ->
@@ -845,6 +847,12 @@ impl Liveness {
             }
         }
         out
+    }
+
+    /// Stalls are timed from `at` at the earliest: what was cut is restored, and the broker cannot
+    /// know it before then.
+    fn hold_from(&mut self, at: i64) {
+        self.restored_at = self.restored_at.max(at);
     }
 
     fn coverage(&self) -> [(&'static str, u64); 2] {
