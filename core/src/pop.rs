@@ -786,50 +786,63 @@ impl PopMachine {
                     self.start_work(round, now, ctx);
                 }
             }
-            PopInput::StorageDone { id, result } => match self.phase.clone() {
-                Phase::Probing {
-                    id: want,
-                    woken,
-                    epoch,
-                } if want == id => {
-                    let next = match &result {
-                        Ok(StorageReply::NextPending(next)) => Some(*next),
-                        _ => None,
-                    };
-                    if let Some(queue) = self.params.queue_name() {
-                        // Whatever it answered, this probe is no longer in flight.
-                        let group = &self.params.consumer_group;
-                        ctx.probes.answered(queue, group, epoch, next, now);
-                        if let Some(Some(at)) = next.filter(|_| !self.config.bugs.no_scan_revisit) {
-                            ctx.probes.note_revisit(queue, group, at, now);
-                        }
-                    }
-                    if result.is_ok() {
-                        ctx.storage_failures = 0;
-                    }
-                    match result {
-                        Ok(StorageReply::NextPending(Some(t))) if t <= now => {
-                            self.acquire(woken, false)
-                        }
-                        Ok(StorageReply::NextPending(next)) => {
-                            self.revisit_at = next;
-                            self.empty_or_park(now, woken)
-                        }
-                        Ok(_) => self.empty_or_park(now, woken),
-                        Err(e) if e.is_unavailable() => {
-                            self.note_storage_away(&e, now, ctx);
-                            self.after_unreachable_storage(now, woken, ctx)
-                        }
-                        Err(e) => self.finish(PopReply::Failed(e)),
+            PopInput::StorageDone { id, result } => {
+                // Any answer means storage is reachable again: the broker-wide wait starts over.
+                if result.is_ok() {
+                    ctx.storage_failures = 0;
+                }
+                self.on_storage_done(id, result, now, ctx)
+            }
+        }
+    }
+
+    fn on_storage_done(
+        &mut self,
+        id: u64,
+        result: StorageResult<StorageReply>,
+        now: Timestamp,
+        ctx: &mut PopContext,
+    ) {
+        match self.phase.clone() {
+            Phase::Probing {
+                id: want,
+                woken,
+                epoch,
+            } if want == id => {
+                let next = match &result {
+                    Ok(StorageReply::NextPending(next)) => Some(*next),
+                    _ => None,
+                };
+                if let Some(queue) = self.params.queue_name() {
+                    // Whatever it answered, this probe is no longer in flight.
+                    let group = &self.params.consumer_group;
+                    ctx.probes.answered(queue, group, epoch, next, now);
+                    if let Some(Some(at)) = next.filter(|_| !self.config.bugs.no_scan_revisit) {
+                        ctx.probes.note_revisit(queue, group, at, now);
                     }
                 }
-                Phase::Working {
-                    id: want,
-                    work,
-                    round,
-                } if want == id => self.on_storage(work, round, result, now, ctx),
-                _ => {}
-            },
+                match result {
+                    Ok(StorageReply::NextPending(Some(t))) if t <= now => {
+                        self.acquire(woken, false)
+                    }
+                    Ok(StorageReply::NextPending(next)) => {
+                        self.revisit_at = next;
+                        self.empty_or_park(now, woken)
+                    }
+                    Ok(_) => self.empty_or_park(now, woken),
+                    Err(e) if e.is_unavailable() => {
+                        self.note_storage_away(&e, now, ctx);
+                        self.after_unreachable_storage(now, woken, ctx)
+                    }
+                    Err(e) => self.finish(PopReply::Failed(e)),
+                }
+            }
+            Phase::Working {
+                id: want,
+                work,
+                round,
+            } if want == id => self.on_storage(work, round, result, now, ctx),
+            _ => {}
         }
     }
 
@@ -1118,7 +1131,6 @@ impl PopMachine {
             Ok(r) => r,
             Err(e) => return self.on_storage_failed(work, round, e, now, ctx),
         };
-        ctx.storage_failures = 0;
         if let StorageReply::Pop(result) = &reply {
             // A discovery pop's answers are of several queues: kept for this pop only.
             let queue = self.params.queue_name().map(str::to_string);
