@@ -38,9 +38,17 @@ impl Response {
     }
 }
 
-/// One keep-alive connection.
+/// How long an idle connection is reused. The broker closes a connection idle for its
+/// CLIENT_IDLE_TIMEOUT_MS; a client that kept one longer would write into a closed socket. Real
+/// clients expire idle connections too (httpx after 5 s), so this is what they do.
+const IDLE_REUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One keep-alive connection (a new one when it was idle longer than real clients keep one).
 pub struct Client {
+    addr: SocketAddr,
     reader: BufReader<TcpStream>,
+    /// When the last answer was read: the connection owes the broker nothing since.
+    idle_since: Option<std::time::Instant>,
     /// Sent with every request (`Authorization`, say), as `name: value` lines.
     extra_headers: String,
 }
@@ -48,7 +56,9 @@ pub struct Client {
 impl Client {
     pub async fn connect(addr: SocketAddr) -> Client {
         Client {
+            addr,
             reader: BufReader::new(TcpStream::connect(addr).await.expect("connect")),
+            idle_since: None,
             extra_headers: String::new(),
         }
     }
@@ -59,8 +69,20 @@ impl Client {
         self
     }
 
+    /// A fresh connection in place of one idle too long.
+    async fn fresh_if_stale(&mut self) {
+        if self
+            .idle_since
+            .take()
+            .is_some_and(|t| t.elapsed() >= IDLE_REUSE)
+        {
+            self.reader = BufReader::new(TcpStream::connect(self.addr).await.expect("connect"));
+        }
+    }
+
     /// Sends bytes without waiting for an answer.
     pub async fn write_only(&mut self, request: &[u8]) {
+        self.fresh_if_stale().await;
         self.reader
             .get_mut()
             .write_all(request)
@@ -70,6 +92,7 @@ impl Client {
 
     /// Sends raw request bytes and reads one response.
     pub async fn raw(&mut self, request: &[u8]) -> Response {
+        self.fresh_if_stale().await;
         self.reader
             .get_mut()
             .write_all(request)
@@ -147,6 +170,7 @@ impl Client {
             .unwrap_or(0);
         let mut body = vec![0; len];
         self.reader.read_exact(&mut body).await.expect("body");
+        self.idle_since = Some(std::time::Instant::now());
         Response {
             status,
             headers,

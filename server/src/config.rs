@@ -40,6 +40,10 @@ pub struct ServerConfig {
     pub hotlist: bool,
     pub limiter: LimiterConfig,
     pub max_body_bytes: usize,
+    /// How long a connection may go without a byte of what the client owes: the next request's
+    /// head (on a new or idle keep-alive connection) or more of a request body. Past it the
+    /// connection is closed (a body answers 408 first). 0: wait for ever.
+    pub client_idle_timeout_ms: u64,
     /// The push failover buffer, when FILE_BUFFER_DIR is set.
     pub file_buffer: Option<Arc<FileBuffer>>,
     pub retention: RetentionSettings,
@@ -101,8 +105,20 @@ pub const DEFAULT_EPHEMERAL_MAX_BYTES: u64 = 256 * 1024 * 1024;
 /// Default PG_WARM_INTERVAL_MS.
 pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
 
+/// Default CLIENT_IDLE_TIMEOUT_MS: longer than any client keeps an idle pooled connection
+/// (httpx 5 s, undici 4 s), so a live client never races the close.
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT_MS: u64 = 30_000;
+
 /// Default PG_STATS_INTERVAL_MS.
 pub const DEFAULT_PG_STATS_INTERVAL_MS: u64 = 5000;
+
+impl ServerConfig {
+    /// `client_idle_timeout_ms` as a duration; `None`: wait for ever.
+    pub fn client_idle_timeout(&self) -> Option<std::time::Duration> {
+        (self.client_idle_timeout_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.client_idle_timeout_ms))
+    }
+}
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -114,6 +130,7 @@ impl Default for ServerConfig {
             hotlist: true,
             limiter: LimiterConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
+            client_idle_timeout_ms: DEFAULT_CLIENT_IDLE_TIMEOUT_MS,
             kv_limits: queen_core::kv::KvLimits::default(),
             file_buffer: None,
             retention: RetentionSettings::default(),
@@ -289,6 +306,12 @@ pub struct Settings {
     /// Largest accepted request body (bytes).
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = ServerConfig::default().max_body_bytes)]
     pub max_body_bytes: usize,
+    /// Milliseconds a connection may go without a byte of what its client owes (the next
+    /// request's head on a new or idle keep-alive connection, or more of a request body) before
+    /// the broker closes it; a stalled body answers 408 first. A long-poll waiting for its answer
+    /// is not idle. 0: wait for ever.
+    #[arg(long, env = "CLIENT_IDLE_TIMEOUT_MS", default_value_t = DEFAULT_CLIENT_IDLE_TIMEOUT_MS)]
+    pub client_idle_timeout_ms: u64,
     /// Push failover buffer directory: pushes accepted while PostgreSQL is unreachable (or in push
     /// maintenance mode) are written here, fsync'd, answered `buffered` and stored once it is back.
     /// Unset: no buffer (such pushes answer 503).
@@ -418,6 +441,14 @@ impl Settings {
         if self.limiter_min > self.limiter_max {
             return Err("QUEEN_LIMITER_MIN must not exceed QUEEN_LIMITER_MAX".into());
         }
+        let shortest_idle = crate::peers::PEER_IDLE_REUSE.as_millis() as u64 * 2;
+        if self.client_idle_timeout_ms != 0 && self.client_idle_timeout_ms < shortest_idle {
+            // Brokers reuse a connection to a peer for up to PEER_IDLE_REUSE, as clients do
+            // theirs (httpx 5 s): a shorter timeout would close connections they are reusing.
+            return Err(format!(
+                "CLIENT_IDLE_TIMEOUT_MS must be 0 (no timeout) or at least {shortest_idle}"
+            ));
+        }
         if self.retention_batch_size == 0 || self.eviction_batch_size == 0 {
             return Err("RETENTION_BATCH_SIZE and EVICTION_BATCH_SIZE must be positive".into());
         }
@@ -493,6 +524,7 @@ impl Settings {
                 ..LimiterConfig::default()
             },
             max_body_bytes: self.max_body_bytes,
+            client_idle_timeout_ms: self.client_idle_timeout_ms,
             kv_limits: queen_core::kv::KvLimits {
                 max_ops: self.kv_max_operations,
                 max_key_bytes: self.kv_max_key_bytes,
@@ -577,6 +609,16 @@ mod tests {
     }
 
     #[test]
+    fn a_client_idle_timeout_below_what_peers_reuse_is_refused() {
+        let e = parse(&["--client-idle-timeout-ms", "2000"]).unwrap_err();
+        assert!(e.contains("CLIENT_IDLE_TIMEOUT_MS"), "{e}");
+        for fine in ["0", "10000", "120000"] {
+            let c = parse(&["--client-idle-timeout-ms", fine]).unwrap();
+            assert_eq!(c.client_idle_timeout_ms.to_string(), fine);
+        }
+    }
+
+    #[test]
     fn defaults_and_overrides() {
         // (The test environment may set any of the variables; each case names its own flags.)
         let c = parse(&[
@@ -618,6 +660,7 @@ mod tests {
             "QUEEN_HOTLIST",
             "POP_WAIT_MAX_INTERVAL_MS",
             "MAX_BODY_BYTES",
+            "CLIENT_IDLE_TIMEOUT_MS",
             "KV_MAX_OPERATIONS",
             "RETENTION_INTERVAL",
             "PARTITION_CLEANUP_DAYS",

@@ -20,6 +20,11 @@ use crate::helpers::lock;
 /// Idle connections kept per peer.
 const IDLE_PER_PEER: usize = 16;
 
+/// How long an idle connection is kept for reuse. A peer closes a connection idle for its
+/// CLIENT_IDLE_TIMEOUT_MS (at least 10 s), and a request sent just as it closes fails; reusing
+/// only connections idle for less than this never meets that close.
+pub const PEER_IDLE_REUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A connection to a peer, ready for requests.
 pub type PeerSender = SendRequest<Full<Bytes>>;
 
@@ -61,7 +66,8 @@ pub fn tcp_connector() -> PeerConnector {
 }
 
 pub struct Peers {
-    idle: Mutex<BTreeMap<String, Vec<PeerSender>>>,
+    /// Per peer, its idle connections with when each went idle.
+    idle: Mutex<BTreeMap<String, Vec<(PeerSender, tokio::time::Instant)>>>,
     connect: PeerConnector,
 }
 
@@ -73,13 +79,13 @@ impl Peers {
         }
     }
 
-    /// An idle connection that is still open, or a new one.
+    /// An idle connection that is still open and was not idle too long, or a new one.
     async fn connection(&self, address: &str) -> Result<PeerSender, String> {
         loop {
             let idle = lock(&self.idle).get_mut(address).and_then(Vec::pop);
             match idle {
-                Some(mut sender) => {
-                    if sender.ready().await.is_ok() {
+                Some((mut sender, since)) => {
+                    if since.elapsed() < PEER_IDLE_REUSE && sender.ready().await.is_ok() {
                         return Ok(sender);
                     }
                 }
@@ -108,8 +114,10 @@ impl Peers {
         if !sender.is_closed() {
             let mut idle = lock(&self.idle);
             let list = idle.entry(address.to_string()).or_default();
+            // The stale ones (the oldest, at the front) go; dropping one closes it.
+            list.retain(|(_, since)| since.elapsed() < PEER_IDLE_REUSE);
             if list.len() < IDLE_PER_PEER {
-                list.push(sender);
+                list.push((sender, tokio::time::Instant::now()));
             }
         }
         Ok(Response::from_parts(parts, body))

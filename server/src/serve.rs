@@ -78,15 +78,25 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut shutdown = broker.shutting_down.subscribe();
+    let idle = broker.config.client_idle_timeout();
     let svc = service_fn(move |req| {
         // Boxed: hyper keeps the service's future inline in every connection, so an idle
         // keep-alive connection would carry the largest route's state machine.
         let reply = handle(broker.clone(), req);
         Box::pin(async move { Ok::<_, std::convert::Infallible>(reply.await) })
     });
-    let conn = http1::Builder::new()
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(io), svc);
+    let mut builder = http1::Builder::new();
+    builder.keep_alive(true);
+    // A connection that owes the next request's head (new, or idle between requests) is closed
+    // after the client-idle timeout: one that never sends a whole head, or whose peer vanished,
+    // would otherwise hold its socket and buffers for ever. hyper's timer starts when it waits
+    // for a head, so a long-poll waiting for its answer is never cut.
+    if let Some(idle) = idle {
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(idle);
+    }
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     tokio::select! {
         biased;
@@ -100,13 +110,16 @@ where
 pub async fn serve_listener(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
     let mut shutdown = broker.shutting_down.subscribe();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve_connection(broker.clone(), stream));
-            }
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|s| *s) => return,
-        }
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of descriptors, say: accepting again at once would spin.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_connection(broker.clone(), stream));
     }
 }

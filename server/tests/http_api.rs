@@ -1304,3 +1304,130 @@ async fn hostile_requests_get_the_same_answer_from_both_backends() {
         );
     }
 }
+
+/// What a raw connection got until the broker closed it (or `None`: still open after `wait`).
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, wait: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    match tokio::time::timeout(wait, stream.read_to_end(&mut got)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&got).into_owned()),
+        Err(_) => None,
+    }
+}
+
+/// One request on a raw connection, its whole answer read by its content-length.
+async fn exchange(stream: &mut tokio::net::TcpStream, head: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(
+            n > 0,
+            "closed before answering: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if got.len() >= end + 4 + length {
+                return text;
+            }
+        }
+    }
+}
+
+/// A client that owes the broker bytes (a request head on a new or idle connection, the rest
+/// of a body) is not waited for for ever: its connection is closed after CLIENT_IDLE_TIMEOUT_MS,
+/// a stalled body first answered 408 with nothing of it stored. A client that keeps talking, and
+/// a long-poll waiting for its answer, are never cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_owe_the_broker_bytes_are_closed_after_the_idle_timeout() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let idle = Duration::from_millis(1500);
+    let config = ServerConfig {
+        client_idle_timeout_ms: idle.as_millis() as u64,
+        ..ServerConfig::default()
+    };
+    let b = start(Store::Memory, config).await;
+    // Well past the timeout: a closure is what is checked, not when it came.
+    let patience = Duration::from_secs(30);
+
+    // A head that never ends.
+    let mut half_head = TcpStream::connect(b.addr).await.unwrap();
+    half_head
+        .write_all(b"POST /api/v1/push HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(
+        read_until_closed(&mut half_head, patience).await.is_some(),
+        "a connection with half a request head is closed"
+    );
+
+    // A connection that never sends anything.
+    let mut silent = TcpStream::connect(b.addr).await.unwrap();
+    assert!(read_until_closed(&mut silent, patience).await.is_some());
+
+    // A keep-alive connection that talks more often than the timeout stays open longer than it,
+    // and is closed once it falls silent.
+    let mut talking = TcpStream::connect(b.addr).await.unwrap();
+    let started = Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < idle * 3 {
+        let a = exchange(&mut talking, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        answered += 1;
+        tokio::time::sleep(idle / 4).await;
+    }
+    assert!(answered >= 4);
+    assert!(read_until_closed(&mut talking, patience).await.is_some());
+
+    // A body that stops arriving: 408, the connection closed, nothing stored.
+    let mut stalled = TcpStream::connect(b.addr).await.unwrap();
+    let part = r#"{"items": [{"queue": "stalled", "payload": {"n": 1}}"#;
+    stalled
+        .write_all(
+            format!(
+                "POST /api/v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n{part}",
+                part.len() + 2
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut stalled, patience)
+        .await
+        .expect("a stalled body is answered and closed");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("stopped arriving"), "{answer}");
+    let r = request(b.addr, "GET", "/api/v1/pop/queue/stalled?wait=false", None).await;
+    assert_eq!(r.status, 204, "nothing of the stalled push is stored");
+
+    // A long-poll longer than the timeout is answered at its own deadline, on its connection.
+    let mut parked = TcpStream::connect(b.addr).await.unwrap();
+    let started = Instant::now();
+    let a = exchange(
+        &mut parked,
+        &format!(
+            "GET /api/v1/pop/queue/stalled?wait=true&timeout={} HTTP/1.1\r\nHost: x\r\n\r\n",
+            (idle * 2).as_millis()
+        ),
+    )
+    .await;
+    assert!(a.starts_with("HTTP/1.1 204"), "{a}");
+    assert!(
+        started.elapsed() >= idle * 2,
+        "answered at its deadline, not cut"
+    );
+}

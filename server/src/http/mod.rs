@@ -5,7 +5,8 @@ pub mod auth;
 pub mod wire;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
@@ -158,27 +159,67 @@ pub fn error(f: &Failure) -> Reply {
     r
 }
 
-/// Reads the whole body, refusing more than `limit` bytes.
-pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Failure> {
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                Err(Failure {
-                    status: StatusCode::PAYLOAD_TOO_LARGE,
-                    message: format!("request body larger than {limit} bytes"),
+/// Reads the whole body, refusing more than `limit` bytes, and a body that stops arriving: no
+/// byte for `idle` answers 408 (a client that stalled mid-body would otherwise hold the request
+/// until the route's storage deadline, and be told the database failed).
+pub async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    idle: Option<std::time::Duration>,
+) -> Result<Bytes, Failure> {
+    let too_large = || Failure {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!("request body larger than {limit} bytes"),
+        storage: None,
+        code: None,
+    };
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large());
+    }
+    // The common body arrives in one frame: kept as it came, copied only when a second follows.
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
+    loop {
+        let next = match idle {
+            Some(idle) => tokio::time::timeout(idle, body.frame())
+                .await
+                .map_err(|_| Failure {
+                    status: StatusCode::REQUEST_TIMEOUT,
+                    message: format!(
+                        "the request body stopped arriving: no byte for {} ms",
+                        idle.as_millis()
+                    ),
                     storage: None,
                     code: None,
-                })
-            } else {
-                Err(Failure::bad(format!(
+                })?,
+            None => body.frame().await,
+        };
+        let frame = match next {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                return Err(Failure::bad(format!(
                     "could not read the request body: {e}"
                 )))
             }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: nothing of the body
+        };
+        let held = first.as_ref().map_or(0, Bytes::len) + joined.len();
+        if held + data.len() > limit {
+            return Err(too_large());
+        }
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            None => joined.extend_from_slice(&data),
+            Some(earlier) => {
+                joined.extend_from_slice(&earlier);
+                joined.extend_from_slice(&data);
+            }
         }
     }
+    Ok(first.unwrap_or_else(|| joined.freeze()))
 }
 
 /// Percent-decodes one path segment or query component; `plus_is_space` for query strings.

@@ -32,7 +32,12 @@ use crate::metrics;
 const DASHBOARD: &str = include_str!("../../dashboard/index.html");
 
 async fn body(broker: &Broker, req: Request<Incoming>) -> Result<bytes::Bytes, Failure> {
-    http::read_body(req.into_body(), broker.config.max_body_bytes).await
+    http::read_body(
+        req.into_body(),
+        broker.config.max_body_bytes,
+        broker.config.client_idle_timeout(),
+    )
+    .await
 }
 
 /// The surface a path belongs to, for the storage-error metric's `route` label (a fixed set, so
