@@ -24,6 +24,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -37,6 +38,20 @@ fn main() {
     if let Err(e) = runtime.block_on(run(settings)) {
         tracing::error!("{e}");
         std::process::exit(1);
+    }
+}
+
+/// Every parked long-poll holds a connection, and so a descriptor: the soft limit many hosts start
+/// a service with (1,024 under systemd) would refuse connections past about a thousand parked
+/// consumers. The soft limit is raised to the hard one, as Go's runtime does for its programs;
+/// the hard limit stays the operator's (`LimitNOFILE=`, `ulimit -Hn`).
+fn raise_open_files_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::info!(limit, "open files"),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot raise the open files limit: connections past it are refused"
+        ),
     }
 }
 

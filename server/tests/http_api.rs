@@ -1431,3 +1431,56 @@ async fn connections_that_owe_the_broker_bytes_are_closed_after_the_idle_timeout
         "answered at its deadline, not cut"
     );
 }
+
+/// Each parked consumer holds a connection and so a descriptor: the binary raises its soft
+/// open-files limit to the hard one, so a host's low default (1,024 under systemd) does not
+/// refuse connections past it. Started under a soft limit of 128, it serves 400 connections
+/// held open at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_more_connections_than_the_soft_open_files_limit_it_started_under() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 128 && exec \"$0\"")
+        .arg(env!("CARGO_BIN_EXE_queen"))
+        .env_clear()
+        .env("PORT", port.to_string())
+        .env("HOST", "127.0.0.1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut up = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            up = true;
+            break;
+        }
+    }
+    assert!(up, "the broker listens");
+    // A connection the broker cannot accept is queued by the kernel and never answered: the
+    // bound turns that into a failure instead of a hang.
+    let served = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut open = Vec::new();
+        for _ in 0..400 {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let a = exchange(&mut c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+            open.push(c);
+        }
+        open.len()
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        served.ok(),
+        Some(400),
+        "every connection answered while all stay open"
+    );
+}
