@@ -1524,3 +1524,120 @@ async fn a_transactional_pipeline_is_exactly_once_through_a_postgres_restart() {
         "the pipeline failed:\n{printed}"
     );
 }
+
+/// The SQLSTATEs of the storage errors the broker at `addr` counted, by its metrics.
+async fn storage_error_states(addr: std::net::SocketAddr) -> Vec<String> {
+    let r = request(addr, "GET", "/metrics/prometheus", None).await;
+    assert_eq!(r.status, 200);
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .filter(|l| l.starts_with("queen_storage_errors_total{"))
+        .filter_map(|l| {
+            l.split("sqlstate=\"")
+                .nth(1)?
+                .split('"')
+                .next()
+                .map(String::from)
+        })
+        .collect()
+}
+
+/// A database that refuses writes for a while (`default_transaction_read_only` set by an
+/// operator, or by a managed service whose storage filled; a connection that reached a standby):
+/// pushes answer 503 with Retry-After, never 500, and a broker with a file buffer keeps them
+/// there; once writes are allowed again pushes store, and the buffered ones are stored too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_refusing_writes_answers_503_and_the_buffer_keeps_pushes() {
+    let name = format!("queen_faults_read_only_{}", std::process::id());
+    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let (_plain, plain) = broker_on(&cfg, 4, 0).await;
+    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("connect");
+    let dir = buffer_dir("read-only");
+    let (_buffered, buffered) =
+        buffered_broker(queen_core::storage::StorageSet::of(Arc::new(storage)), &dir).await;
+    let push = |n: u32| json!({"items": [{"queue": "read-only", "payload": {"n": n}}]});
+    assert_eq!(
+        request(plain, "POST", "/api/v1/push", Some(&push(0)))
+            .await
+            .status,
+        201
+    );
+
+    let (admin, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("admin");
+    tokio::spawn(conn);
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_read_only = on"
+        ))
+        .await
+        .expect("read-only");
+    // The brokers' connections come back read-only.
+    terminate_all(&cfg).await;
+    for n in 1..=5 {
+        push_answers_503_within(plain, &push(n), Duration::from_secs(30)).await;
+    }
+    assert!(
+        storage_error_states(plain)
+            .await
+            .iter()
+            .any(|s| s == "25006"),
+        "the refusal itself was met, not only the cut connections"
+    );
+    let r = request(buffered, "POST", "/api/v1/push", Some(&push(100))).await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()[0]["status"], "buffered");
+
+    // (terminate_all cut the first admin connection too.)
+    let (admin, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("admin");
+    tokio::spawn(conn);
+    // (One statement a call: a multi-statement call is one transaction, read-only from its start.)
+    admin
+        .batch_execute("SET default_transaction_read_only = off")
+        .await
+        .expect("this session writable");
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} RESET default_transaction_read_only"
+        ))
+        .await
+        .expect("writable");
+    terminate_all(&cfg).await;
+    let mut stored = false;
+    for _ in 0..60 {
+        if request(plain, "POST", "/api/v1/push", Some(&push(200)))
+            .await
+            .status
+            == 201
+        {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(stored, "pushes store again once writes are allowed");
+    let mut seen = vec![];
+    for _ in 0..60 {
+        seen.extend(
+            read_all(plain, "read-only", "audit")
+                .await
+                .iter()
+                .filter_map(|m| m["data"]["n"].as_u64()),
+        );
+        if seen.contains(&100) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        vec![0, 100, 200],
+        "the buffered push stored, the refused ones not"
+    );
+}
