@@ -778,13 +778,23 @@ async fn brokers_on(
     brokers
 }
 
-/// Storage calls of pops that failed on the broker at `addr`, by its metrics.
-async fn pop_storage_errors(addr: std::net::SocketAddr) -> u64 {
+/// The broker's `queen_storage_errors_total` lines, by its metrics.
+async fn storage_error_lines(addr: std::net::SocketAddr) -> Vec<String> {
     let r = request(addr, "GET", "/metrics/prometheus", None).await;
     assert_eq!(r.status, 200);
     String::from_utf8_lossy(&r.body)
         .lines()
-        .filter(|l| l.starts_with("queen_storage_errors_total{") && l.contains("route=\"pop\""))
+        .filter(|l| l.starts_with("queen_storage_errors_total{"))
+        .map(String::from)
+        .collect()
+}
+
+/// Storage calls of pops that failed on the broker at `addr`, by its metrics.
+async fn pop_storage_errors(addr: std::net::SocketAddr) -> u64 {
+    storage_error_lines(addr)
+        .await
+        .iter()
+        .filter(|l| l.contains("route=\"pop\""))
         .map(|l| {
             let value = l.rsplit(' ').next().unwrap_or_default();
             value
@@ -1527,11 +1537,9 @@ async fn a_transactional_pipeline_is_exactly_once_through_a_postgres_restart() {
 
 /// The SQLSTATEs of the storage errors the broker at `addr` counted, by its metrics.
 async fn storage_error_states(addr: std::net::SocketAddr) -> Vec<String> {
-    let r = request(addr, "GET", "/metrics/prometheus", None).await;
-    assert_eq!(r.status, 200);
-    String::from_utf8_lossy(&r.body)
-        .lines()
-        .filter(|l| l.starts_with("queen_storage_errors_total{"))
+    storage_error_lines(addr)
+        .await
+        .iter()
         .filter_map(|l| {
             l.split("sqlstate=\"")
                 .nth(1)?
