@@ -41,8 +41,8 @@ pub struct ServerConfig {
     pub limiter: LimiterConfig,
     pub max_body_bytes: usize,
     /// How long a connection may go without a byte of what the client owes: the next request's
-    /// head (on a new or idle keep-alive connection) or more of a request body. Past it the
-    /// connection is closed (a body answers 408 first). 0: wait for ever.
+    /// head (on a new or idle keep-alive connection), more of a request body, or reading more of
+    /// its answer. Past it the connection is closed (a body answers 408 first). 0: wait for ever.
     pub client_idle_timeout_ms: u64,
     /// The push failover buffer, when FILE_BUFFER_DIR is set.
     pub file_buffer: Option<Arc<FileBuffer>>,
@@ -307,9 +307,9 @@ pub struct Settings {
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = ServerConfig::default().max_body_bytes)]
     pub max_body_bytes: usize,
     /// Milliseconds a connection may go without a byte of what its client owes (the next
-    /// request's head on a new or idle keep-alive connection, or more of a request body) before
-    /// the broker closes it; a stalled body answers 408 first. A long-poll waiting for its answer
-    /// is not idle. 0: wait for ever.
+    /// request's head on a new or idle keep-alive connection, more of a request body, or reading
+    /// more of its answer) before the broker closes it; a stalled body answers 408 first. A
+    /// long-poll waiting for its answer is not idle. 0: wait for ever.
     #[arg(long, env = "CLIENT_IDLE_TIMEOUT_MS", default_value_t = DEFAULT_CLIENT_IDLE_TIMEOUT_MS)]
     pub client_idle_timeout_ms: u64,
     /// Push failover buffer directory: pushes accepted while PostgreSQL is unreachable (or in push

@@ -2,8 +2,11 @@
 //! (a panic below becomes a 500 for that request only).
 
 use std::future::Future;
+use std::io;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
 use hyper::body::Incoming;
@@ -11,7 +14,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::broker::{past_storage_deadline, Broker, STORAGE_DEADLINE};
 use crate::http::{self, Failure, Reply, Routed};
@@ -96,6 +99,11 @@ where
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(idle);
     }
+    let io = WriteStallGuard {
+        io,
+        limit: idle,
+        stalled: None,
+    };
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     tokio::select! {
@@ -121,5 +129,90 @@ pub async fn serve_listener(broker: Arc<Broker>, listener: tokio::net::TcpListen
         };
         let _ = stream.set_nodelay(true);
         tokio::spawn(serve_connection(broker.clone(), stream));
+    }
+}
+
+/// A connection's stream whose writes fail once they have made no progress for `limit`: a
+/// client that stops reading its answer (a frozen process, a host gone without a word) would
+/// otherwise hold the connection, and the answer's bytes, for ever. The timer runs only while a
+/// write waits, so a parked long-poll, which writes nothing, is never cut.
+struct WriteStallGuard<IO> {
+    io: IO,
+    limit: Option<std::time::Duration>,
+    /// Armed when a write first waits; disarmed by any progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<IO> WriteStallGuard<IO> {
+    fn guard<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let Poll::Pending = polled else {
+            self.stalled = None;
+            return polled;
+        };
+        let Some(limit) = self.limit else {
+            return Poll::Pending;
+        };
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.stalled = None;
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the client read nothing of its answer for {} ms",
+                limit.as_millis()
+            ),
+        )))
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for WriteStallGuard<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for WriteStallGuard<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.guard(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.guard(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.guard(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.guard(cx, polled)
     }
 }

@@ -1484,3 +1484,62 @@ async fn the_binary_serves_more_connections_than_the_soft_open_files_limit_it_st
         "every connection answered while all stay open"
     );
 }
+
+/// A client that stops reading its answer (a frozen process, a host gone without a word) does
+/// not hold the connection and the answer's bytes for ever: once a write has made no progress
+/// for CLIENT_IDLE_TIMEOUT_MS the broker closes the connection, and the client, reading at
+/// last, finds the answer cut short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_client_stops_reading_is_cut_after_the_idle_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let idle = Duration::from_millis(1500);
+    let config = ServerConfig {
+        client_idle_timeout_ms: idle.as_millis() as u64,
+        ..ServerConfig::default()
+    };
+    let b = start(Store::Memory, config).await;
+    // About 24 MB of answer: more than the two sockets' buffers hold.
+    let payload = "x".repeat(4096);
+    for round in 0..6 {
+        let items: Vec<Value> = (0..1000)
+            .map(|i| json!({"queue": "unread", "partition": "p", "payload": {"n": round * 1000 + i, "pad": payload}}))
+            .collect();
+        let r = request(
+            b.addr,
+            "POST",
+            "/api/v1/push",
+            Some(&json!({ "items": items })),
+        )
+        .await;
+        assert_eq!(r.status, 201);
+    }
+    let mut reader = tokio::net::TcpStream::connect(b.addr).await.unwrap();
+    reader
+        .write_all(b"GET /api/v1/pop/queue/unread/partition/p?batch=6000&wait=false HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(idle * 3).await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), reader.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the broker closed the connection");
+    let text = String::from_utf8_lossy(&got[..got.len().min(4096)]).into_owned();
+    assert!(
+        text.starts_with("HTTP/1.1 200"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    let end = text.find("\r\n\r\n").expect("a head") + 4;
+    let length: usize = text[..end]
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("a content-length");
+    assert!(
+        got.len() - end < length,
+        "the answer was cut short: {} of {length} bytes",
+        got.len() - end
+    );
+}
