@@ -163,6 +163,10 @@ pub(crate) fn bench_config() -> ServerConfig {
             .and_then(|v| v.parse().ok())
             .unwrap_or(queen_server::config::DEFAULT_PUSH_ROUNDS),
         limiter: bench_limiter(),
+        client_idle_timeout_ms: std::env::var("CLIENT_IDLE_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(queen_server::config::DEFAULT_CLIENT_IDLE_TIMEOUT_MS),
         ..ServerConfig::default()
     }
 }
