@@ -1315,6 +1315,25 @@ async fn read_until_closed(stream: &mut tokio::net::TcpStream, wait: Duration) -
     }
 }
 
+/// A memory-backend broker whose client-idle timeout is short enough to wait out in a test.
+async fn broker_with_short_idle_timeout() -> (common::TestBroker, Duration) {
+    let idle = Duration::from_millis(1500);
+    let config = ServerConfig {
+        client_idle_timeout_ms: idle.as_millis() as u64,
+        ..ServerConfig::default()
+    };
+    (start(Store::Memory, config).await, idle)
+}
+
+/// The content-length an answer's head names.
+fn content_length(head: &str) -> Option<usize> {
+    head.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("content-length:")
+            .map(|v| v.trim().parse().unwrap())
+    })
+}
+
 /// One request on a raw connection, its whole answer read by its content-length.
 async fn exchange(stream: &mut tokio::net::TcpStream, head: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1331,14 +1350,7 @@ async fn exchange(stream: &mut tokio::net::TcpStream, head: &str) -> String {
         got.extend_from_slice(&buf[..n]);
         let text = String::from_utf8_lossy(&got).into_owned();
         if let Some(end) = text.find("\r\n\r\n") {
-            let length: usize = text[..end]
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse().unwrap())
-                })
-                .unwrap_or(0);
+            let length = content_length(&text[..end]).unwrap_or(0);
             if got.len() >= end + 4 + length {
                 return text;
             }
@@ -1354,12 +1366,7 @@ async fn exchange(stream: &mut tokio::net::TcpStream, head: &str) -> String {
 async fn connections_that_owe_the_broker_bytes_are_closed_after_the_idle_timeout() {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpStream;
-    let idle = Duration::from_millis(1500);
-    let config = ServerConfig {
-        client_idle_timeout_ms: idle.as_millis() as u64,
-        ..ServerConfig::default()
-    };
-    let b = start(Store::Memory, config).await;
+    let (b, idle) = broker_with_short_idle_timeout().await;
     // Well past the timeout: a closure is what is checked, not when it came.
     let patience = Duration::from_secs(30);
 
@@ -1492,12 +1499,7 @@ async fn the_binary_serves_more_connections_than_the_soft_open_files_limit_it_st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_the_client_stops_reading_is_cut_after_the_idle_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let idle = Duration::from_millis(1500);
-    let config = ServerConfig {
-        client_idle_timeout_ms: idle.as_millis() as u64,
-        ..ServerConfig::default()
-    };
-    let b = start(Store::Memory, config).await;
+    let (b, idle) = broker_with_short_idle_timeout().await;
     // About 24 MB of answer: more than the two sockets' buffers hold.
     let payload = "x".repeat(4096);
     for round in 0..6 {
@@ -1529,14 +1531,7 @@ async fn an_answer_the_client_stops_reading_is_cut_after_the_idle_timeout() {
         &text[..text.len().min(200)]
     );
     let end = text.find("\r\n\r\n").expect("a head") + 4;
-    let length: usize = text[..end]
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().parse().unwrap())
-        })
-        .expect("a content-length");
+    let length = content_length(&text[..end]).expect("a content-length");
     assert!(
         got.len() - end < length,
         "the answer was cut short: {} of {length} bytes",
