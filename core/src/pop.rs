@@ -191,6 +191,10 @@ pub struct PopBugs {
     /// delete, a reseed, candidates put back) waits for that re-check, up to the backoff's cap
     /// (10 s with Queen's production settings) after storage answers again.
     pub park_on_backoff_after_unreachable_storage: bool,
+    /// A named-partition pop whose call failed keeps that call as its last look: with the
+    /// partition's epoch unchanged it does not ask again until an event of the partition or
+    /// its 30 s re-check, though what the partition held was never read.
+    pub keep_a_failed_partition_look: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1216,6 +1220,11 @@ impl PopMachine {
             ctx.rings
                 .ring(queue, &self.params.consumer_group)
                 .reseed_failed();
+        }
+        if matches!(work, Work::Partition { .. }) && !self.config.bugs.keep_a_failed_partition_look
+        {
+            // The look read nothing: the pop looks again as soon as it may.
+            self.partition_look = None;
         }
         if let Work::List(cands) = &work {
             if let PopShape::Queue { queue } = &self.params.shape {

@@ -1825,3 +1825,92 @@ fn work_cut_short_by_unreachable_storage_is_done_one_wait_after_it_answers() {
         "the switch parks the pop on its backoff: claimed {late} ms after storage was back"
     );
 }
+
+/// A named-partition long-poll whose call failed as unreachable asks storage again once the
+/// broker-wide wait ends: the failed call read nothing of the partition. Found by the simulation
+/// (prompt seed 1002): kept as its look, the failed call left the pop parked through a pop cut's
+/// restore, on its backoff, for the rest of its 30 s long-poll, with a message deliverable.
+#[test]
+fn a_partition_pop_whose_look_failed_looks_again_after_the_wait() {
+    const BACK_AT_MS: i64 = 500;
+    // When the pop claimed after storage answered again (`None`: not before its deadline).
+    let run = |bugs: PopBugs| -> Option<u64> {
+        let mut c = ctx();
+        let params = PopParams::from_query(
+            PopShape::Partition {
+                queue: "q".into(),
+                partition: "p".into(),
+            },
+            [("wait", "true"), ("timeout", "30000")].iter().copied(),
+            30_000,
+        )
+        .expect("params");
+        let mut m = PopMachine::new(
+            params,
+            WorkerId(uuid::Uuid::nil()),
+            production_timing(true, bugs),
+            T0,
+        );
+        let back = T0.plus_millis(BACK_AT_MS);
+        let mut events: std::collections::BTreeMap<(Timestamp, u64), PopInput> =
+            std::collections::BTreeMap::new();
+        let mut seq = 0u64;
+        events.insert((T0, seq), PopInput::Start);
+        while let Some(((now, _), input)) = events.pop_first() {
+            m.handle(input, now, &mut c);
+            for effect in drain(&mut m) {
+                seq += 1;
+                match effect {
+                    PopEffect::AcquirePermit => {
+                        events.insert((now, seq), PopInput::PermitGranted);
+                    }
+                    PopEffect::Storage { id, command } => {
+                        assert!(
+                            matches!(command, StorageCommand::PopPartition { .. }),
+                            "{command:?}"
+                        );
+                        let result = if now < back {
+                            Err(queen_core::storage::StorageError::Unavailable(
+                                "pops cut off from the database".into(),
+                            ))
+                        } else {
+                            Ok(StorageReply::Pop(PopResult {
+                                claims: vec![claim("p")],
+                                ..PopResult::default()
+                            }))
+                        };
+                        events.insert((now, seq), PopInput::StorageDone { id, result });
+                    }
+                    PopEffect::Park { until } => {
+                        events.insert((until, seq), PopInput::Timer);
+                    }
+                    PopEffect::Reply(PopReply::Messages { .. }) => {
+                        return Some(back.millis_until(now))
+                    }
+                    PopEffect::Reply(_) => return None,
+                    PopEffect::PassWake | PopEffect::ReleasePermit { .. } => {}
+                }
+            }
+        }
+        None
+    };
+    let wait = production_timing(true, PopBugs::default())
+        .backoff
+        .initial_ms;
+    let claimed = run(PopBugs::default()).expect("the pop claims before its deadline");
+    assert!(
+        claimed <= wait,
+        "claimed {claimed} ms after storage answered again (one wait: {wait} ms)"
+    );
+    let with_switch = run(PopBugs {
+        keep_a_failed_partition_look: true,
+        ..PopBugs::default()
+    });
+    eprintln!(
+        "claimed {claimed} ms after storage answered again; with the switch: {with_switch:?}"
+    );
+    assert!(
+        with_switch.is_none_or(|late| late > wait),
+        "the switch keeps the failed look: {with_switch:?}"
+    );
+}

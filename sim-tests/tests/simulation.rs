@@ -464,7 +464,9 @@ fn a_seed_replays_exactly() {
 /// budget reaches their interleavings only by chance: `stale_look_trusts_a_dropped_entry` (a
 /// look in flight across a drop; caught here at one seed of forty until push rounds moved the
 /// schedules, `ring::tests::a_stale_lease_verdict_does_not_park_a_dropped_partition`) and
-/// `committed_release_of_unknown_ignored` (core's pop machine tests).
+/// `committed_release_of_unknown_ignored` (core's pop machine tests). So is the pop switch
+/// `keep_a_failed_partition_look` (a named pop's call failing in a pop cut; found by prompt seed
+/// 1002, `pop_machine::a_partition_pop_whose_look_failed_looks_again_after_the_wait`).
 fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
     vec![
         (
