@@ -5,6 +5,7 @@
 //! `handle(input, now, ctx)` and drained with `poll()`.
 
 pub mod apply;
+pub mod autopilot;
 pub mod backoff;
 pub mod claim;
 pub mod dedup;

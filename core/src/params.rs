@@ -66,6 +66,9 @@ pub struct PopParams {
     pub frames: bool,
     /// `conflation=true`: the consumer asks for last-value delivery (see `claim::policy_step`).
     pub conflation: bool,
+    /// `autopilot=true`: which of `batch` and `partitions` the broker chooses (the ones the
+    /// request left out; see `autopilot`). `None`: the request did not ask, and gets no echo.
+    pub autopilot: Option<crate::autopilot::Chosen>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,7 +160,7 @@ fn parse_bool(name: &'static str, v: &str) -> Result<bool, ParamError> {
 
 impl PopParams {
     /// Builds the parameters from decoded query pairs. `default_timeout_ms` is DEFAULT_TIMEOUT.
-    /// Unknown keys (autopilot, ...) are ignored: clients send them freely.
+    /// Unknown keys are ignored: clients send them freely.
     pub fn from_query<'a>(
         shape: PopShape,
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -176,14 +179,21 @@ impl PopParams {
             lease_seconds: None,
             frames: false,
             conflation: false,
+            autopilot: None,
         };
         let (mut namespace, mut task) = (None, None);
+        let (mut autopilot, mut batch_sent, mut partitions_sent) = (false, false, false);
         for (k, v) in pairs {
             match k {
-                "batch" => p.batch = parse_u64("batch", v, 1, MAX_BATCH.into())? as u32,
-                "partitions" => {
-                    p.partitions = parse_u64("partitions", v, 1, MAX_PARTITIONS.into())? as u32
+                "batch" => {
+                    p.batch = parse_u64("batch", v, 1, MAX_BATCH.into())? as u32;
+                    batch_sent = true;
                 }
+                "partitions" => {
+                    p.partitions = parse_u64("partitions", v, 1, MAX_PARTITIONS.into())? as u32;
+                    partitions_sent = true;
+                }
+                "autopilot" => autopilot = parse_bool("autopilot", v)?,
                 "autoAck" => p.auto_ack = parse_bool("autoAck", v)?,
                 "wait" => p.wait = parse_bool("wait", v)?,
                 "frames" => p.frames = parse_bool("frames", v)?,
@@ -240,8 +250,16 @@ impl PopParams {
                 validate_name("queue", queue)?;
                 validate_name("partition", partition)?;
                 p.partitions = 1;
+                // A named partition is a width of one, whatever the request says.
+                partitions_sent = true;
             }
             PopShape::Queue { queue } => validate_name("queue", queue)?,
+        }
+        if autopilot {
+            p.autopilot = Some(crate::autopilot::Chosen {
+                batch: !batch_sent,
+                partitions: !partitions_sent,
+            });
         }
         if p.conflation && p.consumer_group == QUEUE_MODE_GROUP {
             return Err(ParamError::ConflationNeedsGroup);
@@ -300,6 +318,43 @@ mod tests {
                 .timeout_ms,
             5000
         );
+    }
+
+    #[test]
+    fn autopilot_chooses_only_the_knobs_the_request_left_out() {
+        let chosen = |pairs: &[(&str, &str)]| {
+            PopParams::from_query(q(), pairs.iter().copied(), 1)
+                .expect("valid")
+                .autopilot
+        };
+        let pick = |batch, partitions| Some(crate::autopilot::Chosen { batch, partitions });
+        assert_eq!(chosen(&[]), None, "no autopilot=true: no echo");
+        assert_eq!(chosen(&[("autopilot", "false")]), None);
+        assert_eq!(chosen(&[("autopilot", "true")]), pick(true, true));
+        assert_eq!(
+            chosen(&[("autopilot", "true"), ("batch", "10")]),
+            pick(false, true)
+        );
+        // The key order of the query does not matter.
+        assert_eq!(
+            chosen(&[("partitions", "1"), ("autopilot", "true")]),
+            pick(true, false)
+        );
+        assert_eq!(
+            chosen(&[("autopilot", "true"), ("batch", "5"), ("partitions", "2")]),
+            pick(false, false)
+        );
+        let named = PopShape::Partition {
+            queue: "q".into(),
+            partition: "p".into(),
+        };
+        let p = PopParams::from_query(named, [("autopilot", "true")], 1).expect("valid");
+        assert_eq!(
+            p.autopilot,
+            pick(true, false),
+            "a named partition is one wide"
+        );
+        assert!(PopParams::from_query(q(), [("autopilot", "maybe")], 1).is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 
+use crate::autopilot::{self, Sizing};
 use crate::backoff::WaitBackoff;
 use crate::claim::SubscriptionIntent;
 use crate::params::{PopParams, PopShape};
@@ -549,6 +550,9 @@ pub struct PopMachine {
     /// The group's stored conflation policy: what this pop's storage answers said, else (once
     /// done) what its broker last heard for the (queue, group).
     stored_conflation: Option<bool>,
+    /// The width and budget of this pop's storage calls: the request's, or where it left them to
+    /// the autopilot, the last the autopilot chose (see `resize`).
+    sizing: Sizing,
 }
 
 /// How long a single-partition pop trusts an unchanged ring epoch before asking storage again.
@@ -560,6 +564,10 @@ impl PopMachine {
             params.deadline(now)
         } else {
             now
+        };
+        let sizing = Sizing {
+            partitions: params.partitions,
+            batch: params.batch,
         };
         PopMachine {
             params,
@@ -573,6 +581,26 @@ impl PopMachine {
             partition_look: None,
             revisit_at: None,
             stored_conflation: None,
+            sizing,
+        }
+    }
+
+    /// What the answer echoes of the autopilot's choice, when the request asked for it.
+    pub fn autopilot_echo(&self) -> Option<autopilot::Echo> {
+        self.params
+            .autopilot
+            .map(|_| autopilot::Echo::of(self.sizing))
+    }
+
+    /// Sizes the next storage call where the request left a knob to the autopilot. `ready`: the
+    /// group's ready partitions on the ring serving this pop (`None`: no ring serves it).
+    fn resize(&mut self, ready: Option<usize>) {
+        if let Some(chosen) = self.params.autopilot {
+            let sent = Sizing {
+                partitions: self.params.partitions,
+                batch: self.params.batch,
+            };
+            self.sizing = autopilot::size(chosen, sent, ready);
         }
     }
 
@@ -649,8 +677,8 @@ impl PopMachine {
             queue: queue.to_string(),
             group: self.params.consumer_group.clone(),
             worker: self.worker,
-            batch: self.params.batch,
-            max_partitions: self.params.partitions,
+            batch: self.sizing.batch,
+            max_partitions: self.sizing.partitions,
             auto_ack: self.params.auto_ack,
             lease_seconds: self.params.lease_seconds,
             intent: SubscriptionIntent {
@@ -952,6 +980,8 @@ impl PopMachine {
         let group = self.params.consumer_group.clone();
         let ring = ctx.rings.ring(queue, &group);
         let pending = ring.pending_hint(now);
+        let ready = ring.ready_count(now);
+        self.resize(Some(ready));
         if pending == 0 {
             // Real work is a reseed or a refresh, not an under-full batch: do not hold.
             return self.acquire(false, owes_reseed);
@@ -960,7 +990,7 @@ impl PopMachine {
         let until = started
             .plus_millis(i64::from(min_wait))
             .min(self.params.deadline(started).max(started));
-        if pending >= u64::from(self.params.batch)
+        if pending >= u64::from(self.sizing.batch)
             || now >= until
             || now >= self.deadline && self.params.wait
         {
@@ -1104,7 +1134,9 @@ impl PopMachine {
             };
             return self.work(command, Work::Reseed, round);
         }
-        let candidates = ring.take_share(self.params.partitions, now);
+        let ready = ring.ready_count(now);
+        self.resize(Some(ready));
+        let candidates = ring.take_share(self.sizing.partitions, now);
         if candidates.is_empty() {
             return self.release_then_empty(round, now);
         }

@@ -351,6 +351,8 @@ pub struct FramedAnswer<'a> {
     pub queue: &'a str,
     pub lease_id: &'a str,
     pub consumer_group: &'a str,
+    /// The answer's own keys as one JSON object (version 1), e.g. the autopilot echo.
+    pub extra: Option<&'a [u8]>,
     pub claims: Vec<FramedClaim<'a>>,
 }
 
@@ -412,8 +414,8 @@ fn frame_error(e: FrameError) -> WireError {
     bad(format!("corrupt segment: {e}"))
 }
 
-/// Encodes a framed pop answer (`QPF1`, version 0: the JSON answer has no keys beyond the ones
-/// the frames carry).
+/// Encodes a framed pop answer (`QPF1`: version 0 when the JSON answer has no keys beyond the
+/// ones the frames carry, version 1 with the others as one JSON object).
 pub fn encode_pop_frames(answer: &FramedAnswer<'_>) -> Result<Vec<u8>, WireError> {
     let size: usize = answer
         .claims
@@ -422,7 +424,14 @@ pub fn encode_pop_frames(answer: &FramedAnswer<'_>) -> Result<Vec<u8>, WireError
         .sum();
     let mut out = Vec::with_capacity(64 + size);
     out.extend_from_slice(POP_MAGIC);
-    out.push(0);
+    match answer.extra {
+        None => out.push(0),
+        Some(keys) => {
+            out.push(1);
+            put_len(&mut out, keys.len(), "the answer's own keys")?;
+            out.extend_from_slice(keys);
+        }
+    }
     put_str16(&mut out, answer.queue, "the queue name")?;
     put_str16(&mut out, answer.lease_id, "the leaseId")?;
     put_str16(&mut out, answer.consumer_group, "the consumer group")?;

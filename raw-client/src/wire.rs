@@ -172,6 +172,8 @@ pub struct FramedClaim {
 
 #[derive(Clone, Debug)]
 pub struct FramedAnswer {
+    /// Version 1's JSON object of the answer's own keys (e.g. `autopilot`).
+    pub own_keys: Option<serde_json::Value>,
     pub queue: String,
     pub lease_id: String,
     pub consumer_group: String,
@@ -209,10 +211,10 @@ pub fn read_pop_frames(data: &[u8]) -> FramedAnswer {
     assert!(data.starts_with(b"QPF1"), "not a framed pop answer");
     let mut r = In(data, 4);
     let version = r.u8();
-    if version == 1 {
+    let own_keys = (version == 1).then(|| {
         let n = r.u32() as usize;
-        r.take(n);
-    }
+        serde_json::from_slice(r.take(n)).expect("version 1's keys are a JSON object")
+    });
     let queue = r.text();
     let lease_id = r.text();
     let consumer_group = r.text();
@@ -281,6 +283,7 @@ pub fn read_pop_frames(data: &[u8]) -> FramedAnswer {
     }
     assert_eq!(r.1, data.len(), "bytes after the framed answer");
     FramedAnswer {
+        own_keys,
         queue,
         lease_id,
         consumer_group,

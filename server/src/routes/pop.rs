@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::StatusCode;
+use queen_core::autopilot;
 use queen_core::claim::ConflationEcho;
 use queen_core::delivery::{claims_to_messages, DeliveredMessage};
 use queen_core::ledger::DeliveredBatch;
@@ -125,7 +126,10 @@ async fn drive(broker: Arc<Broker>, params: PopParams, mut tx: oneshot::Sender<R
                 PopEffect::Reply(reply) => {
                     let params = machine.params();
                     let (group, framed) = (params.consumer_group.clone(), params.frames);
-                    let echo = machine.conflation_echo();
+                    let echo = Echoes {
+                        conflation: machine.conflation_echo(),
+                        autopilot: machine.autopilot_echo().map(AutopilotAnswer::from),
+                    };
                     Box::pin(finish(&broker, reply, &group, framed, echo, tx)).await;
                     return;
                 }
@@ -189,16 +193,42 @@ async fn park(
     woke
 }
 
+/// What an answer with a body says of the request's conflation and autopilot.
+#[derive(Clone, Copy)]
+struct Echoes {
+    conflation: ConflationEcho,
+    autopilot: Option<AutopilotAnswer>,
+}
+
+/// The `autopilot` key of an answer: the width and budget the pop used.
+#[derive(Clone, Copy, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AutopilotAnswer {
+    partitions: u32,
+    batch: u32,
+    wait_ms: u64,
+}
+
+impl From<autopilot::Echo> for AutopilotAnswer {
+    fn from(e: autopilot::Echo) -> Self {
+        AutopilotAnswer {
+            partitions: e.partitions,
+            batch: e.batch,
+            wait_ms: e.wait_ms,
+        }
+    }
+}
+
 async fn finish(
     broker: &Arc<Broker>,
     reply: PopReply,
     group: &str,
     framed: bool,
-    echo: ConflationEcho,
+    echo: Echoes,
     tx: oneshot::Sender<Reply>,
 ) {
     match reply {
-        PopReply::Empty if echo.says_anything() => {
+        PopReply::Empty if echo.conflation.says_anything() => {
             // A client that asked for conflation checks the echo on every answer, empty ones
             // included, so this one is a 200.
             broker.metrics.pops_empty.inc();
@@ -221,8 +251,8 @@ async fn finish(
             broker.crash_point(CrashPoint::PopClaimed).await;
             broker.metrics.pops_messages.inc();
             // Queen 2.x answers a conflating group in JSON, where the echo has its place.
-            let framed = if framed && !echo.says_anything() {
-                render_framed(broker, &claims, worker, auto_ack, group).await
+            let framed = if framed && !echo.conflation.says_anything() {
+                render_framed(broker, &claims, worker, auto_ack, group, echo.autopilot).await
             } else {
                 Ok(None)
             };
@@ -324,16 +354,21 @@ struct Answer<'a> {
     conflation: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     conflation_conflict: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    autopilot: Option<AutopilotAnswer>,
 }
 
-/// An empty answer that must still carry the conflation echo.
-fn empty_answer(echo: ConflationEcho) -> serde_json::Value {
+/// An empty answer that must still carry the conflation echo (and so the autopilot's too).
+fn empty_answer(echo: Echoes) -> serde_json::Value {
     let mut answer = serde_json::json!({"success": true, "messages": []});
-    if echo.conflation {
+    if echo.conflation.conflation {
         answer["conflation"] = true.into();
     }
-    if echo.conflict {
+    if echo.conflation.conflict {
         answer["conflationConflict"] = true.into();
+    }
+    if let Some(a) = echo.autopilot {
+        answer["autopilot"] = serde_json::json!(a);
     }
     answer
 }
@@ -345,7 +380,7 @@ fn render(
     worker: WorkerId,
     auto_ack: bool,
     group: &str,
-    echo: ConflationEcho,
+    echo: Echoes,
 ) -> Result<(Vec<u8>, Vec<DeliveredBatch>), Failure> {
     let delivered =
         claims_to_messages(claims).map_err(|e| Failure::server(format!("corrupt segment: {e}")))?;
@@ -395,8 +430,9 @@ fn render(
         consumer_group: group,
         partitions_claimed: claims.len(),
         messages,
-        conflation: echo.conflation,
-        conflation_conflict: echo.conflict,
+        conflation: echo.conflation.conflation,
+        conflation_conflict: echo.conflation.conflict,
+        autopilot: echo.autopilot,
     };
     let bytes = serde_json::to_vec(&answer)
         .map_err(|e| Failure::server(format!("rendering the answer: {e}")))?;
@@ -460,6 +496,7 @@ async fn render_framed(
     worker: WorkerId,
     auto_ack: bool,
     group: &str,
+    autopilot: Option<AutopilotAnswer>,
 ) -> Result<Option<(Vec<u8>, Vec<DeliveredBatch>)>, Failure> {
     let Some(queue) = claims.first().map(|c| c.queue.as_str()) else {
         return Ok(None);
@@ -507,10 +544,16 @@ async fn render_framed(
     } else {
         worker.to_string()
     };
+    // The answer's own keys beyond the frames ride in version 1's JSON object.
+    let extra = autopilot
+        .map(|a| serde_json::to_vec(&serde_json::json!({ "autopilot": a })))
+        .transpose()
+        .map_err(|e| Failure::server(format!("rendering the autopilot echo: {e}")))?;
     let bytes = encode_pop_frames(&FramedAnswer {
         queue,
         lease_id: &lease_id,
         consumer_group: group,
+        extra: extra.as_deref(),
         claims: framed,
     })
     .map_err(|e| Failure::server(format!("framing the answer: {e}")))?;

@@ -126,6 +126,48 @@ async def groups_and_subscription_modes(queen):
     check(len(queue_mode) == 8, "queue mode is independent of the groups")
 
 
+async def autopilot_sizes_the_pop(queen):
+    # The client's default pop leaves batch and partitions to the broker (autopilot=true) and
+    # reads back what the broker chose.
+    q = unique("compat-autopilot")
+    await queen.queue(q).create()
+    for i in range(30):
+        await queen.queue(q).partition(f"p{i:02}").push([{"data": {"i": i}}])
+    seen, widths = [], []
+    while True:
+        res = await queen.queue(q).group("ap").wait(False).pop_result()
+        if not res.messages:
+            break
+        check(res.autopilot is not None, "pop_result() reads the broker's autopilot choice")
+        check(res.autopilot.partitions >= len({m["partition"] for m in res.messages}), "the claim is within the echoed width")
+        check(res.autopilot.batch >= len(res.messages) and res.autopilot.wait_millis == 0, "and within the echoed budget")
+        widths.append(res.autopilot.partitions)
+        seen += [m["data"]["i"] for m in res.messages]
+        await queen.ack(res.messages, True, {"group": "ap"})
+    check(sorted(seen) == list(range(30)), f"every message once ({len(seen)})")
+    check(max(widths) > 1 and len(widths) < 15, f"the broker swept several partitions a pop ({widths})")
+
+    # consume() with the defaults: the handler gets the broker-sized batches as lists.
+    q = unique("compat-autopilot-consume")
+    await queen.queue(q).create()
+    for j in range(20):
+        await queen.queue(q).partition(f"c{j:02}").push([{"data": {"j": j}}])
+    got = []
+
+    async def handler(messages):
+        got.extend(m["data"]["j"] for m in messages)
+
+    await queen.queue(q).group("consumer").wait(False).limit(20).consume(handler)
+    check(sorted(got) == list(range(20)), f"a default consume() drains broker-sized batches ({len(got)})")
+
+    # A pinned knob is kept; autopilot(False) sends no flag and gets no echo.
+    pinned = await queen.queue(q).group("pinned").partitions(1).wait(False).pop_result()
+    check(pinned.autopilot is not None and pinned.autopilot.partitions == 1, "partitions(1) stays one partition wide")
+    check(pinned.autopilot.batch == 200, f"and the broker sizes its batch ({pinned.autopilot})")
+    off = await queen.queue(q).group("off").autopilot(False).wait(False).pop_result()
+    check(len(off.messages) == 1 and off.autopilot is None, "autopilot(False): batch 1, no echo")
+
+
 async def commit_on_delivery(queen):
     q = unique("compat-autoack")
     await queen.queue(q).create()
@@ -267,6 +309,7 @@ async def main():
         await consume_single_ack(queen)
         await groups_and_subscription_modes(queen)
         await commit_on_delivery(queen)
+        await autopilot_sizes_the_pop(queen)
         await nack_retry_dlq(queen)
         await transaction_pop_process_push_ack(queen)
         await seek_and_replay(queen)

@@ -1572,6 +1572,9 @@ async fn consume(shared: Arc<Shared>, c: Consumer, made: Arc<AtomicU64>, mut rng
         shared.set_wait(&c.name, None);
         match answer {
             Ok((200, body)) => {
+                if body["autopilot"]["partitions"].as_u64() > Some(1) {
+                    shared.bump("delivery: the autopilot widened a pop");
+                }
                 let deliveries = parse_delivery(&body, invoked, shared.now(), id, &c);
                 let alive = settle(&shared, &c, deliveries, &ack_broker, &mut rng).await;
                 if !alive {
@@ -1604,9 +1607,15 @@ fn pop_target(
     made: &AtomicU64,
     rng: &mut SeededRng,
 ) -> (String, Option<WaitTarget>) {
+    // Every fourth pop leaves its batch and width to the broker's autopilot (Queen 2.6.0's
+    // default), so the checkers hold broker-sized pops to the same rules.
+    let sizing = if pops % 4 == 2 {
+        "autopilot=true".to_string()
+    } else {
+        format!("batch={}", c.batch)
+    };
     let query = format!(
-        "batch={}&wait=true&timeout={timeout_ms}&consumerGroup={}{}",
-        c.batch,
+        "{sizing}&wait=true&timeout={timeout_ms}&consumerGroup={}{}",
         c.group,
         if c.auto_ack { "&autoAck=true" } else { "" }
     );
