@@ -10,7 +10,7 @@ use queen_core::pop::{
     StorageReply,
 };
 use queen_core::ring::{RingBugs, RingTable};
-use queen_core::storage::{Claim, PopResult, QueueConfig, Verdict};
+use queen_core::storage::{Claim, PopResult, QueueConfig, StorageError, StorageResult, Verdict};
 use queen_core::{Timestamp, WorkerId};
 
 const T0: Timestamp = Timestamp(1_700_000_000_000_000);
@@ -1016,8 +1016,8 @@ fn answer(
 }
 
 /// A partition pop told "leased until T" looks again at T, not at its next backoff re-check.
-fn partition_pop_after_a_lease(bugs: PopBugs) -> (Vec<PopEffect>, Timestamp) {
-    let mut c = ctx();
+/// A 30 s long-poll of the named partition q/p with Queen's production re-check timing.
+fn partition_long_poll(bugs: PopBugs) -> PopMachine {
     let params = PopParams::from_query(
         PopShape::Partition {
             queue: "q".into(),
@@ -1027,12 +1027,53 @@ fn partition_pop_after_a_lease(bugs: PopBugs) -> (Vec<PopEffect>, Timestamp) {
         30_000,
     )
     .expect("params");
-    let mut m = PopMachine::new(
+    PopMachine::new(
         params,
         WorkerId(uuid::Uuid::nil()),
         production_timing(true, bugs),
         T0,
-    );
+    )
+}
+
+/// Drives a machine from `Start` by its own effects (permits granted at once, each park ending
+/// in its timer) with `storage` answering its calls, until it replies: when it answered with
+/// messages (`None`: any other reply).
+fn drive_until_reply(
+    m: &mut PopMachine,
+    c: &mut PopContext,
+    mut storage: impl FnMut(Timestamp, StorageCommand) -> StorageResult<StorageReply>,
+) -> Option<Timestamp> {
+    let mut events: std::collections::BTreeMap<(Timestamp, u64), PopInput> =
+        std::collections::BTreeMap::new();
+    let mut seq = 0u64;
+    events.insert((T0, seq), PopInput::Start);
+    while let Some(((now, _), input)) = events.pop_first() {
+        m.handle(input, now, c);
+        for effect in drain(m) {
+            seq += 1;
+            match effect {
+                PopEffect::AcquirePermit => {
+                    events.insert((now, seq), PopInput::PermitGranted);
+                }
+                PopEffect::Storage { id, command } => {
+                    let result = storage(now, command);
+                    events.insert((now, seq), PopInput::StorageDone { id, result });
+                }
+                PopEffect::Park { until } => {
+                    events.insert((until, seq), PopInput::Timer);
+                }
+                PopEffect::Reply(PopReply::Messages { .. }) => return Some(now),
+                PopEffect::Reply(_) => return None,
+                PopEffect::PassWake | PopEffect::ReleasePermit { .. } => {}
+            }
+        }
+    }
+    panic!("the pop stopped without an answer");
+}
+
+fn partition_pop_after_a_lease(bugs: PopBugs) -> (Vec<PopEffect>, Timestamp) {
+    let mut c = ctx();
+    let mut m = partition_long_poll(bugs);
     m.handle(PopInput::Start, T0, &mut c);
     assert_eq!(drain(&mut m), vec![PopEffect::AcquirePermit]);
     m.handle(PopInput::PermitGranted, T0, &mut c);
@@ -1762,50 +1803,22 @@ fn work_cut_short_by_unreachable_storage_is_done_one_wait_after_it_answers() {
         let mut c = ctx();
         let mut m = machine(&[("wait", "true"), ("timeout", "30000")], config);
         let back = T0.plus_millis(BACK_AT_MS);
-        let mut events: std::collections::BTreeMap<(Timestamp, u64), PopInput> =
-            std::collections::BTreeMap::new();
-        let mut seq = 0u64;
-        events.insert((T0, seq), PopInput::Start);
-        while let Some(((now, _), input)) = events.pop_first() {
-            assert!(now < T0.plus_secs(30), "the pop never claimed");
-            m.handle(input, now, &mut c);
-            for effect in drain(&mut m) {
-                seq += 1;
-                match effect {
-                    PopEffect::AcquirePermit => {
-                        events.insert((now, seq), PopInput::PermitGranted);
-                    }
-                    PopEffect::Storage { id, command } => {
-                        let result = if now < back {
-                            Err(queen_core::storage::StorageError::Unavailable(
-                                "no connection".into(),
-                            ))
-                        } else {
-                            Ok(match command {
-                                StorageCommand::QueueConfig { .. } => {
-                                    StorageReply::Config(Some(QueueConfig::with_defaults("q")))
-                                }
-                                StorageCommand::PopWildcard { .. } => {
-                                    StorageReply::Pop(PopResult {
-                                        claims: vec![claim("p")],
-                                        ..PopResult::default()
-                                    })
-                                }
-                                other => panic!("unexpected command {other:?}"),
-                            })
-                        };
-                        events.insert((now, seq), PopInput::StorageDone { id, result });
-                    }
-                    PopEffect::Park { until } => {
-                        events.insert((until, seq), PopInput::Timer);
-                    }
-                    PopEffect::Reply(PopReply::Messages { .. }) => return now,
-                    PopEffect::Reply(other) => panic!("the pop answered {other:?}"),
-                    PopEffect::PassWake | PopEffect::ReleasePermit { .. } => {}
-                }
+        drive_until_reply(&mut m, &mut c, |now, command| {
+            if now < back {
+                return Err(StorageError::Unavailable("no connection".into()));
             }
-        }
-        panic!("the pop stopped without an answer");
+            Ok(match command {
+                StorageCommand::QueueConfig { .. } => {
+                    StorageReply::Config(Some(QueueConfig::with_defaults("q")))
+                }
+                StorageCommand::PopWildcard { .. } => StorageReply::Pop(PopResult {
+                    claims: vec![claim("p")],
+                    ..PopResult::default()
+                }),
+                other => panic!("unexpected command {other:?}"),
+            })
+        })
+        .expect("the pop claims before its deadline")
     };
     let wait = backoff.initial_ms;
     let claimed = T0
@@ -1836,63 +1849,24 @@ fn a_partition_pop_whose_look_failed_looks_again_after_the_wait() {
     // When the pop claimed after storage answered again (`None`: not before its deadline).
     let run = |bugs: PopBugs| -> Option<u64> {
         let mut c = ctx();
-        let params = PopParams::from_query(
-            PopShape::Partition {
-                queue: "q".into(),
-                partition: "p".into(),
-            },
-            [("wait", "true"), ("timeout", "30000")].iter().copied(),
-            30_000,
-        )
-        .expect("params");
-        let mut m = PopMachine::new(
-            params,
-            WorkerId(uuid::Uuid::nil()),
-            production_timing(true, bugs),
-            T0,
-        );
+        let mut m = partition_long_poll(bugs);
         let back = T0.plus_millis(BACK_AT_MS);
-        let mut events: std::collections::BTreeMap<(Timestamp, u64), PopInput> =
-            std::collections::BTreeMap::new();
-        let mut seq = 0u64;
-        events.insert((T0, seq), PopInput::Start);
-        while let Some(((now, _), input)) = events.pop_first() {
-            m.handle(input, now, &mut c);
-            for effect in drain(&mut m) {
-                seq += 1;
-                match effect {
-                    PopEffect::AcquirePermit => {
-                        events.insert((now, seq), PopInput::PermitGranted);
-                    }
-                    PopEffect::Storage { id, command } => {
-                        assert!(
-                            matches!(command, StorageCommand::PopPartition { .. }),
-                            "{command:?}"
-                        );
-                        let result = if now < back {
-                            Err(queen_core::storage::StorageError::Unavailable(
-                                "pops cut off from the database".into(),
-                            ))
-                        } else {
-                            Ok(StorageReply::Pop(PopResult {
-                                claims: vec![claim("p")],
-                                ..PopResult::default()
-                            }))
-                        };
-                        events.insert((now, seq), PopInput::StorageDone { id, result });
-                    }
-                    PopEffect::Park { until } => {
-                        events.insert((until, seq), PopInput::Timer);
-                    }
-                    PopEffect::Reply(PopReply::Messages { .. }) => {
-                        return Some(back.millis_until(now))
-                    }
-                    PopEffect::Reply(_) => return None,
-                    PopEffect::PassWake | PopEffect::ReleasePermit { .. } => {}
-                }
+        let claimed = drive_until_reply(&mut m, &mut c, |now, command| {
+            assert!(
+                matches!(command, StorageCommand::PopPartition { .. }),
+                "{command:?}"
+            );
+            if now < back {
+                return Err(StorageError::Unavailable(
+                    "pops cut off from the database".into(),
+                ));
             }
-        }
-        None
+            Ok(StorageReply::Pop(PopResult {
+                claims: vec![claim("p")],
+                ..PopResult::default()
+            }))
+        });
+        claimed.map(|at| back.millis_until(at))
     };
     let wait = production_timing(true, PopBugs::default())
         .backoff
