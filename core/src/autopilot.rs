@@ -16,6 +16,7 @@
 //! - `waitMs` is always 0 (no advice): a waiting pop parks in the broker until a push wakes it,
 //!   and a non-waiting pop that finds nothing answers 204, which has no body to carry advice.
 
+pub use crate::params::Chosen;
 use crate::params::{DEFAULT_BATCH, DEFAULT_PARTITIONS};
 
 /// The widest sweep the autopilot chooses.
@@ -24,13 +25,6 @@ pub const MAX_WIDTH: u32 = 32;
 pub const BUDGET_PER_PARTITION: u32 = 50;
 /// The largest budget the autopilot chooses.
 pub const MAX_BUDGET: u32 = 1_000;
-
-/// Which knobs the broker chooses for one pop (`autopilot=true` and the knob absent).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Chosen {
-    pub batch: bool,
-    pub partitions: bool,
-}
 
 /// The two knobs one storage call of a pop uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -49,6 +49,14 @@ pub enum PopShape {
     },
 }
 
+/// Which knobs the broker's autopilot chooses for one pop (`autopilot=true` and the knob absent;
+/// the rule is `autopilot::size`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chosen {
+    pub batch: bool,
+    pub partitions: bool,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct PopParams {
     pub shape: PopShape,
@@ -68,7 +76,7 @@ pub struct PopParams {
     pub conflation: bool,
     /// `autopilot=true`: which of `batch` and `partitions` the broker chooses (the ones the
     /// request left out; see `autopilot`). `None`: the request did not ask, and gets no echo.
-    pub autopilot: Option<crate::autopilot::Chosen>,
+    pub autopilot: Option<Chosen>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -256,7 +264,7 @@ impl PopParams {
             PopShape::Queue { queue } => validate_name("queue", queue)?,
         }
         if autopilot {
-            p.autopilot = Some(crate::autopilot::Chosen {
+            p.autopilot = Some(Chosen {
                 batch: !batch_sent,
                 partitions: !partitions_sent,
             });
@@ -327,7 +335,7 @@ mod tests {
                 .expect("valid")
                 .autopilot
         };
-        let pick = |batch, partitions| Some(crate::autopilot::Chosen { batch, partitions });
+        let pick = |batch, partitions| Some(Chosen { batch, partitions });
         assert_eq!(chosen(&[]), None, "no autopilot=true: no echo");
         assert_eq!(chosen(&[("autopilot", "false")]), None);
         assert_eq!(chosen(&[("autopilot", "true")]), pick(true, true));
