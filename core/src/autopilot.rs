@@ -34,7 +34,8 @@ pub struct Sizing {
 }
 
 /// What the answer echoes under `autopilot` (wire names `partitions`, `batch`, `waitMs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Echo {
     pub partitions: u32,
     pub batch: u32,
@@ -47,6 +48,16 @@ impl Echo {
             partitions: sizing.partitions,
             batch: sizing.batch,
             wait_ms: 0,
+        }
+    }
+}
+
+impl Sizing {
+    /// The knobs as the request has them (a left-out knob at its default).
+    pub fn sent(params: &crate::params::PopParams) -> Sizing {
+        Sizing {
+            partitions: params.partitions,
+            batch: params.batch,
         }
     }
 }

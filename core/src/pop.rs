@@ -17,7 +17,7 @@ use crate::autopilot::{self, Sizing};
 use crate::backoff::WaitBackoff;
 use crate::claim::SubscriptionIntent;
 use crate::params::{PopParams, PopShape};
-use crate::ring::{Candidate, RingTable, DEFAULT_CONFIG_TTL_MS};
+use crate::ring::{Candidate, HotRing, RingTable, DEFAULT_CONFIG_TTL_MS};
 use crate::storage::{
     Claim, PopRequest, PopResult, QueueConfig, StorageError, StorageResult, Verdict,
 };
@@ -565,9 +565,10 @@ impl PopMachine {
         } else {
             now
         };
-        let sizing = Sizing {
-            partitions: params.partitions,
-            batch: params.batch,
+        // Until a ring serves it, a pop is sized as one no ring serves.
+        let sizing = match params.autopilot {
+            Some(chosen) => autopilot::size(chosen, Sizing::sent(&params), None),
+            None => Sizing::sent(&params),
         };
         PopMachine {
             params,
@@ -592,15 +593,12 @@ impl PopMachine {
             .map(|_| autopilot::Echo::of(self.sizing))
     }
 
-    /// Sizes the next storage call where the request left a knob to the autopilot. `ready`: the
-    /// group's ready partitions on the ring serving this pop (`None`: no ring serves it).
-    fn resize(&mut self, ready: Option<usize>) {
+    /// Sizes the next storage call from the ring serving this pop, where the request left a
+    /// knob to the autopilot (a pop that did not ask pays nothing here).
+    fn resize(&mut self, ring: &mut HotRing, now: Timestamp) {
         if let Some(chosen) = self.params.autopilot {
-            let sent = Sizing {
-                partitions: self.params.partitions,
-                batch: self.params.batch,
-            };
-            self.sizing = autopilot::size(chosen, sent, ready);
+            let ready = ring.ready_count(now);
+            self.sizing = autopilot::size(chosen, Sizing::sent(&self.params), Some(ready));
         }
     }
 
@@ -980,8 +978,7 @@ impl PopMachine {
         let group = self.params.consumer_group.clone();
         let ring = ctx.rings.ring(queue, &group);
         let pending = ring.pending_hint(now);
-        let ready = ring.ready_count(now);
-        self.resize(Some(ready));
+        self.resize(ring, now);
         if pending == 0 {
             // Real work is a reseed or a refresh, not an under-full batch: do not hold.
             return self.acquire(false, owes_reseed);
@@ -1134,8 +1131,7 @@ impl PopMachine {
             };
             return self.work(command, Work::Reseed, round);
         }
-        let ready = ring.ready_count(now);
-        self.resize(Some(ready));
+        self.resize(ring, now);
         let candidates = ring.take_share(self.sizing.partitions, now);
         if candidates.is_empty() {
             return self.release_then_empty(round, now);

@@ -128,7 +128,7 @@ async fn drive(broker: Arc<Broker>, params: PopParams, mut tx: oneshot::Sender<R
                     let (group, framed) = (params.consumer_group.clone(), params.frames);
                     let echo = Echoes {
                         conflation: machine.conflation_echo(),
-                        autopilot: machine.autopilot_echo().map(AutopilotAnswer::from),
+                        autopilot: machine.autopilot_echo(),
                     };
                     Box::pin(finish(&broker, reply, &group, framed, echo, tx)).await;
                     return;
@@ -197,26 +197,7 @@ async fn park(
 #[derive(Clone, Copy)]
 struct Echoes {
     conflation: ConflationEcho,
-    autopilot: Option<AutopilotAnswer>,
-}
-
-/// The `autopilot` key of an answer: the width and budget the pop used.
-#[derive(Clone, Copy, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct AutopilotAnswer {
-    partitions: u32,
-    batch: u32,
-    wait_ms: u64,
-}
-
-impl From<autopilot::Echo> for AutopilotAnswer {
-    fn from(e: autopilot::Echo) -> Self {
-        AutopilotAnswer {
-            partitions: e.partitions,
-            batch: e.batch,
-            wait_ms: e.wait_ms,
-        }
-    }
+    autopilot: Option<autopilot::Echo>,
 }
 
 async fn finish(
@@ -355,7 +336,7 @@ struct Answer<'a> {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     conflation_conflict: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    autopilot: Option<AutopilotAnswer>,
+    autopilot: Option<autopilot::Echo>,
 }
 
 /// An empty answer that must still carry the conflation echo (and so the autopilot's too).
@@ -496,7 +477,7 @@ async fn render_framed(
     worker: WorkerId,
     auto_ack: bool,
     group: &str,
-    autopilot: Option<AutopilotAnswer>,
+    autopilot: Option<autopilot::Echo>,
 ) -> Result<Option<(Vec<u8>, Vec<DeliveredBatch>)>, Failure> {
     let Some(queue) = claims.first().map(|c| c.queue.as_str()) else {
         return Ok(None);
