@@ -384,15 +384,6 @@ impl InspectStorage for PgStorage {
     ) -> StorageResult<u64> {
         use futures_util::TryStreamExt;
         let mut client = self.pool.get().await.map_err(pool_err)?;
-        let found = client
-            .query_opt(
-                &prepared(&client, "SELECT id FROM queen.queues WHERE name = $1").await?,
-                &[&queue],
-            )
-            .await
-            .map_err(pg_err("a queue's id"))?;
-        let Some(found) = found else { return Ok(0) };
-        let queue_id: uuid::Uuid = found.get(0);
         let txn = client
             .transaction()
             .await
@@ -400,10 +391,21 @@ impl InspectStorage for PgStorage {
         // Planned for this queue's id, never as a kept generic plan: a queue of two partitions
         // reads them by index in 1 ms, a queue of a million by a sequential scan; the generic
         // plan scanned every partition of every queue for each (70 ms for two). JIT off: its
-        // compilation cost 240 ms a statement and saved nothing at a million.
-        txn.batch_execute("SET LOCAL jit = off")
+        // compilation cost 240 ms a statement and saved nothing at a million. No
+        // statement_timeout: a background pass over a million partitions takes seconds, and a
+        // database's timeout for its sessions would cancel every pass of such a queue for good.
+        txn.batch_execute("SET LOCAL jit = off; SET LOCAL statement_timeout = 0")
             .await
             .map_err(pg_err("a queue's partitions"))?;
+        let found = txn
+            .query_opt(
+                &prepared(&txn, "SELECT id FROM queen.queues WHERE name = $1").await?,
+                &[&queue],
+            )
+            .await
+            .map_err(pg_err("a queue's id"))?;
+        let Some(found) = found else { return Ok(0) };
+        let queue_id: uuid::Uuid = found.get(0);
         let rows = txn
             .query_raw(WHOLE_QUEUE, [&queue_id])
             .await

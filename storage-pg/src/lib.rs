@@ -35,7 +35,7 @@ use queen_core::{Offset, Timestamp};
 
 pub use config::{PgConfig, PgSettings, DEFAULT_POOL_SIZE};
 pub use error::pg_err;
-pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS};
+pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS, MIGRATION_LOCK};
 pub use statistics::{keep_statistics, statistics_pass, StatisticsPass};
 pub use warm::{ConnectionWarmer, WarmPass};
 

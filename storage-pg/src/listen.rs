@@ -55,10 +55,7 @@ impl PgStorage {
                             let _ = d.send(());
                         }
                     });
-                    if let Err(e) = client
-                        .batch_execute("LISTEN queen_push; LISTEN queen_event")
-                        .await
-                    {
+                    if let Err(e) = client.batch_execute(LISTEN).await {
                         tracing::warn!(error = %e, "LISTEN failed; retrying");
                     } else {
                         tracing::info!("listening for deliverability events from every broker");
@@ -88,6 +85,14 @@ impl PgStorage {
         }
     }
 }
+
+/// Waiting idle is this connection's job, so a database's or role's `idle_session_timeout`
+/// (PostgreSQL 14 and later; where the setting does not exist nothing is set) is turned off for
+/// it: otherwise the server closes it every period, and each time notifications are lost until
+/// the reconnect and its resync.
+const LISTEN: &str = "SELECT set_config(name, '0', false) FROM pg_settings
+                       WHERE name = 'idle_session_timeout';
+                      LISTEN queen_push; LISTEN queen_event";
 
 /// A notification as an event: push_v3's `queue\npartition\ncount` on `queen_push`, the
 /// triggers' payloads on `queen_event`.

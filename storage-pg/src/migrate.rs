@@ -122,8 +122,8 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "notify_queue_event",
 ];
 
-/// Any fixed key: "queen" in ASCII.
-const MIGRATION_LOCK: i64 = 0x0071_7565_656e;
+/// The session advisory lock brokers migrate under (any fixed key: "queen" in ASCII).
+pub const MIGRATION_LOCK: i64 = 0x0071_7565_656e;
 
 pub(crate) fn checksum(sql: &str) -> String {
     Sha256::digest(sql.as_bytes())
@@ -141,10 +141,12 @@ pub struct SchemaChanges {
 
 pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
     // Migrations wait as long as they must: for another broker's migrations (the advisory
-    // lock) and for the table locks a schema change takes. The connection's own lock_timeout
-    // (config::LOCK_TIMEOUT_MS) comes back when they are done.
+    // lock), for the table locks a schema change takes, and for a schema change on tables that
+    // grew large (whatever `statement_timeout` the database or role sets for its sessions). The
+    // connection's own lock_timeout (config::LOCK_TIMEOUT_MS) and the database's
+    // statement_timeout come back when they are done.
     client
-        .batch_execute("SET lock_timeout = 0")
+        .batch_execute("SET statement_timeout = 0; SET lock_timeout = 0")
         .await
         .map_err(pg_err("migration lock timeout"))?;
     client
@@ -157,7 +159,7 @@ pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
         .await
         .map_err(pg_err("migration unlock"));
     client
-        .batch_execute("RESET lock_timeout")
+        .batch_execute("RESET lock_timeout; RESET statement_timeout")
         .await
         .map_err(pg_err("migration lock timeout"))?;
     let changes = result?;

@@ -88,6 +88,12 @@ pub async fn statistics_pass(storage: &PgStorage) -> Result<StatisticsPass, Stri
         .iter()
         .map(|r| r.get(0))
         .collect();
+    // An ANALYZE of a large table may outlast a database's statement_timeout for its sessions.
+    if !outgrown.is_empty() {
+        tx.batch_execute("SET LOCAL statement_timeout = 0")
+            .await
+            .map_err(|e| format!("statement timeout: {e}"))?;
+    }
     for table in &outgrown {
         // The name comes from pg_class and is quoted as an identifier.
         let quoted = format!("queen.\"{}\"", table.replace('"', "\"\""));

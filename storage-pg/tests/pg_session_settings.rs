@@ -1,0 +1,209 @@
+//! Settings a database or role may give every session (`ALTER DATABASE .. SET`, as DBAs do) that
+//! the broker's own sessions must not inherit: a default isolation above READ COMMITTED, a
+//! `statement_timeout` shorter than a migration or an admin pass, an `idle_session_timeout` that
+//! closes the connection listening for events.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use queen_core::events::DeliveryEvent;
+use queen_core::frames::Frame;
+use queen_core::storage::{InspectStorage, MessageStorage, PushGroup, PushOutcome};
+use queen_storage_pg::{statistics_pass, testing, PgConfig, PgStorage, MIGRATION_LOCK};
+
+/// A fresh database whose sessions get `settings` (each `name = 'value'`), and the broker's
+/// storage on it, connected (and migrated) after they were set.
+async fn database_setting(name: &str, settings: &[&str]) -> PgStorage {
+    let cfg = testing::fresh_database_config(name).await;
+    set_for_database(name, settings).await;
+    connect(cfg).await
+}
+
+async fn set_for_database(name: &str, settings: &[&str]) {
+    let (admin, conn) = testing::fresh_database_config_existing(name)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("admin connection");
+    let driver = tokio::spawn(conn);
+    for s in settings {
+        admin
+            .batch_execute(&format!("ALTER DATABASE {name} SET {s}"))
+            .await
+            .unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    drop(admin);
+    let _ = driver.await;
+}
+
+async fn connect(cfg: tokio_postgres::Config) -> PgStorage {
+    PgStorage::connect(&PgConfig {
+        tls: Default::default(),
+        pg: cfg,
+        pool_size: 16,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("connecting and migrating: {e}"))
+}
+
+fn one(queue: &str, partition: &str, id: u128) -> PushGroup {
+    PushGroup {
+        queue: queue.into(),
+        partition: partition.into(),
+        frames: vec![Frame {
+            producer: None,
+            encrypted: false,
+            message_id: uuid::Uuid::from_u128(id),
+            transaction_id: format!("tx-{id}"),
+            trace_id: None,
+            payload: b"{}".to_vec(),
+        }],
+        blob: None,
+    }
+}
+
+/// A database whose sessions default to SERIALIZABLE: the broker's run at READ COMMITTED, so
+/// eight producers of one partition all land (at SERIALIZABLE they failed with 40001: 503s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_serializable_default_does_not_reach_the_brokers_transactions() {
+    let name = format!("queen_sess_iso_{}", std::process::id());
+    let pg = Arc::new(
+        database_setting(&name, &["default_transaction_isolation = 'serializable'"]).await,
+    );
+    let client = pg.pool().get().await.expect("connection");
+    let isolation: String = client
+        .query_one("SHOW transaction_isolation", &[])
+        .await
+        .expect("show")
+        .get(0);
+    assert_eq!(isolation, "read committed");
+    drop(client);
+
+    let mut producers = vec![];
+    for p in 0..8u128 {
+        let pg = pg.clone();
+        producers.push(tokio::spawn(async move {
+            for k in 0..25u128 {
+                let outcome = pg
+                    .push(vec![one("iso", "p", p * 1_000 + k + 1)])
+                    .await
+                    .expect("push")
+                    .remove(0)
+                    .remove(0);
+                assert!(matches!(outcome, PushOutcome::Queued { .. }), "{outcome:?}");
+            }
+        }));
+    }
+    for p in producers {
+        p.await.unwrap();
+    }
+    let mut offsets = vec![];
+    pg.each_partition_of("iso", &mut |v| offsets.push(v.last_offset))
+        .await
+        .expect("the queue's partitions");
+    assert_eq!(offsets, vec![199]);
+    drop(pg);
+    testing::drop_database(&name).await;
+}
+
+/// A database whose statement_timeout is far shorter than a migration's wait and than an admin
+/// pass over 50,000 partitions: a broker that waits 1 s for another's migrations (200 ms
+/// timeout) starts, and the pass (20 ms timeout) runs to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_statement_timeout_cancels_neither_migrations_nor_a_pass() {
+    let name = format!("queen_sess_timeout_{}", std::process::id());
+    let cfg = testing::fresh_database_config(&name).await;
+    set_for_database(&name, &["statement_timeout = '200ms'"]).await;
+    let (other, conn) = testing::fresh_database_config_existing(&name)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("another broker's session");
+    let driver = tokio::spawn(conn);
+    other
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .expect("the migration lock");
+    let starting = tokio::spawn(connect(cfg.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!starting.is_finished(), "migrated under another's lock");
+    other
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await
+        .expect("unlock");
+    drop(other);
+    let _ = driver.await;
+    let pg = starting.await.expect("the broker's start");
+
+    pg.push(vec![one("big", "p0", 1)]).await.expect("push");
+    let client = pg.pool().get().await.expect("connection");
+    client
+        .batch_execute(
+            "SET statement_timeout = 0;
+             INSERT INTO queen.log_partitions (id, queue_id, name, last_write_at)
+             SELECT gen_random_uuid(), q.id, 'p' || g, now()
+               FROM queen.queues q, generate_series(1, 50000) g
+              WHERE q.name = 'big';
+             RESET statement_timeout",
+        )
+        .await
+        .expect("partitions");
+    drop(client);
+    drop(pg);
+    set_for_database(&name, &["statement_timeout = '20ms'"]).await;
+    let pg = connect(cfg).await;
+    let mut seen = 0u64;
+    let counted = pg
+        .each_partition_of("big", &mut |_| seen += 1)
+        .await
+        .expect("a pass over the big queue");
+    assert_eq!((counted, seen), (50_001, 50_001));
+    // The statistics pass's ANALYZE of the tables that grew runs to the end as well.
+    statistics_pass(&pg).await.expect("the statistics pass");
+    drop(pg);
+    testing::drop_database(&name).await;
+}
+
+/// A database whose idle_session_timeout (300 ms) would close the event connection while it waits
+/// (and lose every notification until the reconnect): it stays open, and events arrive on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_connection_outlives_an_idle_session_timeout() {
+    let name = format!("queen_sess_idle_{}", std::process::id());
+    let pg = database_setting(&name, &["idle_session_timeout = '300ms'"]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(pg.listen_events(tx));
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the listener connects");
+    assert_eq!(first, Some(DeliveryEvent::Resync));
+    // Six timeouts' worth of idling: a closed connection reconnects after a second and resyncs.
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "the event connection was closed and opened again while idle"
+    );
+    pg.push(vec![one("idle", "p", 1)]).await.expect("push");
+    // The queue's creation comes first (QueueChanged), then the push.
+    let pushed = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(event) = rx.recv().await {
+            assert_ne!(
+                event,
+                DeliveryEvent::Resync,
+                "the connection was opened again"
+            );
+            if matches!(event, DeliveryEvent::Pushed { ref queue, .. } if queue == "idle") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        pushed,
+        Ok(true),
+        "the push's event arrives on the connection"
+    );
+    listener.abort();
+    drop(pg);
+    testing::drop_database(&name).await;
+}
