@@ -124,12 +124,11 @@ const DRIVER_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 /// the row as committed, under `FOR UPDATE SKIP LOCKED` the claim skips it). Under REPEATABLE
 /// READ or SERIALIZABLE, concurrent pushes, pops and acks of one partition fail with 40001
 /// instead (seen with a database set to serializable: 503s under eight producers).
-/// A startup option, so that no transaction can begin before it holds.
-const ISOLATION_OPTION: &str = r"-c default_transaction_isolation=read\ committed";
+const ISOLATION: &str = "SET default_transaction_isolation = 'read committed'";
 
 /// The connection settings with the bounds above wherever the operator's URL gave none
-/// (`connect_timeout`, `tcp_user_timeout`, `keepalives_idle`, `lock_timeout` in `options`), and
-/// the isolation the SQL needs (`ISOLATION_OPTION`) always, last, so that it wins.
+/// (`connect_timeout`, `tcp_user_timeout`, `keepalives_idle`). The session's own settings are
+/// `session_setup`'s.
 pub fn bounded(mut pg: tokio_postgres::Config) -> tokio_postgres::Config {
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(CONNECT_TIMEOUT);
@@ -142,19 +141,20 @@ pub fn bounded(mut pg: tokio_postgres::Config) -> tokio_postgres::Config {
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .keepalives_retries(KEEPALIVE_RETRIES);
     }
-    let mut options: Vec<String> = pg
-        .get_options()
-        .map(str::trim)
-        .filter(|o| !o.is_empty())
-        .map(String::from)
-        .into_iter()
-        .collect();
-    if !options.iter().any(|o| o.contains("lock_timeout")) {
-        options.push(format!("-c lock_timeout={LOCK_TIMEOUT_MS}"));
-    }
-    options.push(ISOLATION_OPTION.to_string());
-    pg.options(options.join(" "));
     pg
+}
+
+/// What every pooled session runs before its first use: the isolation the SQL needs
+/// (`ISOLATION`, always) and `LOCK_TIMEOUT_MS` unless the URL's `options` set a lock_timeout.
+/// Statements, not the `options` startup parameter: PgBouncer refuses that parameter
+/// ("unsupported startup parameter: options"), and a broker behind it could not connect.
+pub fn session_setup(pg: &tokio_postgres::Config) -> String {
+    let own_lock_timeout = pg.get_options().is_some_and(|o| o.contains("lock_timeout"));
+    if own_lock_timeout {
+        format!("{ISOLATION};")
+    } else {
+        format!("{ISOLATION}; SET lock_timeout = {LOCK_TIMEOUT_MS};")
+    }
 }
 
 #[cfg(test)]
@@ -168,28 +168,37 @@ mod tests {
         assert_eq!(c.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
         assert_eq!(c.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
         assert_eq!(c.get_keepalives_idle(), KEEPALIVE_IDLE);
-        let isolation = r"-c default_transaction_isolation=read\ committed";
         assert_eq!(
             c.get_options(),
-            Some(format!("-c lock_timeout=10000 {isolation}").as_str())
+            None,
+            "no startup options: PgBouncer refuses them"
         );
-        let c = url(
-            "postgres://h/db?connect_timeout=3&keepalives_idle=60&options=-c%20lock_timeout%3D0%20-c%20work_mem%3D8MB",
-        );
+        let c = url("postgres://h/db?connect_timeout=3&keepalives_idle=60");
         assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(3)));
         assert_eq!(c.get_keepalives_idle(), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn sessions_set_the_isolation_always_and_a_lock_timeout_unless_the_url_does() {
+        let setup = |u: &str| session_setup(&tokio_postgres::Config::from_str(u).unwrap());
+        let isolation = "SET default_transaction_isolation = 'read committed';";
         assert_eq!(
-            c.get_options(),
-            Some(format!("-c lock_timeout=0 -c work_mem=8MB {isolation}").as_str())
+            setup("postgres://h/db"),
+            format!("{isolation} SET lock_timeout = 10000;")
         );
-        let c = url("postgres://h/db?options=-c%20work_mem%3D8MB");
         assert_eq!(
-            c.get_options(),
-            Some(format!("-c work_mem=8MB -c lock_timeout=10000 {isolation}").as_str())
+            setup("postgres://h/db?options=-c%20work_mem%3D8MB"),
+            format!("{isolation} SET lock_timeout = 10000;")
         );
-        // An isolation in the URL does not survive: the SQL is written for READ COMMITTED.
-        let c = url("postgres://h/db?options=-c%20default_transaction_isolation%3Dserializable");
-        assert!(c.get_options().unwrap_or_default().ends_with(isolation));
+        assert_eq!(
+            setup("postgres://h/db?options=-c%20lock_timeout%3D0%20-c%20work_mem%3D8MB"),
+            isolation
+        );
+        // An isolation in the URL's options does not survive: the setup runs after them.
+        assert!(
+            setup("postgres://h/db?options=-c%20default_transaction_isolation%3Dserializable")
+                .starts_with(isolation)
+        );
     }
 
     #[test]

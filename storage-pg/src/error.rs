@@ -48,13 +48,23 @@ fn class(code: &str) -> Class {
 /// the queue's name).
 const ENCRYPTION_REQUIRED: &str = "QE001";
 
+/// A statement the connection prepared is not there: the connection is not one session, which
+/// is what a pooler in transaction mode (PgBouncer's `pool_mode = transaction`) does.
+const PREPARED_STATEMENT_GONE: &str = "26000";
+const TRANSACTION_POOLING_HINT: &str = "; is a pooler in transaction mode between the broker \
+     and PostgreSQL? The broker prepares statements and listens on its sessions: connect it \
+     directly or through session pooling";
+
 pub fn pg_err(context: &str) -> impl Fn(tokio_postgres::Error) -> StorageError + '_ {
     move |e| match e.as_db_error() {
         Some(db) if db.code().code() == ENCRYPTION_REQUIRED => StorageError::EncryptionRequired {
             queue: db.message().to_string(),
         },
         Some(db) => {
-            let text = format!("{context}: {} ({})", db.message(), db.code().code());
+            let mut text = format!("{context}: {} ({})", db.message(), db.code().code());
+            if db.code().code() == PREPARED_STATEMENT_GONE {
+                text.push_str(TRANSACTION_POOLING_HINT);
+            }
             match class(db.code().code()) {
                 Class::BadData => StorageError::Invalid(text),
                 Class::Conflict => StorageError::Conflict(text),
@@ -77,23 +87,30 @@ pub fn pool_err(e: deadpool_postgres::PoolError) -> StorageError {
 /// waiting for; `Internal` when a setting is wrong (the password, the database's name, a
 /// certificate TLS refuses), which fails the same way however long one waits.
 pub fn first_connection_err(e: deadpool_postgres::PoolError) -> StorageError {
+    use deadpool_postgres::HookError;
     use deadpool_postgres::PoolError;
-    let not_up_yet = match &e {
-        PoolError::Timeout(_) => true,
-        PoolError::Backend(pg) => match pg.as_db_error() {
-            Some(db) => class(db.code().code()) == Class::Unavailable,
+    // The session's set-up (config::session_setup) fails as a connection does.
+    let backend = match &e {
+        PoolError::Backend(pg) | PoolError::PostCreateHook(HookError::Backend(pg)) => Some(pg),
+        _ => None,
+    };
+    let not_up_yet = match (&e, backend) {
+        (PoolError::Timeout(_), _) => true,
+        (_, Some(pg)) => match pg.as_db_error() {
+            // A protocol violation is a setting (a pooler refusing a startup parameter): it
+            // fails the same way however long one waits.
+            Some(db) => {
+                db.code().code() != "08P01" && class(db.code().code()) == Class::Unavailable
+            }
             None => !refused_by_tls(pg),
         },
-        PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => false,
+        _ => false,
     };
     // tokio-postgres shows a server's refusal as "db error"; its message says what to mend.
-    let said = match &e {
-        PoolError::Backend(pg) => pg
-            .as_db_error()
-            .map(|db| format!(": {} ({})", db.message(), db.code().code())),
-        _ => None,
-    }
-    .unwrap_or_default();
+    let said = backend
+        .and_then(|pg| pg.as_db_error())
+        .map(|db| format!(": {} ({})", db.message(), db.code().code()))
+        .unwrap_or_default();
     if not_up_yet {
         StorageError::Unavailable(format!("no database connection: {e}{said}"))
     } else {

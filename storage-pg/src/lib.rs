@@ -93,7 +93,17 @@ impl PgStorage {
         );
         // A request waits at most POOL_WAIT for a connection: past it the database is taken as
         // unavailable (503), instead of requests queueing behind connections that hang.
+        let setup = config::session_setup(&pg);
         let pool = Pool::builder(manager)
+            .post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
+                let setup = setup.clone();
+                Box::pin(async move {
+                    client
+                        .batch_execute(&setup)
+                        .await
+                        .map_err(deadpool_postgres::HookError::Backend)
+                })
+            }))
             .max_size(config.pool_size)
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(POOL_WAIT))

@@ -143,12 +143,19 @@ pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
     // Migrations wait as long as they must: for another broker's migrations (the advisory
     // lock), for the table locks a schema change takes, and for a schema change on tables that
     // grew large (whatever `statement_timeout` the database or role sets for its sessions). The
-    // connection's own lock_timeout (config::LOCK_TIMEOUT_MS) and the database's
-    // statement_timeout come back when they are done.
+    // session's own values (config::session_setup's lock_timeout among them) come back after.
+    let before = client
+        .query_one(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+            &[],
+        )
+        .await
+        .map_err(pg_err("migration timeouts"))?;
+    let (lock_timeout, statement_timeout): (String, String) = (before.get(0), before.get(1));
     client
         .batch_execute("SET statement_timeout = 0; SET lock_timeout = 0")
         .await
-        .map_err(pg_err("migration lock timeout"))?;
+        .map_err(pg_err("migration timeouts"))?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -159,9 +166,12 @@ pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
         .await
         .map_err(pg_err("migration unlock"));
     client
-        .batch_execute("RESET lock_timeout; RESET statement_timeout")
+        .execute(
+            "SELECT set_config('lock_timeout', $1, false), set_config('statement_timeout', $2, false)",
+            &[&lock_timeout, &statement_timeout],
+        )
         .await
-        .map_err(pg_err("migration lock timeout"))?;
+        .map_err(pg_err("migration timeouts"))?;
     let changes = result?;
     unlock?;
     Ok(changes)

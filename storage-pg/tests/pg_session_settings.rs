@@ -1,10 +1,12 @@
 //! Settings a database or role may give every session (`ALTER DATABASE .. SET`, as DBAs do) that
 //! the broker's own sessions must not inherit: a default isolation above READ COMMITTED, a
 //! `statement_timeout` shorter than a migration or an admin pass, an `idle_session_timeout` that
-//! closes the connection listening for events.
+//! closes the connection listening for events. And a PgBouncer (session pooling) between the
+//! broker and its database, which refuses the `options` startup parameter.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +80,12 @@ async fn a_serializable_default_does_not_reach_the_brokers_transactions() {
         .expect("show")
         .get(0);
     assert_eq!(isolation, "read committed");
+    let lock_timeout: String = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .expect("show")
+        .get(0);
+    assert_eq!(lock_timeout, "10s", "the broker's own bound on lock waits");
     drop(client);
 
     let mut producers = vec![];
@@ -205,5 +213,151 @@ async fn the_event_connection_outlives_an_idle_session_timeout() {
     );
     listener.abort();
     drop(pg);
+    testing::drop_database(&name).await;
+}
+
+/// A PgBouncer in session mode on a free port in front of DATABASE_URL's server; stopped on drop.
+struct Bouncer {
+    child: std::process::Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Bouncer {
+    fn start() -> Bouncer {
+        // The test command installs it (Debian's package) and says where.
+        let bin = std::env::var("QUEEN_PGBOUNCER").unwrap_or_else(|_| "/usr/sbin/pgbouncer".into());
+        assert!(
+            std::path::Path::new(&bin).exists(),
+            "PgBouncer is not at {bin}: run the test command (`bash .ci/test`), which installs it"
+        );
+        let base = tokio_postgres::Config::from_str(&testing::database_url()).expect("URL");
+        let server_port = base.get_ports().first().copied().unwrap_or(5432);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("queen-bouncer-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("its folder");
+        let user = base.get_user().unwrap_or("postgres").to_string();
+        // Trust still asks that the user be known: the users file names it.
+        let users = dir.join("users.txt");
+        std::fs::write(&users, format!("\"{user}\" \"\"\n")).expect("its users");
+        let ini = dir.join("pgbouncer.ini");
+        std::fs::write(
+            &ini,
+            format!(
+                "[databases]\n* = host=127.0.0.1 port={server_port}\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+                 unix_socket_dir =\nauth_type = trust\nauth_file = {}\npool_mode = session\n\
+                 max_client_conn = 100\ndefault_pool_size = 40\n",
+                users.display()
+            ),
+        )
+        .expect("its configuration");
+        // PgBouncer will not run as root; it drops to the user that owns the test database.
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout.starts_with(b"0"))
+            .unwrap_or(false);
+        let mut cmd = std::process::Command::new(&bin);
+        if root {
+            cmd.args(["-u", "postgres"]);
+        }
+        let child = cmd
+            .arg(&ini)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("PgBouncer starts");
+        Bouncer { child, port, dir }
+    }
+
+    fn config(&self, dbname: &str) -> tokio_postgres::Config {
+        let base = tokio_postgres::Config::from_str(&testing::database_url()).expect("URL");
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.host("127.0.0.1")
+            .port(self.port)
+            .user(base.get_user().unwrap_or("postgres"))
+            .dbname(dbname);
+        cfg
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Through PgBouncer (session pooling): the broker connects (before, PgBouncer refused the
+/// `options` startup parameter and the broker waited for ever), migrates, runs at its isolation
+/// and lock timeout, pushes, and hears the push on its event connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_runs_through_pgbouncer_in_session_mode() {
+    let name = format!("queen_sess_bouncer_{}", std::process::id());
+    testing::fresh_database_config(&name).await;
+    set_for_database(&name, &["default_transaction_isolation = 'serializable'"]).await;
+    let bouncer = Bouncer::start();
+    let pg = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let attempt = PgStorage::connect(&PgConfig {
+                tls: Default::default(),
+                pg: bouncer.config(&name),
+                pool_size: 4,
+            })
+            .await;
+            match attempt {
+                Ok(pg) => return pg,
+                // PgBouncer is still starting: its port refuses.
+                Err(queen_core::storage::StorageError::Unavailable(_)) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("through PgBouncer: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the broker connects through PgBouncer");
+    let client = pg.pool().get().await.expect("connection");
+    let row = client
+        .query_one("SHOW transaction_isolation", &[])
+        .await
+        .expect("show");
+    assert_eq!(row.get::<_, String>(0), "read committed");
+    let row = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .expect("show");
+    assert_eq!(row.get::<_, String>(0), "10s");
+    drop(client);
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(pg.listen_events(tx));
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the listener connects");
+    assert_eq!(first, Some(DeliveryEvent::Resync));
+    pg.push(vec![one("bounced", "p", 1)]).await.expect("push");
+    let pushed = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(event) = rx.recv().await {
+            if matches!(event, DeliveryEvent::Pushed { ref queue, .. } if queue == "bounced") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        pushed,
+        Ok(true),
+        "the push's event arrives through PgBouncer"
+    );
+    listener.abort();
+    drop(pg);
+    drop(bouncer);
     testing::drop_database(&name).await;
 }
