@@ -79,7 +79,20 @@ pub fn pg_err(context: &str) -> impl Fn(tokio_postgres::Error) -> StorageError +
 }
 
 pub fn pool_err(e: deadpool_postgres::PoolError) -> StorageError {
-    StorageError::Unavailable(format!("no database connection: {e}"))
+    StorageError::Unavailable(format!("no database connection: {e}{}", server_said(&e)))
+}
+
+/// What the server (or a pooler in front of it) said when a connection or its set-up failed:
+/// tokio-postgres shows its refusal only as "db error".
+fn server_said(e: &deadpool_postgres::PoolError) -> String {
+    use deadpool_postgres::{HookError, PoolError};
+    match e {
+        PoolError::Backend(pg) | PoolError::PostCreateHook(HookError::Backend(pg)) => pg
+            .as_db_error()
+            .map(|db| format!(": {} ({})", db.message(), db.code().code()))
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 /// The broker's first connection at start: `Unavailable` when the database is not up yet (refused,
@@ -96,21 +109,15 @@ pub fn first_connection_err(e: deadpool_postgres::PoolError) -> StorageError {
     };
     let not_up_yet = match (&e, backend) {
         (PoolError::Timeout(_), _) => true,
+        // PgBouncer answers 08P01 both when the database behind it is down and when it refuses
+        // a setting: waited for, with its message in the log.
         (_, Some(pg)) => match pg.as_db_error() {
-            // A protocol violation is a setting (a pooler refusing a startup parameter): it
-            // fails the same way however long one waits.
-            Some(db) => {
-                db.code().code() != "08P01" && class(db.code().code()) == Class::Unavailable
-            }
+            Some(db) => class(db.code().code()) == Class::Unavailable,
             None => !refused_by_tls(pg),
         },
         _ => false,
     };
-    // tokio-postgres shows a server's refusal as "db error"; its message says what to mend.
-    let said = backend
-        .and_then(|pg| pg.as_db_error())
-        .map(|db| format!(": {} ({})", db.message(), db.code().code()))
-        .unwrap_or_default();
+    let said = server_said(&e);
     if not_up_yet {
         StorageError::Unavailable(format!("no database connection: {e}{said}"))
     } else {

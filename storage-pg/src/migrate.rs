@@ -144,18 +144,24 @@ pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
     // lock), for the table locks a schema change takes, and for a schema change on tables that
     // grew large (whatever `statement_timeout` the database or role sets for its sessions). The
     // session's own values (config::session_setup's lock_timeout among them) come back after.
+    // Notices are not logged: every start re-runs the `IF NOT EXISTS` of the bookkeeping table,
+    // and "already exists, skipping" at each start says nothing.
     let before = client
         .query_one(
-            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+                    current_setting('client_min_messages')",
             &[],
         )
         .await
-        .map_err(pg_err("migration timeouts"))?;
-    let (lock_timeout, statement_timeout): (String, String) = (before.get(0), before.get(1));
+        .map_err(pg_err("migration settings"))?;
+    let (lock_timeout, statement_timeout, min_messages): (String, String, String) =
+        (before.get(0), before.get(1), before.get(2));
     client
-        .batch_execute("SET statement_timeout = 0; SET lock_timeout = 0")
+        .batch_execute(
+            "SET statement_timeout = 0; SET lock_timeout = 0; SET client_min_messages = warning",
+        )
         .await
-        .map_err(pg_err("migration timeouts"))?;
+        .map_err(pg_err("migration settings"))?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -167,11 +173,12 @@ pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
         .map_err(pg_err("migration unlock"));
     client
         .execute(
-            "SELECT set_config('lock_timeout', $1, false), set_config('statement_timeout', $2, false)",
-            &[&lock_timeout, &statement_timeout],
+            "SELECT set_config('lock_timeout', $1, false), set_config('statement_timeout', $2, false),
+                    set_config('client_min_messages', $3, false)",
+            &[&lock_timeout, &statement_timeout, &min_messages],
         )
         .await
-        .map_err(pg_err("migration timeouts"))?;
+        .map_err(pg_err("migration settings"))?;
     let changes = result?;
     unlock?;
     Ok(changes)

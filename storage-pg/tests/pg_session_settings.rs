@@ -86,6 +86,13 @@ async fn a_serializable_default_does_not_reach_the_brokers_transactions() {
         .expect("show")
         .get(0);
     assert_eq!(lock_timeout, "10s", "the broker's own bound on lock waits");
+    // The pool's one connection so far ran the migrations: they put its settings back.
+    let min_messages: String = client
+        .query_one("SHOW client_min_messages", &[])
+        .await
+        .expect("show")
+        .get(0);
+    assert_eq!(min_messages, "notice");
     drop(client);
 
     let mut producers = vec![];
