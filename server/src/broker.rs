@@ -270,6 +270,9 @@ pub struct Broker {
     pub(crate) seed: u64,
     /// Ephemeral queues' rings, in this process's memory.
     pub ephemeral: crate::ephemeral::Ephemeral,
+    /// How far (µs) the database's clock is ahead of this host's (`tasks::db_clock`): 0 on the
+    /// in-memory backend, whose clock is the host's.
+    clock_offset_us: std::sync::atomic::AtomicI64,
 }
 
 /// Delivered batches the delivery ledger remembers (about 300 bytes each: names, ids and a
@@ -379,11 +382,35 @@ impl Broker {
                 peers,
             ),
             seed,
+            clock_offset_us: std::sync::atomic::AtomicI64::new(0),
         })
     }
 
+    /// The broker's time: the database's clock, as read on this host's (`clock_offset_us`).
+    /// Leases, delays and timers are stamped by the database, and the broker schedules its
+    /// revisits and wakes by them.
     pub fn now(&self) -> Timestamp {
-        (self.hooks.clock)()
+        Timestamp((self.hooks.clock)().0 + self.clock_offset_us.load(Ordering::Relaxed))
+    }
+
+    /// This host's clock, which `clock_offset_us` corrects.
+    pub fn host_clock(&self) -> Arc<dyn Fn() -> Timestamp + Send + Sync> {
+        self.hooks.clock.clone()
+    }
+
+    /// How far (µs) the database's clock is ahead of this host's, as last measured.
+    pub fn clock_offset_us(&self) -> i64 {
+        self.clock_offset_us.load(Ordering::Relaxed)
+    }
+
+    /// Follows the database's clock from now on; the wheel ticker and the timer worker, asleep
+    /// until an instant of the old reading, look again.
+    pub fn set_clock_offset_us(&self, offset: i64) {
+        let before = self.clock_offset_us.swap(offset, Ordering::Relaxed);
+        if before != offset {
+            self.ticker_rearm.notify_one();
+            self.timer_wake.notify_one();
+        }
     }
 
     /// The timer worker's re-scan interval and bug switches.

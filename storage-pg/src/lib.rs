@@ -39,7 +39,7 @@ pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS, MIGRATION_LOCK};
 pub use statistics::{keep_statistics, statistics_pass, StatisticsPass};
 pub use warm::{ConnectionWarmer, WarmPass};
 
-use error::pool_err;
+use error::{pool_err, prepared};
 
 pub(crate) fn to_system_time(t: Timestamp) -> SystemTime {
     if t.0 >= 0 {
@@ -141,6 +141,37 @@ impl PgStorage {
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// How far the database's clock (`queen.now()`, the time leases, delays and timers are
+    /// stamped with) is ahead of `host`, in microseconds: of three reads, the one with the
+    /// shortest round trip, against the middle of that trip (so within half of it).
+    pub async fn clock_offset(
+        &self,
+        host: &(dyn Fn() -> Timestamp + Send + Sync),
+    ) -> StorageResult<i64> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let read = prepared(
+            &client,
+            "SELECT (extract(epoch FROM queen.now() + (clock_timestamp() - now())) * 1000000)::int8",
+        )
+        .await?;
+        let mut best: Option<(i64, i64)> = None;
+        for _ in 0..3 {
+            let before = host();
+            let row = client
+                .query_one(&read, &[])
+                .await
+                .map_err(pg_err("the database's clock"))?;
+            let after = host();
+            let database: i64 = row.get(0);
+            let trip = after.0 - before.0;
+            let offset = database - (before.0 + trip / 2);
+            if best.is_none_or(|(shortest, _)| trip < shortest) {
+                best = Some((trip, offset));
+            }
+        }
+        Ok(best.map_or(0, |(_, offset)| offset))
     }
 
     /// Test hook: moves queen.now() forward (production never calls it; the offset stays 0).

@@ -90,9 +90,10 @@ impl PgStorage {
 /// (PostgreSQL 14 and later; where the setting does not exist nothing is set) is turned off for
 /// it: otherwise the server closes it every period, and each time notifications are lost until
 /// the reconnect and its resync.
-const LISTEN: &str = "SELECT set_config(name, '0', false) FROM pg_settings
-                       WHERE name = 'idle_session_timeout';
-                      LISTEN queen_push; LISTEN queen_event";
+/// LISTEN comes first, so the session's query in `pg_stat_activity` starts with it.
+const LISTEN: &str = "LISTEN queen_push; LISTEN queen_event;
+                      SELECT set_config(name, '0', false) FROM pg_settings
+                       WHERE name = 'idle_session_timeout'";
 
 /// A notification as an event: push_v3's `queue\npartition\ncount` on `queen_push`, the
 /// triggers' payloads on `queen_event`.

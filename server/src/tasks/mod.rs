@@ -1,10 +1,11 @@
 //! The background work of a running broker: the wheel ticker, the per-minute sampler, the
 //! retention worker, the timer worker, the failover buffer's drain, the ephemeral owners' liveness (with peers), (with PostgreSQL) the
-//! cross-broker event listener, and the admin totals' refresher (started by the first slow pass,
+//! cross-broker event listener and the database clock's alignment, and the admin totals' refresher (started by the first slow pass,
 //! not here). `Broker::new` starts none of them; `start` starts the ones its settings ask for.
 
 pub(crate) mod admin_totals;
 pub(crate) mod buffer_drain;
+pub mod db_clock;
 pub mod ephemeral_liveness;
 pub mod events;
 pub mod retention;

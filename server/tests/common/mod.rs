@@ -97,6 +97,7 @@ pub async fn start_pair_with(
         let app = Broker::new(config, StorageSet::of(Arc::new(pg.clone())), seed as u64);
         queen_server::tasks::start(&app);
         queen_server::spawn_event_listener(app.clone(), &pg);
+        queen_server::spawn_clock_alignment(&app, &pg);
         tokio::spawn(queen_server::serve_listener(app.clone(), listener));
         brokers.push(TestBroker {
             app,
