@@ -132,6 +132,14 @@ pub(crate) fn checksum(sql: &str) -> String {
         .collect()
 }
 
+/// The table of applied migrations, in the schema they make.
+const BOOKKEEPING: &str = "CREATE SCHEMA IF NOT EXISTS queen;
+CREATE TABLE IF NOT EXISTS queen.schema_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now());
+ALTER TABLE queen.schema_migrations ADD COLUMN IF NOT EXISTS checksum text";
+
 /// What one start-up changed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SchemaChanges {
@@ -184,16 +192,39 @@ pub async fn migrate(client: &mut Client) -> StorageResult<SchemaChanges> {
     Ok(changes)
 }
 
+/// `sql` without its `CREATE SCHEMA IF NOT EXISTS name;` lines for schemas that exist already.
+/// PostgreSQL checks the database's CREATE privilege before it sees the schema exists, so a role
+/// that owns schemas its DBA made (and may not create others) could not run those statements.
+/// The migration's checksum stays that of its file.
+async fn without_existing_schemas(client: &Client, sql: &str) -> StorageResult<String> {
+    let mut kept = Vec::new();
+    for line in sql.lines() {
+        let schema = line
+            .trim()
+            .strip_prefix("CREATE SCHEMA IF NOT EXISTS ")
+            .and_then(|rest| rest.strip_suffix(';'));
+        if let Some(name) = schema {
+            let exists: bool = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                    &[&name],
+                )
+                .await
+                .map_err(pg_err("migration schemas"))?
+                .get(0);
+            if exists {
+                continue;
+            }
+        }
+        kept.push(line);
+    }
+    Ok(kept.join("\n"))
+}
+
 async fn apply(client: &mut Client) -> StorageResult<SchemaChanges> {
+    let bookkeeping = without_existing_schemas(client, BOOKKEEPING).await?;
     client
-        .batch_execute(
-            "CREATE SCHEMA IF NOT EXISTS queen;
-             CREATE TABLE IF NOT EXISTS queen.schema_migrations (
-                 version integer PRIMARY KEY,
-                 name text NOT NULL,
-                 applied_at timestamptz NOT NULL DEFAULT now());
-             ALTER TABLE queen.schema_migrations ADD COLUMN IF NOT EXISTS checksum text",
-        )
+        .batch_execute(&bookkeeping)
         .await
         .map_err(pg_err("migration bookkeeping"))?;
     let done: Vec<(i32, Option<String>)> = client
@@ -226,8 +257,9 @@ async fn apply(client: &mut Client) -> StorageResult<SchemaChanges> {
                     .map_err(pg_err("migration bookkeeping"))?;
             }
             None => {
+                let sql = without_existing_schemas(client, m.sql).await?;
                 let tx = client.transaction().await.map_err(pg_err("migration"))?;
-                tx.batch_execute(m.sql)
+                tx.batch_execute(&sql)
                     .await
                     .map_err(pg_err(&format!("migration {:03}_{}", m.version, m.name)))?;
                 tx.execute(
