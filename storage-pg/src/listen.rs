@@ -56,6 +56,7 @@ impl PgStorage {
                         }
                     });
                     if let Err(e) = client.batch_execute(LISTEN).await {
+                        let e = crate::pg_err("LISTEN")(e);
                         tracing::warn!(error = %e, "LISTEN failed; retrying");
                     } else {
                         tracing::info!("listening for deliverability events from every broker");
