@@ -105,9 +105,11 @@ pub const DEFAULT_EPHEMERAL_MAX_BYTES: u64 = 256 * 1024 * 1024;
 /// Default PG_WARM_INTERVAL_MS.
 pub const DEFAULT_PG_WARM_INTERVAL_MS: u64 = 1000;
 
-/// Default CLIENT_IDLE_TIMEOUT_MS: longer than any client keeps an idle pooled connection
-/// (httpx 5 s, undici 4 s), so a live client never races the close.
-pub const DEFAULT_CLIENT_IDLE_TIMEOUT_MS: u64 = 30_000;
+/// Default CLIENT_IDLE_TIMEOUT_MS: longer than clients and the common load balancers keep an idle
+/// connection to a server (httpx 5 s, undici 4 s; AWS's ALB 60 s, nginx's upstream keepalive
+/// 60 s), so none of them sends a request on a connection the broker is closing (a balancer
+/// answers its client 502 then); nginx's own client timeouts are 60-75 s.
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT_MS: u64 = 75_000;
 
 /// Default PG_STATS_INTERVAL_MS.
 pub const DEFAULT_PG_STATS_INTERVAL_MS: u64 = 5000;
