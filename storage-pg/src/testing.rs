@@ -78,3 +78,21 @@ pub fn fresh_database_config_existing(name: &str) -> tokio_postgres::Config {
     base.dbname(name);
     base
 }
+
+/// A push of one `{}` message to (`queue`, `partition`), with message id `id` and transactionId
+/// `tx-{id}`.
+pub fn one_message(queue: &str, partition: &str, id: u128) -> queen_core::storage::PushGroup {
+    queen_core::storage::PushGroup {
+        queue: queue.into(),
+        partition: partition.into(),
+        frames: vec![queen_core::frames::Frame {
+            producer: None,
+            encrypted: false,
+            message_id: uuid::Uuid::from_u128(id),
+            transaction_id: format!("tx-{id}"),
+            trace_id: None,
+            payload: b"{}".to_vec(),
+        }],
+        blob: None,
+    }
+}

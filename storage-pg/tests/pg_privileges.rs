@@ -7,8 +7,7 @@
 
 use std::str::FromStr;
 
-use queen_core::frames::Frame;
-use queen_core::storage::{MessageStorage, PushGroup, PushOutcome};
+use queen_core::storage::{MessageStorage, PushOutcome};
 use queen_storage_pg::{testing, PgConfig, PgStorage};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,19 +42,7 @@ async fn a_role_owning_only_its_schemas_migrates_and_serves() {
     .await
     .unwrap_or_else(|e| panic!("the role's broker starts: {e}"));
     let outcome = pg
-        .push(vec![PushGroup {
-            queue: "owned".into(),
-            partition: "p".into(),
-            frames: vec![Frame {
-                producer: None,
-                encrypted: false,
-                message_id: uuid::Uuid::from_u128(1),
-                transaction_id: "t1".into(),
-                trace_id: None,
-                payload: b"{}".to_vec(),
-            }],
-            blob: None,
-        }])
+        .push(vec![testing::one_message("owned", "p", 1)])
         .await
         .expect("push")
         .remove(0)

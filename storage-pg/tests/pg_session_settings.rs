@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use queen_core::events::DeliveryEvent;
-use queen_core::frames::Frame;
-use queen_core::storage::{InspectStorage, MessageStorage, PushGroup, PushOutcome};
+use queen_core::storage::{InspectStorage, MessageStorage, PushOutcome};
 use queen_storage_pg::{statistics_pass, testing, PgConfig, PgStorage, MIGRATION_LOCK};
 
 /// A fresh database whose sessions get `settings` (each `name = 'value'`), and the broker's
@@ -49,20 +48,24 @@ async fn connect(cfg: tokio_postgres::Config) -> PgStorage {
     .unwrap_or_else(|e| panic!("connecting and migrating: {e}"))
 }
 
-fn one(queue: &str, partition: &str, id: u128) -> PushGroup {
-    PushGroup {
-        queue: queue.into(),
-        partition: partition.into(),
-        frames: vec![Frame {
-            producer: None,
-            encrypted: false,
-            message_id: uuid::Uuid::from_u128(id),
-            transaction_id: format!("tx-{id}"),
-            trace_id: None,
-            payload: b"{}".to_vec(),
-        }],
-        blob: None,
-    }
+/// Whether a push to `queue` is heard within 5 s, with no reconnection's `Resync` before it (the
+/// queue's creation, `QueueChanged`, may come first).
+async fn pushed_event_arrives(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<DeliveryEvent>,
+    queue: &str,
+) -> bool {
+    let heard = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(event) = rx.recv().await {
+            match event {
+                DeliveryEvent::Resync => return false,
+                DeliveryEvent::Pushed { queue: ref q, .. } if q == queue => return true,
+                _ => {}
+            }
+        }
+        false
+    })
+    .await;
+    heard == Ok(true)
 }
 
 /// A database whose sessions default to SERIALIZABLE: the broker's run at READ COMMITTED, so
@@ -101,7 +104,7 @@ async fn a_serializable_default_does_not_reach_the_brokers_transactions() {
         producers.push(tokio::spawn(async move {
             for k in 0..25u128 {
                 let outcome = pg
-                    .push(vec![one("iso", "p", p * 1_000 + k + 1)])
+                    .push(vec![testing::one_message("iso", "p", p * 1_000 + k + 1)])
                     .await
                     .expect("push")
                     .remove(0)
@@ -150,7 +153,9 @@ async fn a_short_statement_timeout_cancels_neither_migrations_nor_a_pass() {
     let _ = driver.await;
     let pg = starting.await.expect("the broker's start");
 
-    pg.push(vec![one("big", "p0", 1)]).await.expect("push");
+    pg.push(vec![testing::one_message("big", "p0", 1)])
+        .await
+        .expect("push");
     let client = pg.pool().get().await.expect("connection");
     client
         .batch_execute(
@@ -197,26 +202,12 @@ async fn the_event_connection_outlives_an_idle_session_timeout() {
         rx.try_recv().is_err(),
         "the event connection was closed and opened again while idle"
     );
-    pg.push(vec![one("idle", "p", 1)]).await.expect("push");
-    // The queue's creation comes first (QueueChanged), then the push.
-    let pushed = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(event) = rx.recv().await {
-            assert_ne!(
-                event,
-                DeliveryEvent::Resync,
-                "the connection was opened again"
-            );
-            if matches!(event, DeliveryEvent::Pushed { ref queue, .. } if queue == "idle") {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(
-        pushed,
-        Ok(true),
-        "the push's event arrives on the connection"
+    pg.push(vec![testing::one_message("idle", "p", 1)])
+        .await
+        .expect("push");
+    assert!(
+        pushed_event_arrives(&mut rx, "idle").await,
+        "the push's event arrives on the connection, and it was not opened again"
     );
     listener.abort();
     drop(pg);
@@ -348,19 +339,11 @@ async fn the_broker_runs_through_pgbouncer_in_session_mode() {
         .await
         .expect("the listener connects");
     assert_eq!(first, Some(DeliveryEvent::Resync));
-    pg.push(vec![one("bounced", "p", 1)]).await.expect("push");
-    let pushed = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(event) = rx.recv().await {
-            if matches!(event, DeliveryEvent::Pushed { ref queue, .. } if queue == "bounced") {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(
-        pushed,
-        Ok(true),
+    pg.push(vec![testing::one_message("bounced", "p", 1)])
+        .await
+        .expect("push");
+    assert!(
+        pushed_event_arrives(&mut rx, "bounced").await,
         "the push's event arrives through PgBouncer"
     );
     listener.abort();
