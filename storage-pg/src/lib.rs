@@ -122,6 +122,19 @@ impl PgStorage {
             .await
             .map_err(error::first_connection_err)?;
         migrate::migrate(&mut client).await?;
+        // Payloads are stored as bytes, but names, KV values and stream state are text: in a
+        // database of another encoding, those outside it are refused (400, SQLSTATE 22P05).
+        let encoding: String = client
+            .query_one("SELECT current_setting('server_encoding')", &[])
+            .await
+            .map_err(pg_err("the database's encoding"))?
+            .get(0);
+        if encoding != "UTF8" {
+            tracing::warn!(
+                encoding,
+                "the database is not UTF8: names, KV values and stream state outside its encoding are refused (400)"
+            );
+        }
         Ok(storage)
     }
 
