@@ -407,6 +407,9 @@ impl Broker {
     /// until an instant of the old reading, look again.
     pub fn set_clock_offset_us(&self, offset: i64) {
         let before = self.clock_offset_us.swap(offset, Ordering::Relaxed);
+        self.metrics
+            .database_clock_ahead_seconds
+            .set(offset as f64 / 1e6);
         if before != offset {
             self.ticker_rearm.notify_one();
             self.timer_wake.notify_one();

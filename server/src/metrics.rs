@@ -226,6 +226,8 @@ pub struct Metrics {
     /// The largest lag since the sampler last took it (the per-minute samples' maximum).
     lag_window_max_us: AtomicU64,
     lag_max_seconds: Gauge<f64, AtomicU64>,
+    /// How far the database's clock is ahead of this host's (`tasks::db_clock`).
+    pub database_clock_ahead_seconds: Gauge<f64, AtomicU64>,
     /// Read at scrape time from the limiter and the backend.
     limiter_limit: Gauge,
     limiter_in_flight: Gauge,
@@ -301,6 +303,7 @@ impl Default for Metrics {
             lag_max_us: AtomicU64::new(0),
             lag_window_max_us: AtomicU64::new(0),
             lag_max_seconds: Gauge::default(),
+            database_clock_ahead_seconds: Gauge::default(),
             limiter_limit: Gauge::default(),
             limiter_in_flight: Gauge::default(),
             pool_in_use: Gauge::default(),
@@ -456,6 +459,11 @@ impl Metrics {
             "delivery_lag_seconds_max",
             "Largest push-to-delivery lag seen",
             m.lag_max_seconds.clone(),
+        );
+        registry.register(
+            "database_clock_ahead_seconds",
+            "How far the database's clock is ahead of this host's (the broker keeps the database's time)",
+            m.database_clock_ahead_seconds.clone(),
         );
         registry.register(
             "limiter_limit",
@@ -651,6 +659,7 @@ impl Snapshot<'_> {
             },
             "limiter": { "limit": self.limiter_limit, "inFlight": self.limiter_in_flight },
             "pool": { "inUse": self.pool_in_use, "size": self.pool_size },
+            "databaseClockAheadMs": m.database_clock_ahead_seconds.get() * 1000.0,
             "retentionRemoved": {
                 "segments": m.retention_removed("segments"),
                 "messages": m.retention_removed("messages"),

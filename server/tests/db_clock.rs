@@ -56,6 +56,11 @@ async fn skewed_broker(
             (off_ms + skew_ms).abs() < 200,
             "measured the database {off_ms} ms ahead of a host {skew_ms} ms off"
         );
+        let gauge = app.metrics.database_clock_ahead_seconds.get();
+        assert!(
+            (gauge * 1e3 + skew_ms as f64).abs() < 200.0,
+            "the gauge says {gauge} s"
+        );
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
