@@ -85,13 +85,19 @@ pub fn pool_err(e: deadpool_postgres::PoolError) -> StorageError {
 /// What the server (or a pooler in front of it) said when a connection or its set-up failed:
 /// tokio-postgres shows its refusal only as "db error".
 fn server_said(e: &deadpool_postgres::PoolError) -> String {
+    connection_error(e)
+        .and_then(|pg| pg.as_db_error())
+        .map(|db| format!(": {} ({})", db.message(), db.code().code()))
+        .unwrap_or_default()
+}
+
+/// The driver's error of a connection that could not be made or set up (config::session_setup
+/// fails as a connection does).
+fn connection_error(e: &deadpool_postgres::PoolError) -> Option<&tokio_postgres::Error> {
     use deadpool_postgres::{HookError, PoolError};
     match e {
-        PoolError::Backend(pg) | PoolError::PostCreateHook(HookError::Backend(pg)) => pg
-            .as_db_error()
-            .map(|db| format!(": {} ({})", db.message(), db.code().code()))
-            .unwrap_or_default(),
-        _ => String::new(),
+        PoolError::Backend(pg) | PoolError::PostCreateHook(HookError::Backend(pg)) => Some(pg),
+        _ => None,
     }
 }
 
@@ -100,14 +106,8 @@ fn server_said(e: &deadpool_postgres::PoolError) -> String {
 /// waiting for; `Internal` when a setting is wrong (the password, the database's name, a
 /// certificate TLS refuses), which fails the same way however long one waits.
 pub fn first_connection_err(e: deadpool_postgres::PoolError) -> StorageError {
-    use deadpool_postgres::HookError;
     use deadpool_postgres::PoolError;
-    // The session's set-up (config::session_setup) fails as a connection does.
-    let backend = match &e {
-        PoolError::Backend(pg) | PoolError::PostCreateHook(HookError::Backend(pg)) => Some(pg),
-        _ => None,
-    };
-    let not_up_yet = match (&e, backend) {
+    let not_up_yet = match (&e, connection_error(&e)) {
         (PoolError::Timeout(_), _) => true,
         // PgBouncer answers 08P01 both when the database behind it is down and when it refuses
         // a setting: waited for, with its message in the log.
