@@ -48,6 +48,40 @@ async fn connect(cfg: tokio_postgres::Config) -> PgStorage {
     .unwrap_or_else(|e| panic!("connecting and migrating: {e}"))
 }
 
+/// A pooled connection's transaction_isolation, lock_timeout and client_min_messages.
+async fn session_settings(pg: &PgStorage) -> Vec<String> {
+    let client = pg.pool().get().await.expect("connection");
+    let mut settings = vec![];
+    for name in [
+        "transaction_isolation",
+        "lock_timeout",
+        "client_min_messages",
+    ] {
+        let row = client
+            .query_one(&format!("SHOW {name}"), &[])
+            .await
+            .expect("show");
+        settings.push(row.get(0));
+    }
+    settings
+}
+
+/// The broker's event listener on `pg`, once it listens (its first event is a `Resync`).
+async fn listening(
+    pg: &PgStorage,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<DeliveryEvent>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(pg.listen_events(tx));
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the listener connects");
+    assert_eq!(first, Some(DeliveryEvent::Resync));
+    (listener, rx)
+}
+
 /// Whether a push to `queue` is heard within 5 s, with no reconnection's `Resync` before it (the
 /// queue's creation, `QueueChanged`, may come first).
 async fn pushed_event_arrives(
@@ -76,27 +110,12 @@ async fn a_serializable_default_does_not_reach_the_brokers_transactions() {
     let pg = Arc::new(
         database_setting(&name, &["default_transaction_isolation = 'serializable'"]).await,
     );
-    let client = pg.pool().get().await.expect("connection");
-    let isolation: String = client
-        .query_one("SHOW transaction_isolation", &[])
-        .await
-        .expect("show")
-        .get(0);
-    assert_eq!(isolation, "read committed");
-    let lock_timeout: String = client
-        .query_one("SHOW lock_timeout", &[])
-        .await
-        .expect("show")
-        .get(0);
-    assert_eq!(lock_timeout, "10s", "the broker's own bound on lock waits");
     // The pool's one connection so far ran the migrations: they put its settings back.
-    let min_messages: String = client
-        .query_one("SHOW client_min_messages", &[])
-        .await
-        .expect("show")
-        .get(0);
-    assert_eq!(min_messages, "notice");
-    drop(client);
+    assert_eq!(
+        session_settings(&pg).await,
+        ["read committed", "10s", "notice"],
+        "isolation, the broker's own lock timeout, the database's client_min_messages"
+    );
 
     let mut producers = vec![];
     for p in 0..8u128 {
@@ -190,12 +209,7 @@ async fn a_short_statement_timeout_cancels_neither_migrations_nor_a_pass() {
 async fn the_event_connection_outlives_an_idle_session_timeout() {
     let name = format!("queen_sess_idle_{}", std::process::id());
     let pg = database_setting(&name, &["idle_session_timeout = '300ms'"]).await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let listener = tokio::spawn(pg.listen_events(tx));
-    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .expect("the listener connects");
-    assert_eq!(first, Some(DeliveryEvent::Resync));
+    let (listener, mut rx) = listening(&pg).await;
     // Six timeouts' worth of idling: a closed connection reconnects after a second and resyncs.
     tokio::time::sleep(Duration::from_millis(1_800)).await;
     assert!(
@@ -320,25 +334,13 @@ async fn the_broker_runs_through_pgbouncer_in_session_mode() {
     })
     .await
     .expect("the broker connects through PgBouncer");
-    let client = pg.pool().get().await.expect("connection");
-    let row = client
-        .query_one("SHOW transaction_isolation", &[])
-        .await
-        .expect("show");
-    assert_eq!(row.get::<_, String>(0), "read committed");
-    let row = client
-        .query_one("SHOW lock_timeout", &[])
-        .await
-        .expect("show");
-    assert_eq!(row.get::<_, String>(0), "10s");
-    drop(client);
+    assert_eq!(
+        session_settings(&pg).await[..2],
+        ["read committed", "10s"],
+        "isolation and the broker's own lock timeout, through PgBouncer"
+    );
 
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let listener = tokio::spawn(pg.listen_events(tx));
-    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .expect("the listener connects");
-    assert_eq!(first, Some(DeliveryEvent::Resync));
+    let (listener, mut rx) = listening(&pg).await;
     pg.push(vec![testing::one_message("bounced", "p", 1)])
         .await
         .expect("push");
