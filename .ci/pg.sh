@@ -3,7 +3,9 @@
 
 pg_find_bin() {
   local d
-  for d in "$(dirname "$(command -v initdb 2>/dev/null || echo /nonexistent/x)")" /usr/lib/postgresql/*/bin; do
+  # Symlinks resolved: a PATH may link initdb alone, and the directory it lives in has the rest
+  # (pg_basebackup for the failover test).
+  for d in "$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || echo /nonexistent/x)")")" /usr/lib/postgresql/*/bin; do
     if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then
       echo "$d"
       return 0
@@ -108,8 +110,31 @@ pg_pause() {
   pg_launch
 }
 
+# A streaming standby of PG_DIR's server (pg_basebackup -R), started on a port of its own,
+# which it prints. For the failover test (server/tests/faults.rs); pg_stop stops it too.
+pg_add_standby() {
+  local port
+  port=$(pg_free_port)
+  pg_as_owner "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$PG_PORT" -U postgres -D "$PG_DIR/standby" -R -X stream >/dev/null \
+    || return 1
+  pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/standby" -l "$PG_DIR/standby.log" -w -t 60 start \
+    -o "-p $port -k $PG_DIR -c listen_addresses=127.0.0.1 -c max_connections=300" >/dev/null \
+    || { cat "$PG_DIR/standby.log" >&2; return 1; }
+  echo "$port"
+}
+
+# A failover: PG_DIR's server crashes (immediate stop: no shutdown checkpoint, sessions cut) and
+# the standby pg_add_standby made is promoted in its place.
+pg_fail_over() {
+  pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate -w stop >/dev/null || return 1
+  pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/standby" -w promote >/dev/null
+}
+
 pg_stop() {
   if [ "${PG_STARTED:-0}" = "1" ]; then
+    if [ -d "$PG_DIR/standby" ]; then
+      pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/standby" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
     pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
     rm -rf "$PG_DIR"
     PG_STARTED=0

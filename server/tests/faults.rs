@@ -324,6 +324,64 @@ impl PrivatePg {
             .expect("url")
     }
 
+    /// Starts a streaming standby of this server on a port of its own and makes it synchronous
+    /// (every commit waits for it), so a push answered 201 is on it when it is promoted. Returns
+    /// its port.
+    async fn add_synchronous_standby(&self) -> String {
+        let out = self
+            .script("pg_add_standby")
+            .output()
+            .expect("pg_add_standby");
+        assert!(
+            out.status.success(),
+            "pg_add_standby failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let (client, conn) = self
+            .config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("admin");
+        tokio::spawn(conn);
+        // The test servers run with synchronous_commit off (pg_launch); the role's setting
+        // reaches every session the brokers open after this.
+        for statement in [
+            "ALTER ROLE postgres SET synchronous_commit = on",
+            "ALTER SYSTEM SET synchronous_standby_names = '*'",
+            "SELECT pg_reload_conf()",
+        ] {
+            client
+                .batch_execute(statement)
+                .await
+                .expect("make the standby synchronous");
+        }
+        let synchronous = Instant::now();
+        loop {
+            let rows = client
+                .query(
+                    "SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'",
+                    &[],
+                )
+                .await
+                .expect("pg_stat_replication");
+            if !rows.is_empty() {
+                return port;
+            }
+            assert!(
+                synchronous.elapsed() < Duration::from_secs(30),
+                "the standby did not become synchronous"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Crashes the server and promotes the standby (blocking: run it off the runtime's workers).
+    fn fail_over(&self) {
+        let status = self.script("pg_fail_over").status().expect("pg_fail_over");
+        assert!(status.success(), "pg_fail_over failed");
+    }
+
     /// Stops the server, waits, starts it again on the same port (blocking: run it off the
     /// runtime's workers).
     fn pause(&self, secs: u32) {
@@ -413,6 +471,66 @@ async fn a_postgres_restart_heals_and_loses_no_confirmed_push() {
         "no push met the outage: {:?}",
         seen.statuses
     );
+}
+
+/// A failover under the load: the primary crashes and its synchronous standby is promoted. The
+/// brokers' URL names both servers with `target_session_attrs=read-write`, as a deployment with a
+/// standby writes it; they find the promoted one by themselves (pools and LISTEN connections),
+/// answer 503 meanwhile, never 500, and lose no confirmed push. Nothing of a broker may stay tied
+/// to the server it first connected to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_promoted_standby_heals_and_loses_no_confirmed_push() {
+    let pg = Arc::new(PrivatePg::start());
+    let standby_port = pg.add_synchronous_standby().await;
+    let both: tokio_postgres::Config = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{standby_port}/postgres\
+         ?target_session_attrs=read-write",
+        pg.port
+    )
+    .parse()
+    .expect("url");
+    let (a, b) = (broker_on(&both, 8, 0).await, broker_on(&both, 8, 1).await);
+    let outage = {
+        let pg = pg.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            tokio::task::spawn_blocking(move || pg.fail_over())
+                .await
+                .unwrap();
+        }
+    };
+    let seen = under_load(a.1, b.1, outage).await;
+    assert!(
+        seen.statuses.get(&("push", 503)).copied().unwrap_or(0) > 0,
+        "no push met the failover: {:?}",
+        seen.statuses
+    );
+    // The brokers are on the promoted server now: a queue made after the failover is there.
+    let r = request(
+        a.1,
+        "POST",
+        "/api/v1/push",
+        Some(&json!({"items": [{"queue": "faults-after-failover", "payload": {}}]})),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let promoted: tokio_postgres::Config =
+        format!("postgres://postgres@127.0.0.1:{standby_port}/postgres")
+            .parse()
+            .expect("url");
+    let (client, conn) = promoted
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("promoted");
+    tokio::spawn(conn);
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM queen.queues WHERE name = 'faults-after-failover'",
+            &[],
+        )
+        .await
+        .expect("queues");
+    assert_eq!(row.get::<_, i64>(0), 1);
 }
 
 /// The coordination surfaces through a PostgreSQL restart, with two brokers on it: KV
