@@ -541,10 +541,15 @@ pub fn row_answer(key: &str, row: &KvRow) -> Value {
 /// An `applied: false` verdict, with what a reader would see of the key.
 fn refused(key: &str, reason: &str, live: Option<&KvRow>) -> Decision {
     let mut answer = json!({"applied": false, "reason": reason, "key": key});
-    if let Some(row) = live {
-        answer["value"] = row.value.clone();
-        answer["version"] = json!(row.version);
-        answer["expiresAt"] = iso(row.expires_at);
+    match live {
+        Some(row) => {
+            answer["value"] = row.value.clone();
+            answer["version"] = json!(row.version);
+            answer["expiresAt"] = iso(row.expires_at);
+        }
+        // No row: version 0, what `expect` names an absent key by.
+        None if reason == "absent" => answer["version"] = json!(0),
+        None => {}
     }
     Decision::Answer {
         answer,

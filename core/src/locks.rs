@@ -33,6 +33,9 @@ pub enum LockOp {
         token: i64,
         slot: u32,
         ttl_seconds: u64,
+        /// The holder renewing, when it says: a renew whose answer was lost is sent again with
+        /// the token before it, and the permit still names this owner (`renew_holds`).
+        owner: Option<String>,
     },
     Release {
         name: String,
@@ -84,10 +87,7 @@ pub fn parse_op(raw: &Value) -> Result<LockOp, String> {
     let name = name(obj)?;
     match obj.get("op").and_then(Value::as_str) {
         Some("acquire") => {
-            let owner = match obj.get("owner") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(owner(v)?),
-            };
+            let owner = optional_owner(obj)?;
             let limit = match obj.get("limit") {
                 None | Some(Value::Null) => 1,
                 Some(v) => v
@@ -108,6 +108,7 @@ pub fn parse_op(raw: &Value) -> Result<LockOp, String> {
             token: token(obj)?,
             slot: slot(obj)?,
             ttl_seconds: ttl(obj)?,
+            owner: optional_owner(obj)?,
         }),
         Some("release") => Ok(LockOp::Release {
             name,
@@ -131,6 +132,13 @@ fn name(obj: &Map<String, Value>) -> Result<String, String> {
         _ => Err(format!(
             "name is a non-empty string of at most {MAX_NAME_BYTES} bytes, without control characters and without '#'"
         )),
+    }
+}
+
+fn optional_owner(obj: &Map<String, Value>) -> Result<Option<String>, String> {
+    match obj.get("owner") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => owner(v).map(Some),
     }
 }
 
@@ -273,6 +281,14 @@ pub fn token_holds(row: Option<&KvRow>, token: i64, now: Timestamp) -> bool {
     row.is_some_and(|r| r.live(now) && r.version == token)
 }
 
+/// Whether a renew extends the permit as it stands: live, and at the token or, when the renew
+/// names its owner, still that owner's. The owner makes a renew safe to send again when its
+/// answer was lost: the first attempt moved the token, and the resent one carries the old one
+/// (Queen's clients resend with the token they hold). A permit another owner took is lost.
+pub fn renew_holds(row: &KvRow, token: i64, owner: Option<&str>, now: Timestamp) -> bool {
+    row.live(now) && (row.version == token || owner.is_some_and(|o| owner_of(row) == Some(o)))
+}
+
 pub fn renewed(name: &str, slot: u32, row: &KvRow) -> Value {
     json!({"renewed": true, "slot": slot, "token": row.version,
            "guard": guard(name, slot, row.version),
@@ -335,5 +351,18 @@ mod tests {
         assert!(!token_holds(slots[1].1.as_ref(), 6, now));
         assert_eq!(slot_of("x", "x#3"), Some(3));
         assert_eq!(slot_of("x", "xy#3"), None);
+    }
+
+    #[test]
+    fn a_renew_holds_at_its_token_or_for_its_owner() {
+        let now = Timestamp::from_secs(10);
+        let live = permit("a", 5, 20);
+        assert!(renew_holds(&live, 5, None, now));
+        // Sent again after a lost answer: the token before, the same owner.
+        assert!(!renew_holds(&live, 4, None, now));
+        assert!(renew_holds(&live, 4, Some("a"), now));
+        // Another owner with a stale token has lost it; an expired permit is nobody's.
+        assert!(!renew_holds(&live, 4, Some("b"), now));
+        assert!(!renew_holds(&permit("a", 5, 5), 5, Some("a"), now));
     }
 }

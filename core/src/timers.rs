@@ -154,7 +154,8 @@ pub fn parse_ops(
             ),
         ));
     }
-    raw.iter()
+    let ops = raw
+        .iter()
         .enumerate()
         .map(|(i, op)| {
             parse_op(op, &mut mint).map_err(|e| TimerInvalid {
@@ -162,7 +163,23 @@ pub fn parse_ops(
                 message: format!("operations[{i}]: {}", e.message),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    // One timer at most once per call (Queen's rule, which its clients rely on: a call's
+    // outcome per timer is then one op's, whatever order the ops are applied in).
+    let mut seen = std::collections::BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if let Some(first) = seen.insert(op.timer(), i) {
+            let (queue, key) = op.timer();
+            return Err(invalid(
+                "timers_duplicate_key",
+                format!(
+                    "operations[{i}]: timer {key:?} of queue {queue:?} is also operations[{first}]: \
+                     a timer may appear at most once per call"
+                ),
+            ));
+        }
+    }
+    Ok(ops)
 }
 
 fn parse_op(raw: &Value, mint: &mut impl FnMut() -> uuid::Uuid) -> Result<TimerOp, TimerInvalid> {
@@ -375,6 +392,26 @@ mod tests {
         parse_ops(&[v], 256, uuid::Uuid::nil)
             .map(|mut ops| ops.remove(0))
             .map_err(|e| e.code)
+    }
+
+    #[test]
+    fn a_timer_appears_at_most_once_per_call() {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(b"{}");
+        let schedule = |key: &str| json!({"op":"schedule","queue":"q","timerKey":key,"payload":b64,"delayMs":5,"txn":"t"});
+        let cancel = json!({"op":"cancel","queue":"q","timerKey":"k"});
+        let codes = |ops: &[Value]| {
+            parse_ops(ops, 256, uuid::Uuid::nil)
+                .map(|o| o.len())
+                .map_err(|e| e.code)
+        };
+        assert_eq!(codes(&[schedule("k"), schedule("j")]), Ok(2));
+        assert_eq!(
+            codes(&[schedule("k"), schedule("k")]),
+            Err("timers_duplicate_key")
+        );
+        assert_eq!(codes(&[schedule("k"), cancel]), Err("timers_duplicate_key"));
+        let other_queue = json!({"op":"cancel","queue":"r","timerKey":"k"});
+        assert_eq!(codes(&[schedule("k"), other_queue]), Ok(2));
     }
 
     #[test]

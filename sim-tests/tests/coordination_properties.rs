@@ -283,6 +283,7 @@ fn locks_case(seed: u64, bugs: SimBugs) -> Result<(), String> {
                     token: *token,
                     slot: *slot,
                     ttl_seconds: 10,
+                    owner: Some(owner.into()),
                 },
                 (Some((token, slot)), 1) => LockOp::Release {
                     name: "L".into(),

@@ -126,11 +126,14 @@ async fn apply(side: &mut Side, op: &Op, step: usize) -> Value {
         Op::Lock { kind, owner, limit } => {
             let name = "L".to_string();
             let lock_op = match (kind, side.held[*owner]) {
+                // Half the renews name their owner and send the token before the one held (a
+                // renew sent again after its answer was lost), half the token alone.
                 (1, Some((token, slot))) => LockOp::Renew {
                     name,
-                    token,
+                    token: if token % 2 == 0 { token - 1 } else { token },
                     slot,
                     ttl_seconds: 10,
+                    owner: (token % 2 == 0).then(|| OWNERS[*owner].into()),
                 },
                 (2, Some((token, slot))) => LockOp::Release { name, token, slot },
                 (3, _) => LockOp::Get { name },

@@ -458,10 +458,11 @@ impl PgStorage {
                 token,
                 slot,
                 ttl_seconds,
+                owner,
             } => {
                 let key = locks::permit_key(name, *slot);
                 let row = read_row(&tx, LOCKS_NAMESPACE, &key, true).await?;
-                match row.filter(|r| locks::token_holds(Some(r), *token, now)) {
+                match row.filter(|r| locks::renew_holds(r, *token, owner.as_deref(), now)) {
                     Some(r) => {
                         let expires_at = kv::Expiry::Ttl(*ttl_seconds).at(now);
                         let value = locks::renewed_value(&r);

@@ -248,11 +248,12 @@ pub(crate) async fn lock_op(
                 token,
                 slot,
                 ttl_seconds,
+                owner,
             } => {
                 tx.stmt("lock renew", |st, t| {
                     let key = permit(name, *slot);
                     let row = locked_row(st, &key, t.id)?;
-                    match row.filter(|r| locks::token_holds(Some(r), *token, t.now)) {
+                    match row.filter(|r| locks::renew_holds(r, *token, owner.as_deref(), t.now)) {
                         Some(r) => {
                             let expires_at = kv::Expiry::Ttl(*ttl_seconds).at(t.now);
                             let value = locks::renewed_value(&r);

@@ -144,7 +144,12 @@ pub const RETRY_AFTER_SECS: &str = "1";
 
 pub fn error(f: &Failure) -> Reply {
     let body = match f.code {
-        Some(code) => serde_json::json!({ "error": f.message, "code": code }),
+        Some(code) => match surface_code(f.status, code) {
+            Some(surface) => {
+                serde_json::json!({ "error": f.message, "code": surface, "reason": code })
+            }
+            None => serde_json::json!({ "error": f.message, "code": code }),
+        },
         None => serde_json::json!({ "error": f.message }),
     };
     let mut r = json(f.status, &body);
@@ -157,6 +162,24 @@ pub fn error(f: &Failure) -> Reply {
             .insert("www-authenticate", HeaderValue::from_static("Bearer"));
     }
     r
+}
+
+/// The code of a refused request on the KV, timers and locks surfaces, whose clients branch on a
+/// closed set: Queen's clients expect `kv_bad_request` / `timers_bad_request` for any malformed
+/// op, with the specific code (`kv_invalid_namespace`, ...) as `reason`. `None`: the code is
+/// answered as it is.
+fn surface_code(status: StatusCode, code: &str) -> Option<&'static str> {
+    if status != StatusCode::BAD_REQUEST {
+        return None;
+    }
+    [
+        ("kv_", "kv_bad_request"),
+        ("timers_", "timers_bad_request"),
+        ("locks_", "locks_bad_request"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| code.starts_with(prefix))
+    .map(|(_, surface)| surface)
 }
 
 /// Reads the whole body, refusing more than `limit` bytes, and a body that stops arriving: no

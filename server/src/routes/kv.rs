@@ -46,7 +46,19 @@ pub async fn batch(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
         return Ok(http::json(StatusCode::OK, &json!({"results": []})));
     }
     let out = broker.storage.kv.kv_batch(ops).await?;
-    let mut answer = json!({"results": out.results});
+    // Each result names its operation's index (results[i] answers operations[i]).
+    let results: Vec<Value> = out
+        .results
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            if let Some(o) = r.as_object_mut() {
+                o.insert("index".into(), json!(i));
+            }
+            r
+        })
+        .collect();
+    let mut answer = json!({"results": results});
     if let Some(i) = out.failed {
         answer["committed"] = json!(false);
         answer["reason"] = json!("kv_precondition");

@@ -73,7 +73,8 @@ async def kv(queen, ns):
         await kv.batch([{"op": "put", "ns": ns, "key": "k", "value": 1}])
         check(False, "a put without expiry is refused")
     except KvError as e:
-        check(e.status == 400 and e.code == "kv_expiry_not_specified", f"a put without expiry: 400 {e.code}")
+        check(e.status == 400 and e.code == "kv_bad_request" and e.reason == "kv_expiry_not_specified",
+              f"a put without expiry: 400 {e.code} {e.reason}")
     try:
         await kv.batch([{"op": "put", "ns": "queen-locks", "key": "x#0", "value": 1, "forever": True}])
         check(False, "the locks' namespace is not writable through /kv")
@@ -101,7 +102,8 @@ async def kv(queen, ns):
         r = await http.get(f"/api/v1/kv/{ns}/curl/k")
         check(r.status_code == 404 and r.json()["found"] is False, "GET of an absent key: 404")
         r = await http.put(f"/api/v1/kv/{ns}/curl/k", json=1)
-        check(r.status_code == 400 and r.json()["code"] == "kv_expiry_not_specified", "PUT without expiry: 400")
+        check(r.status_code == 400 and r.json()["code"] == "kv_bad_request"
+              and r.json()["reason"] == "kv_expiry_not_specified", "PUT without expiry: 400")
 
 
 async def locks(queen, name):

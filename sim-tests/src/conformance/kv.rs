@@ -78,6 +78,24 @@ pub async fn kv_versions_rise_and_preconditions_hold(b: &dyn Backend) -> CaseRes
     ensure!(gone["applied"] == true, "fenced delete: {gone}");
     let absent = one(&*s, json!({"op":"delete","ns":"n","key":"k"})).await?;
     ensure_eq!(absent["reason"], json!("absent"), "delete of an absent key");
+    // An expect that matches no row creates nothing, and names the absent key's version, 0.
+    let fenced = one(
+        &*s,
+        json!({"op":"put","ns":"n","key":"k","value":5,"forever":true,"expect":42}),
+    )
+    .await?;
+    ensure!(
+        fenced["applied"] == false
+            && fenced["reason"] == json!("absent")
+            && fenced["version"] == json!(0),
+        "an expect on an absent key: {fenced}"
+    );
+    let still = one(&*s, json!({"op":"get","ns":"n","key":"k"})).await?;
+    ensure_eq!(
+        still["found"],
+        json!(false),
+        "the refused put created nothing"
+    );
     let again = one(
         &*s,
         json!({"op":"putIfAbsent","ns":"n","key":"k","value":5,"forever":true}),
