@@ -39,7 +39,7 @@ pub use inspect::{
 pub use kv::KvStorage;
 pub use messages::{
     AckItem, AckOutcome, AckStatus, BatchEnd, LeaseBatchEnds, PushGroup, PushGroupResult,
-    PushOutcome, QueueFull, RenewOutcome, SealCheck,
+    PushOutcome, QueueFull, RenewOutcome, SealCheck, ACK_ALREADY_COMMITTED, ACK_NOT_FOUND,
 };
 pub use pop::{Claim, PopRequest, PopResult, SegmentRow, Verdict};
 pub use queue::{ConfiguredQueue, QueueConfig};

@@ -260,6 +260,7 @@ pub fn lease_end_outcome(ended: Option<(String, String)>) -> crate::storage::Ack
         partition,
         lease_released,
         dlq: false,
+        noop: false,
     }
 }
 

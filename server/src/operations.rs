@@ -183,6 +183,7 @@ impl Broker {
                         partition: Some(batch.partition.clone()),
                         lease_released: i + 1 == range.end,
                         dlq: false,
+                        noop: false,
                     });
                 }
             } else {

@@ -92,7 +92,7 @@ async fn framed_push_and_acks_by_number(c: &mut Client, ids: &mut u64) {
         "status": "completed", "leaseId": f.lease_id}),
         )
         .await;
-    assert_eq!(r.json()[0]["error"], "Message not found");
+    assert_eq!(r.json()[0]["error"], queen_core::storage::ACK_NOT_FOUND);
 }
 
 /// A plain push (flag 4) with a zstd body and counts; a pop of a slice of a segment ships only

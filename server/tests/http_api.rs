@@ -120,7 +120,7 @@ async fn push_pop_renew_and_ack(c: &mut Client) {
         .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()[0]["success"], false);
-    assert_eq!(r.json()[0]["error"], "Message not found");
+    assert_eq!(r.json()[0]["error"], queen_core::storage::ACK_NOT_FOUND);
 }
 
 /// Consumer groups and autoAck.

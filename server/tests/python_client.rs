@@ -255,6 +255,95 @@ async fn python_admin_compressed_postgres() {
     .await;
 }
 
+/// Queen's own tests of its Python client (the `tests/` of the queen-mq 2.6.0 source
+/// distribution, which the test command fetches and names in QUEEN_CLIENT_SUITE), run with pytest
+/// against the broker: every surface as Queen's maintainers pin it (ack as a commit, KV, locks,
+/// timers, transactions, reads, subscriptions), unchanged. `files` narrows it to some test files.
+async fn run_queen_suite(store: Store, config: ServerConfig, files: &[&str], env: &[(&str, &str)]) {
+    let python = std::env::var("QUEEN_PYTHON").expect(
+        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
+    );
+    let suite = std::env::var("QUEEN_CLIENT_SUITE").expect(
+        "QUEEN_CLIENT_SUITE must name the unpacked queen-mq 2.6.0 source distribution (run `bash .ci/test`)",
+    );
+    let b = start(store, config).await;
+    let url = format!("http://{}", b.addr);
+    let targets: Vec<String> = if files.is_empty() {
+        vec!["tests".into()]
+    } else {
+        files.iter().map(|f| format!("tests/{f}")).collect()
+    };
+    let run = tokio::process::Command::new(&python)
+        .current_dir(&suite)
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "queen_suite_fixtures",
+        ])
+        .args(&targets)
+        .env(
+            "PYTHONPATH",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python"),
+        )
+        .env("QUEEN_URL", &url)
+        .env("QUEEN_SERVER_URL", &url)
+        .envs(env.iter().copied())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(900), run)
+        .await
+        .expect("Queen's client suite ran past 15 minutes")
+        .expect("run pytest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "Queen's client suite failed:\n{stdout}\n{stderr}"
+    );
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(
+        summary.contains(" passed") && !summary.contains("failed") && !summary.contains("error"),
+        "{stdout}"
+    );
+    eprintln!("Queen's client suite: {summary}");
+}
+
+/// A payload key: the suite configures an encrypted queue.
+fn with_key() -> ServerConfig {
+    ServerConfig {
+        cipher: Some(std::sync::Arc::new(
+            queen_server::sealing::PayloadCipher::from_hex(KEY).unwrap(),
+        )),
+        ..ServerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queen_client_suite_memory() {
+    run_queen_suite(Store::Memory, with_key(), &[], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queen_client_suite_postgres() {
+    run_queen_suite(Store::Postgres("queen_py_suite"), with_key(), &[], &[]).await;
+}
+
+/// Its producer-identity tests, which need a broker with JWT and the secret to sign with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queen_client_suite_auth_postgres() {
+    run_queen_suite(
+        Store::Postgres("queen_py_suite_auth"),
+        with_auth(),
+        &["test_auth.py"],
+        &[("JWT_SECRET", SECRET)],
+    )
+    .await;
+}
+
 /// Chromium for the dashboard tests: QUEEN_CHROMIUM, else `chromium` on the PATH (the test
 /// command installs Debian's package when it is missing).
 fn chromium() -> String {

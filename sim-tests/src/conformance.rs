@@ -515,7 +515,7 @@ pub async fn positional_ack_and_fencing(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure!(
-        o[0].success && !o[0].lease_released,
+        o[0].success && !o[0].lease_released && !o[0].noop,
         "prefix ack keeps the lease: {o:?}"
     );
     let r2 = s
@@ -531,7 +531,32 @@ pub async fn positional_ack_and_fencing(b: &dyn Backend) -> CaseResult {
         )
         .await
         .map_err(e)?;
-    ensure!(o[0].success, "re-ack is idempotent: {o:?}");
+    ensure!(
+        o[0].success && o[0].noop,
+        "re-ack is idempotent, and says so: {o:?}"
+    );
+    // A nack the cursor already passed cannot be honoured: refused, nothing changes.
+    for status in [AckStatus::Failed, AckStatus::Retry, AckStatus::Dlq] {
+        let o = s
+            .ack("g", vec![ack("t-0", &pid, status, Some(w.to_string()))])
+            .await
+            .map_err(e)?;
+        ensure!(
+            !o[0].success
+                && o[0].error.as_deref() == Some(queen_core::storage::ACK_ALREADY_COMMITTED)
+                && !o[0].lease_released
+                && !o[0].dlq,
+            "a nack below the cursor is refused: {o:?}"
+        );
+    }
+    let r2 = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure!(
+        r2.claims.is_empty(),
+        "the refused nacks left the lease alone"
+    );
     let o = s
         .ack("other", vec![ack("t-2", &pid, AckStatus::Completed, None)])
         .await
@@ -554,7 +579,7 @@ pub async fn positional_ack_and_fencing(b: &dyn Backend) -> CaseResult {
         .map_err(e)?;
     ensure_eq!(
         o[0].error.as_deref(),
-        Some("Message not found"),
+        Some(queen_core::storage::ACK_NOT_FOUND),
         "unknown transaction id"
     );
     Ok(())
@@ -1029,10 +1054,21 @@ pub async fn failed_acks_retry_then_dead_letter(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure!(
-        o[0].dlq,
-        "second failure with retryLimit 1 dead-letters: {o:?}"
+        o[0].dlq && o[0].lease_released,
+        "second failure with retryLimit 1 dead-letters, and the nack ends the lease (its \
+         consumer drops the rest of the batch): {o:?}"
     );
-    ensure!(!o[0].lease_released, "the lease still covers t-1 and t-2");
+    // No retryDelay hold after a dead letter: what followed comes back at once.
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("q", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![1, 2],
+        "past the dead letter, the rest of the batch at once"
+    );
     // The next message starts with a full budget.
     let o = s
         .ack(
@@ -1053,7 +1089,7 @@ pub async fn failed_acks_retry_then_dead_letter(b: &dyn Backend) -> CaseResult {
     ensure_eq!(
         payload_ns(&r),
         vec![1, 2],
-        "past the dead letter, t-1 redelivered"
+        "t-1 redelivered after its retryDelay"
     );
     let dl = b.filed_dead_letters("q").await;
     ensure_eq!(dl, vec![(0, "t-0".to_string())], "one dead letter");

@@ -248,7 +248,8 @@ impl RefState {
         (worker, out)
     }
 
-    /// The ack rules: positional, fenced, a failed message is a barrier within the call.
+    /// The ack rules: positional, fenced, a failed message is a barrier within the call, every
+    /// nack ends the lease (dead-lettering included), a nack below the cursor is refused.
     fn ack(&mut self, held: &Held, items: &[(Offset, bool)], fenced: bool) -> Vec<bool> {
         let now = self.now_ms;
         let (p, g) = (held.part, held.group);
@@ -260,7 +261,8 @@ impl RefState {
         let mut ok = vec![];
         for &(off, completed) in items {
             if off <= cur.committed {
-                ok.push(true);
+                // A completed ack is idempotent there; a nack can no longer be honoured.
+                ok.push(completed);
                 continue;
             }
             if fenced && (!start_live || start_worker != Some(held.worker)) {
@@ -293,6 +295,7 @@ impl RefState {
                 cur.retry_offset = Some(off);
                 if cur.retry_count > RETRY_LIMIT && off == cur.committed + 1 && barrier.is_none() {
                     advance(&mut cur, off, None);
+                    release = true;
                 } else {
                     barrier = Some(barrier.map_or(off, |b| b.min(off)));
                     release = true;

@@ -187,7 +187,7 @@ impl PgStorage {
                         .await?
                         .into_iter()
                         .next()
-                        .ok_or_else(|| StorageError::Internal("ack_v2 answered no row".into()))?,
+                        .ok_or_else(|| StorageError::Internal("ack_v3 answered no row".into()))?,
                 ),
                 TxOp::Kv(op) => {
                     let now = match kv_now {

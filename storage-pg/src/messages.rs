@@ -1,4 +1,4 @@
-//! Push, ack and lease renewal on PostgreSQL (push_v6, ack_v2, renew_lease_v1).
+//! Push, ack and lease renewal on PostgreSQL (push_v6, ack_v3, renew_lease_v1).
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
@@ -461,14 +461,14 @@ fn row_outcomes(
     Ok(retry)
 }
 
-/// Runs ack_v2 on a client or a transaction.
+/// Runs ack_v3 on a client or a transaction.
 pub(crate) async fn ack_items(
     client: &impl deadpool_postgres::GenericClient,
     group: &str,
     items: &[AckItem],
 ) -> StorageResult<Vec<AckOutcome>> {
     let stmt = client
-        .prepare_cached("SELECT o_success, o_error, o_queue, o_partition, o_lease_released, o_dlq FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7)")
+        .prepare_cached("SELECT o_success, o_error, o_queue, o_partition, o_lease_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7)")
         .await
         .map_err(pg_err("ack"))?;
     // A partition is named by its id or its number; anything else is neither (not found).
@@ -503,6 +503,7 @@ pub(crate) async fn ack_items(
             partition: r.get(3),
             lease_released: r.get(4),
             dlq: r.get(5),
+            noop: r.get(6),
         })
         .collect())
 }

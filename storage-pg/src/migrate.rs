@@ -97,7 +97,10 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "push_v6",
     "push_round_v1",
     "push_take_back_txids_v1",
+    // Superseded by v3 (a nack below the cursor refused, noop, a dead-lettering nack ends the
+    // lease); kept while brokers of the previous version may still call it (a rolling upgrade).
     "ack_v2",
+    "ack_v3",
     // Superseded by v2; kept while brokers of the previous version may still call it (a rolling
     // upgrade), to be dropped by a later migration.
     "ack_batch_ends_v1",

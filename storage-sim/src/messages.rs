@@ -10,6 +10,7 @@ use queen_core::frames::Frame;
 use queen_core::storage::{
     AckItem, AckOutcome, AckStatus, BatchEnd, LeaseBatchEnds, PushGroup, PushGroupResult,
     PushOutcome, QueueConfig, QueueFull, RenewOutcome, SealCheck, StorageError,
+    ACK_ALREADY_COMMITTED, ACK_NOT_FOUND,
 };
 use queen_core::{Offset, Timestamp, WorkerId};
 
@@ -440,7 +441,7 @@ fn ack_item(
 ) -> Result<AckOutcome, StmtError> {
     let group = group.to_string();
     let Some((queue, partition)) = st.partition_ids.get(&item.partition_id, t.id).cloned() else {
-        return Ok(AckOutcome::refused("Message not found"));
+        return Ok(AckOutcome::refused(ACK_NOT_FOUND));
     };
     let Some(offset) = st
         .txids
@@ -450,7 +451,7 @@ fn ack_item(
         )
         .map(|r| r.offset)
     else {
-        return Ok(AckOutcome::refused("Message not found"));
+        return Ok(AckOutcome::refused(ACK_NOT_FOUND));
     };
     let key = (item.partition_id.clone(), group.clone());
     if !lock_or_wait(st.consumers.lock(&key, t.id))? {
@@ -476,11 +477,21 @@ fn ack_item(
         partition: Some(partition.clone()),
         lease_released: false,
         dlq: false,
+        noop: false,
     };
     if offset <= row.committed {
-        // Already committed: idempotent, whatever lease it names (a retried
-        // transaction's ack arrives after its lease was released).
-        return Ok(res);
+        // Already committed: a completed ack is idempotent, whatever lease it names (a retried
+        // transaction's ack arrives after its lease was released); a nack can no longer be
+        // honoured, and says so.
+        return Ok(if item.status == AckStatus::Completed {
+            AckOutcome { noop: true, ..res }
+        } else {
+            AckOutcome {
+                success: false,
+                error: Some(ACK_ALREADY_COMMITTED.into()),
+                ..res
+            }
+        });
     }
     if let Some(lid) = item.lease_id.as_deref().filter(|l| !l.is_empty()) {
         if !call.live || call.worker.map(|w| w.to_string()).as_deref() != Some(lid) {
@@ -568,6 +579,9 @@ impl AckVerdict<'_> {
                 {
                     res.dlq = self.dead_letter(st, t, row);
                     Self::advance(row, offset, None);
+                    // A nack ends the lease, dead-lettering included: its consumer drops the
+                    // rest of the batch, which comes again at once.
+                    call.release = true;
                 } else {
                     call.barrier = Some(call.barrier.map_or(offset, |b| b.min(offset)));
                     call.release = true;
@@ -582,6 +596,7 @@ impl AckVerdict<'_> {
                 if offset == row.committed + 1 && call.barrier.is_none() {
                     res.dlq = self.dead_letter(st, t, row);
                     Self::advance(row, offset, None);
+                    call.release = true;
                 } else {
                     // Earlier messages are still unacknowledged: file it when it reaches the head.
                     row.retry_offset = Some(offset);

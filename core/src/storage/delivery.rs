@@ -57,18 +57,19 @@ pub enum TxOpResult {
 
 impl TxOpResult {
     /// Why this operation makes its transaction roll back, if it was refused: a push that met
-    /// a queue at its maxSize, or an ack storage refused. The one wording of both backends.
+    /// a queue at its maxSize, or an ack storage refused. The one wording of both backends; it
+    /// says the transaction was rolled back, which Queen's clients read from the error.
     pub fn refusal(&self) -> Option<String> {
         match self {
             TxOpResult::Push(groups) => groups.iter().flatten().find_map(|o| match o {
-                PushOutcome::Rejected { full, .. } => {
-                    Some(format!("PUSH operation failed: {full}"))
-                }
+                PushOutcome::Rejected { full, .. } => Some(format!(
+                    "PUSH operation failed: {full}; the transaction was rolled back"
+                )),
                 _ => None,
             }),
             TxOpResult::Ack(a) => (!a.success).then(|| {
                 format!(
-                    "ACK operation failed: {}",
+                    "ACK operation failed: {}; the transaction was rolled back",
                     a.error.as_deref().unwrap_or("refused")
                 )
             }),

@@ -171,7 +171,21 @@ pub struct AckOutcome {
     pub partition: Option<String>,
     pub lease_released: bool,
     pub dlq: bool,
+    /// A completed ack of a message the cursor had already passed: it succeeded and changed
+    /// nothing (Queen's `noop`).
+    pub noop: bool,
 }
+
+/// The error of an ack whose message storage cannot find: no such transactionId in the
+/// partition it names (Queen's clients read "unresolvable" in it). The one wording of both
+/// backends.
+pub const ACK_NOT_FOUND: &str =
+    "Message not found: its transactionId is unresolvable in that partition";
+
+/// The error of a nack (failed, retry, dlq) of a message the cursor had already passed: it can
+/// be neither retried nor dead-lettered, and the caller is told rather than answered ok.
+pub const ACK_ALREADY_COMMITTED: &str =
+    "Message already committed: the cursor is past it, so it can be neither retried nor dead-lettered";
 
 impl AckOutcome {
     pub fn refused(error: &str) -> Self {
@@ -182,6 +196,7 @@ impl AckOutcome {
             partition: None,
             lease_released: false,
             dlq: false,
+            noop: false,
         }
     }
 }

@@ -22,9 +22,15 @@ async fn run_acks(
         .zip(txids)
         .enumerate()
         .map(|(index, (o, tx))| {
-            json!({"index": index, "transactionId": tx, "success": o.success, "error": o.error,
-                   "queueName": o.queue, "partitionName": o.partition,
-                   "leaseReleased": o.lease_released, "dlq": o.dlq})
+            let mut item = json!({"index": index, "transactionId": tx, "success": o.success,
+                                  "error": o.error, "queueName": o.queue,
+                                  "partitionName": o.partition,
+                                  "leaseReleased": o.lease_released, "dlq": o.dlq});
+            // Only on a below-cursor ack: an ack that moved the cursor carries no flag.
+            if o.noop {
+                item["noop"] = json!(true);
+            }
+            item
         })
         .collect();
     Ok(http::json(StatusCode::OK, &Value::Array(answer)))

@@ -151,7 +151,11 @@ fn results(outcomes: &[TxOpResult], ops: &[TxOp], shapes: &Shapes) -> Result<Vec
     for (k, r) in outcomes.iter().enumerate() {
         match (r, &ops[k]) {
             (TxOpResult::Ack(a), TxOp::Ack { item, .. }) => {
-                results.push(json!({"index": results.len(), "type": "ack", "success": a.success, "transactionId": item.transaction_id, "error": a.error, "dlq": a.dlq}));
+                let mut result = json!({"index": results.len(), "type": "ack", "success": a.success, "transactionId": item.transaction_id, "error": a.error, "dlq": a.dlq});
+                if a.noop {
+                    result["noop"] = json!(true);
+                }
+                results.push(result);
             }
             (TxOpResult::Push(groups), TxOp::Push(req)) => {
                 // Items in request order: match each (transactionId, queue) to its group outcome.
