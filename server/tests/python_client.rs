@@ -93,6 +93,21 @@ async fn run_security(store: Store, mode: &str) {
 
 /// Runs one script of tests/python against a fresh broker; it must print "<marker>: all checks
 /// passed".
+/// The Python with Queen's client that the test command installed.
+fn python() -> String {
+    std::env::var("QUEEN_PYTHON").expect(
+        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
+    )
+}
+
+/// A finished Python run's stdout, after asserting it exited 0 (`what` names it in the failure).
+fn succeeded(out: &std::process::Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    stdout
+}
+
 async fn run_script(store: Store, config: ServerConfig, script: &str, marker: &str) {
     run_script_with(store, config, script, &[], &[], marker).await
 }
@@ -105,12 +120,9 @@ async fn run_script_with(
     env: &[(&str, &str)],
     marker: &str,
 ) {
-    let python = std::env::var("QUEEN_PYTHON").expect(
-        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
-    );
     let b = start(store, config).await;
     let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = tokio::process::Command::new(&python)
+    let out = tokio::process::Command::new(python())
         .arg(script)
         .arg(format!("http://{}", b.addr))
         .args(args)
@@ -118,12 +130,7 @@ async fn run_script_with(
         .output()
         .await
         .expect("run the Python client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the Python client failed:\n{stdout}\n{stderr}"
-    );
+    let stdout = succeeded(&out, "the Python client");
     assert!(
         stdout.contains(&format!("{marker}: all checks passed")),
         "{stdout}"
@@ -260,9 +267,6 @@ async fn python_admin_compressed_postgres() {
 /// against the broker: every surface as Queen's maintainers pin it (ack as a commit, KV, locks,
 /// timers, transactions, reads, subscriptions), unchanged. `files` narrows it to some test files.
 async fn run_queen_suite(store: Store, config: ServerConfig, files: &[&str], env: &[(&str, &str)]) {
-    let python = std::env::var("QUEEN_PYTHON").expect(
-        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
-    );
     let suite = std::env::var("QUEEN_CLIENT_SUITE").expect(
         "QUEEN_CLIENT_SUITE must name the unpacked queen-mq 2.6.0 source distribution (run `bash .ci/test`)",
     );
@@ -273,7 +277,7 @@ async fn run_queen_suite(store: Store, config: ServerConfig, files: &[&str], env
     } else {
         files.iter().map(|f| format!("tests/{f}")).collect()
     };
-    let run = tokio::process::Command::new(&python)
+    let run = tokio::process::Command::new(python())
         .current_dir(&suite)
         .args([
             "-m",
@@ -298,12 +302,7 @@ async fn run_queen_suite(store: Store, config: ServerConfig, files: &[&str], env
         .await
         .expect("Queen's client suite ran past 15 minutes")
         .expect("run pytest");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "Queen's client suite failed:\n{stdout}\n{stderr}"
-    );
+    let stdout = succeeded(&out, "Queen's client suite");
     let summary = stdout.lines().last().unwrap_or_default();
     assert!(
         summary.contains(" passed") && !summary.contains("failed") && !summary.contains("error"),
@@ -524,7 +523,6 @@ async fn python_ephemeral_postgres() {
 /// restart: a new incarnation, empty memory) there as configured and empty, listed by `queues`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ephemeral_declarations_survive_a_restart_postgres() {
-    let python = std::env::var("QUEEN_PYTHON").expect("QUEEN_PYTHON (run `bash .ci/test`)");
     let (before, after) = common::start_pair("queen_eph_restart", ServerConfig::default()).await;
     let configure = serde_json::json!({
         "queue": "declared",
@@ -546,18 +544,17 @@ async fn ephemeral_declarations_survive_a_restart_postgres() {
     let _ = before.app.shutting_down.send(true);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let script = format!("{}/tests/python/ephemeral.py", env!("CARGO_MANIFEST_DIR"));
-    let out = tokio::process::Command::new(&python)
+    let out = tokio::process::Command::new(python())
         .arg(script)
         .arg(format!("http://{}", after.addr))
         .arg("declared")
         .output()
         .await
         .expect("run the Python client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = succeeded(&out, "the Python client");
     assert!(
-        out.status.success() && stdout.contains("ephemeral-restart: all checks passed"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        stdout.contains("ephemeral-restart: all checks passed"),
+        "{stdout}"
     );
 }
 
@@ -566,19 +563,14 @@ async fn ephemeral_declarations_survive_a_restart_postgres() {
 /// one broker; then pops parked through each broker woken by pushes through the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_ephemeral_two_brokers_postgres() {
-    let python = std::env::var("QUEEN_PYTHON").expect("QUEEN_PYTHON (run `bash .ci/test`)");
     let (a, b) = common::start_pair("queen_eph_pair", ServerConfig::default()).await;
     let script = format!("{}/tests/python/ephemeral.py", env!("CARGO_MANIFEST_DIR"));
-    let out = tokio::process::Command::new(&python)
+    let out = tokio::process::Command::new(python())
         .arg(script)
         .arg(format!("http://{},http://{}", a.addr, b.addr))
         .output()
         .await
         .expect("run the Python client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("ephemeral: all checks passed"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out, "the Python client");
+    assert!(stdout.contains("ephemeral: all checks passed"), "{stdout}");
 }

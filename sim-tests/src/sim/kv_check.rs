@@ -137,10 +137,11 @@ fn step(call: &KvCall, i: usize, learned: Option<i64>, reg: &Register) -> Option
     }
 }
 
-/// A refusal shows the live row as it stands (or nothing when the key is absent).
+/// A refusal shows the live row as it stands (or, when the key is absent, version 0 and no
+/// value).
 fn shows(a: &Value, reg: &Register) -> bool {
     match &reg.live {
-        None => a.get("version").is_none(),
+        None => a["version"].as_i64() == Some(0) && a.get("value").is_none(),
         Some((value, Version::Known(v))) => {
             a["version"].as_i64() == Some(*v) && a["value"].as_i64() == Some(*value)
         }
