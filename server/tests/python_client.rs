@@ -267,11 +267,22 @@ async fn python_admin_compressed_postgres() {
 /// against the broker: every surface as Queen's maintainers pin it (ack as a commit, KV, locks,
 /// timers, transactions, reads, subscriptions), unchanged. `files` narrows it to some test files.
 async fn run_queen_suite(store: Store, config: ServerConfig, files: &[&str], env: &[(&str, &str)]) {
+    let b = start(store, config).await;
+    run_queen_suite_at(&[b.addr], files, env).await;
+}
+
+/// The suite against brokers already running: with two, its client sends its calls to them in
+/// turn (round robin), and direct HTTP calls go to the first.
+async fn run_queen_suite_at(
+    brokers: &[std::net::SocketAddr],
+    files: &[&str],
+    env: &[(&str, &str)],
+) {
     let suite = std::env::var("QUEEN_CLIENT_SUITE").expect(
         "QUEEN_CLIENT_SUITE must name the unpacked queen-mq 2.6.0 source distribution (run `bash .ci/test`)",
     );
-    let b = start(store, config).await;
-    let url = format!("http://{}", b.addr);
+    let urls: Vec<String> = brokers.iter().map(|a| format!("http://{a}")).collect();
+    let url = urls[0].clone();
     let targets: Vec<String> = if files.is_empty() {
         vec!["tests".into()]
     } else {
@@ -294,6 +305,7 @@ async fn run_queen_suite(store: Store, config: ServerConfig, files: &[&str], env
             concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python"),
         )
         .env("QUEEN_URL", &url)
+        .env("QUEEN_URLS", urls.join(","))
         .env("QUEEN_SERVER_URL", &url)
         .envs(env.iter().copied())
         .kill_on_drop(true)
@@ -329,6 +341,15 @@ async fn queen_client_suite_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queen_client_suite_postgres() {
     run_queen_suite(Store::Postgres("queen_py_suite"), with_key(), &[], &[]).await;
+}
+
+/// The whole suite through two brokers on one PostgreSQL, each call of its client to the other
+/// broker than the call before: a push through one and the pop, ack, lock renew or KV read that
+/// follows through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queen_client_suite_two_brokers_postgres() {
+    let (a, b) = common::start_pair("queen_py_suite_pair", with_key()).await;
+    run_queen_suite_at(&[a.addr, b.addr], &[], &[]).await;
 }
 
 /// Its producer-identity tests, which need a broker with JWT and the secret to sign with.
