@@ -76,6 +76,11 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(28, "group conflation", "028_group_conflation.sql"),
     migration!(29, "ephemeral queues' configuration", "029_ephemeral.sql"),
     migration!(30, "admin totals", "030_admin_totals.sql"),
+    migration!(
+        31,
+        "partitions keep their newest segment's time",
+        "031_partition_newest_segment.sql"
+    ),
 ];
 
 macro_rules! functions {

@@ -482,3 +482,113 @@ async fn push_rounds_and_single_pushes_race_without_deadlock_or_gaps() {
     drop(pg);
     testing::drop_database(&name).await;
 }
+
+/// A push finds the floor of its created_at (the partition's newest segment's time) on the
+/// partition row it locks, not in log_segments: in the steady state neither push_v6 nor
+/// push_round_v1 reads a segment (pg_stat_xact_user_tables, the transaction's own counts). A row
+/// whose newest_offset is not its head, as a push of the previous version leaves it during a
+/// rolling upgrade (it appends a segment and moves the head, and keeps no newest_*), is read
+/// from the segment instead: created_at stays monotone in base_offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_takes_its_time_floor_from_the_partition_row_unless_the_row_is_stale() {
+    let name = format!("queen_push_newest_{}", std::process::id());
+    let pg = testing::fresh_database(&name, 4).await;
+    pg.push(vec![one("n", "t0", 1)]).await.expect("first push");
+    let (mut client, conn) = testing::fresh_database_config_existing(&name)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let driver = tokio::spawn(conn);
+    let kept: (i64, bool) = {
+        let r = client
+            .query_one(
+                "SELECT p.newest_offset,
+                        p.newest_at = (SELECT max(s.created_at) FROM queen.log_segments s
+                                        WHERE s.partition_id = p.id)
+                   FROM queen.log_partitions p WHERE p.name = 'n'",
+                &[],
+            )
+            .await
+            .expect("row");
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(kept, (0, true), "the row keeps its newest segment's time");
+    // The backend's counts not yet flushed, earlier transactions' included: read before and
+    // after the call, within its transaction (nothing is flushed inside one).
+    let segment_reads = "SELECT COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0)
+                           FROM pg_stat_xact_user_tables
+                          WHERE relid = 'queen.log_segments'::regclass";
+    for (what, call) in [
+        (
+            "push_v6",
+            "SELECT count(*) FROM queen.push_v6('dedup', 'n', ARRAY['t1'],
+                 ARRAY[gen_random_uuid()], '\\x00'::bytea, NULL, false, true)",
+        ),
+        (
+            "push_round_v1",
+            "SELECT count(*) FROM queen.push_round_v1(
+                 ARRAY['dedup', 'dedup'], ARRAY['n', 'n'], ARRAY['\\x00'::bytea, '\\x00'::bytea],
+                 ARRAY[false, false], ARRAY[1, 2], ARRAY[1, 2], ARRAY['t2', 't3'],
+                 ARRAY[gen_random_uuid(), gen_random_uuid()])",
+        ),
+    ] {
+        let tx = client.transaction().await.expect("begin");
+        let before: i64 = tx
+            .query_one(segment_reads, &[])
+            .await
+            .expect("counts")
+            .get(0);
+        let stored: i64 = tx.query_one(call, &[]).await.expect(what).get(0);
+        assert!(stored >= 1, "{what} stored nothing");
+        let after: i64 = tx
+            .query_one(segment_reads, &[])
+            .await
+            .expect("counts")
+            .get(0);
+        tx.commit().await.expect("commit");
+        let reads = after - before;
+        assert_eq!(reads, 0, "{what} read log_segments {reads} times");
+    }
+    // The previous version's push: a segment an hour ahead, the head moved, newest_* untouched.
+    let stale = |hours: i32| {
+        format!(
+            "INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count,
+                                             created_at, blob)
+             SELECT p.id, p.last_offset + 1, p.last_offset + 1, 1,
+                    now() + make_interval(hours => {hours}), '\\x00'::bytea
+               FROM queen.log_partitions p WHERE p.name = 'n';
+             UPDATE queen.log_partitions SET last_offset = last_offset + 1 WHERE name = 'n';"
+        )
+    };
+    client.batch_execute(&stale(1)).await.expect("stale row");
+    pg.push(vec![one("n", "t4", 5)])
+        .await
+        .expect("push_v6 on it");
+    client.batch_execute(&stale(2)).await.expect("stale again");
+    let answers = pg
+        .push_round(vec![vec![one("n", "t5", 6)], vec![one("n", "t6", 7)]])
+        .await;
+    assert!(answers.iter().all(|a| a.is_ok()), "{answers:?}");
+    let times: Vec<(i64, bool)> = client
+        .query(
+            "SELECT s.base_offset,
+                    s.created_at >= lag(s.created_at) OVER (ORDER BY s.base_offset)
+               FROM queen.log_segments s JOIN queen.log_partitions p ON p.id = s.partition_id
+              WHERE p.name = 'n' ORDER BY s.base_offset",
+            &[],
+        )
+        .await
+        .expect("segments")
+        .iter()
+        .map(|r| (r.get(0), r.get::<_, Option<bool>>(1).unwrap_or(true)))
+        .collect();
+    assert_eq!(times.len(), 9, "{times:?}");
+    assert!(
+        times.iter().all(|(_, monotone)| *monotone),
+        "created_at went back after a stale row: {times:?}"
+    );
+    drop(client);
+    let _ = driver.await;
+    drop(pg);
+    testing::drop_database(&name).await;
+}

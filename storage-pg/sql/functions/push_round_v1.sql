@@ -30,6 +30,8 @@ DECLARE
     v_p text[];
     v_pid uuid[];
     v_last bigint[];
+    v_newest_at timestamptz[];
+    v_newest_offset bigint[];
 BEGIN
     IF EXISTS (
         SELECT 1
@@ -45,10 +47,13 @@ BEGIN
       FROM (SELECT DISTINCT u.queue, u.part FROM unnest(p_queues, p_partitions) AS u (queue, part)) w;
     -- The lock rows are taken in the sorted order (LockRows runs above the sort).
     SELECT array_agg(l.queue ORDER BY l.ord), array_agg(l.part ORDER BY l.ord),
-           array_agg(l.id ORDER BY l.ord), array_agg(l.last_offset ORDER BY l.ord)
-      INTO v_q, v_p, v_pid, v_last
-      FROM (SELECT k.queue, k.part, k.id, k.last_offset, row_number() OVER () AS ord
-              FROM (SELECT q.name AS queue, p.name AS part, p.id, p.last_offset
+           array_agg(l.id ORDER BY l.ord), array_agg(l.last_offset ORDER BY l.ord),
+           array_agg(l.newest_at ORDER BY l.ord), array_agg(l.newest_offset ORDER BY l.ord)
+      INTO v_q, v_p, v_pid, v_last, v_newest_at, v_newest_offset
+      FROM (SELECT k.queue, k.part, k.id, k.last_offset, k.newest_at, k.newest_offset,
+                   row_number() OVER () AS ord
+              FROM (SELECT q.name AS queue, p.name AS part, p.id, p.last_offset, p.newest_at,
+                           p.newest_offset
                       FROM queen.log_partitions p
                       JOIN queen.queues q ON q.id = p.queue_id
                      WHERE (q.name, p.name) IN (SELECT u.queue, u.part
@@ -70,13 +75,17 @@ BEGIN
             ON l.queue = g.queue AND l.part = g.part
     ), parts AS (
         -- created_at never below the partition's newest segment (a push that began earlier may
-        -- have taken the lock first).
+        -- have taken the lock first): its time is on the locked row while the row's
+        -- newest_offset is its head (migration 031), else read from the segment (push_v6 says
+        -- when).
         SELECT l.id AS pid,
-               GREATEST(v_now, (SELECT s.created_at FROM queen.log_segments s
-                                 WHERE s.partition_id = l.id
-                                 ORDER BY s.base_offset DESC LIMIT 1)) AS created,
+               GREATEST(v_now, CASE WHEN l.newest_offset = l.last_offset THEN l.newest_at
+                                    ELSE (SELECT s.created_at FROM queen.log_segments s
+                                           WHERE s.partition_id = l.id
+                                           ORDER BY s.base_offset DESC LIMIT 1) END) AS created,
                (SELECT sum(g.n) FROM groups g WHERE g.pid = l.id) AS total
-          FROM unnest(v_pid) AS l (id)
+          FROM unnest(v_pid, v_last, v_newest_at, v_newest_offset)
+               AS l (id, last_offset, newest_at, newest_offset)
     ), txids AS (
         INSERT INTO queen.log_txids (partition_id, transaction_id, msg_offset, message_id)
         SELECT g.pid, t.tx, g.base + t.k - 1, t.mid
@@ -93,7 +102,9 @@ BEGIN
            SET last_offset = lp.last_offset + p.total,
                -- Never before this transaction began: partitions/changed's safeTime relies on it.
                last_write_at = date_trunc('second', GREATEST(p.created, queen.now())),
-               oldest_at = COALESCE(lp.oldest_at, p.created)
+               oldest_at = COALESCE(lp.oldest_at, p.created),
+               newest_at = p.created,
+               newest_offset = lp.last_offset + p.total
           FROM parts p
          WHERE lp.id = p.pid
     )

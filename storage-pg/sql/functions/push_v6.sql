@@ -34,6 +34,8 @@ DECLARE
     v_qid uuid;
     v_pid uuid;
     v_last bigint;
+    v_newest_at timestamptz;
+    v_newest_offset bigint;
     v_n integer := COALESCE(array_length(p_txids, 1), 0);
     v_created timestamptz;
     v_cap integer := 0;
@@ -62,7 +64,8 @@ BEGIN
     -- FOR NO KEY UPDATE, not FOR UPDATE: pushes still serialize on the row (offsets in commit
     -- order), but a pop creating a cursor row takes FOR KEY SHARE on it for the foreign key and
     -- must never wait on a push.
-    SELECT p.id, p.last_offset INTO v_pid, v_last
+    SELECT p.id, p.last_offset, p.newest_at, p.newest_offset
+      INTO v_pid, v_last, v_newest_at, v_newest_offset
       FROM queen.log_partitions p
      WHERE p.queue_id = v_qid AND p.name = p_partition
        FOR NO KEY UPDATE;
@@ -70,7 +73,8 @@ BEGIN
         INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
         VALUES (gen_random_uuid(), v_qid, p_partition, -1, date_trunc('second', queen.now()))
         ON CONFLICT (queue_id, name) DO NOTHING;
-        SELECT p.id, p.last_offset INTO v_pid, v_last
+        SELECT p.id, p.last_offset, p.newest_at, p.newest_offset
+          INTO v_pid, v_last, v_newest_at, v_newest_offset
           FROM queen.log_partitions p
          WHERE p.queue_id = v_qid AND p.name = p_partition
            FOR NO KEY UPDATE;
@@ -124,11 +128,16 @@ BEGIN
     END IF;
     -- created_at must be monotone in base_offset (the window probe and the delay filter rely on
     -- it), but a push that began earlier may take the lock later: never go below the newest. A
-    -- push drained from a broker's file buffer brings the time it was accepted (p_created).
-    SELECT GREATEST(COALESCE(p_created, clock_timestamp() + (queen.now() - now())), max(s.created_at))
-      INTO v_created
-      FROM (SELECT s.created_at FROM queen.log_segments s
-             WHERE s.partition_id = v_pid ORDER BY s.base_offset DESC LIMIT 1) s;
+    -- push drained from a broker's file buffer brings the time it was accepted (p_created). The
+    -- newest segment's time is on the locked row while the row's newest_offset is its head
+    -- (migration 031); otherwise (a partition last written before it, or by a push that does not
+    -- keep the columns) it is read from the segment.
+    IF v_newest_offset IS DISTINCT FROM v_last THEN
+        SELECT s.created_at INTO v_newest_at
+          FROM queen.log_segments s
+         WHERE s.partition_id = v_pid ORDER BY s.base_offset DESC LIMIT 1;
+    END IF;
+    v_created := GREATEST(COALESCE(p_created, clock_timestamp() + (queen.now() - now())), v_newest_at);
     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
     VALUES (v_pid, v_last + 1, v_last + v_n, v_n, v_created, p_blob);
     UPDATE queen.log_partitions p
@@ -136,7 +145,9 @@ BEGIN
            -- Never before this transaction began, even for a push drained from a file buffer
            -- with the time it was accepted: partitions/changed's safeTime relies on it.
            last_write_at = date_trunc('second', GREATEST(v_created, queen.now())),
-           oldest_at = COALESCE(p.oldest_at, v_created)
+           oldest_at = COALESCE(p.oldest_at, v_created),
+           newest_at = v_created,
+           newest_offset = v_last + v_n
      WHERE p.id = v_pid;
     -- Delivered at commit to every broker listening: their parked consumers wake at once
     -- instead of at the next ring reseed.
