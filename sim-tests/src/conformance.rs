@@ -1096,6 +1096,59 @@ pub async fn failed_acks_retry_then_dead_letter(b: &dyn Backend) -> CaseResult {
     Ok(())
 }
 
+/// A call's acks of one partition apply in offset order, whatever order the call lists them
+/// in: a nack listed after a completed ack of a later message still holds the cursor before
+/// it, so the failed message comes back (a caller that acks its successes, then its failures,
+/// loses none). Answered in the call's order.
+pub async fn a_nack_bounds_its_call_in_any_order(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(80);
+    push(&*s, &mut ids, "q", "p", "t", 0..4).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("q", "g", w, 10), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let l = Some(w.to_string());
+    let o = s
+        .ack(
+            "g",
+            vec![
+                ack("t-2", &pid, AckStatus::Completed, l.clone()),
+                ack("t-0", &pid, AckStatus::Completed, l.clone()),
+                ack("t-1", &pid, AckStatus::Retry, l.clone()),
+                ack("nope", &pid, AckStatus::Completed, l),
+            ],
+        )
+        .await
+        .map_err(e)?;
+    ensure_eq!(o.len(), 4, "one answer an item");
+    ensure!(
+        o[0].success && o[1].success && o[2].success,
+        "the nack is honoured, not refused as committed: {o:?}"
+    );
+    ensure!(
+        o[2].lease_released && !o[0].noop && !o[1].noop,
+        "the nack ends the lease; the completed acks are fresh: {o:?}"
+    );
+    ensure_eq!(
+        o[3].error.as_deref(),
+        Some(queen_core::storage::ACK_NOT_FOUND),
+        "answers keep the call's order"
+    );
+    let r = s
+        .pop_partition(pop_req("q", "g", ids.worker(), 10), "p".into())
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        payload_ns(&r),
+        vec![1, 2, 3],
+        "the retried message comes back, with what followed it"
+    );
+    Ok(())
+}
+
 /// Namespace/task discovery.
 pub async fn discovery(b: &dyn Backend) -> CaseResult {
     let s = b.storage();
@@ -2762,6 +2815,7 @@ cases!(
     budgets,
     lease_renewal,
     failed_acks_retry_then_dead_letter,
+    a_nack_bounds_its_call_in_any_order,
     discovery,
     pending_and_delete,
     configure_round_trip,

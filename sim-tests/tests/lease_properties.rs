@@ -248,9 +248,24 @@ impl RefState {
         (worker, out)
     }
 
-    /// The ack rules: positional, fenced, a failed message is a barrier within the call, every
-    /// nack ends the lease (dead-lettering included), a nack below the cursor is refused.
+    /// The ack rules: positional, fenced, applied in offset order whatever the call's order (so
+    /// a failed message is a barrier to every completed ack of its call), every nack ends the
+    /// lease (dead-lettering included), a nack below the cursor is refused. Answers in the
+    /// call's order.
     fn ack(&mut self, held: &Held, items: &[(Offset, bool)], fenced: bool) -> Vec<bool> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| (items[i].0, i));
+        let applied: Vec<(Offset, bool)> = order.iter().map(|&i| items[i]).collect();
+        let answers = self.ack_in_order(held, &applied, fenced);
+        let mut ok = vec![false; items.len()];
+        for (k, &i) in order.iter().enumerate() {
+            ok[i] = answers[k];
+        }
+        ok
+    }
+
+    /// `ack`'s items, applied in the order given.
+    fn ack_in_order(&mut self, held: &Held, items: &[(Offset, bool)], fenced: bool) -> Vec<bool> {
         let now = self.now_ms;
         let (p, g) = (held.part, held.group);
         let c = self.cursor(p, g).clone();

@@ -390,15 +390,45 @@ pub(crate) async fn ack_body(
     let items = resolved.as_deref().unwrap_or(items);
     let now = tx.now();
     let mut calls: BTreeMap<String, CallState> = BTreeMap::new();
-    let mut out = Vec::with_capacity(items.len());
-    for item in items {
-        let outcome = tx
-            .stmt("ack", |st, t| ack_item(st, t, item, group, now, &mut calls))
+    // Found by the first item's statement (offsets never change once pushed), so a call in
+    // offset order takes the same statements as before.
+    let mut order: Option<Vec<usize>> = None;
+    let mut answers: Vec<Option<AckOutcome>> = vec![None; items.len()];
+    for step in 0..items.len() {
+        let (i, outcome) = tx
+            .stmt("ack", |st, t| {
+                let i = order.get_or_insert_with(|| application_order(st, t, items))[step];
+                Ok((i, ack_item(st, t, &items[i], group, now, &mut calls)?))
+            })
             .await?;
-        out.push(outcome);
+        answers[i] = Some(outcome);
     }
+    let mut out = answers
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| StorageError::Internal("an ack item went unapplied".into()))?;
     release_call_leases(tx, group, &calls, items, &mut out, now).await?;
     Ok(out)
+}
+
+/// The order a call's items apply in: each partition's by offset (ties, and items whose
+/// transactionId names no message, in the call's order), so a nack bounds every completed ack
+/// of its call wherever the call lists it. Partitions in id order.
+fn application_order(st: &DbState, t: &Tx, items: &[AckItem]) -> Vec<usize> {
+    let offsets: Vec<Option<Offset>> = items
+        .iter()
+        .map(|item| {
+            st.txids
+                .get(
+                    &(item.partition_id.clone(), item.transaction_id.clone()),
+                    t.id,
+                )
+                .map(|r| r.offset)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (&items[i].partition_id, offsets[i].is_none(), offsets[i], i));
+    order
 }
 
 /// Items naming their partition by number (a framed pop's partitionId) name it by id from here

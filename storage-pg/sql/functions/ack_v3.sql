@@ -1,8 +1,9 @@
 -- Acks: positional cursor advances fenced by the lease. A completed ack of offset o commits
 -- everything up to o; below the cursor it succeeds and says so (o_noop). A failed ack charges that
--- message's own retry budget; within one call a failed (or retried) message is a barrier that
--- later completed acks never move the cursor past, so it is redelivered or dead-lettered, never
--- lost. A nack ends the lease, dead-lettering included (its consumer drops the rest of the batch,
+-- message's own retry budget; a call's items of one partition apply in offset order (ties in
+-- the call's order, answers in the call's order), and a failed (or retried) message is a barrier
+-- that no completed ack of the call moves the cursor past, wherever the call lists it, so it is
+-- redelivered or dead-lettered, never lost. A nack ends the lease, dead-lettering included (its consumer drops the rest of the batch,
 -- which comes again at once); a nack below the cursor is refused (already committed: it can be
 -- neither retried nor dead-lettered, and the caller is told). The cursor never moves back.
 -- ack_v2 stays for brokers of the version before during a rolling deploy. Each touched cursor row is locked once (in partition-id order, so concurrent acks
@@ -67,6 +68,7 @@ DECLARE
     r_dlq boolean[] := '{}';
     r_noop boolean[] := '{}';
     r_k integer[] := '{}';
+    v_order integer[];
     v_write queen.log_consumers[] := '{}';
 BEGIN
     IF v_n = 0 THEN
@@ -206,7 +208,20 @@ BEGIN
         d_live[k] := c.worker_id IS NOT NULL AND c.lease_expires_at IS NOT NULL AND c.lease_expires_at >= v_now;
     END LOOP;
 
-    FOR i IN 1 .. v_n LOOP
+    -- Offset order within each partition: a nack listed after a completed ack of a later message
+    -- still bounds it (the caller that acks its successes, then its failures, loses none).
+    v_order := ARRAY(SELECT u.o::integer
+                       FROM unnest(v_pids, v_offs) WITH ORDINALITY AS u (pid, off, o)
+                      ORDER BY u.pid, u.off, u.o);
+    r_success := array_fill(NULL::boolean, ARRAY[v_n]);
+    r_error := array_fill(NULL::text, ARRAY[v_n]);
+    r_queue := array_fill(NULL::text, ARRAY[v_n]);
+    r_partition := array_fill(NULL::text, ARRAY[v_n]);
+    r_released := array_fill(NULL::boolean, ARRAY[v_n]);
+    r_dlq := array_fill(NULL::boolean, ARRAY[v_n]);
+    r_noop := array_fill(NULL::boolean, ARRAY[v_n]);
+    r_k := array_fill(NULL::integer, ARRAY[v_n]);
+    FOREACH i IN ARRAY v_order LOOP
         v_ok := false; v_err := NULL; v_released := false; v_dlq := false; v_noop := false;
         k := array_position(d_pids, v_pids[i]);
         v_off := v_offs[i];
@@ -309,14 +324,14 @@ BEGIN
             d_rows[k] := c;
             d_dirty[k] := true;
         END item;
-        r_success := r_success || v_ok;
-        r_error := r_error || v_err;
-        r_queue := r_queue || CASE WHEN k IS NOT NULL AND v_off IS NOT NULL THEN d_queue[k] END;
-        r_partition := r_partition || CASE WHEN k IS NOT NULL AND v_off IS NOT NULL THEN d_pname[k] END;
-        r_released := r_released || v_released;
-        r_dlq := r_dlq || v_dlq;
-        r_noop := r_noop || v_noop;
-        r_k := r_k || k;
+        r_success[i] := v_ok;
+        r_error[i] := v_err;
+        r_queue[i] := CASE WHEN k IS NOT NULL AND v_off IS NOT NULL THEN d_queue[k] END;
+        r_partition[i] := CASE WHEN k IS NOT NULL AND v_off IS NOT NULL THEN d_pname[k] END;
+        r_released[i] := v_released;
+        r_dlq[i] := v_dlq;
+        r_noop[i] := v_noop;
+        r_k[i] := k;
     END LOOP;
 
     -- Failed, retried or dead-lettered messages end the lease at the end of the call (if it is still the lease
