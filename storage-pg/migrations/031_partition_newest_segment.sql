@@ -6,6 +6,24 @@
 -- push profile (docs/benchmarks.md). A row whose newest_offset is not its head (a partition
 -- written before this migration, or by a broker of the previous version during a rolling
 -- upgrade, whose push does not keep the columns) falls back to reading the segment.
-ALTER TABLE queen.log_partitions
-    ADD COLUMN IF NOT EXISTS newest_at timestamptz,
-    ADD COLUMN IF NOT EXISTS newest_offset bigint;
+--
+-- Adding a nullable column rewrites nothing, but takes the table's exclusive lock, and while it
+-- waits for one (behind a long admin-totals pass, say) every push and pop queues behind it. So
+-- each try waits at most 200 ms and lets them through between tries: the brokers still serving
+-- during a rolling upgrade stall that long at most, however long the migration waits.
+DO $$
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '200ms', true);
+            ALTER TABLE queen.log_partitions
+                ADD COLUMN IF NOT EXISTS newest_at timestamptz,
+                ADD COLUMN IF NOT EXISTS newest_offset bigint;
+            PERFORM set_config('lock_timeout', '0', true);
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05);
+        END;
+    END LOOP;
+END
+$$;
