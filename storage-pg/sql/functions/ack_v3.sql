@@ -3,11 +3,12 @@
 -- message's own retry budget; a call's items of one partition apply in offset order (ties in
 -- the call's order, answers in the call's order), and a failed (or retried) message is a barrier
 -- that no completed ack of the call moves the cursor past, wherever the call lists it, so it is
--- redelivered or dead-lettered, never lost. A nack ends the lease, dead-lettering included (its consumer drops the rest of the batch,
--- which comes again at once); a nack below the cursor is refused (already committed: it can be
--- neither retried nor dead-lettered, and the caller is told). The cursor never moves back.
--- ack_v2 stays for brokers of the version before during a rolling deploy. Each touched cursor row is locked once (in partition-id order, so concurrent acks
--- never deadlock) and written once.
+-- redelivered or dead-lettered, never lost. A nack ends the lease, dead-lettering included (its
+-- consumer drops the rest of the batch, which comes again at once); a nack below the cursor is
+-- refused (already committed: it can be neither retried nor dead-lettered, and the caller is
+-- told). The cursor never moves back. ack_v2 stays for brokers of the version before during a
+-- rolling deploy. Each touched cursor row is locked once (in partition-id order, so concurrent
+-- acks never deadlock) and written once.
 -- Options: retryDelay holds the partition for the group (a nil-id "lease") that long after a
 -- failed ack; deadLetterQueue off discards what would be filed; dlqAfterMaxRetries off retries
 -- until acknowledged.
