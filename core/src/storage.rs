@@ -244,9 +244,9 @@ pub trait MessageStorage: Send + Sync {
         }
         answers
     }
-    /// Positional cursor advances fenced by the lease, each partition's items applied in offset
-    /// order whatever the order given (a nack bounds every completed ack of its call); one
-    /// outcome per item, in the order given.
+    /// Positional cursor advances fenced by the lease. A call holding a nack applies each
+    /// partition's items in offset order whatever the order given (the nack bounds every
+    /// completed ack of its call); one outcome per item, in the order given.
     async fn ack(&self, group: &str, items: Vec<AckItem>) -> StorageResult<Vec<AckOutcome>>;
     /// Acks whole batches of one lease, the cheap form of acking each of their messages
     /// completed: where the group's cursor on a batch's partition is still under the live

@@ -624,3 +624,48 @@ fn model_and_postgres_agree() {
         panic!("{e}");
     }
 }
+
+/// A case the property above found: a call of completed acks only, listed above offset order,
+/// the lower one naming another lease. Both backends answer it in the call's order (ack_v3's
+/// set-based form), a nack's offset order being for calls that hold one.
+#[test]
+fn completed_acks_alone_apply_in_the_call_s_order_on_both() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let push = || Op::Push {
+        part: 0,
+        n: 1,
+        dup: false,
+    };
+    let ops = vec![
+        push(),
+        push(),
+        push(),
+        Op::Pop {
+            group: 0,
+            shape: 0,
+            part: 0,
+            batch: 3,
+            max: 1,
+            auto_ack: false,
+        },
+        Op::AckMany {
+            items: vec![(1, 0), (0, 2)],
+            failed: None,
+        },
+    ];
+    let opts = Options {
+        delay: 0,
+        retry_delay_ms: 0,
+        ttl_secs: 0,
+        max_size: 0,
+        dead_letter_queue: false,
+        dlq_after_max_retries: false,
+    };
+    if let Err(e) = rt.block_on(run(ops, opts, 9_000)) {
+        panic!("{e}");
+    }
+}

@@ -248,13 +248,16 @@ impl RefState {
         (worker, out)
     }
 
-    /// The ack rules: positional, fenced, applied in offset order whatever the call's order (so
-    /// a failed message is a barrier to every completed ack of its call), every nack ends the
-    /// lease (dead-lettering included), a nack below the cursor is refused. Answers in the
-    /// call's order.
+    /// The ack rules: positional, fenced, a call holding a nack applied in offset order whatever
+    /// the call's order (so a failed message is a barrier to every completed ack of its call;
+    /// completed acks alone apply in the call's order), every nack ends the lease
+    /// (dead-lettering included), a nack below the cursor is refused. Answers in the call's
+    /// order.
     fn ack(&mut self, held: &Held, items: &[(Offset, bool)], fenced: bool) -> Vec<bool> {
         let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by_key(|&i| (items[i].0, i));
+        if items.iter().any(|&(_, completed)| !completed) {
+            order.sort_by_key(|&i| (items[i].0, i));
+        }
         let applied: Vec<(Offset, bool)> = order.iter().map(|&i| items[i]).collect();
         let answers = self.ack_in_order(held, &applied, fenced);
         let mut ok = vec![false; items.len()];

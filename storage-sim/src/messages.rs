@@ -411,10 +411,15 @@ pub(crate) async fn ack_body(
     Ok(out)
 }
 
-/// The order a call's items apply in: each partition's by offset (ties, and items whose
-/// transactionId names no message, in the call's order), so a nack bounds every completed ack
-/// of its call wherever the call lists it. Partitions in id order.
+/// The order a call's items apply in. A call holding a nack applies each partition's by offset
+/// (ties, and items whose transactionId names no message, in the call's order; partitions in id
+/// order), so the nack bounds every completed ack of its call wherever the call lists it. A call
+/// of completed acks only applies in its own order (as ack_v3's set-based form answers it: an
+/// item an earlier one of the call covers is already committed).
 fn application_order(st: &DbState, t: &Tx, items: &[AckItem]) -> Vec<usize> {
+    if items.iter().all(|i| i.status == AckStatus::Completed) {
+        return (0..items.len()).collect();
+    }
     let offsets: Vec<Option<Offset>> = items
         .iter()
         .map(|item| {

@@ -1,14 +1,14 @@
 -- Acks: positional cursor advances fenced by the lease. A completed ack of offset o commits
 -- everything up to o; below the cursor it succeeds and says so (o_noop). A failed ack charges that
--- message's own retry budget; a call's items of one partition apply in offset order (ties in
--- the call's order, answers in the call's order), and a failed (or retried) message is a barrier
--- that no completed ack of the call moves the cursor past, wherever the call lists it, so it is
--- redelivered or dead-lettered, never lost. A nack ends the lease, dead-lettering included (its
--- consumer drops the rest of the batch, which comes again at once); a nack below the cursor is
--- refused (already committed: it can be neither retried nor dead-lettered, and the caller is
--- told). The cursor never moves back. ack_v2 stays for brokers of the version before during a
--- rolling deploy. Each touched cursor row is locked once (in partition-id order, so concurrent
--- acks never deadlock) and written once.
+-- message's own retry budget; a call holding a nack applies its items of one partition in offset
+-- order (ties in the call's order, answers in the call's order), and a failed (or retried)
+-- message is a barrier that no completed ack of the call moves the cursor past, wherever the
+-- call lists it, so it is redelivered or dead-lettered, never lost. A nack ends the lease,
+-- dead-lettering included (its consumer drops the rest of the batch, which comes again at once);
+-- a nack below the cursor is refused (already committed: it can be neither retried nor
+-- dead-lettered, and the caller is told). The cursor never moves back. ack_v2 stays for brokers
+-- of the version before during a rolling deploy. Each touched cursor row is locked once (in
+-- partition-id order, so concurrent acks never deadlock) and written once.
 -- Options: retryDelay holds the partition for the group (a nil-id "lease") that long after a
 -- failed ack; deadLetterQueue off discards what would be filed; dlqAfterMaxRetries off retries
 -- until acknowledged.
@@ -209,8 +209,9 @@ BEGIN
         d_live[k] := c.worker_id IS NOT NULL AND c.lease_expires_at IS NOT NULL AND c.lease_expires_at >= v_now;
     END LOOP;
 
-    -- Offset order within each partition: a nack listed after a completed ack of a later message
-    -- still bounds it (the caller that acks its successes, then its failures, loses none).
+    -- (A call of completed acks only was answered above, in its own order.) Offset order within
+    -- each partition: a nack listed after a completed ack of a later message still bounds it (the
+    -- caller that acks its successes, then its failures, loses none).
     v_order := ARRAY(SELECT u.o::integer
                        FROM unnest(v_pids, v_offs) WITH ORDINALITY AS u (pid, off, o)
                       ORDER BY u.pid, u.off, u.o);
