@@ -91,8 +91,6 @@ async fn run_security(store: Store, mode: &str) {
     .await;
 }
 
-/// Runs one script of tests/python against a fresh broker; it must print "<marker>: all checks
-/// passed".
 /// The Python with Queen's client that the test command installed.
 fn python() -> String {
     std::env::var("QUEEN_PYTHON").expect(
@@ -108,6 +106,8 @@ fn succeeded(out: &std::process::Output, what: &str) -> String {
     stdout
 }
 
+/// Runs one script of tests/python against a fresh broker; it must print "<marker>: all checks
+/// passed".
 async fn run_script(store: Store, config: ServerConfig, script: &str, marker: &str) {
     run_script_with(store, config, script, &[], &[], marker).await
 }

@@ -61,14 +61,14 @@ DECLARE
     v_released boolean;
     v_dlq boolean;
     v_noop boolean;
-    r_success boolean[] := '{}';
-    r_error text[] := '{}';
-    r_queue text[] := '{}';
-    r_partition text[] := '{}';
-    r_released boolean[] := '{}';
-    r_dlq boolean[] := '{}';
-    r_noop boolean[] := '{}';
-    r_k integer[] := '{}';
+    r_success boolean[];
+    r_error text[];
+    r_queue text[];
+    r_partition text[];
+    r_released boolean[];
+    r_dlq boolean[];
+    r_noop boolean[];
+    r_k integer[];
     v_order integer[];
     v_write queen.log_consumers[] := '{}';
 BEGIN
