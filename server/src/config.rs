@@ -44,6 +44,10 @@ pub struct ServerConfig {
     /// head (on a new or idle keep-alive connection), more of a request body, or reading more of
     /// its answer. Past it the connection is closed (a body answers 408 first). 0: wait for ever.
     pub client_idle_timeout_ms: u64,
+    /// How long a request's own work (a long-poll's parking aside, and counted from when its
+    /// body has arrived), or one storage call of a pop, may take before it answers 503
+    /// (`broker::STORAGE_DEADLINE`; tests shorten it).
+    pub storage_deadline_ms: u64,
     /// The push failover buffer, when FILE_BUFFER_DIR is set.
     pub file_buffer: Option<Arc<FileBuffer>>,
     pub retention: RetentionSettings,
@@ -115,6 +119,11 @@ pub const DEFAULT_CLIENT_IDLE_TIMEOUT_MS: u64 = 75_000;
 pub const DEFAULT_PG_STATS_INTERVAL_MS: u64 = 5000;
 
 impl ServerConfig {
+    /// `storage_deadline_ms` as a duration.
+    pub fn storage_deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.storage_deadline_ms)
+    }
+
     /// `client_idle_timeout_ms` as a duration; `None`: wait for ever.
     pub fn client_idle_timeout(&self) -> Option<std::time::Duration> {
         (self.client_idle_timeout_ms > 0)
@@ -133,6 +142,7 @@ impl Default for ServerConfig {
             limiter: LimiterConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
             client_idle_timeout_ms: DEFAULT_CLIENT_IDLE_TIMEOUT_MS,
+            storage_deadline_ms: crate::broker::STORAGE_DEADLINE.as_millis() as u64,
             kv_limits: queen_core::kv::KvLimits::default(),
             file_buffer: None,
             retention: RetentionSettings::default(),
@@ -527,6 +537,7 @@ impl Settings {
             },
             max_body_bytes: self.max_body_bytes,
             client_idle_timeout_ms: self.client_idle_timeout_ms,
+            storage_deadline_ms: crate::broker::STORAGE_DEADLINE.as_millis() as u64,
             kv_limits: queen_core::kv::KvLimits {
                 max_ops: self.kv_max_operations,
                 max_key_bytes: self.kv_max_key_bytes,

@@ -5,8 +5,10 @@ use std::future::Future;
 use std::io;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use hyper::body::Incoming;
@@ -16,7 +18,7 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::broker::{past_storage_deadline, Broker, STORAGE_DEADLINE};
+use crate::broker::{past_storage_deadline, Broker};
 use crate::http::{self, Failure, Reply, Routed};
 use crate::routes::{route, surface};
 
@@ -38,14 +40,29 @@ pub fn handle(broker: Arc<Broker>, req: Request<Incoming>) -> impl Future<Output
     }
 }
 
-async fn answer(broker: Arc<Broker>, req: Request<Incoming>) -> Routed {
+async fn answer(broker: Arc<Broker>, mut req: Request<Incoming>) -> Routed {
     let surface = surface(req.uri().path());
+    let limit = broker.config.storage_deadline();
+    let deadline = WorkDeadline::new(limit);
+    req.extensions_mut().insert(deadline.clone());
     // A pop hands back its pending reply at once (its driver has storage deadlines of its own),
     // so the deadline bounds every route's own work, never a long-poll's parking.
     let routing = AssertUnwindSafe(route(broker.clone(), req)).catch_unwind();
-    let routed = tokio::time::timeout(STORAGE_DEADLINE, routing)
-        .await
-        .unwrap_or_else(|_| Ok(Err(Failure::from(past_storage_deadline()))));
+    tokio::pin!(routing);
+    let routed = loop {
+        let at = deadline.at();
+        let expiry = async {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            routed = routing.as_mut() => break routed,
+            () = deadline.0.moved.notified() => continue,
+            () = expiry => break Ok(Err(Failure::from(past_storage_deadline(limit)))),
+        }
+    };
     match routed {
         Ok(Ok(routed)) => routed,
         Ok(Err(f)) => {
@@ -71,6 +88,59 @@ async fn answer(broker: Arc<Broker>, req: Request<Incoming>) -> Routed {
             tracing::error!("request handler panicked");
             Routed::Now(http::error(&Failure::server("internal error")))
         }
+    }
+}
+
+/// When a request's own work is past the storage deadline: counted from the end of its body, as
+/// the body's arrival is the client's part (a stalled body is the client-idle timeout's, 408, and
+/// a slow one that keeps arriving is no failure of storage). In the request's extensions, where
+/// the body is read (`routes::body`).
+#[derive(Clone)]
+pub(crate) struct WorkDeadline(Arc<DeadlineState>);
+
+struct DeadlineState {
+    started: tokio::time::Instant,
+    limit: Duration,
+    /// Milliseconds after `started` that the deadline falls at; `READING_BODY`: none yet.
+    at_ms: AtomicU64,
+    /// Told when `at_ms` changes.
+    moved: tokio::sync::Notify,
+}
+
+const READING_BODY: u64 = u64::MAX;
+
+impl WorkDeadline {
+    fn new(limit: Duration) -> Self {
+        WorkDeadline(Arc::new(DeadlineState {
+            started: tokio::time::Instant::now(),
+            limit,
+            at_ms: AtomicU64::new(u64::try_from(limit.as_millis()).unwrap_or(READING_BODY - 1)),
+            moved: tokio::sync::Notify::new(),
+        }))
+    }
+
+    fn at(&self) -> Option<tokio::time::Instant> {
+        match self.0.at_ms.load(Ordering::Acquire) {
+            READING_BODY => None,
+            ms => Some(self.0.started + Duration::from_millis(ms)),
+        }
+    }
+
+    /// The body is being read: no deadline until it has arrived.
+    pub(crate) fn body_started(&self) {
+        self.move_to(READING_BODY);
+    }
+
+    /// The body has arrived (or failed to): the whole deadline from now.
+    pub(crate) fn body_ended(&self) {
+        let from = self.0.started.elapsed() + self.0.limit;
+        self.move_to(u64::try_from(from.as_millis()).unwrap_or(READING_BODY - 1));
+    }
+
+    fn move_to(&self, ms: u64) {
+        self.0.at_ms.store(ms, Ordering::Release);
+        // A permit is kept when `answer` is not waiting yet, so no move is missed.
+        self.0.moved.notify_one();
     }
 }
 

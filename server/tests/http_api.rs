@@ -1439,6 +1439,67 @@ async fn connections_that_owe_the_broker_bytes_are_closed_after_the_idle_timeout
     );
 }
 
+/// A request's storage deadline counts from the end of its body: the body's arrival is the
+/// client's part. With the deadline shorter than the client-idle timeout (as by default: 60 s
+/// against 75 s), a stalled body answers 408, not a 503 that blames the database, and a body
+/// that keeps arriving for longer than the deadline is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_s_storage_deadline_counts_from_the_end_of_its_body() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let deadline = Duration::from_millis(1000);
+    let idle = Duration::from_millis(3000);
+    let b = start(
+        Store::Memory,
+        ServerConfig {
+            storage_deadline_ms: deadline.as_millis() as u64,
+            client_idle_timeout_ms: idle.as_millis() as u64,
+            ..ServerConfig::default()
+        },
+    )
+    .await;
+    let body = r#"{"items": [{"queue": "slow-body", "payload": {"n": 1}}]}"#;
+    let head = format!(
+        "POST /api/v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+
+    // Stalled after its first bytes: the client's fault, answered when the idle timeout says.
+    let mut stalled = TcpStream::connect(b.addr).await.unwrap();
+    stalled
+        .write_all(format!("{head}{}", &body[..10]).as_bytes())
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut stalled, Duration::from_secs(30))
+        .await
+        .expect("a stalled body is answered and closed");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("stopped arriving"), "{answer}");
+
+    // Arriving in pieces over 2.5 deadlines, no gap near the idle timeout: stored.
+    let mut slow = TcpStream::connect(b.addr).await.unwrap();
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    for piece in body.as_bytes().chunks(body.len().div_ceil(5)) {
+        tokio::time::sleep(deadline / 2).await;
+        slow.write_all(piece).await.unwrap();
+    }
+    assert!(started.elapsed() > deadline * 2);
+    // The request is all sent: only its answer is read.
+    let answer = exchange(&mut slow, "").await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let r = request(
+        b.addr,
+        "GET",
+        "/api/v1/pop/queue/slow-body?wait=false&autoAck=true",
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "the slow push is stored");
+    assert_eq!(r.json()["messages"][0]["data"], json!({"n": 1}));
+}
+
 /// Each parked consumer holds a connection and so a descriptor: the binary raises its soft
 /// open-files limit to the hard one, so a host's low default (1,024 under systemd) does not
 /// refuse connections past it. Started under a soft limit of 128, it serves 400 connections

@@ -27,17 +27,27 @@ use crate::http::auth::Access::{Admin, ReadOnly, ReadWrite};
 use crate::http::auth::Caller;
 use crate::http::{self, Failure, Routed};
 use crate::metrics;
+use crate::serve::WorkDeadline;
 
 /// The dashboard (one page: its data comes from the admin API, under the caller's token).
 const DASHBOARD: &str = include_str!("../../dashboard/index.html");
 
+/// The request's body; its storage deadline (`serve::WorkDeadline`) counts from its end.
 async fn body(broker: &Broker, req: Request<Incoming>) -> Result<bytes::Bytes, Failure> {
-    http::read_body(
+    let deadline = req.extensions().get::<WorkDeadline>().cloned();
+    if let Some(d) = &deadline {
+        d.body_started();
+    }
+    let read = http::read_body(
         req.into_body(),
         broker.config.max_body_bytes,
         broker.config.client_idle_timeout(),
     )
-    .await
+    .await;
+    if let Some(d) = &deadline {
+        d.body_ended();
+    }
+    read
 }
 
 /// The surface a path belongs to, for the storage-error metric's `route` label (a fixed set, so

@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 
-use crate::broker::{past_storage_deadline, Broker, CrashPoint, STORAGE_DEADLINE};
+use crate::broker::{past_storage_deadline, Broker, CrashPoint};
 use crate::helpers::lock;
 use crate::http::Routed;
 use crate::http::{self, Failure, Reply};
@@ -106,9 +106,10 @@ async fn drive(broker: Arc<Broker>, params: PopParams, mut tx: oneshot::Sender<R
                     // Past the deadline the machine takes storage as unreachable (it parks or
                     // answers 204); a claim that committed meanwhile comes back when its lease
                     // ends.
-                    let result = tokio::time::timeout(STORAGE_DEADLINE, call)
+                    let deadline = broker.config.storage_deadline();
+                    let result = tokio::time::timeout(deadline, call)
                         .await
-                        .unwrap_or_else(|_| Err(past_storage_deadline()));
+                        .unwrap_or_else(|_| Err(past_storage_deadline(deadline)));
                     broker
                         .metrics
                         .record_storage("pop", started.micros_until(broker.now()));
