@@ -57,7 +57,10 @@ async fn answer(broker: Arc<Broker>, mut req: Request<Incoming>) -> Routed {
                 None => std::future::pending().await,
             }
         };
+        // Biased: an unbiased select draws its order from tokio's unseeded RNG, and the
+        // simulation replays a seed exactly.
         tokio::select! {
+            biased;
             routed = routing.as_mut() => break routed,
             () = deadline.0.moved.notified() => continue,
             () = expiry => break Ok(Err(Failure::from(past_storage_deadline(limit)))),
