@@ -74,21 +74,42 @@ pub fn pg_err(context: &str) -> impl Fn(tokio_postgres::Error) -> StorageError +
             }
         }
         // No database error: the connection broke or could not be made.
-        None => StorageError::Unavailable(format!("{context}: {e}")),
+        None => StorageError::Unavailable(format!("{context}: {e}{}", causes(&e))),
     }
 }
 
 pub fn pool_err(e: deadpool_postgres::PoolError) -> StorageError {
-    StorageError::Unavailable(format!("no database connection: {e}{}", server_said(&e)))
+    StorageError::Unavailable(format!("no database connection: {e}{}", why_not(&e)))
 }
 
-/// What the server (or a pooler in front of it) said when a connection or its set-up failed:
-/// tokio-postgres shows its refusal only as "db error".
-fn server_said(e: &deadpool_postgres::PoolError) -> String {
-    connection_error(e)
-        .and_then(|pg| pg.as_db_error())
-        .map(|db| format!(": {} ({})", db.message(), db.code().code()))
-        .unwrap_or_default()
+/// Why a connection could not be made or set up, beyond the driver's summary: the server's (or
+/// a pooler's) refusal, which tokio-postgres shows only as "db error", or the cause of a
+/// connection that was never made (a host name that does not resolve, a refused port, a
+/// timeout), which it shows only as "error connecting to server".
+fn why_not(e: &deadpool_postgres::PoolError) -> String {
+    let Some(pg) = connection_error(e) else {
+        return String::new();
+    };
+    match pg.as_db_error() {
+        Some(db) => format!(": {} ({})", db.message(), db.code().code()),
+        None => causes(pg),
+    }
+}
+
+/// The error's sources that its own text does not already say, each after ": ".
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut said = e.to_string();
+    let start = said.len();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !said.contains(&text) {
+            said.push_str(": ");
+            said.push_str(&text);
+        }
+        source = s.source();
+    }
+    said.split_off(start)
 }
 
 /// The driver's error of a connection that could not be made or set up (config::session_setup
@@ -117,7 +138,7 @@ pub fn first_connection_err(e: deadpool_postgres::PoolError) -> StorageError {
         },
         _ => false,
     };
-    let said = server_said(&e);
+    let said = why_not(&e);
     if not_up_yet {
         StorageError::Unavailable(format!("no database connection: {e}{said}"))
     } else {
@@ -198,6 +219,37 @@ mod tests {
         assert_eq!(class("57014"), Class::Unavailable, "statement timeout");
         assert_eq!(class("25006"), Class::Unavailable, "read-only for now");
         assert_eq!(class("42P01"), Class::Internal, "our schema is wrong");
+    }
+
+    /// A connection that was never made says why (the driver's own text is only "error
+    /// connecting to server"), and is waited for at start.
+    #[tokio::test]
+    async fn a_connection_never_made_says_why() {
+        let closed_port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut cfg = deadpool_postgres::Config::new();
+        cfg.host = Some("127.0.0.1".into());
+        cfg.port = Some(closed_port);
+        cfg.user = Some("postgres".into());
+        cfg.dbname = Some("postgres".into());
+        let pool = cfg
+            .create_pool(
+                Some(deadpool_postgres::Runtime::Tokio1),
+                tokio_postgres::NoTls,
+            )
+            .unwrap();
+        let Err(e) = pool.get().await else {
+            panic!("nothing listens there")
+        };
+        match first_connection_err(e) {
+            StorageError::Unavailable(text) => {
+                assert!(text.contains("error connecting to server: "), "{text}");
+                assert!(text.to_lowercase().contains("refused"), "{text}");
+            }
+            other => panic!("a refused port is waited for: {other:?}"),
+        }
     }
 
     #[tokio::test]
