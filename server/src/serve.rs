@@ -48,23 +48,12 @@ async fn answer(broker: Arc<Broker>, mut req: Request<Incoming>) -> Routed {
     // A pop hands back its pending reply at once (its driver has storage deadlines of its own),
     // so the deadline bounds every route's own work, never a long-poll's parking.
     let routing = AssertUnwindSafe(route(broker.clone(), req)).catch_unwind();
-    tokio::pin!(routing);
-    let routed = loop {
-        let at = deadline.at();
-        let expiry = async {
-            match at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        // Biased: an unbiased select draws its order from tokio's unseeded RNG, and the
-        // simulation replays a seed exactly.
-        tokio::select! {
-            biased;
-            routed = routing.as_mut() => break routed,
-            () = deadline.0.moved.notified() => continue,
-            () = expiry => break Ok(Err(Failure::from(past_storage_deadline(limit)))),
-        }
+    // Biased, as `timeout` polls: the route first (an unbiased select draws its order from
+    // tokio's unseeded RNG, and the simulation replays a seed exactly).
+    let routed = tokio::select! {
+        biased;
+        routed = routing => routed,
+        () = deadline.passed() => Ok(Err(Failure::from(past_storage_deadline(limit)))),
     };
     match routed {
         Ok(Ok(routed)) => routed,
@@ -97,7 +86,8 @@ async fn answer(broker: Arc<Broker>, mut req: Request<Incoming>) -> Routed {
 /// When a request's own work is past the storage deadline: counted from the end of its body, as
 /// the body's arrival is the client's part (a stalled body is the client-idle timeout's, 408, and
 /// a slow one that keeps arriving is no failure of storage). In the request's extensions, where
-/// the body is read (`routes::body`).
+/// the body is read (`routes::body`). Its timer wakes nothing before the first deadline, so a
+/// request served within it is polled exactly as under a plain timeout.
 #[derive(Clone)]
 pub(crate) struct WorkDeadline(Arc<DeadlineState>);
 
@@ -106,8 +96,6 @@ struct DeadlineState {
     limit: Duration,
     /// Milliseconds after `started` that the deadline falls at; `READING_BODY`: none yet.
     at_ms: AtomicU64,
-    /// Told when `at_ms` changes.
-    moved: tokio::sync::Notify,
 }
 
 const READING_BODY: u64 = u64::MAX;
@@ -117,33 +105,42 @@ impl WorkDeadline {
         WorkDeadline(Arc::new(DeadlineState {
             started: tokio::time::Instant::now(),
             limit,
-            at_ms: AtomicU64::new(u64::try_from(limit.as_millis()).unwrap_or(READING_BODY - 1)),
-            moved: tokio::sync::Notify::new(),
+            at_ms: AtomicU64::new(Self::ms(limit)),
         }))
     }
 
-    fn at(&self) -> Option<tokio::time::Instant> {
-        match self.0.at_ms.load(Ordering::Acquire) {
-            READING_BODY => None,
-            ms => Some(self.0.started + Duration::from_millis(ms)),
+    fn ms(after_start: Duration) -> u64 {
+        u64::try_from(after_start.as_millis()).unwrap_or(READING_BODY - 1)
+    }
+
+    /// Ends once the deadline has passed. Looked at when the timer fires: a body that ended
+    /// since moved the deadline later, and one still arriving puts it off by a whole deadline.
+    async fn passed(&self) {
+        let mut at = self.0.started + self.0.limit;
+        loop {
+            tokio::time::sleep_until(at).await;
+            at = match self.0.at_ms.load(Ordering::Acquire) {
+                READING_BODY => tokio::time::Instant::now() + self.0.limit,
+                ms => {
+                    let moved = self.0.started + Duration::from_millis(ms);
+                    if moved <= at {
+                        return;
+                    }
+                    moved
+                }
+            };
         }
     }
 
     /// The body is being read: no deadline until it has arrived.
     pub(crate) fn body_started(&self) {
-        self.move_to(READING_BODY);
+        self.0.at_ms.store(READING_BODY, Ordering::Release);
     }
 
     /// The body has arrived (or failed to): the whole deadline from now.
     pub(crate) fn body_ended(&self) {
-        let from = self.0.started.elapsed() + self.0.limit;
-        self.move_to(u64::try_from(from.as_millis()).unwrap_or(READING_BODY - 1));
-    }
-
-    fn move_to(&self, ms: u64) {
-        self.0.at_ms.store(ms, Ordering::Release);
-        // A permit is kept when `answer` is not waiting yet, so no move is missed.
-        self.0.moved.notify_one();
+        let at = Self::ms(self.0.started.elapsed() + self.0.limit);
+        self.0.at_ms.store(at, Ordering::Release);
     }
 }
 
