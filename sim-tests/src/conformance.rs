@@ -180,6 +180,31 @@ pub async fn partition_views_page_and_by_id(b: &dyn Backend) -> CaseResult {
         .await
         .map_err(e)?;
     ensure_eq!((seen, none), (0, 0), "a queue that does not exist");
+    // Several queues in one read hold what each queue's own read holds, each partition with its
+    // queue's place in the list; a queue that does not exist has none.
+    push(&*s, &mut ids, "iv2", "x", "t", 0..3).await?;
+    let asked = ["iv2", "no-such-queue", "iv"].map(String::from);
+    let mut together = vec![];
+    let counts = s
+        .each_partition_of_queues(&asked, &mut |at, p| together.push((at, p)))
+        .await
+        .map_err(e)?;
+    together.sort_by(|a, b| (a.0, &a.1.partition).cmp(&(b.0, &b.1.partition)));
+    let mut alone = vec![];
+    for (at, q) in asked.iter().enumerate() {
+        let mut of_q = vec![];
+        s.each_partition_of(q, &mut |p| of_q.push((at, p)))
+            .await
+            .map_err(e)?;
+        of_q.sort_by(|a, b| a.1.partition.cmp(&b.1.partition));
+        alone.extend(of_q);
+    }
+    ensure_eq!(
+        counts,
+        vec![1, 0, 3],
+        "partitions of each queue read together"
+    );
+    ensure_eq!(together, alone, "queues read together against each alone");
     Ok(())
 }
 

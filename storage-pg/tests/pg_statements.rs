@@ -661,3 +661,96 @@ async fn a_small_queue_s_admin_reads_do_not_read_a_big_queue() {
     drop(stats);
     testing::drop_database(&name).await;
 }
+
+/// With many queues, `queue_views` reads every queue's groups in one statement, and many small
+/// queues' partitions are read in one (`each_partition_of_queues`): each answers what the reads
+/// of one queue answer (groups from cursors and from subscription records, in name order; a
+/// queue with none), in a few statements however many queues there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_queues_are_read_together_as_each_alone() {
+    use queen_core::storage::{InspectStorage, QueueFilter};
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let name = format!("queen_many_queues_{}", std::process::id());
+    let (pg, stats) = counted_database(&name).await;
+    stats
+        .batch_execute(
+            "INSERT INTO queen.queues (name) SELECT 'q' || n FROM generate_series(1, 120) n;
+             INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
+                  SELECT gen_random_uuid(), q.id, 'p' || g, g, now()
+                    FROM queen.queues q, generate_series(1, 3) g;
+             INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+                  SELECT p.id, CASE WHEN p.name = 'p1' THEN 'zeta' ELSE 'alpha' END, 0
+                    FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+                   WHERE q.name <> 'q7';
+             INSERT INTO queen.consumer_groups_metadata (queue_name, consumer_group)
+                  VALUES ('q7', 'subscribed'), ('q8', 'mid'), ('gone', 'x');",
+        )
+        .await
+        .expect("120 queues of 3 partitions");
+    stats
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await
+        .expect("reset");
+    let all = pg
+        .queue_views(QueueFilter::default())
+        .await
+        .expect("queue views");
+    assert_eq!(all.len(), 120);
+    let names: Vec<String> = all.iter().map(|v| v.config.name.clone()).collect();
+    let mut together: Vec<(usize, String, i64, usize)> = vec![];
+    let counts = pg
+        .each_partition_of_queues(&names, &mut |at, p| {
+            together.push((at, p.partition, p.last_offset, p.cursors.len()))
+        })
+        .await
+        .expect("the queues' partitions");
+    let statements: i64 = stats
+        .query_one(
+            "SELECT sum(calls)::bigint FROM pg_stat_statements
+              WHERE query NOT LIKE '%pg_stat_statements%'",
+            &[],
+        )
+        .await
+        .expect("statements")
+        .get(0);
+    assert!(
+        statements < 20,
+        "120 queues' views and partitions took {statements} statements"
+    );
+    assert_eq!(counts, vec![3; 120]);
+    together.sort();
+    for (at, view) in all.iter().enumerate() {
+        let alone = pg
+            .queue_views(QueueFilter {
+                queue: Some(view.config.name.clone()),
+                ..QueueFilter::default()
+            })
+            .await
+            .expect("one queue's view");
+        assert_eq!(
+            alone[0].groups, view.groups,
+            "{}'s groups",
+            view.config.name
+        );
+        let mut of_queue = vec![];
+        pg.each_partition_of(&view.config.name, &mut |p| {
+            of_queue.push((at, p.partition, p.last_offset, p.cursors.len()))
+        })
+        .await
+        .expect("one queue's partitions");
+        of_queue.sort();
+        let read_together: Vec<_> = together.iter().filter(|t| t.0 == at).cloned().collect();
+        assert_eq!(read_together, of_queue, "{}'s partitions", view.config.name);
+    }
+    let groups_of = |q: &str| -> Vec<String> {
+        all.iter()
+            .find(|v| v.config.name == q)
+            .map(|v| v.groups.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(groups_of("q1"), vec!["alpha", "zeta"]);
+    assert_eq!(groups_of("q7"), vec!["subscribed"]);
+    assert_eq!(groups_of("q8"), vec!["alpha", "mid", "zeta"]);
+    drop(stats);
+    testing::drop_database(&name).await;
+}

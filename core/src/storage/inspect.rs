@@ -300,6 +300,22 @@ pub trait InspectStorage: Send + Sync {
             }
         }
     }
+    /// Every partition of each of `queues`, shown to `each` with its queue's place in `queues`,
+    /// in no particular order (the queues' partitions may come interleaved); how many of each.
+    /// A queue that does not exist has none. For many small queues: a backend that reads them
+    /// cheaper together than one at a time (PostgreSQL: one statement for all, where a queue
+    /// alone costs a transaction and its round trips) says so here; by default, one at a time.
+    async fn each_partition_of_queues(
+        &self,
+        queues: &[String],
+        each: &mut (dyn FnMut(usize, PartitionView) + Send),
+    ) -> super::StorageResult<Vec<u64>> {
+        let mut seen = Vec::with_capacity(queues.len());
+        for (i, queue) in queues.iter().enumerate() {
+            seen.push(self.each_partition_of(queue, &mut |p| each(i, p)).await?);
+        }
+        Ok(seen)
+    }
     /// The partitions of these ids with every cursor on them, in (queue, name) order; an id of
     /// no partition is left out.
     async fn partition_views_by_id(
