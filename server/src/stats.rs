@@ -237,49 +237,19 @@ impl AdminStats {
     }
 }
 
-/// Queues the last pass found this small are read together (`each_partition_of_queues`), at
-/// most `BATCH_QUEUES` or `BATCH_PARTITIONS` (as last counted) a statement: a queue alone costs a
-/// transaction and several round trips, which made a pass over 5,000 one-partition queues take
-/// 6.4 s where PostgreSQL's own work in it was 0.5 s. Larger queues, and queues the last pass did
-/// not see, are read alone, as they always were.
-const SMALL_QUEUE_PARTITIONS: u64 = 1_000;
-const BATCH_QUEUES: usize = 1_000;
-const BATCH_PARTITIONS: u64 = 20_000;
-
-/// The pass's reads: places in the queue list, each read together with the others of its batch.
-fn read_batches(queues: &[QueueTally], last_counted: &BTreeMap<String, u64>) -> Vec<Vec<usize>> {
-    let mut batches: Vec<Vec<usize>> = vec![];
-    let mut open: Vec<usize> = vec![];
-    let mut open_partitions = 0u64;
-    for (i, tally) in queues.iter().enumerate() {
-        match last_counted.get(&tally.view.config.name) {
-            Some(&n) if n <= SMALL_QUEUE_PARTITIONS => {
-                if open.len() == BATCH_QUEUES || open_partitions + n > BATCH_PARTITIONS {
-                    batches.push(std::mem::take(&mut open));
-                    open_partitions = 0;
-                }
-                open.push(i);
-                open_partitions += n;
-            }
-            _ => batches.push(vec![i]),
-        }
-    }
-    if !open.is_empty() {
-        batches.push(open);
-    }
-    batches
-}
+/// Queues read in one call (`InspectStorage::each_partition_of_queues`): a queue alone costs
+/// PostgreSQL a transaction and several round trips, which made a pass over 5,023
+/// one-partition queues take 6.4-7.5 s where PostgreSQL's own work in it was 0.5 s.
+const QUEUES_A_READ: usize = 1_000;
 
 /// One pass over every queue's partitions, started at `taken_at`; at most `partition_series`
 /// partition lags (the first in (queue, partition, group) order) and `deepest_kept` of the
-/// deepest partitions are kept. `last_counted`: each queue's partitions at the last pass, which
-/// says which queues are read together.
+/// deepest partitions are kept.
 pub(crate) async fn pass(
     inspect: &dyn InspectStorage,
     taken_at: Timestamp,
     partition_series: usize,
     deepest_kept: usize,
-    last_counted: &BTreeMap<String, u64>,
 ) -> Result<Snapshot, Failure> {
     let started = tokio::time::Instant::now();
     let cap = partition_series;
@@ -298,7 +268,8 @@ pub(crate) async fn pass(
         .into_iter()
         .map(QueueTally::new)
         .collect();
-    for batch in read_batches(&queues, last_counted) {
+    let places: Vec<usize> = (0..queues.len()).collect();
+    for batch in places.chunks(QUEUES_A_READ) {
         let names: Vec<String> = batch
             .iter()
             .map(|&i| queues[i].view.config.name.clone())
@@ -373,15 +344,9 @@ pub(crate) async fn pass(
                 partition_lags.push((queue_index, p.partition.clone(), g.clone(), pending));
             }
         };
-        if let [alone] = batch[..] {
-            inspect
-                .each_partition_of(&names[0], &mut |p| each(alone, p))
-                .await?;
-        } else {
-            inspect
-                .each_partition_of_queues(&names, &mut |at, p| each(batch[at], p))
-                .await?;
-        }
+        inspect
+            .each_partition_of_queues(&names, &mut |at, p| each(batch[at], p))
+            .await?;
     }
     let partition_lags = partition_lags
         .into_sorted_vec()

@@ -139,6 +139,9 @@ const WHOLE_QUEUE: &str = concat!(
 /// From how many queues `queue_views` reads their groups in one statement.
 const GROUPS_ONE_STATEMENT_FROM: usize = 50;
 
+/// Queues of at most this many partitions are read together (`each_partition_of_queues`).
+const TOGETHER_AT_MOST: i64 = 1_000;
+
 /// `WHOLE_QUEUE` for several queues at once, with each row's queue id last.
 const WHOLE_QUEUES: &str = concat!(
     "SELECT ",
@@ -489,25 +492,33 @@ impl InspectStorage for PgStorage {
             .enumerate()
             .map(|(i, q)| (q.as_str(), i))
             .collect();
-        let place: HashMap<uuid::Uuid, usize> = txn
+        // Each queue's id and partitions (an index-only count): a large queue is read alone
+        // afterwards, in a statement planned for it and a transaction of its own, as
+        // `each_partition_of` reads it, so no snapshot is held across several large queues.
+        let mut place: HashMap<uuid::Uuid, usize> = HashMap::new();
+        let mut large: Vec<usize> = vec![];
+        for r in txn
             .query(
                 &prepared(
                     &txn,
-                    "SELECT id, name FROM queen.queues WHERE name = ANY($1)",
+                    "SELECT q.id, q.name,
+                            (SELECT count(*) FROM queen.log_partitions p WHERE p.queue_id = q.id)
+                       FROM queen.queues q WHERE q.name = ANY($1)",
                 )
                 .await?,
                 &[&queues],
             )
             .await
             .map_err(pg_err("queues' ids"))?
-            .iter()
-            .filter_map(|r| {
-                let at = *asked.get(r.get::<_, &str>(1))?;
-                Some((r.get::<_, uuid::Uuid>(0), at))
-            })
-            .collect();
-        if place.is_empty() {
-            return Ok(seen);
+        {
+            let Some(&at) = asked.get(r.get::<_, &str>(1)) else {
+                continue;
+            };
+            if r.get::<_, i64>(2) > TOGETHER_AT_MOST {
+                large.push(at);
+            } else {
+                place.insert(r.get(0), at);
+            }
         }
         let ids: Vec<uuid::Uuid> = place.keys().copied().collect();
         let rows = txn
@@ -531,6 +542,13 @@ impl InspectStorage for PgStorage {
             each(at, partition_view(&r, 0, queues[at].clone(), cursors));
         }
         txn.commit().await.map_err(pg_err("queues' partitions"))?;
+        drop(client);
+        large.sort_unstable();
+        for at in large {
+            seen[at] = self
+                .each_partition_of(&queues[at], &mut |p| each(at, p))
+                .await?;
+        }
         Ok(seen)
     }
 

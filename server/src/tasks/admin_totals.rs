@@ -148,23 +148,12 @@ async fn refresh(
             return Ok(s);
         }
     }
-    let last_counted = broker
-        .stats
-        .current()
-        .map(|s| {
-            s.queues
-                .iter()
-                .map(|t| (t.view.config.name.clone(), t.partitions))
-                .collect()
-        })
-        .unwrap_or_default();
     let s = Arc::new(
         pass(
             &*broker.storage.inspect,
             broker.now(),
             broker.config.metrics_partition_series,
             broker.config.admin_deepest_partitions,
-            &last_counted,
         )
         .await?,
     );
