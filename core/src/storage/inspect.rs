@@ -303,8 +303,9 @@ pub trait InspectStorage: Send + Sync {
     /// Every partition of each of `queues`, shown to `each` with its queue's place in `queues`,
     /// in no particular order (the queues' partitions may come interleaved); how many of each.
     /// A queue that does not exist has none. For many small queues: a backend that reads them
-    /// cheaper together than one at a time (PostgreSQL: one statement for all, where a queue
-    /// alone costs a transaction and its round trips) says so here; by default, one at a time.
+    /// cheaper together than one at a time (PostgreSQL: one statement for those of at most
+    /// 1,000 partitions, where a queue alone costs a transaction and its round trips; larger
+    /// ones as `each_partition_of`) says so here; by default, one at a time.
     async fn each_partition_of_queues(
         &self,
         queues: &[String],
