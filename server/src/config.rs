@@ -117,6 +117,8 @@ pub const DEFAULT_CLIENT_IDLE_TIMEOUT_MS: u64 = 75_000;
 
 /// Default PG_STATS_INTERVAL_MS.
 pub const DEFAULT_PG_STATS_INTERVAL_MS: u64 = 5000;
+/// See `broker::STORAGE_DEADLINE`.
+const DEFAULT_STORAGE_DEADLINE_MS: u64 = crate::broker::STORAGE_DEADLINE.as_millis() as u64;
 
 impl ServerConfig {
     /// `storage_deadline_ms` as a duration.
@@ -142,7 +144,7 @@ impl Default for ServerConfig {
             limiter: LimiterConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
             client_idle_timeout_ms: DEFAULT_CLIENT_IDLE_TIMEOUT_MS,
-            storage_deadline_ms: crate::broker::STORAGE_DEADLINE.as_millis() as u64,
+            storage_deadline_ms: DEFAULT_STORAGE_DEADLINE_MS,
             kv_limits: queen_core::kv::KvLimits::default(),
             file_buffer: None,
             retention: RetentionSettings::default(),
@@ -537,7 +539,7 @@ impl Settings {
             },
             max_body_bytes: self.max_body_bytes,
             client_idle_timeout_ms: self.client_idle_timeout_ms,
-            storage_deadline_ms: crate::broker::STORAGE_DEADLINE.as_millis() as u64,
+            storage_deadline_ms: DEFAULT_STORAGE_DEADLINE_MS,
             kv_limits: queen_core::kv::KvLimits {
                 max_ops: self.kv_max_operations,
                 max_key_bytes: self.kv_max_key_bytes,

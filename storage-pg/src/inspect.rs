@@ -342,12 +342,12 @@ impl InspectStorage for PgStorage {
             .query(&sql, &[&f.queue, &f.namespace, &f.task])
             .await
             .map_err(pg_err("queue views"))?;
-        // Many queues (a pass, an unfiltered listing): every queue's groups in one statement,
-        // which reads every cursor once, where a statement a queue cost a round trip and a plan
-        // each (5,000 queues: 1.4 s of a 1.9 s pass). Few: a statement each, planned for its
-        // queue's own id: as a sub-select of the listing its plan was one for every queue, a hash
-        // join of every cursor with every partition, 290 ms a queue beside a queue of a million
-        // partitions, so a page of a two-partition queue took 246 ms; 0.15 ms so.
+        // Many queues (the admin totals' pass): every queue's groups in one statement, which
+        // reads every cursor once, where a statement a queue cost a round trip and a plan each
+        // (5,000 queues: 1.4 s of a 1.9 s pass). Few (a queue's own view): a statement each,
+        // planned for its queue's id; as a sub-select of the listing its plan was one for every
+        // queue, a hash join of every cursor with every partition, 290 ms a queue beside a queue
+        // of a million partitions, where the statement of its own takes 0.15 ms.
         let mut all_groups: Option<HashMap<uuid::Uuid, Vec<String>>> = None;
         if rows.len() > GROUPS_ONE_STATEMENT_FROM {
             let mut by_queue: HashMap<uuid::Uuid, Vec<String>> = HashMap::new();
