@@ -280,16 +280,6 @@ pub struct Broker {
 /// item-by-item path.
 const DELIVERY_LEDGER_CAPACITY: usize = 65_536;
 
-/// How long a request's own work (a long-poll's parking aside), or one storage call of a pop,
-/// may take before the broker gives up on it and answers 503 (the default of
-/// `ServerConfig::storage_deadline_ms`): a database that stopped answering without closing its
-/// connections (a stalled disk, a frozen host) otherwise held every request on it, `/health`
-/// included, for as long as it stayed so. Long enough for the slowest legitimate request (a
-/// forced admin pass at millions of partitions runs on in the background anyway). A request's
-/// body arriving is the client's part, not storage's: the deadline counts from its end, and a
-/// stalled body is the client-idle timeout's (408).
-pub const STORAGE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// The failure a request or a pop's storage call past its storage deadline answers with.
 pub fn past_storage_deadline(deadline: std::time::Duration) -> queen_core::storage::StorageError {
     let ms = deadline.as_millis();

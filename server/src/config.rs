@@ -46,7 +46,7 @@ pub struct ServerConfig {
     pub client_idle_timeout_ms: u64,
     /// How long a request's own work (a long-poll's parking aside, and counted from when its
     /// body has arrived), or one storage call of a pop, may take before it answers 503
-    /// (`broker::STORAGE_DEADLINE`; tests shorten it).
+    /// (`STORAGE_DEADLINE`; tests shorten it).
     pub storage_deadline_ms: u64,
     /// The push failover buffer, when FILE_BUFFER_DIR is set.
     pub file_buffer: Option<Arc<FileBuffer>>,
@@ -117,8 +117,16 @@ pub const DEFAULT_CLIENT_IDLE_TIMEOUT_MS: u64 = 75_000;
 
 /// Default PG_STATS_INTERVAL_MS.
 pub const DEFAULT_PG_STATS_INTERVAL_MS: u64 = 5000;
-/// See `broker::STORAGE_DEADLINE`.
-const DEFAULT_STORAGE_DEADLINE_MS: u64 = crate::broker::STORAGE_DEADLINE.as_millis() as u64;
+/// How long a request's own work (a long-poll's parking aside), or one storage call of a pop,
+/// may take before the broker gives up on it and answers 503 (the default of
+/// `ServerConfig::storage_deadline_ms`): a database that stopped answering without closing its
+/// connections (a stalled disk, a frozen host) otherwise held every request on it, `/health`
+/// included, for as long as it stayed so. Long enough for the slowest legitimate request (a
+/// forced admin pass at millions of partitions runs on in the background anyway). A request's
+/// body arriving is the client's part, not storage's: the deadline counts from its end, and a
+/// stalled body is the client-idle timeout's (408).
+pub const STORAGE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+const DEFAULT_STORAGE_DEADLINE_MS: u64 = STORAGE_DEADLINE.as_millis() as u64;
 
 impl ServerConfig {
     /// `storage_deadline_ms` as a duration.

@@ -5,10 +5,8 @@ use std::future::Future;
 use std::io;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use hyper::body::Incoming;
@@ -19,6 +17,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::broker::{past_storage_deadline, Broker};
+use crate::http::deadline::WorkDeadline;
 use crate::http::{self, Failure, Reply, Routed};
 use crate::routes::{route, surface};
 
@@ -80,67 +79,6 @@ async fn answer(broker: Arc<Broker>, mut req: Request<Incoming>) -> Routed {
             tracing::error!("request handler panicked");
             Routed::Now(http::error(&Failure::server("internal error")))
         }
-    }
-}
-
-/// When a request's own work is past the storage deadline: counted from the end of its body, as
-/// the body's arrival is the client's part (a stalled body is the client-idle timeout's, 408, and
-/// a slow one that keeps arriving is no failure of storage). In the request's extensions, where
-/// the body is read (`routes::body`). Its timer wakes nothing before the first deadline, so a
-/// request served within it is polled exactly as under a plain timeout.
-#[derive(Clone)]
-pub(crate) struct WorkDeadline(Arc<DeadlineState>);
-
-struct DeadlineState {
-    started: tokio::time::Instant,
-    limit: Duration,
-    /// Milliseconds after `started` that the deadline falls at; `READING_BODY`: none yet.
-    at_ms: AtomicU64,
-}
-
-const READING_BODY: u64 = u64::MAX;
-
-impl WorkDeadline {
-    fn new(limit: Duration) -> Self {
-        WorkDeadline(Arc::new(DeadlineState {
-            started: tokio::time::Instant::now(),
-            limit,
-            at_ms: AtomicU64::new(Self::ms(limit)),
-        }))
-    }
-
-    fn ms(after_start: Duration) -> u64 {
-        u64::try_from(after_start.as_millis()).unwrap_or(READING_BODY - 1)
-    }
-
-    /// Ends once the deadline has passed. Looked at when the timer fires: a body that ended
-    /// since moved the deadline later, and one still arriving puts it off by a whole deadline.
-    async fn passed(&self) {
-        let mut at = self.0.started + self.0.limit;
-        loop {
-            tokio::time::sleep_until(at).await;
-            at = match self.0.at_ms.load(Ordering::Acquire) {
-                READING_BODY => tokio::time::Instant::now() + self.0.limit,
-                ms => {
-                    let moved = self.0.started + Duration::from_millis(ms);
-                    if moved <= at {
-                        return;
-                    }
-                    moved
-                }
-            };
-        }
-    }
-
-    /// The body is being read: no deadline until it has arrived.
-    pub(crate) fn body_started(&self) {
-        self.0.at_ms.store(READING_BODY, Ordering::Release);
-    }
-
-    /// The body has arrived (or failed to): the whole deadline from now.
-    pub(crate) fn body_ended(&self) {
-        let at = Self::ms(self.0.started.elapsed() + self.0.limit);
-        self.0.at_ms.store(at, Ordering::Release);
     }
 }
 

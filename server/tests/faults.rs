@@ -813,7 +813,7 @@ async fn a_frozen_database_answers_503_at_the_deadline() {
     frozen.store(true, Ordering::SeqCst);
     let waited = push_answers_503_within(addr, &push, Duration::from_secs(600)).await;
     assert!(
-        waited >= queen_server::broker::STORAGE_DEADLINE,
+        waited >= queen_server::config::STORAGE_DEADLINE,
         "answered before the deadline: {waited:?}"
     );
     let r = tokio::time::timeout(

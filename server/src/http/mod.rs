@@ -1,7 +1,9 @@
 //! HTTP plumbing: bounded bodies, JSON answers, errors, query and path decoding; `auth` (who
-//! may call what) and `wire` (request bodies and their validation) beside it.
+//! may call what), `wire` (request bodies and their validation) and `deadline` (a request's
+//! storage deadline) beside it.
 
 pub mod auth;
+pub(crate) mod deadline;
 pub mod wire;
 
 use bytes::Bytes;

@@ -25,14 +25,14 @@ use queen_core::params::PopShape;
 use crate::broker::Broker;
 use crate::http::auth::Access::{Admin, ReadOnly, ReadWrite};
 use crate::http::auth::Caller;
+use crate::http::deadline::WorkDeadline;
 use crate::http::{self, Failure, Routed};
 use crate::metrics;
-use crate::serve::WorkDeadline;
 
 /// The dashboard (one page: its data comes from the admin API, under the caller's token).
 const DASHBOARD: &str = include_str!("../../dashboard/index.html");
 
-/// The request's body; its storage deadline (`serve::WorkDeadline`) counts from its end.
+/// The request's body; its storage deadline (`WorkDeadline`) counts from its end.
 async fn body(broker: &Broker, req: Request<Incoming>) -> Result<bytes::Bytes, Failure> {
     let deadline = req.extensions().get::<WorkDeadline>().cloned();
     if let Some(d) = &deadline {
