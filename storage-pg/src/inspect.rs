@@ -251,6 +251,19 @@ fn cursors_from_arrays(r: &tokio_postgres::Row, first: usize) -> Vec<CursorView>
     cursors
 }
 
+/// The settings of a read of whole queues. JIT off: its compilation cost 240 ms a statement and
+/// saved nothing at a million partitions. No statement_timeout: a background pass over a million
+/// partitions takes seconds, and a database's timeout for its sessions would cancel every pass
+/// of such a queue for good.
+async fn whole_read_settings(
+    txn: &deadpool_postgres::Transaction<'_>,
+    context: &str,
+) -> StorageResult<()> {
+    txn.batch_execute("SET LOCAL jit = off; SET LOCAL statement_timeout = 0")
+        .await
+        .map_err(pg_err(context))
+}
+
 /// Which partitions a view read takes.
 enum PartitionScope<'a> {
     /// One partition by id.
@@ -436,13 +449,8 @@ impl InspectStorage for PgStorage {
             .map_err(pg_err("a queue's partitions"))?;
         // Planned for this queue's id, never as a kept generic plan: a queue of two partitions
         // reads them by index in 1 ms, a queue of a million by a sequential scan; the generic
-        // plan scanned every partition of every queue for each (70 ms for two). JIT off: its
-        // compilation cost 240 ms a statement and saved nothing at a million. No
-        // statement_timeout: a background pass over a million partitions takes seconds, and a
-        // database's timeout for its sessions would cancel every pass of such a queue for good.
-        txn.batch_execute("SET LOCAL jit = off; SET LOCAL statement_timeout = 0")
-            .await
-            .map_err(pg_err("a queue's partitions"))?;
+        // plan scanned every partition of every queue for each (70 ms for two).
+        whole_read_settings(&txn, "a queue's partitions").await?;
         let found = txn
             .query_opt(
                 &prepared(&txn, "SELECT id FROM queen.queues WHERE name = $1").await?,
@@ -483,10 +491,8 @@ impl InspectStorage for PgStorage {
             .transaction()
             .await
             .map_err(pg_err("queues' partitions"))?;
-        // As `each_partition_of`: planned for these ids, no JIT, no statement timeout.
-        txn.batch_execute("SET LOCAL jit = off; SET LOCAL statement_timeout = 0")
-            .await
-            .map_err(pg_err("queues' partitions"))?;
+        // As `each_partition_of`: planned for these ids.
+        whole_read_settings(&txn, "queues' partitions").await?;
         let asked: HashMap<&str, usize> = queues
             .iter()
             .enumerate()
