@@ -769,6 +769,74 @@ async fn a_locked_table_answers_503_instead_of_hanging() {
     );
 }
 
+/// A broker frozen in the middle of a transaction (a stopped process, a paused VM, a host that
+/// vanished; here a session of another broker's pool that took a partition's row lock, as a
+/// push does, and then sends nothing): the database ends that session after the broker's
+/// `idle_in_transaction_session_timeout` (5 s, under the 10 s `lock_timeout`), so a push of that
+/// partition through a live broker is stored. Before, the lock stayed as long as the broker was
+/// frozen, and every such push answered 503 at the lock timeout. The frozen broker, resumed,
+/// finds its transaction gone: its commit fails, so nothing of it is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_frozen_in_a_transaction_holds_its_locks_only_briefly() {
+    let name = format!("queen_faults_frozen_tx_{}", std::process::id());
+    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let (_app, live) = broker_on(&cfg, 4, 0).await;
+    let push = json!({"items": [{"queue": "frozen-tx", "partition": "p", "payload": {"n": 1}}]});
+    assert_eq!(
+        request(live, "POST", "/api/v1/push", Some(&push))
+            .await
+            .status,
+        201
+    );
+
+    let frozen = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size: 1,
+    })
+    .await
+    .expect("connect");
+    let mut session = frozen.pool().get().await.expect("a connection");
+    let idle = session
+        .query_one("SHOW idle_in_transaction_session_timeout", &[])
+        .await
+        .expect("show");
+    assert_eq!(idle.get::<_, String>(0), "5s", "the broker's default");
+    let tx = session.transaction().await.expect("begin");
+    tx.query(
+        "SELECT 1 FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+          WHERE q.name = 'frozen-tx' AND p.name = 'p' FOR UPDATE OF p",
+        &[],
+    )
+    .await
+    .expect("the partition's row lock");
+
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        request(live, "POST", "/api/v1/push", Some(&push)),
+    )
+    .await
+    .expect("the push hung behind the frozen session");
+    eprintln!(
+        "the push answered {} after {:?}",
+        r.status,
+        started.elapsed()
+    );
+    assert_eq!(
+        r.status,
+        201,
+        "a push waited on the frozen broker's lock: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+
+    assert!(
+        tx.commit().await.is_err(),
+        "the frozen broker's transaction outlived the timeout"
+    );
+    assert!(session.is_closed(), "the ended session is kept");
+}
+
 /// A database that stops answering without closing its connections (a stalled disk, a frozen
 /// host; here the in-memory backend with every statement held): a push answers 503 with
 /// Retry-After at the storage deadline (60 s, in paused time), where it used to wait as long as

@@ -144,17 +144,37 @@ pub fn bounded(mut pg: tokio_postgres::Config) -> tokio_postgres::Config {
     pg
 }
 
+/// How long a broker session may sit in a transaction without sending its next statement
+/// (PostgreSQL's `idle_in_transaction_session_timeout`) before the server ends the session and
+/// rolls the transaction back. A broker frozen mid-transaction (a stopped process, a paused VM,
+/// a host that vanished) otherwise keeps its row locks for as long as it stays frozen, or the
+/// kernel's two hours for a vanished host, and every push of those partitions, through any
+/// broker, answers 503 at `LOCK_TIMEOUT_MS` meanwhile (seen with a broker stopped mid-way
+/// through a transaction). Shorter than `LOCK_TIMEOUT_MS`, so a statement that waits on a frozen
+/// session's lock gets it instead of failing. The broker's transactions wait between statements
+/// for nothing but the database's answers, so a live broker never comes near it.
+pub const IDLE_IN_TRANSACTION_TIMEOUT_MS: u64 = 5_000;
+
 /// What every pooled session runs before its first use: the isolation the SQL needs
-/// (`ISOLATION`, always) and `LOCK_TIMEOUT_MS` unless the URL's `options` set a lock_timeout.
-/// Statements, not the `options` startup parameter: PgBouncer refuses that parameter
-/// ("unsupported startup parameter: options"), and a broker behind it could not connect.
+/// (`ISOLATION`, always), and `LOCK_TIMEOUT_MS` and `IDLE_IN_TRANSACTION_TIMEOUT_MS` each unless
+/// the URL's `options` set it. Statements, not the `options` startup parameter: PgBouncer
+/// refuses that parameter ("unsupported startup parameter: options"), and a broker behind it
+/// could not connect.
 pub fn session_setup(pg: &tokio_postgres::Config) -> String {
-    let own_lock_timeout = pg.get_options().is_some_and(|o| o.contains("lock_timeout"));
-    if own_lock_timeout {
-        format!("{ISOLATION};")
-    } else {
-        format!("{ISOLATION}; SET lock_timeout = {LOCK_TIMEOUT_MS};")
+    let options = pg.get_options().unwrap_or_default();
+    let mut setup = format!("{ISOLATION};");
+    for (name, ms) in [
+        ("lock_timeout", LOCK_TIMEOUT_MS),
+        (
+            "idle_in_transaction_session_timeout",
+            IDLE_IN_TRANSACTION_TIMEOUT_MS,
+        ),
+    ] {
+        if !options.contains(name) {
+            setup.push_str(&format!(" SET {name} = {ms};"));
+        }
     }
+    setup
 }
 
 #[cfg(test)]
@@ -179,20 +199,23 @@ mod tests {
     }
 
     #[test]
-    fn sessions_set_the_isolation_always_and_a_lock_timeout_unless_the_url_does() {
+    fn sessions_set_the_isolation_always_and_their_timeouts_unless_the_url_does() {
         let setup = |u: &str| session_setup(&tokio_postgres::Config::from_str(u).unwrap());
         let isolation = "SET default_transaction_isolation = 'read committed';";
-        assert_eq!(
-            setup("postgres://h/db"),
-            format!("{isolation} SET lock_timeout = 10000;")
-        );
+        let lock = " SET lock_timeout = 10000;";
+        let idle = " SET idle_in_transaction_session_timeout = 5000;";
+        assert_eq!(setup("postgres://h/db"), format!("{isolation}{lock}{idle}"));
         assert_eq!(
             setup("postgres://h/db?options=-c%20work_mem%3D8MB"),
-            format!("{isolation} SET lock_timeout = 10000;")
+            format!("{isolation}{lock}{idle}")
         );
         assert_eq!(
             setup("postgres://h/db?options=-c%20lock_timeout%3D0%20-c%20work_mem%3D8MB"),
-            isolation
+            format!("{isolation}{idle}")
+        );
+        assert_eq!(
+            setup("postgres://h/db?options=-c%20idle_in_transaction_session_timeout%3D0"),
+            format!("{isolation}{lock}")
         );
         // An isolation in the URL's options does not survive: the setup runs after them.
         assert!(

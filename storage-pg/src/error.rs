@@ -18,7 +18,7 @@ enum Class {
     /// The database is unavailable: connection exceptions (08xxx), shutdown and restart
     /// (57P01-57P03), too many connections (53300) and other resource limits (53xxx), a
     /// cancelled or timed-out statement (57014), a lock timeout (55P03), any other rollback (40xxx),
-    /// writes refused for now (25006).
+    /// writes refused for now (25006), a session ended in its transaction (25P03, 25P04).
     Unavailable,
     /// Anything else: the broker's statement or schema is wrong.
     Internal,
@@ -30,7 +30,9 @@ fn class(code: &str) -> Class {
         // A lock timeout; a database that refuses writes for now (default_transaction_read_only
         // set by an operator or a managed service whose storage filled, or a connection that
         // reached a standby): it ends without the broker doing anything, as an outage does.
-        "55P03" | "25006" => Class::Unavailable,
+        // A session the server ended for idling in a transaction (25P03; PostgreSQL 17's
+        // transaction_timeout, 25P04): its transaction was rolled back, as in a lost connection.
+        "55P03" | "25006" | "25P03" | "25P04" => Class::Unavailable,
         c if c.starts_with("22") => Class::BadData,
         c if c.starts_with("23") => Class::Conflict,
         c if c.starts_with("08")
@@ -218,6 +220,11 @@ mod tests {
         assert_eq!(class("53300"), Class::Unavailable, "too many connections");
         assert_eq!(class("57014"), Class::Unavailable, "statement timeout");
         assert_eq!(class("25006"), Class::Unavailable, "read-only for now");
+        assert_eq!(
+            class("25P03"),
+            Class::Unavailable,
+            "ended idle in a transaction"
+        );
         assert_eq!(class("42P01"), Class::Internal, "our schema is wrong");
     }
 
