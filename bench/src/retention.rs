@@ -92,6 +92,7 @@ async fn soak(
     let (app, addr) = crate::start_with(pg, config, 11).await;
     let db = pg_connect(cfg).await;
     prepare_soak_tables(&db).await;
+    let _held = hold_a_snapshot(cfg).await;
     let mut c = Client::connect(addr).await;
     let r = c
         .post(
@@ -154,6 +155,20 @@ async fn soak(
     app.shutting_down.send_replace(true);
     let pushed = pushed.load(Ordering::Relaxed) as f64;
     soak_rows(secs, &seen, removed, pushed)
+}
+
+/// BENCH_SOAK_HOLD_SNAPSHOT=1: the soak with a transaction left open in the database for its
+/// whole length (a forgotten `psql`, a long report), which holds back PostgreSQL's cleanup of
+/// the broker's tables (`PgStorage::oldest_snapshot`). The session ends when the answer drops.
+async fn hold_a_snapshot(cfg: &tokio_postgres::Config) -> Option<tokio_postgres::Client> {
+    std::env::var_os("BENCH_SOAK_HOLD_SNAPSHOT")?;
+    let holder = pg_connect(cfg).await;
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM queen.queues")
+        .await
+        .expect("hold a snapshot");
+    eprintln!("soak with a snapshot held open");
+    Some(holder)
 }
 
 /// The profiling variants of the soak's tables, each behind its environment variable.

@@ -29,3 +29,4 @@ pub use helpers::{lock, wall_now};
 pub use serve::{handle, serve_connection, serve_listener};
 pub use tasks::db_clock::spawn_clock_alignment;
 pub use tasks::events::{forward_events, spawn_event_listener};
+pub use tasks::snapshot_watch::spawn_snapshot_watch;

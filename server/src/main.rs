@@ -99,6 +99,7 @@ async fn run(settings: Settings) -> Result<(), String> {
     if let Some(pg) = &pg {
         queen_server::spawn_event_listener(broker.clone(), pg);
         queen_server::spawn_clock_alignment(&broker, pg);
+        queen_server::spawn_snapshot_watch(&broker, pg);
         if warm_interval > 0 {
             tokio::spawn(
                 queen_storage_pg::ConnectionWarmer::default()

@@ -228,6 +228,8 @@ pub struct Metrics {
     lag_max_seconds: Gauge<f64, AtomicU64>,
     /// How far the database's clock is ahead of this host's (`tasks::db_clock`).
     pub database_clock_ahead_seconds: Gauge<f64, AtomicU64>,
+    /// The age of the oldest transaction or snapshot open in the database (`tasks::snapshot_watch`).
+    pub database_oldest_snapshot_seconds: Gauge<f64, AtomicU64>,
     /// Read at scrape time from the limiter and the backend.
     limiter_limit: Gauge,
     limiter_in_flight: Gauge,
@@ -304,6 +306,7 @@ impl Default for Metrics {
             lag_window_max_us: AtomicU64::new(0),
             lag_max_seconds: Gauge::default(),
             database_clock_ahead_seconds: Gauge::default(),
+            database_oldest_snapshot_seconds: Gauge::default(),
             limiter_limit: Gauge::default(),
             limiter_in_flight: Gauge::default(),
             pool_in_use: Gauge::default(),
@@ -464,6 +467,11 @@ impl Metrics {
             "database_clock_ahead_seconds",
             "How far the database's clock is ahead of this host's (the broker keeps the database's time)",
             m.database_clock_ahead_seconds.clone(),
+        );
+        registry.register(
+            "database_oldest_snapshot_seconds",
+            "Age of the oldest transaction or snapshot open in the database (other roles' sessions need pg_read_all_stats); while one is open PostgreSQL cleans none of the broker's rows deleted or updated since it began",
+            m.database_oldest_snapshot_seconds.clone(),
         );
         registry.register(
             "limiter_limit",
@@ -660,6 +668,7 @@ impl Snapshot<'_> {
             "limiter": { "limit": self.limiter_limit, "inFlight": self.limiter_in_flight },
             "pool": { "inUse": self.pool_in_use, "size": self.pool_size },
             "databaseClockAheadMs": m.database_clock_ahead_seconds.get() * 1000.0,
+            "databaseOldestSnapshotSeconds": m.database_oldest_snapshot_seconds.get(),
             "retentionRemoved": {
                 "segments": m.retention_removed("segments"),
                 "messages": m.retention_removed("messages"),

@@ -837,6 +837,64 @@ async fn a_broker_frozen_in_a_transaction_holds_its_locks_only_briefly() {
     assert!(session.is_closed(), "the ended session is kept");
 }
 
+/// A transaction left open in the database (here a session named `forgotten-report`, idle in a
+/// repeatable-read transaction) holds back PostgreSQL's cleanup of the broker's tables, and the
+/// broker cannot end it: it says so. `PgStorage::oldest_snapshot` names the session, the watch
+/// sets `queen_database_oldest_snapshot_seconds` to its age, and once it ends neither names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_held_open_in_the_database_is_reported() {
+    let name = format!("queen_faults_snapshot_{}", std::process::id());
+    let mut cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let (app, addr) = broker_on(&cfg, 4, 0).await;
+    let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size: 2,
+    })
+    .await
+    .expect("connect");
+
+    cfg.application_name("forgotten-report");
+    let (report, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    report
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM queen.queues")
+        .await
+        .expect("a snapshot");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let oldest = pg
+        .oldest_snapshot()
+        .await
+        .expect("read")
+        .expect("no holder found");
+    assert!(
+        oldest.holder.contains("forgotten-report") && oldest.holder.contains("idle in transaction"),
+        "{oldest:?}"
+    );
+    assert!(oldest.age_secs >= 1.4, "{oldest:?}");
+
+    queen_server::spawn_snapshot_watch(&app, &pg);
+    let started = Instant::now();
+    while app.metrics.database_oldest_snapshot_seconds.get() < 1.4 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the gauge stayed at {}",
+            app.metrics.database_oldest_snapshot_seconds.get()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let scraped = request(addr, "GET", "/metrics/prometheus", None).await;
+    assert!(
+        String::from_utf8_lossy(&scraped.body).contains("queen_database_oldest_snapshot_seconds"),
+        "the gauge is not exposed"
+    );
+
+    report.batch_execute("COMMIT").await.expect("commit");
+    if let Some(o) = pg.oldest_snapshot().await.expect("read") {
+        assert!(!o.holder.contains("forgotten-report"), "{o:?}");
+    }
+}
+
 /// A database that stops answering without closing its connections (a stalled disk, a frozen
 /// host; here the in-memory backend with every statement held): a push answers 503 with
 /// Retry-After at the storage deadline (60 s, in paused time), where it used to wait as long as

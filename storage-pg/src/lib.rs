@@ -7,6 +7,7 @@ mod config;
 mod delivery;
 mod ephemeral;
 mod error;
+mod horizon;
 mod inspect;
 mod kv;
 mod listen;
@@ -35,6 +36,7 @@ use queen_core::{Offset, Timestamp};
 
 pub use config::{PgConfig, PgSettings, DEFAULT_POOL_SIZE};
 pub use error::pg_err;
+pub use horizon::SnapshotHolder;
 pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS, MIGRATION_LOCK};
 pub use statistics::{keep_statistics, statistics_pass, StatisticsPass};
 pub use warm::{ConnectionWarmer, WarmPass};

@@ -10,6 +10,7 @@ pub mod ephemeral_liveness;
 pub mod events;
 pub mod retention;
 pub mod sampler;
+pub mod snapshot_watch;
 pub(crate) mod ticker;
 pub mod timers;
 
