@@ -23,15 +23,11 @@ pub fn spawn_clock_alignment(
     broker: &Arc<Broker>,
     pg: &queen_storage_pg::PgStorage,
 ) -> tokio::task::JoinHandle<()> {
-    let broker = Arc::downgrade(broker);
+    let mut turns = super::Turns::new(broker, ALIGN_EVERY);
     let pg = pg.clone();
     tokio::spawn(async move {
         let mut warned = false;
-        loop {
-            let Some(b) = broker.upgrade() else { return };
-            if b.is_shutting_down() {
-                return;
-            }
+        while let Some(b) = turns.next().await {
             let host = b.host_clock();
             match pg.clock_offset(&*host).await {
                 Ok(offset) => {
@@ -46,12 +42,6 @@ pub fn spawn_clock_alignment(
                 }
                 // The last offset stands; storage failures are the event path's to report.
                 Err(e) => tracing::debug!(error = %e, "cannot read the database's clock"),
-            }
-            let mut shutdown = b.shutting_down.subscribe();
-            drop(b);
-            tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => return,
-                () = tokio::time::sleep(ALIGN_EVERY) => {}
             }
         }
     })

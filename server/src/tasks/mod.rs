@@ -14,9 +14,42 @@ pub mod snapshot_watch;
 pub(crate) mod ticker;
 pub mod timers;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use crate::broker::Broker;
+
+/// The turns of a periodic task (the database clock's alignment, the snapshot watch): the first
+/// at once, each later one `period` after the last ended, none once the broker shuts down or is
+/// dropped. Between turns the task holds only a weak reference.
+pub(crate) struct Turns {
+    broker: Weak<Broker>,
+    period: Duration,
+    first: bool,
+}
+
+impl Turns {
+    pub(crate) fn new(broker: &Arc<Broker>, period: Duration) -> Turns {
+        Turns {
+            broker: Arc::downgrade(broker),
+            period,
+            first: true,
+        }
+    }
+
+    /// The broker for the next turn; `None`: the task ends.
+    pub(crate) async fn next(&mut self) -> Option<Arc<Broker>> {
+        if !std::mem::take(&mut self.first) {
+            let mut shutdown = self.broker.upgrade()?.shutting_down.subscribe();
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return None,
+                () = tokio::time::sleep(self.period) => {}
+            }
+        }
+        let b = self.broker.upgrade()?;
+        (!b.is_shutting_down()).then_some(b)
+    }
+}
 
 /// Starts the broker's background tasks on the current tokio runtime. Each holds only a weak
 /// reference and ends when the broker shuts down or is dropped.

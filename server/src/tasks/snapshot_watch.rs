@@ -47,15 +47,11 @@ pub fn spawn_snapshot_watch(
     broker: &Arc<Broker>,
     pg: &queen_storage_pg::PgStorage,
 ) -> tokio::task::JoinHandle<()> {
-    let broker = Arc::downgrade(broker);
+    let mut turns = super::Turns::new(broker, LOOK_EVERY);
     let pg = pg.clone();
     tokio::spawn(async move {
         let mut warned = Warned::default();
-        loop {
-            let Some(b) = broker.upgrade() else { return };
-            if b.is_shutting_down() {
-                return;
-            }
+        while let Some(b) = turns.next().await {
             match pg.oldest_snapshot().await {
                 Ok(oldest) => {
                     let age = oldest.as_ref().map_or(0.0, |o| o.age_secs);
@@ -72,12 +68,6 @@ pub fn spawn_snapshot_watch(
                 }
                 // Storage failures are the event path's to report.
                 Err(e) => tracing::debug!(error = %e, "cannot read the oldest snapshot"),
-            }
-            let mut shutdown = b.shutting_down.subscribe();
-            drop(b);
-            tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => return,
-                () = tokio::time::sleep(LOOK_EVERY) => {}
             }
         }
     })
