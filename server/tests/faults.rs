@@ -724,13 +724,7 @@ async fn a_locked_table_answers_503_instead_of_hanging() {
     let name = format!("queen_faults_locked_{}", std::process::id());
     let mut cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
     {
-        let unset = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-            tls: Default::default(),
-            pg: cfg.clone(),
-            pool_size: 1,
-        })
-        .await
-        .expect("connect");
+        let unset = storage_on(&cfg, 1).await;
         let client = unset.pool().get().await.expect("a connection");
         let row = client
             .query_one("SHOW lock_timeout", &[])
@@ -789,13 +783,7 @@ async fn a_broker_frozen_in_a_transaction_holds_its_locks_only_briefly() {
         201
     );
 
-    let frozen = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-        tls: Default::default(),
-        pg: cfg.clone(),
-        pool_size: 1,
-    })
-    .await
-    .expect("connect");
+    let frozen = storage_on(&cfg, 1).await;
     let mut session = frozen.pool().get().await.expect("a connection");
     let idle = session
         .query_one("SHOW idle_in_transaction_session_timeout", &[])
@@ -846,13 +834,7 @@ async fn a_snapshot_held_open_in_the_database_is_reported() {
     let name = format!("queen_faults_snapshot_{}", std::process::id());
     let mut cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
     let (app, addr) = broker_on(&cfg, 4, 0).await;
-    let pg = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-        tls: Default::default(),
-        pg: cfg.clone(),
-        pool_size: 2,
-    })
-    .await
-    .expect("connect");
+    let pg = storage_on(&cfg, 2).await;
 
     cfg.application_name("forgotten-report");
     let (report, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
@@ -893,6 +875,81 @@ async fn a_snapshot_held_open_in_the_database_is_reported() {
     if let Some(o) = pg.oldest_snapshot().await.expect("read") {
         assert!(!o.holder.contains("forgotten-report"), "{o:?}");
     }
+}
+
+/// A claimed batch in which one partition's messages cannot be read (here its segment cut short
+/// by SQL, as a damaged row or a segment of an unknown format would be) costs the other
+/// partitions of the same pop nothing: they are answered, and their leases and acks work. The
+/// unreadable partition's lease is kept until it ends, so the group's next pops do not claim it
+/// and fail again at once. Before, the whole pop answered 500, every lease of the batch stayed
+/// held until it ended (the release read the segments too, and failed), and the log said they
+/// were given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_cannot_be_read_costs_the_others_nothing() {
+    let name = format!("queen_faults_unreadable_{}", std::process::id());
+    let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
+    let (_app, addr) = broker_on(&cfg, 4, 0).await;
+    for p in ["a", "b", "c", "d", "e"] {
+        let push = json!({"items": [
+            {"queue": "unreadable", "partition": p, "payload": {"n": 1}},
+            {"queue": "unreadable", "partition": p, "payload": {"n": 2}}]});
+        let r = request(addr, "POST", "/api/v1/push", Some(&push)).await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let (db, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let cut = db
+        .execute(
+            "UPDATE queen.log_segments s SET blob = substring(s.blob FROM 1 FOR 10)
+               FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE q.name = 'unreadable' AND p.name = 'a' AND s.partition_id = p.id",
+            &[],
+        )
+        .await
+        .expect("cut the segment");
+    assert_eq!(cut, 1);
+
+    let pop = "/api/v1/pop/queue/unreadable?consumerGroup=g&batch=100&partitions=5&wait=false";
+    let r = request(addr, "GET", pop, None).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let answer = r.json();
+    let messages = answer["messages"].as_array().expect("messages");
+    let partitions: std::collections::BTreeSet<&str> = messages
+        .iter()
+        .map(|m| m["partition"].as_str().expect("partition"))
+        .collect();
+    assert_eq!(messages.len(), 8, "{answer}");
+    assert_eq!(partitions, ["b", "c", "d", "e"].into_iter().collect());
+    let acks: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                   "leaseId": m["leaseId"], "status": "completed"})
+        })
+        .collect();
+    let r = request(
+        addr,
+        "POST",
+        "/api/v1/ack/batch",
+        Some(&json!({"acknowledgments": acks, "consumerGroup": "g"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+
+    // The unreadable partition is held off by its kept lease: no 500 again at once.
+    let r = request(addr, "GET", pop, None).await;
+    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+    let row = db
+        .query_one(
+            "SELECT c.committed, c.worker_id IS NOT NULL AND c.lease_expires_at > now()
+               FROM queen.log_consumers c JOIN queen.log_partitions p ON p.id = c.partition_id
+              WHERE p.name = 'a' AND c.consumer_group = 'g'",
+            &[],
+        )
+        .await
+        .expect("a's cursor");
+    assert_eq!(row.get::<_, i64>(0), -1, "nothing of a was consumed");
+    assert!(row.get::<_, bool>(1), "a's lease was not kept");
 }
 
 /// A database that stops answering without closing its connections (a stalled disk, a frozen
@@ -978,6 +1035,18 @@ async fn push_answers_503_within(
     started.elapsed()
 }
 
+/// The broker's storage on the PostgreSQL of `cfg` (connected and migrated), with `pool_size`
+/// connections.
+async fn storage_on(cfg: &tokio_postgres::Config, pool_size: usize) -> queen_storage_pg::PgStorage {
+    queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
+        tls: Default::default(),
+        pg: cfg.clone(),
+        pool_size,
+    })
+    .await
+    .expect("connect")
+}
+
 /// A broker (its tasks started) on the PostgreSQL of `cfg` with `pool_size` connections,
 /// serving on a port of its own.
 async fn broker_on(
@@ -985,13 +1054,7 @@ async fn broker_on(
     pool_size: usize,
     seed: u64,
 ) -> (Arc<queen_server::broker::Broker>, std::net::SocketAddr) {
-    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-        tls: Default::default(),
-        pg: cfg.clone(),
-        pool_size,
-    })
-    .await
-    .expect("connect");
+    let storage = storage_on(cfg, pool_size).await;
     let app = queen_server::broker::Broker::new(
         ServerConfig::default(),
         queen_core::storage::StorageSet::of(Arc::new(storage.clone())),
@@ -1606,13 +1669,7 @@ async fn push_maintenance_buffers_then_stores_in_order() {
 async fn pushes_during_an_outage_are_buffered_and_stored_once_in_order() {
     let dir = buffer_dir("outage");
     let pg = Arc::new(PrivatePg::start());
-    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-        tls: Default::default(),
-        pg: pg.config(),
-        pool_size: 4,
-    })
-    .await
-    .expect("connect");
+    let storage = storage_on(&pg.config(), 4).await;
     let (_app, addr) =
         buffered_broker(queen_core::storage::StorageSet::of(Arc::new(storage)), &dir).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -1803,13 +1860,7 @@ async fn a_database_refusing_writes_answers_503_and_the_buffer_keeps_pushes() {
     let name = format!("queen_faults_read_only_{}", std::process::id());
     let cfg = queen_storage_pg::testing::fresh_database_config(&name).await;
     let (_plain, plain) = broker_on(&cfg, 4, 0).await;
-    let storage = queen_storage_pg::PgStorage::connect(&queen_storage_pg::PgConfig {
-        tls: Default::default(),
-        pg: cfg.clone(),
-        pool_size: 4,
-    })
-    .await
-    .expect("connect");
+    let storage = storage_on(&cfg, 4).await;
     let dir = buffer_dir("read-only");
     let (_buffered, buffered) =
         buffered_broker(queen_core::storage::StorageSet::of(Arc::new(storage)), &dir).await;

@@ -233,20 +233,25 @@ async fn finish(
             broker.crash_point(CrashPoint::PopClaimed).await;
             broker.metrics.pops_messages.inc();
             // Queen 2.x answers a conflating group in JSON, where the echo has its place.
-            let framed = if framed && !echo.conflation.says_anything() {
-                render_framed(broker, &claims, worker, auto_ack, group, echo.autopilot).await
-            } else {
-                Ok(None)
+            let framed = framed && !echo.conflation.says_anything();
+            let answer = Answering {
+                broker,
+                worker,
+                auto_ack,
+                group,
+                framed,
+                echo,
             };
-            let rendered = match framed {
-                Ok(Some((bytes, batches))) => Ok((
-                    http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE),
-                    batches,
-                )),
-                Ok(None) => render(broker, &claims, worker, auto_ack, group, echo)
-                    .map(|(bytes, batches)| (http::json_bytes(StatusCode::OK, bytes), batches)),
-                Err(f) => Err(f),
-            };
+            let mut claims = claims;
+            let mut rendered = answer.render(&claims).await;
+            if rendered.is_err() {
+                // A claim that cannot be read must not cost the others their delivery.
+                let unreadable;
+                (claims, unreadable) = answer.set_aside_unreadable(claims);
+                if !unreadable.is_empty() && !claims.is_empty() {
+                    rendered = answer.render(&claims).await;
+                }
+            }
             match rendered {
                 Ok((reply, batches)) => {
                     // Recorded before the answer leaves, so the client's ack cannot overtake it.
@@ -262,7 +267,7 @@ async fn finish(
                 }
                 Err(f) => {
                     broker.metrics.server_errors.inc();
-                    tracing::warn!(error = %f.message, "a claimed batch could not be rendered; its leases are given back");
+                    tracing::warn!(error = %f.message, "a claimed batch could not be rendered; its readable leases are given back");
                     // Given back before the error is sent, so the client's next pop finds them.
                     if !auto_ack {
                         release(broker, &claims, worker, group).await;
@@ -274,10 +279,97 @@ async fn finish(
     }
 }
 
+/// What an answer to one pop is rendered with.
+struct Answering<'a> {
+    broker: &'a Arc<Broker>,
+    worker: WorkerId,
+    auto_ack: bool,
+    group: &'a str,
+    framed: bool,
+    echo: Echoes,
+}
+
+impl Answering<'_> {
+    async fn render(&self, claims: &[Claim]) -> Result<(Reply, Vec<DeliveredBatch>), Failure> {
+        let (broker, worker, auto_ack, group) =
+            (self.broker, self.worker, self.auto_ack, self.group);
+        let framed = if self.framed {
+            render_framed(broker, claims, worker, auto_ack, group, self.echo.autopilot).await?
+        } else {
+            None
+        };
+        match framed {
+            Some((bytes, batches)) => Ok((
+                http::bytes(StatusCode::OK, bytes, POP_FRAMES_CONTENT_TYPE),
+                batches,
+            )),
+            None => render(broker, claims, worker, auto_ack, group, self.echo)
+                .map(|(bytes, batches)| (http::json_bytes(StatusCode::OK, bytes), batches)),
+        }
+    }
+
+    /// Splits off the claims whose messages cannot be read (a segment that does not decode, a
+    /// payload this broker cannot open or that is not JSON), each logged with its offsets. Their
+    /// leases are kept until they end, not given back: given back, the next pop of the group
+    /// would claim the same messages and fail again at once, and again, while a kept lease
+    /// holds them off for the queue's `leaseTime` (with autoAck their cursor has already moved
+    /// past them: they are skipped, and the log says which).
+    fn set_aside_unreadable(&self, claims: Vec<Claim>) -> (Vec<Claim>, Vec<Claim>) {
+        let cipher = self.broker.config.cipher.as_deref();
+        let (readable, unreadable): (Vec<Claim>, Vec<Claim>) = claims.into_iter().partition(|c| {
+            let checked = claims_to_messages(std::slice::from_ref(c))
+                .map_err(|e| Failure::server(format!("corrupt segment: {e}")))
+                .and_then(|messages| {
+                    messages
+                        .iter()
+                        .try_for_each(|m| payload_json(cipher, m).map(drop))
+                });
+            match checked {
+                Ok(()) => true,
+                Err(f) => {
+                    tracing::error!(
+                        queue = %c.queue,
+                        partition = %c.partition,
+                        first_offset = c.first_offset,
+                        last_offset = c.last_offset,
+                        group = %self.group,
+                        error = %f.message,
+                        "claimed messages cannot be read; {}",
+                        if self.auto_ack {
+                            "skipped (autoAck)"
+                        } else {
+                            "their lease is kept until it ends"
+                        }
+                    );
+                    false
+                }
+            }
+        });
+        (readable, unreadable)
+    }
+}
+
+/// A delivered message's payload as the JSON the answer carries: opened when sealed.
+fn payload_json(
+    cipher: Option<&crate::sealing::PayloadCipher>,
+    m: &DeliveredMessage,
+) -> Result<Box<RawValue>, Failure> {
+    let payload = crate::sealing::plaintext(cipher, &m.frame).map_err(Failure::server)?;
+    let text = String::from_utf8(payload.into_owned())
+        .map_err(|_| Failure::server("stored payload is not UTF-8"))?;
+    RawValue::from_string(text)
+        .map_err(|e| Failure::server(format!("stored payload is not JSON: {e}")))
+}
+
 /// Releases the leases of claims nobody received (a retry ack: no retry budget is charged).
 async fn release(broker: &Arc<Broker>, claims: &[Claim], worker: WorkerId, group: &str) {
-    let Ok(messages) = claims_to_messages(claims) else {
-        return;
+    let messages = match claims_to_messages(claims) {
+        Ok(messages) => messages,
+        Err(e) => {
+            // Callers give back only claims that were read (`set_aside_unreadable`).
+            tracing::error!(error = %e, "leases to give back cannot be read; they are kept until they end");
+            return;
+        }
     };
     for c in claims {
         let Some(first) = messages.iter().find(|m| m.partition_id == c.partition_id) else {
@@ -374,13 +466,7 @@ fn render(
     let cipher = broker.config.cipher.as_deref();
     let payloads: Vec<Box<RawValue>> = delivered
         .iter()
-        .map(|m| {
-            let payload = crate::sealing::plaintext(cipher, &m.frame).map_err(Failure::server)?;
-            let text = String::from_utf8(payload.into_owned())
-                .map_err(|_| Failure::server("stored payload is not UTF-8"))?;
-            RawValue::from_string(text)
-                .map_err(|e| Failure::server(format!("stored payload is not JSON: {e}")))
-        })
+        .map(|m| payload_json(cipher, m))
         .collect::<Result<_, _>>()?;
     record_delivery(broker, claims);
     let mut messages = Vec::with_capacity(delivered.len());
