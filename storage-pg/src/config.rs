@@ -116,6 +116,9 @@ pub const KEEPALIVE_RETRIES: u32 = 3;
 /// requests that hang while their connections run out. The broker's own waits are a round's
 /// row locks (milliseconds); migrations wait as long as they must.
 pub const LOCK_TIMEOUT_MS: u64 = 10_000;
+/// The `application_name` of the broker's sessions unless the URL names one: in
+/// `pg_stat_activity`, and in the snapshot watch's warnings, they are told from other clients'.
+pub const APPLICATION_NAME: &str = "queen";
 /// tokio-postgres' keepalive idle time when none is given (its `Config::new`).
 const DRIVER_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 /// The isolation every broker transaction runs at, whatever the database's or role's
@@ -127,7 +130,7 @@ const DRIVER_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 const ISOLATION: &str = "SET default_transaction_isolation = 'read committed'";
 
 /// The connection settings with the bounds above wherever the operator's URL gave none
-/// (`connect_timeout`, `tcp_user_timeout`, `keepalives_idle`). The session's own settings are
+/// (`connect_timeout`, `tcp_user_timeout`, `keepalives_idle`), and `APPLICATION_NAME`. The session's own settings are
 /// `session_setup`'s.
 pub fn bounded(mut pg: tokio_postgres::Config) -> tokio_postgres::Config {
     if pg.get_connect_timeout().is_none() {
@@ -135,6 +138,9 @@ pub fn bounded(mut pg: tokio_postgres::Config) -> tokio_postgres::Config {
     }
     if pg.get_tcp_user_timeout().is_none() {
         pg.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    if pg.get_application_name().is_none() {
+        pg.application_name(APPLICATION_NAME);
     }
     if pg.get_keepalives() && pg.get_keepalives_idle() == DRIVER_KEEPALIVE_IDLE {
         pg.keepalives_idle(KEEPALIVE_IDLE)
@@ -193,7 +199,9 @@ mod tests {
             None,
             "no startup options: PgBouncer refuses them"
         );
-        let c = url("postgres://h/db?connect_timeout=3&keepalives_idle=60");
+        assert_eq!(c.get_application_name(), Some(APPLICATION_NAME));
+        let c = url("postgres://h/db?connect_timeout=3&keepalives_idle=60&application_name=q1");
+        assert_eq!(c.get_application_name(), Some("q1"));
         assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(3)));
         assert_eq!(c.get_keepalives_idle(), Duration::from_secs(60));
     }

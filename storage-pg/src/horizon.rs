@@ -15,24 +15,27 @@ use queen_core::storage::StorageResult;
 pub struct SnapshotHolder {
     /// Seconds since it began.
     pub age_secs: f64,
-    /// Which: a session (its pid, application, client and state) or a prepared transaction.
+    /// Which: `session pid 4242` or `prepared transaction 'x'`.
     pub holder: String,
+    /// More of it: a session's application, client and state; a prepared transaction's owner.
+    pub detail: String,
 }
 
 /// The oldest holder among the database's client sessions with a snapshot (other than the
 /// asking one; other roles' sessions show only to a role with `pg_read_all_stats`) and its
 /// prepared transactions.
 const OLDEST_SNAPSHOT: &str = "
-    SELECT extract(epoch FROM now() - h.since)::float8, h.holder FROM (
+    SELECT extract(epoch FROM now() - h.since)::float8, h.holder, h.detail FROM (
         SELECT coalesce(a.xact_start, a.query_start, a.backend_start) AS since,
-               format('session pid %s (application %s, client %s, %s)', a.pid,
+               format('session pid %s', a.pid) AS holder,
+               format('application %s, client %s, %s',
                       coalesce(nullif(a.application_name, ''), 'unnamed'),
-                      coalesce(host(a.client_addr), 'local socket'), a.state) AS holder
+                      coalesce(host(a.client_addr), 'local socket'), a.state) AS detail
           FROM pg_stat_activity a
          WHERE a.datname = current_database() AND a.backend_xmin IS NOT NULL
            AND a.backend_type = 'client backend' AND a.pid <> pg_backend_pid()
         UNION ALL
-        SELECT p.prepared, format('prepared transaction %L (owner %s)', p.gid, p.owner)
+        SELECT p.prepared, format('prepared transaction %L', p.gid), format('owner %s', p.owner)
           FROM pg_prepared_xacts p
          WHERE p.database = current_database()) h
      ORDER BY h.since LIMIT 1";
@@ -48,6 +51,7 @@ impl PgStorage {
         Ok(row.map(|r| SnapshotHolder {
             age_secs: r.get::<_, f64>(0).max(0.0),
             holder: r.get(1),
+            detail: r.get(2),
         }))
     }
 }

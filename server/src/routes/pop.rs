@@ -246,10 +246,18 @@ async fn finish(
             let mut rendered = answer.render(&claims).await;
             if rendered.is_err() {
                 // A claim that cannot be read must not cost the others their delivery.
-                let unreadable;
-                (claims, unreadable) = answer.set_aside_unreadable(claims);
+                let unreadable = answer.set_aside_unreadable(&mut claims);
                 if !unreadable.is_empty() && !claims.is_empty() {
                     rendered = answer.render(&claims).await;
+                }
+                // Given back before the answer is sent, so the client's next pop (or another
+                // broker's) finds them.
+                let others_may_read: Vec<Claim> = unreadable
+                    .into_iter()
+                    .filter_map(|(c, anywhere)| (!anywhere).then_some(c))
+                    .collect();
+                if !auto_ack && !others_may_read.is_empty() {
+                    release(broker, &others_may_read, worker, group).await;
                 }
             }
             match rendered {
@@ -267,7 +275,7 @@ async fn finish(
                 }
                 Err(f) => {
                     broker.metrics.server_errors.inc();
-                    tracing::warn!(error = %f.message, "a claimed batch could not be rendered; its readable leases are given back");
+                    tracing::warn!(error = %f.message, "a claimed batch could not be rendered; its leases are given back but for those no broker can read");
                     // Given back before the error is sent, so the client's next pop finds them.
                     if !auto_ack {
                         release(broker, &claims, worker, group).await;
@@ -308,45 +316,53 @@ impl Answering<'_> {
         }
     }
 
-    /// Splits off the claims whose messages cannot be read (a segment that does not decode, a
-    /// payload this broker cannot open or that is not JSON), each logged with its offsets. Their
-    /// leases are kept until they end, not given back: given back, the next pop of the group
-    /// would claim the same messages and fail again at once, and again, while a kept lease
-    /// holds them off for the queue's `leaseTime` (with autoAck their cursor has already moved
-    /// past them: they are skipped, and the log says which).
-    fn set_aside_unreadable(&self, claims: Vec<Claim>) -> (Vec<Claim>, Vec<Claim>) {
+    /// Takes out of `claims` those whose messages cannot be read, each logged with its offsets,
+    /// and answers them, each with whether no broker can read it: a segment that does not decode,
+    /// a sealed payload the cluster's key does not open, a payload that is not JSON. Such a
+    /// claim's lease is kept until it ends, not given back: given back, the group's next pop
+    /// would claim the same messages and fail again at once, and again, while a kept lease holds
+    /// them off for the queue's `leaseTime` (with autoAck their cursor has already moved past
+    /// them: they are skipped, and the log says which). A sealed payload on a broker without a
+    /// key is unreadable here only: it goes back for a broker with the key.
+    fn set_aside_unreadable(&self, claims: &mut Vec<Claim>) -> Vec<(Claim, bool)> {
         let cipher = self.broker.config.cipher.as_deref();
-        let (readable, unreadable): (Vec<Claim>, Vec<Claim>) = claims.into_iter().partition(|c| {
-            let checked = claims_to_messages(std::slice::from_ref(c))
-                .map_err(|e| Failure::server(format!("corrupt segment: {e}")))
-                .and_then(|messages| {
-                    messages
-                        .iter()
-                        .try_for_each(|m| payload_json(cipher, m).map(drop))
-                });
-            match checked {
-                Ok(()) => true,
-                Err(f) => {
-                    tracing::error!(
-                        queue = %c.queue,
-                        partition = %c.partition,
-                        first_offset = c.first_offset,
-                        last_offset = c.last_offset,
-                        group = %self.group,
-                        error = %f.message,
-                        "claimed messages cannot be read; {}",
-                        if self.auto_ack {
-                            "skipped (autoAck)"
-                        } else {
-                            "their lease is kept until it ends"
-                        }
-                    );
-                    false
-                }
+        let mut unreadable = vec![];
+        for c in std::mem::take(claims) {
+            let Err((f, anywhere)) = readable(cipher, &c) else {
+                claims.push(c);
+                continue;
+            };
+            let (queue, partition, group) = (&c.queue, &c.partition, self.group);
+            let (first_offset, last_offset) = (c.first_offset, c.last_offset);
+            if !anywhere {
+                tracing::warn!(%queue, %partition, first_offset, last_offset, %group, error = %f.message,
+                    "claimed messages cannot be opened by this broker; given back");
+            } else if self.auto_ack {
+                tracing::error!(%queue, %partition, first_offset, last_offset, %group, error = %f.message,
+                    "claimed messages cannot be read; skipped (autoAck)");
+            } else {
+                tracing::error!(%queue, %partition, first_offset, last_offset, %group, error = %f.message,
+                    "claimed messages cannot be read; their lease is kept until it ends");
             }
-        });
-        (readable, unreadable)
+            unreadable.push((c, anywhere));
+        }
+        unreadable
     }
+}
+
+/// Whether a claim's messages can be read here; if not, why, and whether no broker can (else
+/// only one with the cluster's payload key can).
+fn readable(
+    cipher: Option<&crate::sealing::PayloadCipher>,
+    c: &Claim,
+) -> Result<(), (Failure, bool)> {
+    let messages = claims_to_messages(std::slice::from_ref(c))
+        .map_err(|e| (Failure::server(format!("corrupt segment: {e}")), true))?;
+    messages.iter().try_for_each(|m| {
+        payload_json(cipher, m)
+            .map(drop)
+            .map_err(|f| (f, cipher.is_some() || !m.frame.encrypted))
+    })
 }
 
 /// A delivered message's payload as the JSON the answer carries: opened when sealed.

@@ -24,9 +24,9 @@ struct Warned {
 }
 
 impl Warned {
-    /// Whether `holder`, open for `age`, gets a warning at `now` (and records it if so): once it
-    /// is past `WARN_AFTER`, at once for a holder not warned about yet, else every
-    /// `WARN_AGAIN_AFTER`.
+    /// Whether `holder` (its pid or name: its state changes while it lasts), open for `age`,
+    /// gets a warning at `now` (and records it if so): once it is past `WARN_AFTER`, at once
+    /// for a holder not warned about yet, else every `WARN_AGAIN_AFTER`.
     fn due(&mut self, holder: &str, age: Duration, now: Instant) -> bool {
         if age < WARN_AFTER {
             return false;
@@ -60,6 +60,7 @@ pub fn spawn_snapshot_watch(
                         if warned.due(&o.holder, Duration::from_secs_f64(age), Instant::now()) {
                             tracing::warn!(
                                 holder = %o.holder,
+                                detail = %o.detail,
                                 open_seconds = age.round(),
                                 "a transaction open this long in the database holds back PostgreSQL's cleanup of the broker's tables: they grow and latency climbs until it ends"
                             );
