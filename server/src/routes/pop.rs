@@ -246,16 +246,13 @@ async fn finish(
             let mut rendered = answer.render(&claims).await;
             if rendered.is_err() {
                 // A claim that cannot be read must not cost the others their delivery.
-                let unreadable = answer.set_aside_unreadable(&mut claims);
-                if !unreadable.is_empty() && !claims.is_empty() {
+                let claimed = claims.len();
+                let others_may_read = answer.set_aside_unreadable(&mut claims);
+                if claims.len() < claimed && !claims.is_empty() {
                     rendered = answer.render(&claims).await;
                 }
                 // Given back before the answer is sent, so the client's next pop (or another
                 // broker's) finds them.
-                let others_may_read: Vec<Claim> = unreadable
-                    .into_iter()
-                    .filter_map(|(c, anywhere)| (!anywhere).then_some(c))
-                    .collect();
                 if !auto_ack && !others_may_read.is_empty() {
                     release(broker, &others_may_read, worker, group).await;
                 }
@@ -317,16 +314,16 @@ impl Answering<'_> {
     }
 
     /// Takes out of `claims` those whose messages cannot be read, each logged with its offsets,
-    /// and answers them, each with whether no broker can read it: a segment that does not decode,
-    /// a sealed payload the cluster's key does not open, a payload that is not JSON. Such a
-    /// claim's lease is kept until it ends, not given back: given back, the group's next pop
+    /// and answers the ones another broker may read. Those no broker can read (a segment that
+    /// does not decode, a sealed payload the cluster's key does not open, a payload that is not
+    /// JSON) are dropped: their leases are kept until they end, not given back: given back, the group's next pop
     /// would claim the same messages and fail again at once, and again, while a kept lease holds
     /// them off for the queue's `leaseTime` (with autoAck their cursor has already moved past
     /// them: they are skipped, and the log says which). A sealed payload on a broker without a
     /// key is unreadable here only: it goes back for a broker with the key.
-    fn set_aside_unreadable(&self, claims: &mut Vec<Claim>) -> Vec<(Claim, bool)> {
+    fn set_aside_unreadable(&self, claims: &mut Vec<Claim>) -> Vec<Claim> {
         let cipher = self.broker.config.cipher.as_deref();
-        let mut unreadable = vec![];
+        let mut others_may_read = vec![];
         for c in std::mem::take(claims) {
             let Err((f, anywhere)) = readable(cipher, &c) else {
                 claims.push(c);
@@ -337,6 +334,7 @@ impl Answering<'_> {
             if !anywhere {
                 tracing::warn!(%queue, %partition, first_offset, last_offset, %group, error = %f.message,
                     "claimed messages cannot be opened by this broker; given back");
+                others_may_read.push(c);
             } else if self.auto_ack {
                 tracing::error!(%queue, %partition, first_offset, last_offset, %group, error = %f.message,
                     "claimed messages cannot be read; skipped (autoAck)");
@@ -344,9 +342,8 @@ impl Answering<'_> {
                 tracing::error!(%queue, %partition, first_offset, last_offset, %group, error = %f.message,
                     "claimed messages cannot be read; their lease is kept until it ends");
             }
-            unreadable.push((c, anywhere));
         }
-        unreadable
+        others_may_read
     }
 }
 
