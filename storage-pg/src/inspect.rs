@@ -120,11 +120,12 @@ const PARTITIONS: &str = concat!(
     " WHERE {filter} ORDER BY q.name, p.name"
 );
 
-/// Every partition of one queue (by id) with every cursor on it: one statement, each partition's
-/// segments and cursors by primary-key probes. In the order of partition ids, which those keys
-/// begin with, so consecutive probes walk the indexes forward instead of landing on random pages
-/// (13.3 s against 16.8 s in heap order for a million, in psql; by name, as pages go, 1.6 times
-/// the heap order's time: docs/benchmarks.md, "The admin pass, one statement per queue").
+/// A page of one queue's partitions (by id) with every cursor on it: those after partition id
+/// `$2` (all when null), at most `$3`, each partition's segments and cursors by primary-key
+/// probes. In the order of partition ids, which those keys begin with, so consecutive probes walk
+/// the indexes forward instead of landing on random pages (13.3 s against 16.8 s in heap order
+/// for a million, in psql; by name, as pages go, 1.6 times the heap order's time:
+/// docs/benchmarks.md, "The admin pass, one statement per queue").
 const WHOLE_QUEUE: &str = concat!(
     "SELECT ",
     partition_columns!(),
@@ -133,8 +134,16 @@ const WHOLE_QUEUE: &str = concat!(
     " FROM queen.log_partitions p ",
     segment_ends!(),
     cursor_arrays!("true"),
-    " WHERE p.queue_id = $1 ORDER BY p.id"
+    " WHERE p.queue_id = $1 AND ($2::uuid IS NULL OR p.id > $2) ORDER BY p.id LIMIT $3"
 );
+
+/// At most this many partitions a statement of the admin pass reads (`WHOLE_QUEUE`,
+/// `WHOLE_QUEUES`), each in a transaction of its own: a statement holds its snapshot, and with
+/// it PostgreSQL's cleanup of every row updated since, for as long as it runs. One statement for
+/// a queue of a million held it 11 s idle (20-35 s under load), every pass. A page of 2,000 runs
+/// 25 ms idle and 52 ms on average under load (at most 0.64 s), and the pass takes as long as
+/// with pages of 10,000 (docs/benchmarks.md).
+pub const ADMIN_PASS_PAGE: i64 = 2_000;
 
 /// From how many queues `queue_views` reads their groups in one statement.
 const GROUPS_ONE_STATEMENT_FROM: usize = 50;
@@ -262,6 +271,46 @@ async fn whole_read_settings(
     txn.batch_execute("SET LOCAL jit = off; SET LOCAL statement_timeout = 0")
         .await
         .map_err(pg_err(context))
+}
+
+/// One page of `WHOLE_QUEUE`, in a transaction of its own: how many partitions it read, and the
+/// id of the last.
+async fn whole_queue_page(
+    client: &mut deadpool_postgres::Object,
+    queue_id: uuid::Uuid,
+    queue: &str,
+    after: Option<uuid::Uuid>,
+    each: &mut (dyn FnMut(PartitionView) + Send),
+) -> StorageResult<(u64, Option<uuid::Uuid>)> {
+    use futures_util::TryStreamExt;
+    let txn = client
+        .transaction()
+        .await
+        .map_err(pg_err("a queue's partitions"))?;
+    // Planned for this queue's id, never as a kept generic plan: a queue of two partitions
+    // reads them by index in 1 ms, a queue of a million by a sequential scan; the generic plan
+    // scanned every partition of every queue for each (70 ms for two).
+    whole_read_settings(&txn, "a queue's partitions").await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+        [&queue_id, &after, &ADMIN_PASS_PAGE];
+    let rows = txn
+        .query_raw(WHOLE_QUEUE, params)
+        .await
+        .map_err(pg_err("a queue's partitions"))?;
+    let mut rows = std::pin::pin!(rows);
+    let (mut read, mut last) = (0u64, None);
+    while let Some(r) = rows
+        .try_next()
+        .await
+        .map_err(pg_err("a queue's partitions"))?
+    {
+        last = Some(r.get::<_, uuid::Uuid>(1));
+        read += 1;
+        let cursors = cursors_from_arrays(&r, 7);
+        each(partition_view(&r, 0, queue.to_string(), cursors));
+    }
+    txn.commit().await.map_err(pg_err("a queue's partitions"))?;
+    Ok((read, last))
 }
 
 /// Which partitions a view read takes.
@@ -441,42 +490,26 @@ impl InspectStorage for PgStorage {
         queue: &str,
         each: &mut (dyn FnMut(PartitionView) + Send),
     ) -> StorageResult<u64> {
-        use futures_util::TryStreamExt;
         let mut client = self.pool.get().await.map_err(pool_err)?;
-        let txn = client
-            .transaction()
-            .await
-            .map_err(pg_err("a queue's partitions"))?;
-        // Planned for this queue's id, never as a kept generic plan: a queue of two partitions
-        // reads them by index in 1 ms, a queue of a million by a sequential scan; the generic
-        // plan scanned every partition of every queue for each (70 ms for two).
-        whole_read_settings(&txn, "a queue's partitions").await?;
-        let found = txn
+        let found = client
             .query_opt(
-                &prepared(&txn, "SELECT id FROM queen.queues WHERE name = $1").await?,
+                &prepared(&client, "SELECT id FROM queen.queues WHERE name = $1").await?,
                 &[&queue],
             )
             .await
             .map_err(pg_err("a queue's id"))?;
         let Some(found) = found else { return Ok(0) };
         let queue_id: uuid::Uuid = found.get(0);
-        let rows = txn
-            .query_raw(WHOLE_QUEUE, [&queue_id])
-            .await
-            .map_err(pg_err("a queue's partitions"))?;
-        let mut rows = std::pin::pin!(rows);
+        let mut after: Option<uuid::Uuid> = None;
         let mut seen = 0u64;
-        while let Some(r) = rows
-            .try_next()
-            .await
-            .map_err(pg_err("a queue's partitions"))?
-        {
-            let cursors = cursors_from_arrays(&r, 7);
-            seen += 1;
-            each(partition_view(&r, 0, queue.to_string(), cursors));
+        loop {
+            let (read, last) = whole_queue_page(&mut client, queue_id, queue, after, each).await?;
+            seen += read;
+            match last {
+                Some(last) if read == ADMIN_PASS_PAGE as u64 => after = Some(last),
+                _ => return Ok(seen),
+            }
         }
-        txn.commit().await.map_err(pg_err("a queue's partitions"))?;
-        Ok(seen)
     }
 
     async fn each_partition_of_queues(
@@ -487,26 +520,20 @@ impl InspectStorage for PgStorage {
         use futures_util::TryStreamExt;
         let mut seen = vec![0u64; queues.len()];
         let mut client = self.pool.get().await.map_err(pool_err)?;
-        let txn = client
-            .transaction()
-            .await
-            .map_err(pg_err("queues' partitions"))?;
-        // As `each_partition_of`: planned for these ids.
-        whole_read_settings(&txn, "queues' partitions").await?;
         let asked: HashMap<&str, usize> = queues
             .iter()
             .enumerate()
             .map(|(i, q)| (q.as_str(), i))
             .collect();
         // Each queue's id and partitions (an index-only count): a large queue is read alone
-        // afterwards, in a statement planned for it and a transaction of its own, as
-        // `each_partition_of` reads it, so no snapshot is held across several large queues.
-        let mut place: HashMap<uuid::Uuid, usize> = HashMap::new();
+        // afterwards, by pages, as `each_partition_of` reads it; the small ones together, up to
+        // `ADMIN_PASS_PAGE` partitions to a statement.
+        let mut small: Vec<(uuid::Uuid, usize, i64)> = vec![];
         let mut large: Vec<usize> = vec![];
-        for r in txn
+        for r in client
             .query(
                 &prepared(
-                    &txn,
+                    &client,
                     "SELECT q.id, q.name,
                             (SELECT count(*) FROM queen.log_partitions p WHERE p.queue_id = q.id)
                        FROM queen.queues q WHERE q.name = ANY($1)",
@@ -520,34 +547,55 @@ impl InspectStorage for PgStorage {
             let Some(&at) = asked.get(r.get::<_, &str>(1)) else {
                 continue;
             };
-            if r.get::<_, i64>(2) > TOGETHER_AT_MOST {
+            let partitions: i64 = r.get(2);
+            if partitions > TOGETHER_AT_MOST {
                 large.push(at);
             } else {
-                place.insert(r.get(0), at);
+                small.push((r.get(0), at, partitions));
             }
         }
-        let ids: Vec<uuid::Uuid> = place.keys().copied().collect();
-        let rows = txn
-            .query_raw(WHOLE_QUEUES, [&ids])
-            .await
-            .map_err(pg_err("queues' partitions"))?;
-        let mut rows = std::pin::pin!(rows);
-        while let Some(r) = rows
-            .try_next()
-            .await
-            .map_err(pg_err("queues' partitions"))?
-        {
-            let queue_id: uuid::Uuid = r.get(14);
-            let Some(&at) = place.get(&queue_id) else {
-                return Err(StorageError::Internal(format!(
-                    "a partition of queue {queue_id}, which was not asked for"
-                )));
-            };
-            let cursors = cursors_from_arrays(&r, 7);
-            seen[at] += 1;
-            each(at, partition_view(&r, 0, queues[at].clone(), cursors));
+        let mut rest = small.as_slice();
+        while !rest.is_empty() {
+            // At least one queue a statement, and no more than a page of partitions.
+            let mut take = 1;
+            let mut partitions = rest[0].2;
+            while take < rest.len() && partitions + rest[take].2 <= ADMIN_PASS_PAGE {
+                partitions += rest[take].2;
+                take += 1;
+            }
+            let (together, after) = rest.split_at(take);
+            rest = after;
+            let place: HashMap<uuid::Uuid, usize> =
+                together.iter().map(|&(id, at, _)| (id, at)).collect();
+            let ids: Vec<uuid::Uuid> = together.iter().map(|&(id, _, _)| id).collect();
+            let txn = client
+                .transaction()
+                .await
+                .map_err(pg_err("queues' partitions"))?;
+            // As `each_partition_of`: planned for these ids.
+            whole_read_settings(&txn, "queues' partitions").await?;
+            let rows = txn
+                .query_raw(WHOLE_QUEUES, [&ids])
+                .await
+                .map_err(pg_err("queues' partitions"))?;
+            let mut rows = std::pin::pin!(rows);
+            while let Some(r) = rows
+                .try_next()
+                .await
+                .map_err(pg_err("queues' partitions"))?
+            {
+                let queue_id: uuid::Uuid = r.get(14);
+                let Some(&at) = place.get(&queue_id) else {
+                    return Err(StorageError::Internal(format!(
+                        "a partition of queue {queue_id}, which was not asked for"
+                    )));
+                };
+                let cursors = cursors_from_arrays(&r, 7);
+                seen[at] += 1;
+                each(at, partition_view(&r, 0, queues[at].clone(), cursors));
+            }
+            txn.commit().await.map_err(pg_err("queues' partitions"))?;
         }
-        txn.commit().await.map_err(pg_err("queues' partitions"))?;
         drop(client);
         large.sort_unstable();
         for at in large {

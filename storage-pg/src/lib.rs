@@ -37,6 +37,7 @@ use queen_core::{Offset, Timestamp};
 pub use config::{PgConfig, PgSettings, DEFAULT_POOL_SIZE};
 pub use error::pg_err;
 pub use horizon::SnapshotHolder;
+pub use inspect::ADMIN_PASS_PAGE;
 pub use migrate::{SchemaChanges, FUNCTIONS, MIGRATIONS, MIGRATION_LOCK};
 pub use statistics::{keep_statistics, statistics_pass, StatisticsPass};
 pub use warm::{ConnectionWarmer, WarmPass};

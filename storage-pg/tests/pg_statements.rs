@@ -769,3 +769,85 @@ async fn many_queues_are_read_together_as_each_alone() {
     drop(stats);
     testing::drop_database(&name).await;
 }
+
+/// The admin pass reads by pages of `ADMIN_PASS_PAGE` partitions, each a statement in a
+/// transaction of its own: a statement holds its snapshot, and with it PostgreSQL's cleanup of
+/// every row updated since, for as long as it runs (one statement per queue held it 11 s at a
+/// million partitions). A queue of 2.5 pages takes three statements and small queues of 1.5
+/// pages two, and every partition is read once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_pass_reads_by_pages_of_short_statements() {
+    use queen_core::storage::InspectStorage;
+    use queen_storage_pg::ADMIN_PASS_PAGE;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let name = format!("queen_pass_pages_{}", std::process::id());
+    let (pg, stats) = counted_database(&name).await;
+    let (large, small_queues, small) = (ADMIN_PASS_PAGE * 5 / 2, 15, ADMIN_PASS_PAGE / 10);
+    stats
+        .execute(
+            "WITH q AS (INSERT INTO queen.queues (name)
+                        SELECT 'small' || n FROM generate_series(1, $2::int) n
+                        UNION ALL SELECT 'large' RETURNING id, name)
+             INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at)
+                  SELECT gen_random_uuid(), q.id, 'p' || g, g, now()
+                    FROM q, generate_series(1, $1::bigint) g
+                   WHERE q.name = 'large' OR g <= $3::bigint",
+            &[&large, &small_queues, &small],
+        )
+        .await
+        .expect("a queue of 2.5 pages and 15 of a tenth of a page");
+    stats
+        .batch_execute(
+            "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+                  SELECT p.id, 'g', 0 FROM queen.log_partitions p;
+             ANALYZE queen.log_partitions; ANALYZE queen.log_consumers;
+             SELECT pg_stat_statements_reset();",
+        )
+        .await
+        .expect("a cursor on each");
+    let mut names = std::collections::BTreeMap::new();
+    let seen = pg
+        .each_partition_of("large", &mut |p| {
+            assert_eq!(p.cursors.len(), 1, "{}'s cursor", p.partition);
+            *names.entry(p.partition).or_insert(0) += 1;
+        })
+        .await
+        .expect("the large queue");
+    assert_eq!(seen, large as u64, "partitions counted");
+    assert_eq!(names.len() as i64, large, "partitions read");
+    assert!(names.values().all(|&n| n == 1), "each read once");
+    let page_statements = |like: &'static str| {
+        let stats = &stats;
+        async move {
+            let r = stats
+                .query_one(
+                    "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(rows), 0)::bigint
+                       FROM pg_stat_statements WHERE query LIKE $1",
+                    &[&like],
+                )
+                .await
+                .expect("statement counts");
+            (r.get::<_, i64>(0), r.get::<_, i64>(1))
+        }
+    };
+    assert_eq!(
+        page_statements("%WHERE p.queue_id = $1 AND%LIMIT%").await,
+        (3, large),
+        "the large queue's statements and rows"
+    );
+    let queues: Vec<String> = (1..=small_queues).map(|n| format!("small{n}")).collect();
+    let counts = pg
+        .each_partition_of_queues(&queues, &mut |_, p| {
+            assert_eq!(p.cursors.len(), 1, "{}'s cursor", p.partition)
+        })
+        .await
+        .expect("the small queues");
+    assert_eq!(counts, vec![small as u64; small_queues as usize]);
+    assert_eq!(
+        page_statements("%WHERE p.queue_id = ANY($1)%").await,
+        (2, small * i64::from(small_queues)),
+        "the small queues' statements and rows"
+    );
+    drop(stats);
+    testing::drop_database(&name).await;
+}

@@ -275,8 +275,9 @@ pub trait InspectStorage: Send + Sync {
     ) -> super::StorageResult<Vec<PartitionView>>;
     /// Every partition of one queue with every cursor on it, shown to `each` one at a time in
     /// no particular order; how many. A backend that can read the whole queue in one pass
-    /// cheaper than page by page (PostgreSQL: one statement in partition-id order, about half the
-    /// time at a million partitions) says so here; by default it reads pages of 2,000.
+    /// cheaper than page by page in name order (PostgreSQL: pages of 2,000 in partition-id
+    /// order, about half the time at a million partitions) says so here; by default it reads
+    /// pages of 2,000 by name.
     async fn each_partition_of(
         &self,
         queue: &str,
@@ -303,8 +304,9 @@ pub trait InspectStorage: Send + Sync {
     /// Every partition of each of `queues`, shown to `each` with its queue's place in `queues`,
     /// in no particular order (the queues' partitions may come interleaved); how many of each.
     /// A queue that does not exist has none. For many small queues: a backend that reads them
-    /// cheaper together than one at a time (PostgreSQL: one statement for those of at most
-    /// 1,000 partitions, where a queue alone costs a transaction and its round trips; larger
+    /// cheaper together than one at a time (PostgreSQL: a statement for those of at most
+    /// 1,000 partitions, up to 2,000 together, where a queue alone costs a transaction and its
+    /// round trips; larger
     /// ones as `each_partition_of`) says so here; by default, one at a time.
     async fn each_partition_of_queues(
         &self,
