@@ -715,6 +715,45 @@ async fn coordination_holds_through_a_postgres_restart() {
     );
 }
 
+/// A stream's window sums through a PostgreSQL restart, with Queen's real Python client and its
+/// streams SDK (tests/python/streams_restart.py): the worker's cycles go through one broker, the
+/// producers' pushes through the other, and PostgreSQL is stopped for 3 s while the worker is
+/// busy with a backlog of cycles and producers go on pushing. Every event is counted exactly
+/// once: a cycle that failed in the outage loses nothing (its batch comes back), and one retried
+/// after an answer lost in the outage counts nothing twice (the cycle is fenced on its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_counts_every_event_once_through_a_postgres_restart() {
+    let python = std::env::var("QUEEN_PYTHON").expect(
+        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
+    );
+    let pg = PrivatePg::start();
+    let brokers = brokers_on(&pg).await;
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/streams_restart.py"
+        ))
+        .arg(format!("http://{}", brokers[0].1))
+        .arg(format!("http://{}", brokers[1].1))
+        .arg("4000")
+        .arg(root)
+        .env("PG_DIR", &pg.dir)
+        .env("PG_PORT", &pg.port)
+        .env("PG_BIN", &pg.bin)
+        .env("PG_STARTED", "1")
+        .output()
+        .await
+        .expect("run the Python client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("streams restart: all checks passed"),
+        "the streams restart script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+}
+
 /// A table locked by another session (an operator's `LOCK TABLE`, a stuck migration): requests
 /// that need it wait at most the connections' `lock_timeout`, then answer 503 with Retry-After,
 /// where they used to wait as long as the lock was held. Once it is released they succeed.
