@@ -723,20 +723,10 @@ async fn coordination_holds_through_a_postgres_restart() {
 /// after an answer lost in the outage counts nothing twice (the cycle is fenced on its lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_counts_every_event_once_through_a_postgres_restart() {
-    let python = std::env::var("QUEEN_PYTHON").expect(
-        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
-    );
     let pg = PrivatePg::start();
     let brokers = brokers_on(&pg).await;
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = tokio::process::Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/python/streams_restart.py"
-        ))
-        .arg(format!("http://{}", brokers[0].1))
-        .arg(format!("http://{}", brokers[1].1))
-        .arg("4000")
+    let out = python_on_pair("streams_restart.py", &brokers, "4000")
         .arg(root)
         .env("PG_DIR", &pg.dir)
         .env("PG_PORT", &pg.port)
@@ -1073,6 +1063,27 @@ async fn push_answers_503_within(
         "a 503 without Retry-After"
     );
     started.elapsed()
+}
+
+/// A script of tests/python run by the Python with Queen's client installed, given the two
+/// brokers' URLs and `count` (what it counts is the script's).
+fn python_on_pair(
+    script: &str,
+    brokers: &[(Arc<queen_server::broker::Broker>, std::net::SocketAddr)],
+    count: &str,
+) -> tokio::process::Command {
+    let python = std::env::var("QUEEN_PYTHON").expect(
+        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
+    );
+    let mut c = tokio::process::Command::new(python);
+    c.arg(format!(
+        "{}/tests/python/{script}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .arg(format!("http://{}", brokers[0].1))
+    .arg(format!("http://{}", brokers[1].1))
+    .arg(count);
+    c
 }
 
 /// The broker's storage on the PostgreSQL of `cfg` (connected and migrated), with `pool_size`
@@ -1828,19 +1839,9 @@ async fn a_drain_cut_short_stores_nothing_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transactional_pipeline_is_exactly_once_through_a_postgres_restart() {
     use tokio::io::AsyncBufReadExt;
-    let python = std::env::var("QUEEN_PYTHON").expect(
-        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
-    );
     let pg = Arc::new(PrivatePg::start());
     let brokers = brokers_on(&pg).await;
-    let mut script = tokio::process::Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/python/pipeline.py"
-        ))
-        .arg(format!("http://{}", brokers[0].1))
-        .arg(format!("http://{}", brokers[1].1))
-        .arg("400")
+    let mut script = python_on_pair("pipeline.py", &brokers, "400")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
