@@ -92,6 +92,7 @@ async fn soak(
     let (app, addr) = crate::start_with(pg, config, 11).await;
     let db = pg_connect(cfg).await;
     prepare_soak_tables(&db).await;
+    let dashboard_open = partitions_beside(&db).await;
     let _held = hold_a_snapshot(cfg).await;
     let mut c = Client::connect(addr).await;
     let r = c
@@ -120,6 +121,9 @@ async fn soak(
             stop.clone(),
             samples.clone(),
         )));
+    }
+    if dashboard_open {
+        tasks.push(tokio::spawn(dashboard_reader(addr, stop.clone())));
     }
     let windows = if secs >= 4 * WINDOW_SECS {
         (secs / WINDOW_SECS) as usize
@@ -215,6 +219,55 @@ async fn prepare_soak_tables(db: &tokio_postgres::Client) {
         .await
         .expect("ballast");
         eprintln!("soak with {n} messages of ballast");
+    }
+}
+
+/// BENCH_SOAK_BESIDE_PARTITIONS=<n>: the soak beside another queue of n partitions (one message
+/// and one cursor each) with the dashboard open (`dashboard_reader`), so the admin totals' pass
+/// over them runs in the background through the soak, as for an operator watching a large
+/// deployment. Whether it was asked.
+async fn partitions_beside(db: &tokio_postgres::Client) -> bool {
+    let Some(n) = std::env::var("BENCH_SOAK_BESIDE_PARTITIONS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return false;
+    };
+    db.batch_execute(&format!(
+        "INSERT INTO queen.queues (name) VALUES ('beside');
+         INSERT INTO queen.log_partitions (id, queue_id, name, last_offset, last_write_at, oldest_at)
+              SELECT gen_random_uuid(), q.id, 'b' || g, 0, now(), now()
+                FROM generate_series(1, {n}) g, queen.queues q WHERE q.name = 'beside';
+         -- Planned on statistics of an empty table, the inserts below probe every row's
+         -- partition by a scan (minutes at a million).
+         ANALYZE queen.log_partitions;
+         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, msg_count, created_at, blob)
+              SELECT p.id, 0, 0, 1, now(), '\\x00'::bytea
+                FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+               WHERE q.name = 'beside';
+         INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+              SELECT p.id, 'g', -1
+                FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+               WHERE q.name = 'beside';
+         ANALYZE queen.log_segments; ANALYZE queen.log_consumers;"
+    ))
+    .await
+    .expect("partitions beside the soak");
+    eprintln!("soak beside {n} partitions, the dashboard open");
+    true
+}
+
+/// Reads the queue listing every 2 s, as the dashboard does while open.
+async fn dashboard_reader(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) {
+    let mut c = Client::connect(addr).await;
+    while !stop.load(Ordering::Relaxed) {
+        let r = c.get("/api/v1/resources/queues").await;
+        assert!(
+            r.status == 200 || r.status == 503,
+            "the queue listing: {}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
