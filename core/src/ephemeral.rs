@@ -377,6 +377,12 @@ pub struct EphemeralBugs {
     /// broker took the queue in between (two rings for one queue), and a ring of a queue that
     /// moved stays in memory until a call for it comes.
     pub lapse_seen_only_by_calls: bool,
+    /// A broker takes over the queues of an owner whose liveness ran out as soon as it is alive
+    /// itself, even when it has only just come back: after a database outage longer than
+    /// `ALIVE_MS` every broker's liveness has run out, and the first one called after it takes
+    /// every queue it is called for from owners that had no chance to renew yet, dropping their
+    /// rings.
+    pub take_over_at_once: bool,
 }
 
 /// Which broker holds a queue's ring when several share one database. Each broker renews its
@@ -392,6 +398,23 @@ pub mod ownership {
     pub const HEARTBEAT_MS: u64 = 1000;
     pub const ALIVE_MS: u64 = 5000;
     pub const FENCE_MS: u64 = 3500;
+    /// A broker takes over the queues of an owner whose liveness ran out only once it has itself
+    /// been alive without a break for this long (storage's clock). A database outage longer than
+    /// `ALIVE_MS` runs every broker's liveness out; when the database is back, each renews within
+    /// `HEARTBEAT_MS`, so an owner that is still there renews before anyone may take its queues,
+    /// and keeps their rings (`keeps_ring`). An owner that crashed is taken over once a broker
+    /// alive throughout sees its liveness run out, as before; one that shut down left and is
+    /// taken over at once.
+    pub const TAKEOVER_AFTER_MS: u64 = ALIVE_MS;
+
+    /// How long a broker must have been alive to take over a lapsed owner's queues.
+    pub fn takeover_after_ms(bugs: EphemeralBugs) -> u64 {
+        if bugs.take_over_at_once {
+            0
+        } else {
+            TAKEOVER_AFTER_MS
+        }
+    }
 
     /// Whether an owner that held a queue's ring under epoch `held` keeps it once a claim answers
     /// it the owner under `claimed`: only if nobody held the queue in between (the same epoch).

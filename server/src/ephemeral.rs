@@ -80,6 +80,11 @@ impl Ephemeral {
         lock(&self.store).set_bugs(bugs);
     }
 
+    /// How long this broker must have been alive to take over a lapsed owner's queues.
+    pub fn takeover_after_ms(&self) -> u64 {
+        ownership::takeover_after_ms(*lock(&self.bugs))
+    }
+
     /// Runs `f` over the rings under the lock.
     pub fn with<R>(&self, f: impl FnOnce(&mut EphemeralStore) -> R) -> R {
         f(&mut lock(&self.store))

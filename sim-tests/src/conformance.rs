@@ -2886,6 +2886,7 @@ cases!(
     push_rounds_to_existing_partitions_chain_offsets,
     ephemeral_declarations_round_trip,
     ephemeral_owners_claim_and_move,
+    ephemeral_takeover_waits_for_an_unbroken_liveness,
     partition_views_page_and_by_id,
     messages_created_per_interval,
     stored_totals_keep_the_later_pass,

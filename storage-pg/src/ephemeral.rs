@@ -81,10 +81,13 @@ impl EphemeralOwnerStorage for PgStorage {
         alive_ms: u64,
     ) -> StorageResult<()> {
         let client = self.pool.get().await.map_err(pool_err)?;
-        let sql = "INSERT INTO queen.ephemeral_brokers (incarnation, address, alive_until)
-                   VALUES ($1, $2, queen.now() + $3::bigint * interval '1 millisecond')
+        // A row that ran out starts its unbroken span (alive_since) again.
+        let sql = "INSERT INTO queen.ephemeral_brokers AS b (incarnation, address, alive_until, alive_since)
+                   VALUES ($1, $2, queen.now() + $3::bigint * interval '1 millisecond', queen.now())
                    ON CONFLICT (incarnation) DO UPDATE
-                   SET address = EXCLUDED.address, alive_until = EXCLUDED.alive_until";
+                   SET address = EXCLUDED.address, alive_until = EXCLUDED.alive_until,
+                       alive_since = CASE WHEN b.alive_until > queen.now() THEN b.alive_since
+                                          ELSE EXCLUDED.alive_since END";
         let alive = i64::try_from(alive_ms).unwrap_or(i64::MAX);
         client
             .execute(
@@ -100,20 +103,30 @@ impl EphemeralOwnerStorage for PgStorage {
         &self,
         queue: &str,
         incarnation: u64,
+        takeover_after_ms: u64,
     ) -> StorageResult<EphemeralClaim> {
         let client = self.pool.get().await.map_err(pool_err)?;
-        // Taken when free or when its owner is not alive; then whoever owns it, with the
-        // address its peers reach it at.
+        // Taken when free, when its owner left, or when its owner's liveness ran out and the
+        // claimer is the owner or has been alive without a break for $3 ms; then whoever owns
+        // it, with the address its peers reach it at.
         let claim = "INSERT INTO queen.ephemeral_owners AS o (queue, incarnation) VALUES ($1, $2)
                      ON CONFLICT (queue) DO UPDATE
                      SET incarnation = EXCLUDED.incarnation, epoch = o.epoch + 1
                      WHERE NOT EXISTS (SELECT 1 FROM queen.ephemeral_brokers b
                                         WHERE b.incarnation = o.incarnation
-                                          AND b.alive_until > queen.now())";
+                                          AND b.alive_until > queen.now())
+                       AND (o.incarnation = EXCLUDED.incarnation OR $3::bigint = 0
+                            OR NOT EXISTS (SELECT 1 FROM queen.ephemeral_brokers b
+                                            WHERE b.incarnation = o.incarnation)
+                            OR EXISTS (SELECT 1 FROM queen.ephemeral_brokers me
+                                        WHERE me.incarnation = EXCLUDED.incarnation
+                                          AND me.alive_since
+                                              <= queen.now() - $3::bigint * interval '1 millisecond'))";
+        let settle = i64::try_from(takeover_after_ms).unwrap_or(i64::MAX);
         client
             .execute(
                 &prepared(&client, claim).await?,
-                &[&queue, &stored(incarnation)],
+                &[&queue, &stored(incarnation), &settle],
             )
             .await
             .map_err(pg_err("ephemeral: claim a queue"))?;

@@ -81,6 +81,11 @@ pub const MIGRATIONS: &[Migration] = &[
         "partitions keep their newest segment's time",
         "031_partition_newest_segment.sql"
     ),
+    migration!(
+        32,
+        "ephemeral brokers' unbroken liveness",
+        "032_ephemeral_alive_since.sql"
+    ),
 ];
 
 macro_rules! functions {

@@ -715,9 +715,20 @@ impl queen_core::storage::EphemeralOwnerStorage for SimDb {
     ) -> StorageResult<()> {
         let now = (self.shared.clock)();
         let until = Timestamp(now.0.saturating_add(alive_ms as i64 * 1000));
-        lock(&self.shared.state)
-            .ephemeral_brokers
-            .insert(incarnation, (address.to_string(), until));
+        let mut state = lock(&self.shared.state);
+        // A row that ran out starts its unbroken span again.
+        let since = match state.ephemeral_brokers.get(&incarnation) {
+            Some(row) if row.alive_until > now => row.alive_since,
+            _ => now,
+        };
+        state.ephemeral_brokers.insert(
+            incarnation,
+            crate::state::EphemeralBrokerRow {
+                address: address.to_string(),
+                alive_until: until,
+                alive_since: since,
+            },
+        );
         Ok(())
     }
 
@@ -725,27 +736,35 @@ impl queen_core::storage::EphemeralOwnerStorage for SimDb {
         &self,
         queue: &str,
         incarnation: u64,
+        takeover_after_ms: u64,
     ) -> StorageResult<queen_core::storage::EphemeralClaim> {
         let now = (self.shared.clock)();
         let mut state = lock(&self.shared.state);
-        let alive = |s: &crate::state::DbState, inc: &u64| {
-            s.ephemeral_brokers
-                .get(inc)
-                .is_some_and(|(_, until)| *until > now)
-        };
+        let row = |s: &crate::state::DbState, inc: &u64| s.ephemeral_brokers.get(inc).cloned();
+        let settled_since = Timestamp(now.0.saturating_sub(takeover_after_ms as i64 * 1000));
+        let may_take_over = takeover_after_ms == 0
+            || row(&state, &incarnation).is_some_and(|me| me.alive_since <= settled_since);
         let (owner, epoch) = match state.ephemeral_owners.get(queue) {
-            Some((inc, epoch)) if alive(&state, inc) => (*inc, *epoch),
-            Some((_, epoch)) => (incarnation, epoch + 1),
             None => (incarnation, 1),
+            Some((inc, epoch)) => match row(&state, inc) {
+                Some(r) if r.alive_until > now => (*inc, *epoch),
+                // Its liveness ran out: taken by a settled claimer, or by itself.
+                Some(_) if *inc != incarnation && !may_take_over => (*inc, *epoch),
+                _ => (incarnation, epoch + 1),
+            },
         };
         state
             .ephemeral_owners
             .insert(queue.to_string(), (owner, epoch));
-        let (address, _) = state.ephemeral_brokers.get(&owner).ok_or_else(|| {
-            queen_core::storage::StorageError::Unavailable(format!(
-                "ephemeral: {queue}'s owner has no broker row (it left): try again"
-            ))
-        })?;
+        let address = state
+            .ephemeral_brokers
+            .get(&owner)
+            .map(|r| &r.address)
+            .ok_or_else(|| {
+                queen_core::storage::StorageError::Unavailable(format!(
+                    "ephemeral: {queue}'s owner has no broker row (it left): try again"
+                ))
+            })?;
         Ok(queen_core::storage::EphemeralClaim {
             owner: queen_core::storage::EphemeralBroker {
                 incarnation: owner,
@@ -760,10 +779,10 @@ impl queen_core::storage::EphemeralOwnerStorage for SimDb {
         Ok(lock(&self.shared.state)
             .ephemeral_brokers
             .iter()
-            .filter(|(_, (_, until))| *until > now)
-            .map(|(inc, (address, _))| queen_core::storage::EphemeralBroker {
+            .filter(|(_, row)| row.alive_until > now)
+            .map(|(inc, row)| queen_core::storage::EphemeralBroker {
                 incarnation: *inc,
-                address: address.clone(),
+                address: row.address.clone(),
             })
             .collect())
     }

@@ -50,9 +50,14 @@ impl EphemeralOwnerStorage for OwnerReach {
         self.check()?;
         self.db.ephemeral_heartbeat(inc, address, alive).await
     }
-    async fn ephemeral_claim(&self, queue: &str, inc: u64) -> StorageResult<EphemeralClaim> {
+    async fn ephemeral_claim(
+        &self,
+        queue: &str,
+        inc: u64,
+        takeover_after_ms: u64,
+    ) -> StorageResult<EphemeralClaim> {
         self.check()?;
-        self.db.ephemeral_claim(queue, inc).await
+        self.db.ephemeral_claim(queue, inc, takeover_after_ms).await
     }
     async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>> {
         self.check()?;

@@ -183,9 +183,9 @@ pub struct DbState {
     /// queen.ephemeral_queues: name → declared options. Not transactional: each write is one
     /// row's upsert or delete, never part of a larger transaction.
     pub ephemeral_configs: BTreeMap<String, serde_json::Value>,
-    /// queen.ephemeral_brokers: incarnation → (address, alive until); queen.ephemeral_owners:
-    /// queue → incarnation. Not transactional, as above.
-    pub ephemeral_brokers: BTreeMap<u64, (String, Timestamp)>,
+    /// queen.ephemeral_brokers: incarnation → its row; queen.ephemeral_owners: queue →
+    /// incarnation. Not transactional, as above.
+    pub ephemeral_brokers: BTreeMap<u64, EphemeralBrokerRow>,
     /// queue → (incarnation, epoch).
     pub ephemeral_owners: BTreeMap<String, (u64, i64)>,
     /// Committed removals, in commit order, when `record_removals` (a simulation's checkers
@@ -459,4 +459,14 @@ pub fn advisory_key(partition_id: &str, group: &str, seed: u64) -> i64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h as i64
+}
+
+/// A row of queen.ephemeral_brokers.
+#[derive(Clone, Debug)]
+pub struct EphemeralBrokerRow {
+    pub address: String,
+    /// Alive while this is ahead.
+    pub alive_until: Timestamp,
+    /// Since when it has been alive without a break.
+    pub alive_since: Timestamp,
 }

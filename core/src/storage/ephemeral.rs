@@ -45,9 +45,16 @@ pub trait EphemeralOwnerStorage: Send + Sync {
         alive_ms: u64,
     ) -> StorageResult<()>;
     /// Claims `queue` for `incarnation` when no live broker owns it, and answers the owner (this
-    /// broker, or the live one that already had it).
-    async fn ephemeral_claim(&self, queue: &str, incarnation: u64)
-        -> StorageResult<EphemeralClaim>;
+    /// broker, or the one that keeps it). A queue whose owner left (or never had a row) is taken
+    /// at once; one whose owner's liveness ran out only by a claimer alive without a break for
+    /// at least `takeover_after_ms` (`ownership::TAKEOVER_AFTER_MS`): a heartbeat that finds its
+    /// broker's row run out (or absent) starts that span again.
+    async fn ephemeral_claim(
+        &self,
+        queue: &str,
+        incarnation: u64,
+        takeover_after_ms: u64,
+    ) -> StorageResult<EphemeralClaim>;
     /// The brokers alive now.
     async fn ephemeral_brokers(&self) -> StorageResult<Vec<EphemeralBroker>>;
     /// A broker shutting down: its queues are free to claim at once.

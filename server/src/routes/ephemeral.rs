@@ -54,17 +54,23 @@ impl Call {
     }
 }
 
-/// Which broker holds `queue`'s ring: this one, or (claimed through storage) another.
-async fn owner_of(broker: &Broker, queue: &str) -> Result<Owner, Failure> {
+/// Which broker holds `queue`'s ring: this one, or (claimed through storage) another. A broker
+/// that cannot renew its liveness serves nothing; to a call another broker forwarded it says
+/// so as a queue that moved, so that broker resolves the owner again instead of forwarding here
+/// for as long as this one is cut off, past the time its queues may be taken over.
+async fn owner_of(broker: &Broker, queue: &str, forwarded: bool) -> Result<Owner, Failure> {
     if broker.ephemeral.address().is_none() {
         return Ok(Owner::Local);
     }
     let serving = broker.ephemeral.serving(broker.now())
         || (beat(broker).await && broker.ephemeral.serving(broker.now()));
     if !serving {
-        return Err(Failure::unavailable(
-            "ephemeral: this broker cannot renew its liveness in storage, so it serves no ephemeral queue until it does",
-        ));
+        return Err(Failure {
+            code: forwarded.then_some(OWNER_MOVED),
+            ..Failure::unavailable(
+                "ephemeral: this broker cannot renew its liveness in storage, so it serves no ephemeral queue until it does",
+            )
+        });
     }
     if let Some(owner) = broker.ephemeral.cached_owner(queue) {
         return Ok(owner);
@@ -149,7 +155,7 @@ fn forward_limit_ms(call: &Call) -> u64 {
 async fn at_owner(broker: &Broker, call: &Call, queue: &str) -> Result<Option<Reply>, Failure> {
     let mut failure = String::new();
     for _ in 0..2 {
-        let address = match owner_of(broker, queue).await? {
+        let address = match owner_of(broker, queue, call.forwarded).await? {
             Owner::Local => return Ok(None),
             Owner::Remote(_) if call.forwarded => {
                 return Err(Failure {

@@ -66,7 +66,11 @@ pub(crate) async fn claim(broker: &Broker, queue: &str) -> StorageResult<Owner> 
     let claim = broker
         .storage
         .ephemeral_owners
-        .ephemeral_claim(queue, broker.ephemeral.incarnation())
+        .ephemeral_claim(
+            queue,
+            broker.ephemeral.incarnation(),
+            broker.ephemeral.takeover_after_ms(),
+        )
         .await?;
     Ok(broker.ephemeral.claimed(queue, &claim))
 }
