@@ -32,11 +32,16 @@ const SCENARIOS: [Scenario; 7] = [
 /// Seeds that once failed during development, replayed on every run: contention 1 hung the
 /// simulation (a parked pop retried a revisit due at a lease's exact end in a hot loop; the
 /// broker now waits at least 1 ms); faults 1002 and 1016 exposed checker gaps (autoAck answers
-/// lost in the network; a drain that ended while a lease was still held).
-const REGRESSION_SEEDS: [(Scenario, u64); 3] = [
+/// lost in the network; a drain that ended while a lease was still held), and so did faults
+/// 5222 and 5002 (a failed ack that dead-lettered its first message consumed a batch of twelve,
+/// past the skip checker's old slack; an autoAck pop whose answer was lost, once the slack was
+/// gone).
+const REGRESSION_SEEDS: [(Scenario, u64); 5] = [
     (Scenario::Contention, 1),
     (Scenario::Faults, 1_002),
     (Scenario::Faults, 1_016),
+    (Scenario::Faults, 5_222),
+    (Scenario::Faults, 5_002),
 ];
 
 fn default_seeds(s: Scenario) -> u64 {

@@ -219,6 +219,12 @@ impl SimDb {
             .collect()
     }
 
+    /// Every dead letter failed acks filed (or discarded) in committed transactions, requeued
+    /// ones included, in commit order; recorded only with `record_removals` (simulations).
+    pub fn dead_letterings(&self) -> Vec<DeadLetter> {
+        lock(&self.shared.state).dead_letterings.clone()
+    }
+
     /// The durable subscription record of (queue, group): (timestamp, registered at).
     pub fn subscription(&self, queue: &str, group: &str) -> Option<(Option<Timestamp>, Timestamp)> {
         let st = lock(&self.shared.state);

@@ -650,12 +650,6 @@ impl AckVerdict<'_> {
 
     /// Files the message as a dead letter; false when the queue discards them instead.
     fn dead_letter(&self, st: &mut DbState, t: &Tx, row: &queen_core::claim::CursorRow) -> bool {
-        if !self.opts.keep_dead_letters {
-            // deadLetterQueue off: the message is discarded, on purpose.
-            return false;
-        }
-        st.dlq_seq += 1;
-        let seq = st.dlq_seq;
         let dl = DlqRow {
             partition_id: self.item.partition_id.clone(),
             partition: self.partition.to_string(),
@@ -666,6 +660,13 @@ impl AckVerdict<'_> {
             retry_count: row.retry_count,
             failed_at: self.now,
         };
+        st.note_dead_lettering(t.id, &dl);
+        if !self.opts.keep_dead_letters {
+            // deadLetterQueue off: the message is discarded, on purpose.
+            return false;
+        }
+        st.dlq_seq += 1;
+        let seq = st.dlq_seq;
         let _ = st.dlq.insert((self.queue.to_string(), seq), dl, t.id);
         true
     }

@@ -194,6 +194,12 @@ pub struct DbState {
     pub record_removals: bool,
     /// Removals of open transactions, published at commit.
     removals_pending: BTreeMap<TxId, Vec<RemovedMessages>>,
+    /// Committed dead-letter filings (and discards, on a queue without dead letters), in commit
+    /// order, when `record_removals`: a simulation's checkers read them, and a requeue takes a
+    /// filing out of the dead letters.
+    pub dead_letterings: Vec<DlqRow>,
+    /// Filings of open transactions, published at commit.
+    dead_letterings_pending: BTreeMap<TxId, Vec<DlqRow>>,
     /// Committed timer firings per incarnation (message id), when `record_removals`: a
     /// simulation's checker holds each incarnation to one firing.
     pub firings: BTreeMap<uuid::Uuid, u32>,
@@ -242,6 +248,8 @@ impl DbState {
             ephemeral_owners: BTreeMap::new(),
             removals: Vec::new(),
             record_removals: false,
+            dead_letterings: Vec::new(),
+            dead_letterings_pending: BTreeMap::new(),
             removals_pending: BTreeMap::new(),
             firings: BTreeMap::new(),
             firings_pending: BTreeMap::new(),
@@ -264,6 +272,18 @@ impl DbState {
             return;
         }
         self.removals_pending.entry(tx).or_default().push(removed);
+    }
+
+    /// Records a message a transaction files as a dead letter (or discards so); it becomes a
+    /// fact if the transaction commits.
+    pub fn note_dead_lettering(&mut self, tx: TxId, row: &DlqRow) {
+        if !self.record_removals {
+            return;
+        }
+        self.dead_letterings_pending
+            .entry(tx)
+            .or_default()
+            .push(row.clone());
     }
 
     /// Records a timer incarnation a transaction fires; it counts if the transaction commits.
@@ -368,7 +388,9 @@ impl DbState {
         let mut sent = vec![];
         let removed = self.removals_pending.remove(&tx).unwrap_or_default();
         let fired = self.firings_pending.remove(&tx).unwrap_or_default();
+        let filed = self.dead_letterings_pending.remove(&tx).unwrap_or_default();
         if commit {
+            self.dead_letterings.extend(filed);
             for id in fired {
                 *self.firings.entry(id).or_default() += 1;
             }

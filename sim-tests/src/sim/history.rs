@@ -290,10 +290,67 @@ pub fn batches_well_formed(events: &[Event]) -> Vec<Violation> {
 
 /// No delivery past the committed cursor + 1: a batch never starts beyond one past everything
 /// the group had acknowledged (or taken with autoAck) on that partition before it, unless
-/// retention removed what lies between before the pop answered (a gap the pop steps over).
-pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
+/// retention removed what lies between before the pop answered (a gap the pop steps over), or
+/// autoAck pops of the group took it: pops in flight at once whose answers came in another order
+/// than they took their runs (every offset of the gap delivered by an autoAck pop of the group
+/// invoked before this delivery answered), or a pop whose answer was lost (each, invoked before
+/// the delivery, excuses one gap: a pop takes one run of one partition; autoAck is
+/// at-most-once).
+pub fn no_skips(
+    events: &[Event],
+    removals: &[Removal],
+    dead_letters: &[DeadLettered],
+) -> Vec<Violation> {
+    let answered: BTreeSet<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Delivered { id, .. } | Event::Empty { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let auto_ack_groups: BTreeSet<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Delivered {
+                group,
+                auto_ack: true,
+                ..
+            } => Some(group.as_str()),
+            _ => None,
+        })
+        .collect();
+    // Unanswered autoAck pops per group, in history order, and how many excused a gap so far.
+    let mut lost_pops: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        if let Event::PopInvoked { id, group, .. } = e {
+            if auto_ack_groups.contains(group.as_str()) && !answered.contains(id) {
+                lost_pops.entry(group.as_str()).or_default().push(i);
+            }
+        }
+    }
+    // (group, partition, offset) -> when each autoAck pop that delivered it was invoked.
+    let mut auto_taken: BTreeMap<(&str, &str, i64), Vec<Micros>> = BTreeMap::new();
+    for e in events {
+        if let Event::Delivered {
+            group,
+            partition,
+            msgs,
+            invoked,
+            auto_ack: true,
+            ..
+        } = e
+        {
+            for m in msgs {
+                auto_taken
+                    .entry((group, partition, m.offset))
+                    .or_default()
+                    .push(*invoked);
+            }
+        }
+    }
+    let mut excused: BTreeMap<&str, usize> = BTreeMap::new();
     let mut out = vec![];
-    for (e, c) in deliveries_with_consumed(events) {
+    for (i, e, c) in deliveries_with_consumed(events, removals, dead_letters) {
         let Event::Delivered {
             group,
             partition,
@@ -307,8 +364,23 @@ pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
         if let Some(first) = msgs.first() {
             // A parked pop reads storage any time until it answers.
             let removed_below = removed_through(removals, partition, c + 1, *at);
-            // Failed acks dead-letter past a message: allow the retry budget's worth.
-            if first.offset > removed_below.max(c) + 1 + RETRY_SLACK {
+            if first.offset > removed_below.max(c) + 1 {
+                let taken_concurrently = (removed_below.max(c) + 1..first.offset).all(|o| {
+                    auto_taken
+                        .get(&(group.as_str(), partition.as_str(), o))
+                        .is_some_and(|pops| pops.iter().any(|invoked| invoked <= at))
+                });
+                if taken_concurrently {
+                    continue;
+                }
+                let lost_before = lost_pops
+                    .get(group.as_str())
+                    .map_or(0, |l| l.iter().take_while(|&&p| p < i).count());
+                let used = excused.entry(group.as_str()).or_default();
+                if *used < lost_before {
+                    *used += 1;
+                    continue;
+                }
                 out.push(format!(
                     "skip: {group} got {partition} from offset {} with only {c} consumed",
                     first.offset
@@ -319,12 +391,92 @@ pub fn no_skips(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
     out
 }
 
-/// Each delivery, with the highest offset its group had consumed of that partition before it: by
-/// a completed ack sent, or an autoAck delivery, earlier in the history (-1: nothing).
-fn deliveries_with_consumed(events: &[Event]) -> Vec<(&Event, i64)> {
-    let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-    let mut out = vec![];
+/// A message a failed ack filed as a dead letter for its group, as the checkers see it.
+#[derive(Clone, Debug)]
+pub struct DeadLettered {
+    pub group: String,
+    pub partition: String,
+    pub offset: i64,
+    /// When the ack that filed it was applied.
+    pub filed_at: Micros,
+}
+
+/// The failed acks (by index in `events`) that dead-lettered their batch's first message: for
+/// each dead letter, the last failed ack of its group and partition sent before it was filed
+/// whose batch began with it. Such an ack consumed its whole batch: the failed message went to
+/// the dead letters, the others were acknowledged completed.
+fn dead_lettering_acks(
+    events: &[Event],
+    first_of: &BTreeMap<(&str, &str, &str), i64>,
+    dead_letters: &[DeadLettered],
+) -> BTreeSet<usize> {
+    let mut out = BTreeSet::new();
+    for d in dead_letters {
+        let filing = events.iter().enumerate().rev().find(|(_, e)| match e {
+            Event::AckSent {
+                at,
+                group,
+                partition,
+                lease,
+                failed: true,
+                ..
+            } => {
+                *at <= d.filed_at
+                    && *group == d.group
+                    && *partition == d.partition
+                    && first_of.get(&(group.as_str(), lease.as_str(), partition.as_str()))
+                        == Some(&d.offset)
+            }
+            _ => false,
+        });
+        if let Some((i, _)) = filing {
+            out.insert(i);
+        }
+    }
+    out
+}
+
+/// The first offset of each delivery, by (group, lease, partition): the message a failed ack
+/// reports failed.
+fn batch_firsts(events: &[Event]) -> BTreeMap<(&str, &str, &str), i64> {
+    let mut first_of = BTreeMap::new();
     for e in events {
+        if let Event::Delivered {
+            group,
+            partition,
+            lease,
+            msgs,
+            ..
+        } = e
+        {
+            if let Some(m) = msgs.first() {
+                first_of.insert(
+                    (group.as_str(), lease.as_str(), partition.as_str()),
+                    m.offset,
+                );
+            }
+        }
+    }
+    first_of
+}
+
+/// Each delivery, with the highest offset its group had consumed of that partition before it: by
+/// a completed ack sent, an autoAck delivery, or a failed ack whose failed message (its batch's
+/// first) is gone: dead-lettered by that ack, or removed by retention before the delivery
+/// answered (a removed message is no barrier, so the ack's completions count), earlier in the
+/// history (-1: nothing).
+fn deliveries_with_consumed<'a>(
+    events: &'a [Event],
+    removals: &[Removal],
+    dead_letters: &[DeadLettered],
+) -> Vec<(usize, &'a Event, i64)> {
+    let first_of = batch_firsts(events);
+    let filing = dead_lettering_acks(events, &first_of, dead_letters);
+    let mut consumed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    // Failed acks not yet known to have consumed their batch: (first, last) per group/partition.
+    let mut failed: BTreeMap<(&str, &str), Vec<(i64, i64)>> = BTreeMap::new();
+    let mut out = vec![];
+    for (i, e) in events.iter().enumerate() {
         match e {
             Event::AckSent {
                 group,
@@ -338,17 +490,49 @@ fn deliveries_with_consumed(events: &[Event]) -> Vec<(&Event, i64)> {
                     .or_insert(-1);
                 *c = (*c).max(*last_offset);
             }
+            Event::AckSent {
+                group,
+                partition,
+                lease,
+                last_offset,
+                failed: true,
+                ..
+            } => {
+                let key = (group.as_str(), partition.as_str());
+                if filing.contains(&i) {
+                    let c = consumed.entry(key).or_insert(-1);
+                    *c = (*c).max(*last_offset);
+                } else if let Some(first) =
+                    first_of.get(&(group.as_str(), lease.as_str(), partition.as_str()))
+                {
+                    failed.entry(key).or_default().push((*first, *last_offset));
+                }
+            }
             Event::Delivered {
                 group,
                 partition,
                 msgs,
                 auto_ack,
+                at,
                 ..
             } => {
-                let c = consumed
-                    .entry((group.as_str(), partition.as_str()))
-                    .or_insert(-1);
-                out.push((e, *c));
+                let key = (group.as_str(), partition.as_str());
+                let c = consumed.entry(key).or_insert(-1);
+                if let Some(pending) = failed.get_mut(&key) {
+                    pending.retain(|(first, last)| {
+                        let gone = removals.iter().any(|r| {
+                            r.partition == *partition
+                                && r.committed_at < *at
+                                && r.base <= *first
+                                && *first <= r.end
+                        });
+                        if gone {
+                            *c = (*c).max(*last);
+                        }
+                        !gone
+                    });
+                }
+                out.push((i, e, *c));
                 if *auto_ack {
                     if let Some(last) = msgs.last() {
                         *c = (*c).max(last.offset);
@@ -363,10 +547,10 @@ fn deliveries_with_consumed(events: &[Event]) -> Vec<(&Event, i64)> {
 
 /// Deliveries whose batch started past removed messages (a pop stepping over a retention gap),
 /// for coverage.
-pub fn gap_steps(events: &[Event], removals: &[Removal]) -> u64 {
-    deliveries_with_consumed(events)
+pub fn gap_steps(events: &[Event], removals: &[Removal], dead_letters: &[DeadLettered]) -> u64 {
+    deliveries_with_consumed(events, removals, dead_letters)
         .into_iter()
-        .filter(|(e, c)| match e {
+        .filter(|(_, e, c)| match e {
             Event::Delivered {
                 partition,
                 msgs,
@@ -541,10 +725,6 @@ pub fn retention_entitled(
     }
     out
 }
-
-/// Dead letters move the cursor without a completed ack: how far a batch may start past the
-/// completed acks.
-const RETRY_SLACK: i64 = 4;
 
 /// Attempt counts: deliveries starting at the same offset count up (1, 2, ...).
 pub fn attempts_count_up(events: &[Event]) -> Vec<Violation> {
@@ -744,5 +924,155 @@ mod tests {
             delivered(2_000_000, 2_000_010, "b", &[0]),
         ];
         assert!(leases_exclusive(&expired, 1).is_empty());
+    }
+
+    fn acked(at: Micros, lease: &str, last_offset: i64, failed: bool) -> Event {
+        Event::AckSent {
+            at,
+            group: "g".into(),
+            partition: "p".into(),
+            lease: lease.into(),
+            last_offset,
+            failed,
+        }
+    }
+
+    fn dead_letter(offset: i64, filed_at: Micros) -> DeadLettered {
+        DeadLettered {
+            group: "g".into(),
+            partition: "p".into(),
+            offset,
+            filed_at,
+        }
+    }
+
+    /// A failed ack whose first message was dead-lettered consumed its batch; one that was not
+    /// (its message comes again) consumed nothing, so a delivery past it is a skip.
+    #[test]
+    fn a_failed_ack_consumes_its_batch_only_when_it_dead_lettered() {
+        let events = [
+            delivered(0, 10, "a", &[0, 1, 2]),
+            acked(10, "a", 2, true),
+            delivered(20, 30, "b", &[0, 1, 2, 3]),
+            acked(30, "b", 3, true),
+            delivered(40, 50, "c", &[4]),
+        ];
+        assert!(no_skips(&events, &[], &[dead_letter(0, 31)]).is_empty());
+        let v = no_skips(&events, &[], &[]);
+        assert_eq!(v, ["skip: g got p from offset 4 with only -1 consumed"]);
+        // Filed by the first failed ack (sent at 10, filed at 11), not by the second.
+        let v = no_skips(&events, &[], &[dead_letter(0, 11)]);
+        assert_eq!(v, ["skip: g got p from offset 4 with only 2 consumed"]);
+    }
+
+    /// An autoAck pop whose answer was lost may have taken one run of messages: it excuses one
+    /// gap of its group after it, not two, and none before it.
+    #[test]
+    fn a_lost_auto_ack_pop_excuses_one_gap() {
+        let auto = |id: u64, at: Micros, offsets: &[i64]| match delivered(at, at, "", offsets) {
+            Event::Delivered {
+                invoked,
+                at,
+                consumer,
+                group,
+                partition,
+                lease,
+                attempt,
+                msgs,
+                ..
+            } => Event::Delivered {
+                invoked,
+                at,
+                id,
+                consumer,
+                group,
+                partition,
+                lease,
+                auto_ack: true,
+                attempt,
+                msgs,
+            },
+            other => other,
+        };
+        let lost = Event::PopInvoked {
+            at: 15,
+            consumer: "c".into(),
+            group: "g".into(),
+            id: 99,
+        };
+        let events = [
+            auto(1, 10, &[0]),
+            lost,
+            auto(2, 20, &[3]),
+            auto(3, 30, &[6]),
+        ];
+        let v = no_skips(&events, &[], &[]);
+        assert_eq!(v, ["skip: g got p from offset 6 with only 3 consumed"]);
+    }
+
+    /// Two autoAck pops in flight at once may answer in another order than they took their runs:
+    /// the later run answered first is no skip when the earlier run's pop was invoked before that
+    /// answer, and is one when nobody took the gap.
+    #[test]
+    fn auto_ack_runs_answered_out_of_order_are_no_skip() {
+        let auto = |invoked: Micros, at: Micros, offsets: &[i64]| match delivered(
+            invoked, at, "", offsets,
+        ) {
+            Event::Delivered {
+                invoked,
+                at,
+                id,
+                consumer,
+                group,
+                partition,
+                lease,
+                attempt,
+                msgs,
+                ..
+            } => Event::Delivered {
+                invoked,
+                at,
+                id,
+                consumer,
+                group,
+                partition,
+                lease,
+                auto_ack: true,
+                attempt,
+                msgs,
+            },
+            other => other,
+        };
+        let reordered = [auto(0, 10, &[0]), auto(5, 20, &[3]), auto(15, 30, &[1, 2])];
+        assert!(no_skips(&reordered, &[], &[]).is_empty());
+        let taken_later = [auto(0, 10, &[0]), auto(5, 20, &[3]), auto(25, 30, &[1, 2])];
+        assert_eq!(
+            no_skips(&taken_later, &[], &[]),
+            ["skip: g got p from offset 3 with only 0 consumed"]
+        );
+    }
+
+    /// A failed ack whose failed message retention removed before the next delivery answered
+    /// consumed its batch (a removed message is no barrier); one removed only later did not.
+    #[test]
+    fn a_failed_ack_of_a_removed_message_consumes_its_batch() {
+        let events = [
+            delivered(0, 10, "a", &[0, 1, 2]),
+            acked(10, "a", 2, true),
+            delivered(40, 50, "b", &[3]),
+        ];
+        let removal = |committed_at: Micros| Removal {
+            partition: "p".into(),
+            base: 0,
+            end: 0,
+            expired: true,
+            txids: vec!["t0".into()],
+            committed_at,
+        };
+        assert!(no_skips(&events, &[removal(20)], &[]).is_empty());
+        assert_eq!(
+            no_skips(&events, &[removal(60)], &[]),
+            ["skip: g got p from offset 3 with only -1 consumed"]
+        );
     }
 }

@@ -38,6 +38,7 @@ pub(super) fn judge(
         .collect();
     let ev = db.events();
     let removals = removals(db);
+    let dead_letters = dead_letters(db);
     if spec.scenario == Scenario::Retention {
         violations.extend(history::retention_entitled(
             &events,
@@ -48,7 +49,7 @@ pub(super) fn judge(
         ));
         counts.insert(
             "retention: a pop stepped over removed messages",
-            history::gap_steps(&events, &removals),
+            history::gap_steps(&events, &removals, &dead_letters),
         );
         for r in &removals {
             *counts
@@ -60,7 +61,7 @@ pub(super) fn judge(
                 .or_default() += r.txids.len() as u64;
         }
     }
-    violations.extend(history_verdicts(spec, &events, &removals));
+    violations.extend(history_verdicts(spec, &events, &removals, &dead_letters));
     if let Ok(due) = shared.timer_due.lock() {
         let (early, delivered) = history::timers_never_early(&events, &due);
         violations.extend(early);
@@ -128,6 +129,20 @@ pub(super) fn judge(
     }
 }
 
+/// What failed acks dead-lettered (requeued since or not), in the checkers' terms.
+fn dead_letters(db: &SimDb) -> Vec<history::DeadLettered> {
+    let epoch = Timestamp::from_secs(EPOCH_SECS as i64).0;
+    db.dead_letterings()
+        .into_iter()
+        .map(|d| history::DeadLettered {
+            group: d.group,
+            partition: d.partition,
+            offset: d.offset,
+            filed_at: d.failed_at.0 - epoch,
+        })
+        .collect()
+}
+
 /// What the model removed (retention, eviction, the driver's drops), in the checkers' terms.
 fn removals(db: &SimDb) -> Vec<history::Removal> {
     let epoch = Timestamp::from_secs(EPOCH_SECS as i64).0;
@@ -145,7 +160,12 @@ fn removals(db: &SimDb) -> Vec<history::Removal> {
 }
 
 /// The history checkers every scenario runs.
-fn history_verdicts(spec: &Spec, events: &[Event], removals: &[history::Removal]) -> Vec<String> {
+fn history_verdicts(
+    spec: &Spec,
+    events: &[Event],
+    removals: &[history::Removal],
+    dead_letters: &[history::DeadLettered],
+) -> Vec<String> {
     let mut violations = vec![];
     let groups = workload::groups_of(spec.scenario);
     let removed: std::collections::BTreeSet<String> =
@@ -153,18 +173,7 @@ fn history_verdicts(spec: &Spec, events: &[Event], removals: &[history::Removal]
     violations.extend(history::nothing_lost(events, &groups, &removed));
     violations.extend(history::leases_exclusive(events, LEASE_SECS));
     violations.extend(history::batches_well_formed(events));
-    // The prompt scenario's retry queue dead-letters often by design (retryLimit 1), which moves
-    // cursors past messages; the skip checker has no model of that, so it judges the other
-    // queues there (every message of the retry queue is still held to `nothing_lost`).
-    let skip_judged: Vec<Event> = events
-        .iter()
-        .filter(|e| {
-            spec.scenario != Scenario::Prompt
-                || !e.partition().is_some_and(workload::is_retry_partition)
-        })
-        .cloned()
-        .collect();
-    violations.extend(history::no_skips(&skip_judged, removals));
+    violations.extend(history::no_skips(events, removals, dead_letters));
     violations.extend(history::attempts_count_up(events));
     violations.extend(history::auto_ack_once(events));
     violations

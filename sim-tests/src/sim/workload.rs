@@ -184,12 +184,6 @@ enum PopPath {
     Discovery(&'static str),
 }
 
-/// The prompt retry queue's partitions (their names start with its prefix).
-pub fn is_retry_partition(partition: &str) -> bool {
-    partition.starts_with(RETRY_PREFIX)
-}
-const RETRY_PREFIX: &str = "r";
-
 /// What only the liveness checker judges: the groups the prompt scenario rewinds on purpose
 /// (seeks back, deletes) and the pushes to their queue, which no other group reads.
 pub fn is_rewound(e: &Event) -> bool {
@@ -444,7 +438,7 @@ fn faults_plan(brokers: &[String]) -> (Vec<Producer>, Vec<Consumer>) {
 /// One producer per prompt queue (the spread queue's pushes further apart than the bound), and
 /// a quiet one for the queue whose groups are sought back and deleted.
 fn prompt_producers() -> Vec<Producer> {
-    let prefixes = ["l", "d", "w", RETRY_PREFIX, "n", "s"];
+    let prefixes = ["l", "d", "w", "r", "n", "s"];
     let mut producers: Vec<Producer> = PROMPT_QUEUES
         .iter()
         .zip(prefixes)
