@@ -100,9 +100,9 @@ impl History {
 /// A checker's finding.
 pub type Violation = String;
 
-/// autoAck is at-most-once: a pop whose answer was lost may have taken messages nobody saw. Such
-/// groups are exempt from `nothing_lost` (and still held to `auto_ack_once`).
-pub fn at_most_once_groups(events: &[Event]) -> BTreeSet<String> {
+/// The pops of autoAck groups whose answer never came, as (index in `events`, group), in history
+/// order: each may have taken messages nobody saw (autoAck is at-most-once).
+fn lost_auto_ack_pops(events: &[Event]) -> Vec<(usize, &str)> {
     let answered: BTreeSet<u64> = events
         .iter()
         .filter_map(|e| match e {
@@ -123,14 +123,24 @@ pub fn at_most_once_groups(events: &[Event]) -> BTreeSet<String> {
         .collect();
     events
         .iter()
-        .filter_map(|e| match e {
+        .enumerate()
+        .filter_map(|(i, e)| match e {
             Event::PopInvoked { id, group, .. }
                 if auto.contains(group.as_str()) && !answered.contains(id) =>
             {
-                Some(group.clone())
+                Some((i, group.as_str()))
             }
             _ => None,
         })
+        .collect()
+}
+
+/// Groups with a lost autoAck pop (`lost_auto_ack_pops`) are exempt from `nothing_lost` (and
+/// still held to `auto_ack_once`).
+pub fn at_most_once_groups(events: &[Event]) -> BTreeSet<String> {
+    lost_auto_ack_pops(events)
+        .into_iter()
+        .map(|(_, g)| g.to_string())
         .collect()
 }
 
@@ -301,32 +311,10 @@ pub fn no_skips(
     removals: &[Removal],
     dead_letters: &[DeadLettered],
 ) -> Vec<Violation> {
-    let answered: BTreeSet<u64> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Delivered { id, .. } | Event::Empty { id, .. } => Some(*id),
-            _ => None,
-        })
-        .collect();
-    let auto_ack_groups: BTreeSet<&str> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Delivered {
-                group,
-                auto_ack: true,
-                ..
-            } => Some(group.as_str()),
-            _ => None,
-        })
-        .collect();
-    // Unanswered autoAck pops per group, in history order, and how many excused a gap so far.
+    // Lost autoAck pops per group, in history order, and how many excused a gap so far.
     let mut lost_pops: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, e) in events.iter().enumerate() {
-        if let Event::PopInvoked { id, group, .. } = e {
-            if auto_ack_groups.contains(group.as_str()) && !answered.contains(id) {
-                lost_pops.entry(group.as_str()).or_default().push(i);
-            }
-        }
+    for (i, group) in lost_auto_ack_pops(events) {
+        lost_pops.entry(group).or_default().push(i);
     }
     // (group, partition, offset) -> when each autoAck pop that delivered it was invoked.
     let mut auto_taken: BTreeMap<(&str, &str, i64), Vec<Micros>> = BTreeMap::new();
@@ -926,6 +914,33 @@ mod tests {
         assert!(leases_exclusive(&expired, 1).is_empty());
     }
 
+    /// An autoAck delivery (no lease) of pop `id`.
+    fn auto_delivered(id: u64, invoked: Micros, at: Micros, offsets: &[i64]) -> Event {
+        match delivered(invoked, at, "", offsets) {
+            Event::Delivered {
+                consumer,
+                group,
+                partition,
+                lease,
+                attempt,
+                msgs,
+                ..
+            } => Event::Delivered {
+                invoked,
+                at,
+                id,
+                consumer,
+                group,
+                partition,
+                lease,
+                auto_ack: true,
+                attempt,
+                msgs,
+            },
+            other => other,
+        }
+    }
+
     fn acked(at: Micros, lease: &str, last_offset: i64, failed: bool) -> Event {
         Event::AckSent {
             at,
@@ -969,31 +984,7 @@ mod tests {
     /// gap of its group after it, not two, and none before it.
     #[test]
     fn a_lost_auto_ack_pop_excuses_one_gap() {
-        let auto = |id: u64, at: Micros, offsets: &[i64]| match delivered(at, at, "", offsets) {
-            Event::Delivered {
-                invoked,
-                at,
-                consumer,
-                group,
-                partition,
-                lease,
-                attempt,
-                msgs,
-                ..
-            } => Event::Delivered {
-                invoked,
-                at,
-                id,
-                consumer,
-                group,
-                partition,
-                lease,
-                auto_ack: true,
-                attempt,
-                msgs,
-            },
-            other => other,
-        };
+        let auto = |id: u64, at: Micros, offsets: &[i64]| auto_delivered(id, at, at, offsets);
         let lost = Event::PopInvoked {
             at: 15,
             consumer: "c".into(),
@@ -1015,34 +1006,8 @@ mod tests {
     /// answer, and is one when nobody took the gap.
     #[test]
     fn auto_ack_runs_answered_out_of_order_are_no_skip() {
-        let auto = |invoked: Micros, at: Micros, offsets: &[i64]| match delivered(
-            invoked, at, "", offsets,
-        ) {
-            Event::Delivered {
-                invoked,
-                at,
-                id,
-                consumer,
-                group,
-                partition,
-                lease,
-                attempt,
-                msgs,
-                ..
-            } => Event::Delivered {
-                invoked,
-                at,
-                id,
-                consumer,
-                group,
-                partition,
-                lease,
-                auto_ack: true,
-                attempt,
-                msgs,
-            },
-            other => other,
-        };
+        let auto =
+            |invoked: Micros, at: Micros, offsets: &[i64]| auto_delivered(0, invoked, at, offsets);
         let reordered = [auto(0, 10, &[0]), auto(5, 20, &[3]), auto(15, 30, &[1, 2])];
         assert!(no_skips(&reordered, &[], &[]).is_empty());
         let taken_later = [auto(0, 10, &[0]), auto(5, 20, &[3]), auto(25, 30, &[1, 2])];

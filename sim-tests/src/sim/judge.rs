@@ -129,23 +129,26 @@ pub(super) fn judge(
     }
 }
 
+/// A model timestamp on the history's clock (microseconds since the simulation began).
+fn on_history_clock(t: Timestamp) -> history::Micros {
+    t.0 - Timestamp::from_secs(EPOCH_SECS as i64).0
+}
+
 /// What failed acks dead-lettered (requeued since or not), in the checkers' terms.
 fn dead_letters(db: &SimDb) -> Vec<history::DeadLettered> {
-    let epoch = Timestamp::from_secs(EPOCH_SECS as i64).0;
     db.dead_letterings()
         .into_iter()
         .map(|d| history::DeadLettered {
             group: d.group,
             partition: d.partition,
             offset: d.offset,
-            filed_at: d.failed_at.0 - epoch,
+            filed_at: on_history_clock(d.failed_at),
         })
         .collect()
 }
 
 /// What the model removed (retention, eviction, the driver's drops), in the checkers' terms.
 fn removals(db: &SimDb) -> Vec<history::Removal> {
-    let epoch = Timestamp::from_secs(EPOCH_SECS as i64).0;
     db.removals()
         .into_iter()
         .map(|r| history::Removal {
@@ -154,7 +157,7 @@ fn removals(db: &SimDb) -> Vec<history::Removal> {
             end: r.end_offset,
             expired: r.reason == queen_core::storage::Removal::Expired,
             txids: r.transaction_ids,
-            committed_at: r.committed_at.0 - epoch,
+            committed_at: on_history_clock(r.committed_at),
         })
         .collect()
 }
