@@ -9,6 +9,17 @@
 //! ack alone is idempotent after its commit (a retried transaction's ack), but a cycle is not:
 //! a worker whose lease expired and was re-claimed would otherwise overwrite the state its
 //! successor committed with state computed from older rows.
+//!
+//! A cycle is also fenced on the state it closes. The SDKs delete only rows they read (a window's
+//! row, once its window is emitted), and two paths close windows: the regular cycle, and the idle
+//! flush (a cycle without an ack, run by a timer beside it, by any worker of the query). When two
+//! of them read the same row, both would emit its window. So a delete must find its row, or the
+//! whole cycle is refused ([`StreamRefusal::StateGone`]): of two cycles that read one row, the
+//! first to commit emits it, the other commits nothing and the SDK's redo reads the state as it
+//! is. And a cycle without an ack is refused while a worker of the group holds the source
+//! partition's lease ([`StreamRefusal::SourceLeased`]): the holder's cycle read the state after
+//! its pop and commits under the lease, so no flush may change that state in between (a flush
+//! that deleted a row the holder then upserts would emit the window twice).
 
 use serde_json::Value;
 
@@ -206,7 +217,22 @@ pub enum StreamRefusal {
     ForeignPartition,
     /// The source lease the cycle names is no longer live, or is held by another consumer.
     LeaseLost,
+    /// A state delete names a row that is not there: another cycle (a flush, or a cycle of
+    /// another worker) closed it since this one read it.
+    StateGone,
+    /// A cycle without an ack (an idle flush) while a worker of the group holds the source
+    /// partition's lease: the holder's cycle may change the state this one read.
+    SourceLeased,
 }
+
+/// Every refusal, for lookups by message.
+const REFUSALS: [StreamRefusal; 5] = [
+    StreamRefusal::UnknownQuery,
+    StreamRefusal::ForeignPartition,
+    StreamRefusal::LeaseLost,
+    StreamRefusal::StateGone,
+    StreamRefusal::SourceLeased,
+];
 
 impl StreamRefusal {
     /// The one wording of both backends; also the transaction's error.
@@ -219,19 +245,44 @@ impl StreamRefusal {
             StreamRefusal::LeaseLost => {
                 "source lease lost: the lease is expired or held by another consumer"
             }
+            StreamRefusal::StateGone => {
+                "stream state changed: a state delete names a row that is no longer there \
+                 (another cycle closed it); nothing of the cycle was applied"
+            }
+            StreamRefusal::SourceLeased => {
+                "stream state busy: a cycle without an ack while a worker holds the source \
+                 partition's lease; nothing of the cycle was applied"
+            }
         }
     }
 
     /// The refusal a message names, when it is one (the transaction carries it as text).
     pub fn from_message(message: &str) -> Option<StreamRefusal> {
-        [
-            StreamRefusal::UnknownQuery,
-            StreamRefusal::ForeignPartition,
-            StreamRefusal::LeaseLost,
-        ]
-        .into_iter()
-        .find(|r| r.message() == message)
+        REFUSALS.into_iter().find(|r| r.message() == message)
     }
+
+    /// A conflict with another cycle over the same state (answered 409): the SDK's redo reads
+    /// the state again.
+    pub fn is_state_conflict(self) -> bool {
+        matches!(self, StreamRefusal::StateGone | StreamRefusal::SourceLeased)
+    }
+}
+
+/// The keys whose rows a cycle deletes as it read them: those whose first op in the cycle is a
+/// delete (a key the cycle upserts first is its own to delete). Each must be there when the
+/// cycle commits. In key order, without repeats.
+pub fn deletes_of_read_rows(ops: &[StateOp]) -> Vec<String> {
+    let mut first: std::collections::BTreeMap<&str, bool> = Default::default();
+    for op in ops {
+        first
+            .entry(op.key())
+            .or_insert(matches!(op, StateOp::Delete { .. }));
+    }
+    first
+        .into_iter()
+        .filter(|(_, delete)| *delete)
+        .map(|(k, _)| k.to_string())
+        .collect()
 }
 
 /// What the fence reads: the cursor row's lease, if the row exists.
@@ -264,25 +315,49 @@ pub fn lease_end_outcome(ended: Option<(String, String)>) -> crate::storage::Ack
     }
 }
 
+/// Whether a worker holds the cursor row's lease at `now` (whoever it is).
+pub fn lease_is_live(row: Option<LeaseView>, now: Timestamp) -> bool {
+    row.is_some_and(|r| r.worker.is_some() && r.expires_at.is_some_and(|t| t > now))
+}
+
+/// What the checks of a cycle read, under the cycle's locks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CycleView<'a> {
+    /// The query's source queue (`None`: no such query).
+    pub query_source: Option<&'a str>,
+    /// The queue the partition belongs to (`None`: no such partition).
+    pub source_of_partition: Option<&'a str>,
+    /// The group's cursor row on the partition.
+    pub lease: Option<LeaseView>,
+    /// Of [`deletes_of_read_rows`], the keys whose rows are there.
+    pub rows_present: &'a [String],
+}
+
 /// The checks of a cycle before its state ops, in the order both backends make them.
-/// `source_of_partition`: the queue the partition belongs to (`None`: no such partition).
 pub fn check_cycle(
     op: &StreamCycleOp,
-    query_source: Option<&str>,
-    source_of_partition: Option<&str>,
-    lease: Option<LeaseView>,
+    view: &CycleView<'_>,
     now: Timestamp,
 ) -> Result<(), StreamRefusal> {
-    let Some(source) = query_source else {
+    let Some(source) = view.query_source else {
         return Err(StreamRefusal::UnknownQuery);
     };
-    if source_of_partition != Some(source) {
+    if view.source_of_partition != Some(source) {
         return Err(StreamRefusal::ForeignPartition);
     }
     match op.lease_id.as_deref() {
-        Some(id) if !lease_holds(id, lease, now) => Err(StreamRefusal::LeaseLost),
-        _ => Ok(()),
+        Some(id) if !lease_holds(id, view.lease, now) => return Err(StreamRefusal::LeaseLost),
+        Some(_) => {}
+        None if lease_is_live(view.lease, now) => return Err(StreamRefusal::SourceLeased),
+        None => {}
     }
+    let gone = deletes_of_read_rows(&op.ops)
+        .iter()
+        .any(|k| !view.rows_present.contains(k));
+    if gone {
+        return Err(StreamRefusal::StateGone);
+    }
+    Ok(())
 }
 
 /// Checks a name-like field (query name, config hash, state key): non-empty, within `max`
@@ -389,6 +464,20 @@ mod tests {
         assert!(!q(&[], None, Some(5000)).selects("k", &json!({"windowEnd": "1"})));
     }
 
+    fn view<'a>(
+        query_source: Option<&'a str>,
+        source_of_partition: Option<&'a str>,
+        lease: Option<LeaseView>,
+        rows_present: &'a [String],
+    ) -> CycleView<'a> {
+        CycleView {
+            query_source,
+            source_of_partition,
+            lease,
+            rows_present,
+        }
+    }
+
     #[test]
     fn the_fence_needs_a_live_lease_held_by_the_id() {
         let w = uuid::Uuid::from_u128(7);
@@ -403,24 +492,25 @@ mod tests {
             lease_id: Some(w.to_string()),
             ops: vec![],
         };
+        let src = Some("src");
         assert_eq!(
-            check_cycle(&op, Some("src"), Some("src"), Some(live), T0),
+            check_cycle(&op, &view(src, src, Some(live), &[]), T0),
             Ok(())
         );
         assert_eq!(
-            check_cycle(&op, None, Some("src"), Some(live), T0),
+            check_cycle(&op, &view(None, src, Some(live), &[]), T0),
             Err(StreamRefusal::UnknownQuery)
         );
         assert_eq!(
-            check_cycle(&op, Some("src"), Some("other"), Some(live), T0),
+            check_cycle(&op, &view(src, Some("other"), Some(live), &[]), T0),
             Err(StreamRefusal::ForeignPartition)
         );
         assert_eq!(
-            check_cycle(&op, Some("src"), None, None, T0),
+            check_cycle(&op, &view(src, None, None, &[]), T0),
             Err(StreamRefusal::ForeignPartition)
         );
         assert_eq!(
-            check_cycle(&op, Some("src"), Some("src"), Some(live), T0.plus_secs(10)),
+            check_cycle(&op, &view(src, src, Some(live), &[]), T0.plus_secs(10)),
             Err(StreamRefusal::LeaseLost),
             "expired"
         );
@@ -429,7 +519,7 @@ mod tests {
             ..live
         };
         assert_eq!(
-            check_cycle(&op, Some("src"), Some("src"), Some(other), T0),
+            check_cycle(&op, &view(src, src, Some(other), &[]), T0),
             Err(StreamRefusal::LeaseLost),
             "re-claimed by another"
         );
@@ -437,16 +527,74 @@ mod tests {
             lease_id: None,
             ..op
         };
-        assert_eq!(
-            check_cycle(&flush, Some("src"), Some("src"), None, T0),
-            Ok(())
-        );
-        for r in [
-            StreamRefusal::UnknownQuery,
-            StreamRefusal::ForeignPartition,
-            StreamRefusal::LeaseLost,
-        ] {
+        assert_eq!(check_cycle(&flush, &view(src, src, None, &[]), T0), Ok(()));
+        for r in REFUSALS {
             assert_eq!(StreamRefusal::from_message(r.message()), Some(r));
         }
+    }
+
+    #[test]
+    fn a_flush_waits_for_no_lease_and_a_delete_needs_its_row() {
+        let live = LeaseView {
+            worker: Some(uuid::Uuid::from_u128(7)),
+            expires_at: Some(T0.plus_secs(10)),
+        };
+        let flush = StreamCycleOp {
+            query_id: uuid::Uuid::nil(),
+            partition_id: "p".into(),
+            group: "g".into(),
+            lease_id: None,
+            ops: vec![
+                StateOp::Delete { key: "w1".into() },
+                StateOp::Upsert {
+                    key: "w2".into(),
+                    value: json!(1),
+                },
+                StateOp::Delete { key: "w2".into() },
+            ],
+        };
+        let src = Some("src");
+        let w1 = ["w1".to_string()];
+        assert_eq!(
+            deletes_of_read_rows(&flush.ops),
+            vec!["w1".to_string()],
+            "a key the cycle upserts first is its own to delete"
+        );
+        assert_eq!(check_cycle(&flush, &view(src, src, None, &w1), T0), Ok(()));
+        assert_eq!(
+            check_cycle(&flush, &view(src, src, None, &[]), T0),
+            Err(StreamRefusal::StateGone),
+            "another cycle closed w1 since this one read it"
+        );
+        assert_eq!(
+            check_cycle(&flush, &view(src, src, Some(live), &w1), T0),
+            Err(StreamRefusal::SourceLeased),
+            "a worker holds the source lease"
+        );
+        assert_eq!(
+            check_cycle(&flush, &view(src, src, Some(live), &w1), T0.plus_secs(10)),
+            Ok(()),
+            "an expired lease holds nothing"
+        );
+        let released = LeaseView {
+            worker: None,
+            expires_at: None,
+        };
+        assert_eq!(
+            check_cycle(&flush, &view(src, src, Some(released), &w1), T0),
+            Ok(())
+        );
+        // The holder's own cycle is fenced on its rows too.
+        let held = StreamCycleOp {
+            lease_id: Some(uuid::Uuid::from_u128(7).to_string()),
+            ..flush
+        };
+        assert_eq!(
+            check_cycle(&held, &view(src, src, Some(live), &[]), T0),
+            Err(StreamRefusal::StateGone)
+        );
+        assert!(StreamRefusal::StateGone.is_state_conflict());
+        assert!(StreamRefusal::SourceLeased.is_state_conflict());
+        assert!(!StreamRefusal::LeaseLost.is_state_conflict());
     }
 }

@@ -2878,6 +2878,7 @@ cases!(
     stream_state_reads_select,
     stream_cycles_commit_all_or_nothing_on_the_lease,
     stream_cycles_end_the_lease_they_own,
+    stream_cycles_are_fenced_on_the_state_they_close,
     conflation_delivers_the_newest_only,
     conflation_is_fixed_at_registration,
     conflation_respects_visibility,

@@ -210,13 +210,15 @@ impl StreamStorage for PgStorage {
 /// `TxOp::Stream`: the fence, then the state ops' net effect, inside the cycle's transaction.
 /// Cycles of one (query, partition) shard are serialized by a transaction-scoped advisory lock
 /// (the idle flush holds no lease, so the cursor row alone would not order it); the query row is
-/// share-locked, so a reset or delete waits for cycles in flight; the cursor row is locked for
-/// the fence, so no claim or ack slips between the fence and the cycle's own ack; the partition
-/// row is key-share-locked, so its deletion (which deletes its state) waits for the cycle. All of that is
-/// one statement (a round trip each was most of a cycle's time), its parts evaluated in the
-/// order written: shard lock, query row, partition, cursor row, time. Both cursor columns are
-/// read `FOR UPDATE`, so after a wait for the row's lock each comes from its newest version
-/// (a plain read would answer the statement's older snapshot).
+/// share-locked, so a reset or delete waits for cycles in flight; the partition row is
+/// key-share-locked, so its deletion (which deletes its state) waits for the cycle; the cursor
+/// row is locked for the fence, so no claim or ack slips between the fence and the cycle's own
+/// ack (or, for a flush, no lease is taken before it commits); the rows the cycle deletes as read
+/// are locked, so each is seen as it is now (one deleted since the statement began is absent).
+/// All of that is one statement (a round trip each was most of a cycle's time), its parts
+/// evaluated in the order written: shard lock, query row, partition, cursor row, state rows,
+/// time. Locked reads answer the newest version of their rows after a wait (a plain read would
+/// answer the statement's older snapshot). The verdict is core's `check_cycle`.
 pub(crate) async fn cycle_op(
     tx: &impl GenericClient,
     op: &StreamCycleOp,
@@ -225,7 +227,7 @@ pub(crate) async fn cycle_op(
         return Ok(Err(StreamRefusal::ForeignPartition));
     };
     let shard = format!("{}/{}", op.query_id, op.partition_id);
-    let fenced = op.lease_id.is_some();
+    let read_rows = streams::deletes_of_read_rows(&op.ops);
     let row = tx
         .query_one(
             &prepared(
@@ -236,32 +238,37 @@ pub(crate) async fn cycle_op(
                            JOIN queen.queues qu ON qu.id = p.queue_id WHERE p.id = $3
                             FOR KEY SHARE OF p),
                         (SELECT c.worker_id FROM queen.log_consumers c
-                          WHERE $5 AND c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
+                          WHERE c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
                         (SELECT c.lease_expires_at FROM queen.log_consumers c
-                          WHERE $5 AND c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
+                          WHERE c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
+                        (SELECT coalesce(array_agg(r.key), '{}') FROM
+                           (SELECT s.key FROM queen_streams.state s
+                             WHERE cardinality($5::text[]) > 0 AND s.query_id = $2
+                               AND s.partition_id = $3 AND s.key = ANY($5::text[])
+                               FOR UPDATE) r),
                         queen.now()",
             )
             .await?,
-            &[&shard, &op.query_id, &partition, &op.group, &fenced],
+            &[&shard, &op.query_id, &partition, &op.group, &read_rows],
         )
         .await
         .map_err(pg_err("streams cycle: fence"))?;
     let source: Option<String> = row.get(1);
     let partition_queue: Option<String> = row.get(2);
-    let lease = fenced.then(|| LeaseView {
-        worker: row.get(3),
-        expires_at: row
-            .get::<_, Option<std::time::SystemTime>>(4)
-            .map(from_system_time),
-    });
-    let now = from_system_time(row.get(5));
-    if let Err(refusal) = streams::check_cycle(
-        op,
-        source.as_deref(),
-        partition_queue.as_deref(),
-        lease,
-        now,
-    ) {
+    let rows_present: Vec<String> = row.get(5);
+    let view = streams::CycleView {
+        query_source: source.as_deref(),
+        source_of_partition: partition_queue.as_deref(),
+        lease: Some(LeaseView {
+            worker: row.get(3),
+            expires_at: row
+                .get::<_, Option<std::time::SystemTime>>(4)
+                .map(from_system_time),
+        }),
+        rows_present: &rows_present,
+    };
+    let now = from_system_time(row.get(6));
+    if let Err(refusal) = streams::check_cycle(op, &view, now) {
         return Ok(Err(refusal));
     }
     let (upserts, deletes) = streams::net_effect(&op.ops);

@@ -108,6 +108,10 @@ pub struct SimBugs {
     /// expired and was re-claimed commits its state and sink pushes, its ack passing as the
     /// idempotent ack of a message already committed.
     pub stream_fence_ignores_lease: bool,
+    /// A cycle without an ack (the SDK's idle flush) is fenced on nothing: it deletes rows another
+    /// cycle already closed and commits while a worker holds the source lease, so a window that
+    /// two cycles read reaches the sink twice.
+    pub stream_flush_unfenced: bool,
     /// A conflating pop moves the cursor through the message it delivers (retirement and
     /// commit in one), so a consumer that dies before its ack loses the partition's newest
     /// message: the redelivery starts past it.

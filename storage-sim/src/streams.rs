@@ -161,39 +161,49 @@ pub(crate) async fn cycle_op(
             }
             None => None,
         };
-        let lease = match &op.lease_id {
-            Some(_) => {
-                let key = (op.partition_id.clone(), op.group.clone());
-                held(st.consumers.lock(&key, t.id))?;
-                st.consumers.get(&key, t.id).map(|r| LeaseView {
-                    worker: r.worker_id.map(|w| w.0),
-                    expires_at: r.lease_expires_at,
-                })
-            }
-            None => None,
-        };
-        // SimBugs::stream_fence_ignores_lease: the cycle is checked as if it named no lease.
+        // The cursor row, locked for the fence: a cycle with an ack needs its lease, a flush needs
+        // no lease live.
+        let cursor = (op.partition_id.clone(), op.group.clone());
+        held(st.consumers.lock(&cursor, t.id))?;
+        let mut lease = st.consumers.get(&cursor, t.id).map(|r| LeaseView {
+            worker: r.worker_id.map(|w| w.0),
+            expires_at: r.lease_expires_at,
+        });
+        let key = |k: &str| (op.query_id, op.partition_id.clone(), k.to_string());
+        let read_rows = streams::deletes_of_read_rows(&op.ops);
+        let mut rows_present: Vec<String> = read_rows
+            .iter()
+            .filter(|k| st.stream_state.get(&key(k), t.id).is_some())
+            .cloned()
+            .collect();
+        if t.shared.bugs.stream_flush_unfenced && op.lease_id.is_none() {
+            // SimBugs::stream_flush_unfenced: a flush sees no lease and every row it deletes.
+            lease = None;
+            rows_present = read_rows;
+        }
+        // SimBugs::stream_fence_ignores_lease: the cycle is checked as if it named no lease (and
+        // no lease were held).
         let unfenced;
         let checked = if t.shared.bugs.stream_fence_ignores_lease {
             unfenced = StreamCycleOp {
                 lease_id: None,
                 ..op.clone()
             };
+            lease = None;
             &unfenced
         } else {
             op
         };
-        if let Err(refusal) = streams::check_cycle(
-            checked,
-            source.as_deref(),
-            partition_queue.as_deref(),
+        let view = streams::CycleView {
+            query_source: source.as_deref(),
+            source_of_partition: partition_queue.as_deref(),
             lease,
-            t.now,
-        ) {
+            rows_present: &rows_present,
+        };
+        if let Err(refusal) = streams::check_cycle(checked, &view, t.now) {
             return Ok(Err(refusal));
         }
         let (upserts, deletes) = streams::net_effect(&op.ops);
-        let key = |k: &str| (op.query_id, op.partition_id.clone(), k.to_string());
         for k in upserts.iter().map(|(k, _)| k).chain(deletes.iter()) {
             if let Some(h) = st.stream_state.locked_by_other(&key(k), t.id) {
                 return Err(StmtError::Blocked(h));

@@ -89,8 +89,9 @@ pub async fn register(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failur
             StatusCode::CONFLICT,
             "streams_config_hash_mismatch",
             format!(
-                "query {:?} is registered with config_hash {stored_hash:?}, not {:?}; \
-                 register with reset: true to drop its state and store the new hash",
+                "config_hash mismatch: query {:?} is registered with config_hash \
+                 {stored_hash:?}, not {:?}; register with reset: true to drop its state and \
+                 store the new hash",
                 req.name, req.config_hash
             ),
         ),
@@ -230,6 +231,13 @@ pub async fn cycle(
             }
             TxOpResult::Stream(Err(StreamRefusal::ForeignPartition)) => {
                 return Ok(invalid(StreamRefusal::ForeignPartition.message()).reply())
+            }
+            TxOpResult::Stream(Err(r)) if r.is_state_conflict() => {
+                return Ok(refused(
+                    StatusCode::CONFLICT,
+                    "streams_state_changed",
+                    r.message(),
+                ))
             }
             TxOpResult::Stream(Err(StreamRefusal::LeaseLost)) => {}
             TxOpResult::Push(groups) => {

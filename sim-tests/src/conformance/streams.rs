@@ -104,11 +104,12 @@ pub async fn stream_queries_register_by_hash(b: &dyn Backend) -> CaseResult {
         },
         "another hash without reset"
     );
-    // A flush cycle (no lease) writes state on a partition of the source queue.
+    // A flush cycle (no lease) writes state on a partition of the source queue. The pop that
+    // finds the partition's id reads as another group, so no lease of "g" is live.
     push(&*s, &mut ids, "src", "p", "t", 0..1).await?;
     let w = ids.worker();
     let r = s
-        .pop_partition(pop_req("src", "g", w, 10), "p".into())
+        .pop_partition(pop_req("src", "peek", w, 10), "p".into())
         .await
         .map_err(e)?;
     let pid = r.claims[0].partition_id.clone();
@@ -157,7 +158,7 @@ pub async fn stream_state_reads_select(b: &dyn Backend) -> CaseResult {
     let qid = query_id(&*s, &mut ids, "reads", "rsrc").await?;
     push(&*s, &mut ids, "rsrc", "p", "t", 0..1).await?;
     let r = s
-        .pop_partition(pop_req("rsrc", "g", ids.worker(), 10), "p".into())
+        .pop_partition(pop_req("rsrc", "peek", ids.worker(), 10), "p".into())
         .await
         .map_err(e)?;
     let pid = r.claims[0].partition_id.clone();
@@ -469,5 +470,108 @@ pub async fn stream_cycles_end_the_lease_they_own(b: &dyn Backend) -> CaseResult
         "the ack at the batch's end left no lease to end: {:?}",
         out.results[2]
     );
+    Ok(())
+}
+
+/// A cycle is fenced on the state it closes: a delete must find the row it read, and a cycle
+/// without an ack (the SDK's idle flush) commits only while no worker of the group holds the
+/// source lease. Two flushes that read one window: the first emits it, the second commits
+/// nothing, its sink push included.
+pub async fn stream_cycles_are_fenced_on_the_state_they_close(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(75);
+    let qid = query_id(&*s, &mut ids, "close", "fsrc").await?;
+    push(&*s, &mut ids, "fsrc", "p", "t", 0..2).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("fsrc", "g", w, 1), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let window = json!({"acc": 3, "windowEnd": 1000});
+    let stream = |lease: Option<String>, ops: Vec<StateOp>| {
+        TxOp::Stream(StreamCycleOp {
+            query_id: qid,
+            partition_id: pid.clone(),
+            group: "g".into(),
+            lease_id: lease,
+            ops,
+        })
+    };
+    // The holder's cycle opens the window and acks its message.
+    let out = s
+        .transaction(vec![
+            stream(Some(w.to_string()), vec![upsert("w1", window.clone())]),
+            TxOp::Ack {
+                group: "g".into(),
+                item: ack("t-0", &pid, AckStatus::Completed, Some(w.to_string())),
+            },
+        ])
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "the holder's cycle: {out:?}");
+    // A flush while another holder has the next message: refused, nothing applied.
+    let w2 = ids.worker();
+    s.pop_partition(pop_req("fsrc", "g", w2, 1), "p".into())
+        .await
+        .map_err(e)?;
+    let mut sink_ids = Ids::new(77);
+    let mut flush = |nonce: &str| {
+        vec![
+            stream(None, vec![StateOp::Delete { key: "w1".into() }]),
+            TxOp::Push(vec![group(&mut sink_ids, "fsink", "out", nonce, 0..1)]),
+        ]
+    };
+    let out = s.transaction(flush("a")).await.map_err(e)?;
+    ensure_eq!(
+        out.results.first(),
+        Some(&TxOpResult::Stream(Err(StreamRefusal::SourceLeased))),
+        "a flush while the source is leased"
+    );
+    ensure!(!out.committed, "nothing committed");
+    // The holder lets go (its ack ends the lease): the first flush closes the window.
+    let out = s
+        .transaction(vec![TxOp::Ack {
+            group: "g".into(),
+            item: ack("t-1", &pid, AckStatus::Completed, Some(w2.to_string())),
+        }])
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "the second holder's ack: {out:?}");
+    let out = s.transaction(flush("b")).await.map_err(e)?;
+    ensure!(out.committed, "the first flush closes the window: {out:?}");
+    // The second flush read the same window: its delete finds no row, so it commits nothing.
+    let out = s.transaction(flush("c")).await.map_err(e)?;
+    ensure_eq!(
+        out.results.first(),
+        Some(&TxOpResult::Stream(Err(StreamRefusal::StateGone))),
+        "a second flush of one window"
+    );
+    ensure!(!out.committed, "nothing committed");
+    let sunk = s
+        .pop_partition(
+            pop_req("fsink", "check", Ids::new(76).worker(), 100),
+            "out".into(),
+        )
+        .await
+        .map_err(e)?;
+    ensure_eq!(sunk.message_count(), 1, "the window reached the sink once");
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?,
+        vec![],
+        "the window's row is gone"
+    );
+    // A key the cycle upserts first is its own to delete: no row needed.
+    let out = s
+        .transaction(vec![stream(
+            None,
+            vec![
+                upsert("tmp", json!(1)),
+                StateOp::Delete { key: "tmp".into() },
+            ],
+        )])
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "upsert then delete: {out:?}");
     Ok(())
 }
