@@ -353,6 +353,18 @@ fn seed_set_passes() {
             10,
         );
         at_least(Scenario::Faults, "streams: cycles without an answer", 3);
+        // Idle flushes racing the cycles: committed, and refused both ways.
+        at_least(Scenario::Faults, "streams: flushes committed", 20);
+        at_least(
+            Scenario::Faults,
+            "streams: flushes refused (a window another cycle closed)",
+            5,
+        );
+        at_least(
+            Scenario::Faults,
+            "streams: flushes refused (the source leased)",
+            5,
+        );
         at_least(
             Scenario::Faults,
             "conflation: newest messages delivered",
@@ -719,6 +731,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 sim: SimBugs {
                     stream_fence_ignores_lease: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a flush cycle is not fenced",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    stream_flush_unfenced: true,
                     ..SimBugs::default()
                 },
                 ..Bugs::default()

@@ -1,7 +1,11 @@
 """Streams end to end through Queen's real Python client (queen-mq 2.6.0, `queen.streams`):
 a tumbling-window sum, a token-bucket gate (the partial-ack cycle that keeps its lease), a worker
 killed mid-run whose replacement resumes from the committed state with nothing counted twice,
-a changed config_hash (409 unless reset), and the raw routes' answers and refusals.
+a changed config_hash (409 unless reset, its error saying "config_hash mismatch"), and the raw
+routes' answers and refusals. Windows are emitted once when cycles race: two flush cycles that
+close one window, sent at once (one commits, the other is refused whole with 409), a flush while
+a worker holds the source lease (409), and two SDK workers of one sliding-window query whose idle
+flushes race (every event counted exactly twice at the sink, once per window it is in).
 
 Usage: python streams.py http://127.0.0.1:PORT
 Exits non-zero on the first failed expectation.
@@ -128,6 +132,7 @@ async def registration_and_routes():
         check(again["query_id"] == first["query_id"] and again["fresh"] is False, "the same hash finds the same query")
         r = await http.post("/streams/v1/queries", json={**body, "config_hash": "h2"})
         check(r.status_code == 409 and r.json()["success"] is False, f"another hash is refused ({r.status_code})")
+        check("config_hash mismatch" in r.json()["error"], f"its error says config_hash mismatch ({r.json()['error']})")
         r = await http.post("/streams/v1/queries", json={**body, "config_hash": "h2", "reset": True})
         check(r.status_code == 200 and r.json()["reset"] is True and r.json()["query_id"] == first["query_id"], "reset stores the new hash")
         qid = first["query_id"]
@@ -150,6 +155,97 @@ async def registration_and_routes():
             check(r.status_code == 400 and "error" in r.json(), f"bad cycle refused: {r.json()['error']}")
 
 
+async def racing_flushes(queen):
+    """Two flush cycles that close one window, sent at once: the window reaches the sink once."""
+    src, sink = f"st-rsrc-{uuid.uuid4().hex[:8]}", f"st-rsink-{uuid.uuid4().hex[:8]}"
+    await queen.queue(src).config({"leaseTime": 30}).create()
+    await queen.queue(sink).create()
+    async with httpx.AsyncClient(base_url=URL) as http:
+        reg = {"name": f"race-{src}", "source_queue": src, "sink_queue": sink, "config_hash": "h", "reset": False}
+        qid = (await http.post("/streams/v1/queries", json=reg)).json()["query_id"]
+        await queen.queue(src).partition("p").push([{"data": {"n": 0}, "transactionId": "r-0"}])
+        msgs = await queen.queue(src).group("g").batch(1).wait(False).pop()
+        check(len(msgs) == 1, "the source message popped")
+        m = msgs[0]
+        pid, lease = m["partitionId"], m["leaseId"]
+        window = {"acc": 5, "windowStart": 0, "windowEnd": 1000}
+        r = await http.post("/streams/v1/cycle", json={
+            "query_id": qid, "partition_id": pid, "consumer_group": "g",
+            "state_ops": [{"type": "upsert", "key": "w\u001f1", "value": window}],
+            "ack": {"transactionId": m["transactionId"], "leaseId": lease, "status": "completed"}})
+        check(r.status_code == 200 and r.json()["success"] is True, f"the cycle opened the window ({r.text})")
+
+        def flush(n):
+            return http.post("/streams/v1/cycle", json={
+                "query_id": qid, "partition_id": pid, "consumer_group": "g",
+                "state_ops": [{"type": "delete", "key": "w\u001f1"}],
+                "push_items": [{"queue": sink, "partition": "out", "payload": {"acc": 5, "by": n}}],
+                "ack": None})
+
+        answers = await asyncio.gather(flush(1), flush(2))
+        codes = sorted(a.status_code for a in answers)
+        check(codes == [200, 409], f"one flush commits, the other is refused ({codes})")
+        refused = next(a for a in answers if a.status_code == 409).json()
+        check(refused["success"] is False and refused["code"] == "streams_state_changed", f"a clear reason ({refused['error']})")
+        out = await drain(queen, sink, "check", 2, seconds=2)
+        check(len(out) == 1, f"the window reached the sink once ({out})")
+        r = await http.post("/streams/v1/state/get", json={"query_id": qid, "partition_id": pid, "keys": []})
+        check(r.json()["rows"] == [], "its row is gone")
+
+        # A flush while a worker holds the source lease: refused, nothing applied.
+        await queen.queue(src).partition("p").push([{"data": {"n": 1}, "transactionId": "r-1"}])
+        r = await http.post("/streams/v1/cycle", json={
+            "query_id": qid, "partition_id": pid, "consumer_group": "g",
+            "state_ops": [{"type": "upsert", "key": "w\u001f2", "value": window}], "ack": None})
+        check(r.status_code == 200 and r.json()["success"] is True, "a flush with no lease live commits")
+        held = await queen.queue(src).group("g").batch(1).wait(False).pop()
+        check(len(held) == 1, "a worker holds the lease")
+        r = await http.post("/streams/v1/cycle", json={
+            "query_id": qid, "partition_id": pid, "consumer_group": "g",
+            "state_ops": [{"type": "delete", "key": "w\u001f2"}],
+            "push_items": [{"queue": sink, "partition": "out", "payload": {"acc": 5}}], "ack": None})
+        check(r.status_code == 409 and r.json()["code"] == "streams_state_changed", f"a flush under a live lease is refused ({r.text})")
+        r = await http.post("/streams/v1/state/get", json={"query_id": qid, "partition_id": pid, "keys": []})
+        check([row["key"] for row in r.json()["rows"]] == ["w\u001f2"], "nothing of it applied")
+        await queen.ack(held, True, {"group": "g"})
+
+
+async def racing_sdk_workers(queen):
+    """Two workers of one sliding-window query, idle flushes every 50 ms: each event is in two
+    windows, so the sink's counts add up to exactly twice the events."""
+    src, sink = f"st-wsrc-{uuid.uuid4().hex[:8]}", f"st-wsink-{uuid.uuid4().hex[:8]}"
+    await queen.queue(src).create()
+    await queen.queue(sink).create()
+    query = f"slide-{src}"
+    partitions, per_partition = 4, 6
+
+    def sliding():
+        return (
+            Stream.from_(queen.queue(src))
+            .window_sliding(size=1, slide=0.5, idle_flush_ms=50)
+            .reduce(lambda acc, m: acc + 1, 0)
+            .to(queen.queue(sink))
+        )
+
+    runners = [await sliding().run(query_id=query, url=URL, batch_size=1, max_wait_millis=200) for _ in range(2)]
+    try:
+        for i in range(per_partition):
+            for p in range(partitions):
+                await queen.queue(src).partition(f"p{p}").push([{"data": {"i": i}, "transactionId": f"s-{p}-{i}"}])
+        got = []
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while sum(got) < 2 * partitions * per_partition and loop.time() < end:
+            got.extend(o["value"] for o in await drain(queen, sink, "check", 1, seconds=1))
+        await asyncio.sleep(1.5)
+        got.extend(o["value"] for o in await drain(queen, sink, "check", 1, seconds=1))
+    finally:
+        for r in runners:
+            await r.stop()
+    flushes = sum(r.metrics()["flushCyclesTotal"] for r in runners)
+    check(sum(got) == 2 * partitions * per_partition, f"every event counted once per window it is in ({sum(got)} of {2 * partitions * per_partition}, {flushes} flushes)")
+
+
 async def hash_mismatch_through_the_sdk(queen):
     src = f"st-hsrc-{uuid.uuid4().hex[:8]}"
     await queen.queue(src).create()
@@ -160,8 +256,8 @@ async def hash_mismatch_through_the_sdk(queen):
         changed = Stream.from_(queen.queue(src)).filter(lambda m: True).foreach(lambda v: None)
         await changed.run(query_id=query, url=URL)
         raise AssertionError("a changed pipeline registered without reset")
-    except StreamsConfigHashMismatch:
-        check(True, "a changed pipeline is refused by its config_hash")
+    except StreamsConfigHashMismatch as mismatch:
+        check("config_hash mismatch" in str(mismatch), f"a changed pipeline is refused by its config_hash ({mismatch})")
     runner = await changed.run(query_id=query, url=URL, reset=True)
     await runner.stop()
     check(True, "reset=True registers the changed pipeline")
@@ -174,6 +270,8 @@ async def main():
         await gate(queen)
         await killed_worker(queen)
         await hash_mismatch_through_the_sdk(queen)
+        await racing_flushes(queen)
+        await racing_sdk_workers(queen)
     print("streams: all checks passed")
 
 

@@ -455,14 +455,34 @@ fn stream_cycles(shared: &Shared, db: &SimDb) -> Vec<String> {
             Some((pid, cursor))
         })
         .collect();
-    streams_check::check(
+    let mut out = streams_check::check(
         &cycles,
         &Committed {
             state,
             sink,
             cursors,
         },
-    )
+    );
+    let Ok(closes) = shared.window_closes.lock() else {
+        return out;
+    };
+    let open = db
+        .stream_state_rows()
+        .into_iter()
+        .filter(|((_, _, key), _)| key.starts_with(workload::WINDOW_PREFIX))
+        .filter_map(|((_, pid, _), v)| Some((pid, v["from"].as_i64()?)))
+        .collect();
+    let emitted = db
+        .messages(workload::STREAM_WINDOWS)
+        .iter()
+        .filter_map(|(_, _, payload)| streams_check::window_entry(payload))
+        .collect();
+    out.extend(streams_check::check_windows(
+        &cycles,
+        &closes,
+        &streams_check::CommittedWindows { open, emitted },
+    ));
+    out
 }
 
 /// Search steps per key: far above what a run's few hundred calls need.

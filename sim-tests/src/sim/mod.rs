@@ -448,6 +448,8 @@ pub(crate) struct Shared {
     pub fetches: Mutex<Vec<reads_check::FetchSeen>>,
     /// The faults scenario's stream cycles, in the order they ended.
     pub stream_cycles: Mutex<Vec<streams_check::StreamCycle>>,
+    /// The faults scenario's window closings (cycles and idle flushes), in the order they ended.
+    pub window_closes: Mutex<Vec<streams_check::WindowClose>>,
     /// What the faults scenario's conflating consumers saw and did, in order.
     pub conflation_seen: Mutex<Vec<conflation_check::ConflationSeen>>,
     /// What the ephemeral clients saw and did, in order.
@@ -616,6 +618,7 @@ pub fn run(spec: Spec) -> Outcome {
         lock_refusals: Mutex::new(vec![]),
         fetches: Mutex::new(vec![]),
         stream_cycles: Mutex::new(vec![]),
+        window_closes: Mutex::new(vec![]),
         conflation_seen: Mutex::new(vec![]),
         ephemeral: Mutex::new(ephemeral_check::Log::default()),
         ephemeral_waits: Mutex::new(BTreeMap::new()),

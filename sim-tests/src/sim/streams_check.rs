@@ -11,6 +11,11 @@
 //!   no refused cycle's is (all or none);
 //! - per partition, the state row, the sink and the group's cursor agree: the count is the sink's
 //!   messages summed, and the state's `last` is where the cursor committed.
+//!
+//! Windows (`check_windows`): each cycle opens a window row for its batch; cycles close the
+//! windows they read, and so do the workers' idle flushes (cycles without an ack) racing them.
+//! Each window opened reaches the window sink exactly once or is still open at the end, never
+//! both; no window reaches it twice, nor from a closer that was refused, nor unopened.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +43,112 @@ pub struct StreamCycle {
     /// Names the cycle's sink message.
     pub nonce: String,
     pub outcome: CycleOutcome,
+}
+
+/// One closing of windows as its worker saw it: a regular cycle's or an idle flush's.
+#[derive(Clone, Debug)]
+pub struct WindowClose {
+    /// Names the closer in the window sink's messages.
+    pub nonce: String,
+    /// The windows it closed: (partition id, the opening batch's first offset).
+    pub windows: Vec<(String, i64)>,
+    /// A cycle without an ack.
+    pub flush: bool,
+    pub outcome: CycleOutcome,
+}
+
+/// What the model holds of the windows at the end of a run.
+pub struct CommittedWindows {
+    /// Windows still open: (partition id, from).
+    pub open: Vec<(String, i64)>,
+    /// The window sink's messages: (partition id, from, the closer's nonce).
+    pub emitted: Vec<(String, i64, String)>,
+}
+
+/// A window sink message's payload.
+pub fn window_entry(payload: &[u8]) -> Option<(String, i64, String)> {
+    let v: Value = serde_json::from_slice(payload).ok()?;
+    Some((
+        v["pid"].as_str()?.to_string(),
+        v["from"].as_i64()?,
+        v["closer"].as_str()?.to_string(),
+    ))
+}
+
+/// The window verdicts (empty: every rule held). `cycles` opened the windows (a committed cycle
+/// surely, one without an answer perhaps).
+pub fn check_windows(
+    cycles: &[StreamCycle],
+    closes: &[WindowClose],
+    committed: &CommittedWindows,
+) -> Vec<String> {
+    let mut out = vec![];
+    let mut emitted: BTreeMap<(&str, i64), Vec<&str>> = BTreeMap::new();
+    for (pid, from, closer) in &committed.emitted {
+        emitted
+            .entry((pid.as_str(), *from))
+            .or_default()
+            .push(closer.as_str());
+    }
+    let open: std::collections::BTreeSet<(&str, i64)> = committed
+        .open
+        .iter()
+        .map(|(p, f)| (p.as_str(), *f))
+        .collect();
+    let closers: BTreeMap<&str, &WindowClose> =
+        closes.iter().map(|c| (c.nonce.as_str(), c)).collect();
+    for ((pid, from), by) in &emitted {
+        if by.len() > 1 {
+            out.push(format!(
+                "streams: window {pid}/{from} reached the sink {} times (closed by {by:?})",
+                by.len()
+            ));
+        }
+        if open.contains(&(*pid, *from)) {
+            out.push(format!(
+                "streams: window {pid}/{from} reached the sink and is still open"
+            ));
+        }
+        for closer in by {
+            match closers.get(closer) {
+                Some(c) if c.outcome == CycleOutcome::Refused => out.push(format!(
+                    "streams: a refused {}'s window emit committed ({pid}/{from} by {closer})",
+                    if c.flush { "flush" } else { "cycle" }
+                )),
+                Some(_) => {}
+                None => out.push(format!(
+                    "streams: a window emit no closer sent ({pid}/{from} by {closer})"
+                )),
+            }
+        }
+    }
+    let opener = |pid: &str, from: i64| {
+        cycles
+            .iter()
+            .filter(|c| c.partition_id == pid && c.from == from)
+            .map(|c| c.outcome)
+            .find(|o| *o != CycleOutcome::Refused)
+    };
+    for (pid, from) in emitted.keys().chain(open.iter()) {
+        if opener(pid, *from).is_none() {
+            out.push(format!(
+                "streams: window {pid}/{from} exists, but no cycle that may have committed opened it"
+            ));
+        }
+    }
+    for c in cycles
+        .iter()
+        .filter(|c| c.outcome == CycleOutcome::Committed)
+    {
+        let w = (c.partition_id.as_str(), c.from);
+        if !open.contains(&w) && !emitted.contains_key(&w) {
+            out.push(format!(
+                "streams: window {}/{} was opened and is lost: neither open nor emitted",
+                c.partition, c.from
+            ));
+        }
+    }
+    out
 }
 
 /// What the model committed at the end of a run.
@@ -213,5 +324,63 @@ mod tests {
         blind[3].read_last = Some(2);
         let v = check(&blind, &good);
         assert!(v.iter().any(|m| m.contains("did not read")), "{v:?}");
+    }
+
+    fn close(nonce: &str, windows: &[i64], flush: bool, outcome: CycleOutcome) -> WindowClose {
+        WindowClose {
+            nonce: nonce.into(),
+            windows: windows.iter().map(|f| ("pid".to_string(), *f)).collect(),
+            flush,
+            outcome,
+        }
+    }
+
+    fn windows(open: &[i64], emitted: &[(i64, &str)]) -> CommittedWindows {
+        CommittedWindows {
+            open: open.iter().map(|f| ("pid".to_string(), *f)).collect(),
+            emitted: emitted
+                .iter()
+                .map(|(f, n)| ("pid".to_string(), *f, n.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn each_window_once_and_each_breach_is_named() {
+        let cycles = vec![
+            cycle(0, 2, None, "a", CycleOutcome::Committed),
+            cycle(3, 4, Some(2), "c", CycleOutcome::Committed),
+            cycle(5, 5, Some(4), "d", CycleOutcome::Refused),
+        ];
+        let closes = vec![
+            close("c", &[0], false, CycleOutcome::Committed),
+            close("f1", &[3], true, CycleOutcome::Committed),
+            close("f2", &[3], true, CycleOutcome::Refused),
+        ];
+        let good = windows(&[], &[(0, "c"), (3, "f1")]);
+        assert_eq!(check_windows(&cycles, &closes, &good), Vec::<String>::new());
+        assert_eq!(
+            check_windows(&cycles, &closes, &windows(&[3], &[(0, "c")])),
+            Vec::<String>::new(),
+            "a window still open is fine"
+        );
+
+        // The unfenced flush: a window another cycle closed, emitted again.
+        let twice = windows(&[], &[(0, "c"), (3, "f1"), (3, "f2")]);
+        let v = check_windows(&cycles, &closes, &twice);
+        assert!(v.iter().any(|m| m.contains("2 times")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("refused flush")), "{v:?}");
+
+        let lost = windows(&[], &[(0, "c")]);
+        let v = check_windows(&cycles, &closes, &lost);
+        assert!(v.iter().any(|m| m.contains("is lost")), "{v:?}");
+
+        let both = windows(&[3], &[(0, "c"), (3, "f1")]);
+        let v = check_windows(&cycles, &closes, &both);
+        assert!(v.iter().any(|m| m.contains("still open")), "{v:?}");
+
+        let unopened = windows(&[5], &[(0, "c"), (3, "f1")]);
+        let v = check_windows(&cycles, &closes, &unopened);
+        assert!(v.iter().any(|m| m.contains("no cycle")), "{v:?}");
     }
 }
