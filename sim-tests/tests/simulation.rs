@@ -353,6 +353,10 @@ fn seed_set_passes() {
             10,
         );
         at_least(Scenario::Faults, "streams: cycles without an answer", 3);
+        // The rate limiter: admitted, refused at its max, and answers lost.
+        at_least(Scenario::Faults, "kv: increments admitted", 100);
+        at_least(Scenario::Faults, "kv: increments refused at the limit", 20);
+        at_least(Scenario::Faults, "kv: increments without an answer", 3);
         // Idle flushes racing the cycles: committed, and refused both ways.
         at_least(Scenario::Faults, "streams: flushes committed", 20);
         at_least(
@@ -699,6 +703,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 timers: queen_core::timers::TimerBugs {
                     wait_for_rescan: true,
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "incr checks its max before taking the row lock",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    incr_checks_limit_before_the_lock: true,
+                    ..SimBugs::default()
                 },
                 ..Bugs::default()
             },

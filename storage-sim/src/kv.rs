@@ -106,6 +106,32 @@ pub(crate) async fn kv_op(
             })
             .await
         }
+        KvOp::Incr { .. } if tx.bugs().incr_checks_limit_before_the_lock => {
+            // SimBugs::incr_checks_limit_before_the_lock: the verdict is made on a read without
+            // the row's lock, and written after taking it, so two increments that read one
+            // value both pass the limit and both write the same next value.
+            let key: Key = (
+                op.namespace().to_string(),
+                op.key().unwrap_or_default().to_string(),
+            );
+            let decision = tx
+                .stmt("kv incr read", |st, t| {
+                    Ok(kv::decide(op, st.kv.get(&key, t.id), t.now))
+                })
+                .await?;
+            tx.stmt("kv incr write", |st, t| {
+                let row = locked_row(st, &key, t.id)?;
+                match decision.clone() {
+                    Decision::Write { value, expires_at } => {
+                        let written = store(st, &key, row.is_some(), value, expires_at, t)?;
+                        Ok((kv::written(&key.1, &written), false))
+                    }
+                    Decision::Answer { answer, refused } => Ok((answer, refused)),
+                    Decision::Delete { answer } => Ok((answer, false)),
+                }
+            })
+            .await
+        }
         _ => {
             let key: Key = (
                 op.namespace().to_string(),

@@ -95,6 +95,10 @@ pub struct SimBugs {
     /// A KV write's version is the key's previous version plus one (1 for a new key), so a key
     /// deleted or expired and written again repeats versions: a stale compare-and-set succeeds.
     pub kv_versions_repeat: bool,
+    /// A KV `incr` checks its `min`/`max` on a read made before it takes the row's lock: two
+    /// increments that read one value both pass the limit and write the same next value, so a
+    /// rate limiter admits more than its `max`.
+    pub incr_checks_limit_before_the_lock: bool,
     /// A lock acquire counts expired permits as held.
     pub expired_permits_count: bool,
     /// A timer's firing neither checks nor removes the timer row: two brokers both fire it.

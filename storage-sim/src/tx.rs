@@ -366,6 +366,14 @@ where
 pub(crate) struct TxHandle(Mutex<Option<Tx>>);
 
 impl TxHandle {
+    /// The model's bug switches (the default when the transaction already ended).
+    pub fn bugs(&self) -> crate::SimBugs {
+        lock(&self.0)
+            .as_ref()
+            .map(|t| t.shared.bugs)
+            .unwrap_or_default()
+    }
+
     pub async fn stmt<T>(
         &self,
         name: &'static str,

@@ -89,6 +89,7 @@ pub(super) fn judge(
     if spec.scenario == Scenario::Faults {
         violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
         violations.extend(kv_linearizable(shared, &mut counts));
+        violations.extend(kv_counter(shared, db));
         violations.extend(stream_cycles(shared, db));
         violations.extend(conflated_deliveries(shared, db));
     }
@@ -380,6 +381,20 @@ fn refusals_by_live_permits(
         }
     }
     out
+}
+
+/// The rate-limit counter's increments against its committed value.
+fn kv_counter(shared: &Shared, db: &SimDb) -> Vec<String> {
+    let Ok(calls) = shared.incr_calls.lock() else {
+        return vec![];
+    };
+    let final_value = db
+        .kv_rows(workload::KV_NAMESPACE)
+        .into_iter()
+        .find(|(k, _)| k == workload::KV_COUNTER)
+        .and_then(|(_, r)| r.value.as_i64())
+        .unwrap_or(0);
+    kv_check::check_counter(&calls, final_value, workload::KV_COUNTER_MAX)
 }
 
 /// Each KV key's history (answers lost to faults included) against the sequential spec.

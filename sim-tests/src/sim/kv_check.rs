@@ -32,6 +32,59 @@ pub enum KvCallOp {
     Delete { expect: Option<i64> },
 }
 
+/// How one `incr` with `max` of the rate-limit counter ended, as its caller saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IncrOutcome {
+    /// Applied: the counter's value after it.
+    Admitted(i64),
+    /// Refused at the limit.
+    Refused,
+    /// No answer: applied or not.
+    Unknown,
+}
+
+/// The rate limiter's promise, for a counter only ever incremented by one with `max`: it never
+/// admits more than `max`; each admitted increment answered a value of its own; and the final
+/// value is the number applied, at least the admitted ones and at most those plus the unknown
+/// ones. `final_value` is the committed counter (0 without a row).
+pub fn check_counter(calls: &[IncrOutcome], final_value: i64, max: i64) -> Vec<String> {
+    let mut out = vec![];
+    let admitted: Vec<i64> = calls
+        .iter()
+        .filter_map(|c| match c {
+            IncrOutcome::Admitted(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    let unknown = calls.iter().filter(|c| **c == IncrOutcome::Unknown).count() as i64;
+    let n = admitted.len() as i64;
+    if n > max {
+        out.push(format!(
+            "kv: the limiter admitted {n} increments past its max {max}"
+        ));
+    }
+    let distinct: std::collections::BTreeSet<i64> = admitted.iter().copied().collect();
+    if distinct.len() < admitted.len() {
+        out.push(format!(
+            "kv: two admitted increments answered the same value ({} answers, {} values)",
+            admitted.len(),
+            distinct.len()
+        ));
+    }
+    if let Some(v) = admitted.iter().find(|v| **v < 1 || **v > max) {
+        out.push(format!(
+            "kv: an admitted increment answered {v}, outside 1..={max}"
+        ));
+    }
+    if final_value > max || final_value < n || final_value > n + unknown {
+        out.push(format!(
+            "kv: the counter ended at {final_value} after {n} admitted and {unknown} unknown \
+             increments (max {max})"
+        ));
+    }
+    out
+}
+
 /// A version as the search knows it: answered, or that of a put whose answer was lost and
 /// whose value no read ever showed (then no read can match it and no `expect` can name it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -386,5 +439,26 @@ mod tests {
             ),
         ];
         assert!(matches!(check_key(&h, 1_000), Verdict::Not { .. }));
+    }
+
+    #[test]
+    fn the_counter_checker_names_each_breach() {
+        use IncrOutcome::*;
+        let calls = [Admitted(1), Unknown, Admitted(3), Refused, Admitted(2)];
+        assert_eq!(check_counter(&calls, 3, 3), Vec::<String>::new());
+        assert_eq!(
+            check_counter(&calls, 4, 4),
+            Vec::<String>::new(),
+            "the unknown applied"
+        );
+        let lost_update = [Admitted(1), Admitted(2), Admitted(2)];
+        let v = check_counter(&lost_update, 2, 3);
+        assert!(v.iter().any(|m| m.contains("same value")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("ended at 2")), "{v:?}");
+        let past_max = [Admitted(1), Admitted(2), Admitted(3)];
+        let v = check_counter(&past_max, 3, 2);
+        assert!(v.iter().any(|m| m.contains("past its max")), "{v:?}");
+        let v = check_counter(&[Admitted(1)], 2, 5);
+        assert!(v.iter().any(|m| m.contains("ended at 2")), "{v:?}");
     }
 }

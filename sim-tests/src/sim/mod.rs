@@ -442,6 +442,8 @@ pub(crate) struct Shared {
     pub timer_due: Mutex<BTreeMap<String, i64>>,
     /// The KV clients' calls, for the per-key linearizability checker.
     pub kv_calls: Mutex<Vec<kv_check::KvCall>>,
+    /// The KV clients' increments of the rate-limit counter, in the order they ended.
+    pub incr_calls: Mutex<Vec<kv_check::IncrOutcome>>,
     /// Refused lock acquires: (lock, invoked at, the holders' tokens the refusal named).
     pub lock_refusals: Mutex<Vec<(String, i64, Vec<i64>)>>,
     /// What the retention scenario's reader fetched, in the order it read.
@@ -615,6 +617,7 @@ pub fn run(spec: Spec) -> Outcome {
         counters: Mutex::new(BTreeMap::new()),
         timer_due: Mutex::new(BTreeMap::new()),
         kv_calls: Mutex::new(vec![]),
+        incr_calls: Mutex::new(vec![]),
         lock_refusals: Mutex::new(vec![]),
         fetches: Mutex::new(vec![]),
         stream_cycles: Mutex::new(vec![]),

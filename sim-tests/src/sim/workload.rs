@@ -655,6 +655,9 @@ const STREAM_QUERY: &str = "sim-query";
 
 /// The keys the KV clients share, in namespace `KV_NAMESPACE`.
 pub const KV_KEYS: [&str; 2] = ["a", "b"];
+/// The KV clients' rate-limit counter (incremented by one with `max`, never otherwise written).
+pub const KV_COUNTER: &str = "ctr";
+pub const KV_COUNTER_MAX: i64 = 25;
 pub const KV_NAMESPACE: &str = "sim";
 
 /// The faults scenario's lock holders (they take locks through either broker under the fault
@@ -987,21 +990,9 @@ async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: Seed
             last["offset"].as_i64().unwrap_or(-1),
         );
         let read = json!({"query_id": query_id, "partition_id": pid, "keys": []});
-        let rows = match request(
-            broker,
-            "POST",
-            "/streams/v1/state/get",
-            Some(&read),
-            timeout,
-        )
-        .await
-        {
-            Ok((200, body)) => body["rows"].as_array().cloned().unwrap_or_default(),
-            _ => {
-                // The lease ends and the batch comes back.
-                shared.bump("fault: request without an answer (streams)");
-                continue;
-            }
+        let Some(rows) = read_state(&shared, broker, &read).await else {
+            // The lease ends and the batch comes back.
+            continue;
         };
         let count_row = rows.iter().find(|r| r["key"] == "count");
         let (count, read_last) = match count_row {
@@ -1074,6 +1065,25 @@ async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: Seed
     }
 }
 
+/// A state read's rows (`None`: no answer, counted as a fault).
+async fn read_state(shared: &Shared, broker: &str, read: &Value) -> Option<Vec<Value>> {
+    match request(
+        broker,
+        "POST",
+        "/streams/v1/state/get",
+        Some(read),
+        Duration::from_secs(2),
+    )
+    .await
+    {
+        Ok((200, body)) => Some(body["rows"].as_array().cloned().unwrap_or_default()),
+        _ => {
+            shared.bump("fault: request without an answer (streams)");
+            None
+        }
+    }
+}
+
 /// The state ops and window emits that close every window row of `rows` (a cycle's or a
 /// flush's read), and the (partition id, from) of each.
 fn close_windows(
@@ -1127,20 +1137,8 @@ async fn flush_windows(
         let broker = &shared.brokers[k % brokers];
         let read = json!({"query_id": query_id, "partition_id": pid, "keys": [],
                           "key_prefix": WINDOW_PREFIX, "ripe_at_or_before": 0});
-        let rows = match request(
-            broker,
-            "POST",
-            "/streams/v1/state/get",
-            Some(&read),
-            timeout,
-        )
-        .await
-        {
-            Ok((200, body)) => body["rows"].as_array().cloned().unwrap_or_default(),
-            _ => {
-                shared.bump("fault: request without an answer (streams)");
-                continue;
-            }
+        let Some(rows) = read_state(&shared, broker, &read).await else {
+            continue;
         };
         let nonce = format!("{name}-f{k}");
         let (state_ops, push_items, closed) = close_windows(&rows, pid, &nonce);
@@ -1261,7 +1259,16 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
     use super::kv_check::{KvCall, KvCallOp};
     let mut seen: BTreeMap<&str, i64> = BTreeMap::new();
     let mut n: i64 = 0;
+    let mut counter_rng = rng.child("counter");
     while !shared.draining.load(Ordering::SeqCst) {
+        // One call in five takes a permit of the counter (its own draw, so the other calls'
+        // draws stay as they were).
+        if counter_rng.below(5) == 0 {
+            n += 1;
+            incr_counter(&shared, who + n as usize).await;
+            tokio::time::sleep(Duration::from_millis(20 + counter_rng.below(180))).await;
+            continue;
+        }
         let key = KV_KEYS[rng.below(KV_KEYS.len() as u64) as usize];
         n += 1;
         // Unique across clients: a read that shows the value names the put that wrote it.
@@ -1343,6 +1350,46 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
             });
         }
         tokio::time::sleep(Duration::from_millis(20 + rng.below(180))).await;
+    }
+}
+
+/// One `incr` of the rate-limit counter with `max`, through broker `k`: admitted (the value it
+/// answered), refused at the limit, or without an answer.
+async fn incr_counter(shared: &Shared, k: usize) {
+    use super::kv_check::IncrOutcome;
+    let broker = &shared.brokers[k % shared.brokers.len()];
+    let call = json!({"operations": [{"op": "incr", "ns": KV_NAMESPACE, "key": KV_COUNTER,
+                                      "delta": 1, "max": KV_COUNTER_MAX, "forever": true}]});
+    let outcome = match request(
+        broker,
+        "POST",
+        "/api/v1/kv",
+        Some(&call),
+        Duration::from_secs(2),
+    )
+    .await
+    {
+        Ok((200, a)) => match (
+            a["results"][0]["applied"].as_bool(),
+            a["results"][0]["value"].as_i64(),
+        ) {
+            (Some(true), Some(v)) => {
+                shared.bump("kv: increments admitted");
+                IncrOutcome::Admitted(v)
+            }
+            (Some(false), _) => {
+                shared.bump("kv: increments refused at the limit");
+                IncrOutcome::Refused
+            }
+            _ => IncrOutcome::Unknown,
+        },
+        _ => {
+            shared.bump("kv: increments without an answer");
+            IncrOutcome::Unknown
+        }
+    };
+    if let Ok(mut calls) = shared.incr_calls.lock() {
+        calls.push(outcome);
     }
 }
 
