@@ -353,6 +353,15 @@ fn seed_set_passes() {
             10,
         );
         at_least(Scenario::Faults, "streams: cycles without an answer", 3);
+        // Lock holders and their fenced resource: renewals, and writes of lapsed holders refused.
+        at_least(Scenario::Faults, "locks: renewed", 20);
+        at_least(Scenario::Faults, "locks: renew found the permit lost", 5);
+        at_least(Scenario::Faults, "locks: fenced writes accepted", 200);
+        at_least(
+            Scenario::Faults,
+            "locks: fenced writes refused (a lapsed holder)",
+            5,
+        );
         // The rate limiter: admitted, refused at its max, and answers lost.
         at_least(Scenario::Faults, "kv: increments admitted", 100);
         at_least(Scenario::Faults, "kv: increments refused at the limit", 20);
@@ -719,6 +728,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "a renew takes over its slot's permit",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    renew_takes_over_the_slot: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "an expired permit still counted",
             Scenario::Faults,
             Bugs {
@@ -843,7 +863,7 @@ const PROOF_SEEDS: std::ops::Range<u64> = 5_000..5_050;
 /// costs about one run per switch (a prompt-scenario run is about 12 s) instead of a walk through
 /// the seeds before it. A code change that moves the schedules only makes the proof slower: the
 /// search goes on through `PROOF_SEEDS` and says which seed now catches the switch.
-const CAUGHT_AT: [(&str, u64); 9] = [
+const CAUGHT_AT: [(&str, u64); 10] = [
     ("ring cleared without the epoch check", 5_036),
     ("no revisit for single-partition pops", 5_001),
     (
@@ -854,6 +874,7 @@ const CAUGHT_AT: [(&str, u64); 9] = [
     ("a round task leaves with calls queued", 5_041),
     ("a push round drops a request it answered", 5_006),
     ("a stream cycle's fence ignores the lease", 5_001),
+    ("a renew takes over its slot's permit", 5_001),
     ("a conflating pop commits the message it delivers", 5_001),
     ("ephemeral: an expired lease rewinds its cursor", 5_001),
 ];

@@ -279,7 +279,11 @@ pub(crate) async fn lock_op(
                 tx.stmt("lock renew", |st, t| {
                     let key = permit(name, *slot);
                     let row = locked_row(st, &key, t.id)?;
-                    match row.filter(|r| locks::renew_holds(r, *token, owner.as_deref(), t.now)) {
+                    // SimBugs::renew_takes_over_the_slot: any stored permit of the slot passes.
+                    let takes_over = t.shared.bugs.renew_takes_over_the_slot;
+                    match row.filter(|r| {
+                        takes_over || locks::renew_holds(r, *token, owner.as_deref(), t.now)
+                    }) {
                         Some(r) => {
                             let expires_at = kv::Expiry::Ttl(*ttl_seconds).at(t.now);
                             let value = locks::renewed_value(&r);

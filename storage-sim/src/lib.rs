@@ -99,6 +99,10 @@ pub struct SimBugs {
     /// increments that read one value both pass the limit and write the same next value, so a
     /// rate limiter admits more than its `max`.
     pub incr_checks_limit_before_the_lock: bool,
+    /// A lock renew is checked against the slot, not the permit: it extends whatever permit holds
+    /// the slot, so a holder whose permit lapsed and was taken over renews its successor's permit
+    /// and gets a new, higher token: two holders at once.
+    pub renew_takes_over_the_slot: bool,
     /// A lock acquire counts expired permits as held.
     pub expired_permits_count: bool,
     /// A timer's firing neither checks nor removes the timer row: two brokers both fire it.

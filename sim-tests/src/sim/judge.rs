@@ -90,6 +90,14 @@ pub(super) fn judge(
         violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
         violations.extend(kv_linearizable(shared, &mut counts));
         violations.extend(kv_counter(shared, db));
+        if let Ok(fenced) = shared.fenced.lock() {
+            for ((name, slot), resource) in fenced.iter() {
+                violations.extend(super::fence_check::check_fenced(
+                    &format!("{name}/{slot}"),
+                    &resource.writes,
+                ));
+            }
+        }
         violations.extend(stream_cycles(shared, db));
         violations.extend(conflated_deliveries(shared, db));
     }

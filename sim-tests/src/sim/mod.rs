@@ -7,6 +7,7 @@ pub mod conflation_check;
 mod driver;
 pub mod ephemeral_check;
 mod ephemeral_clients;
+pub mod fence_check;
 pub mod history;
 mod hosts;
 pub mod http;
@@ -444,6 +445,8 @@ pub(crate) struct Shared {
     pub kv_calls: Mutex<Vec<kv_check::KvCall>>,
     /// The KV clients' increments of the rate-limit counter, in the order they ended.
     pub incr_calls: Mutex<Vec<kv_check::IncrOutcome>>,
+    /// The fenced resources the lockers write with their tokens, per (lock, slot).
+    pub fenced: Mutex<BTreeMap<(String, u64), fence_check::FencedResource>>,
     /// Refused lock acquires: (lock, invoked at, the holders' tokens the refusal named).
     pub lock_refusals: Mutex<Vec<(String, i64, Vec<i64>)>>,
     /// What the retention scenario's reader fetched, in the order it read.
@@ -619,6 +622,7 @@ pub fn run(spec: Spec) -> Outcome {
         kv_calls: Mutex::new(vec![]),
         incr_calls: Mutex::new(vec![]),
         lock_refusals: Mutex::new(vec![]),
+        fenced: Mutex::new(BTreeMap::new()),
         fetches: Mutex::new(vec![]),
         stream_cycles: Mutex::new(vec![]),
         window_closes: Mutex::new(vec![]),

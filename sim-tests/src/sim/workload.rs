@@ -1196,6 +1196,8 @@ async fn flush_windows(
 async fn hold_locks(shared: Arc<Shared>, who: usize, owner: String, mut rng: SeededRng) {
     let timeout = Duration::from_secs(2);
     let mut k = who;
+    // Per lock: this holder's tenures so far (a resent acquire answers the permit kept).
+    let mut tenures: BTreeMap<&str, u64> = BTreeMap::new();
     while !shared.draining.load(Ordering::SeqCst) {
         let (name, limit) = LOCKS[rng.below(LOCKS.len() as u64) as usize];
         k += 1;
@@ -1233,10 +1235,36 @@ async fn hold_locks(shared: Arc<Shared>, who: usize, owner: String, mut rng: See
         }
         if let Some((broker, r)) = granted {
             shared.bump("locks: acquired");
+            // The holder's tenure: a resent acquire answered the permit this holder kept.
+            let tenure = tenures.entry(name).or_default();
+            if r["already"] != true {
+                *tenure += 1;
+            }
+            let holder = format!("{owner}-{tenure}");
+            let slot = r["slot"].as_u64().unwrap_or(0);
+            let mut token = r["token"].as_i64().unwrap_or(-1);
+            write_fenced(&shared, name, slot, &holder, token);
             tokio::time::sleep(Duration::from_millis(50 + rng.below(1_450))).await;
+            write_fenced(&shared, name, slot, &holder, token);
+            if rng.below(3) == 0 {
+                // A renew, now and then after the permit's second (so some find it lapsed), and
+                // a write with the token it answered.
+                let renew = json!({"operations": [{"op": "renew", "name": name, "token": token,
+                    "slot": slot, "ttlSeconds": 1, "owner": owner}]});
+                match request(&broker, "POST", "/api/v1/locks", Some(&renew), timeout).await {
+                    Ok((200, body)) if body["results"][0]["renewed"] == true => {
+                        shared.bump("locks: renewed");
+                        token = body["results"][0]["token"].as_i64().unwrap_or(-1);
+                        tokio::time::sleep(Duration::from_millis(rng.below(900))).await;
+                        write_fenced(&shared, name, slot, &holder, token);
+                    }
+                    Ok((200, _)) => shared.bump("locks: renew found the permit lost"),
+                    _ => shared.bump("fault: request without an answer (locks)"),
+                }
+            }
             if rng.below(4) != 0 {
                 let release = json!({"operations": [
-                    {"op": "release", "name": name, "token": r["token"], "slot": r["slot"]}]});
+                    {"op": "release", "name": name, "token": token, "slot": slot}]});
                 if let Ok((200, body)) =
                     request(&broker, "POST", "/api/v1/locks", Some(&release), timeout).await
                 {
@@ -1249,6 +1277,21 @@ async fn hold_locks(shared: Arc<Shared>, who: usize, owner: String, mut rng: See
             }
         }
         tokio::time::sleep(Duration::from_millis(20 + rng.below(280))).await;
+    }
+}
+
+/// A holder's write to the fenced resource of (lock, slot), with its permit's token.
+fn write_fenced(shared: &Shared, name: &str, slot: u64, holder: &str, token: i64) {
+    if let Ok(mut fenced) = shared.fenced.lock() {
+        let accepted = fenced
+            .entry((name.to_string(), slot))
+            .or_default()
+            .write(holder, token);
+        shared.bump(if accepted {
+            "locks: fenced writes accepted"
+        } else {
+            "locks: fenced writes refused (a lapsed holder)"
+        });
     }
 }
 
