@@ -8,6 +8,15 @@
 
 mod common;
 
+// The simulation's own checkers, compiled into this test, so a run on real processes is held to
+// the same verdicts as the simulated one.
+#[allow(dead_code)]
+#[path = "../../sim-tests/src/sim/fence_check.rs"]
+mod fence_check;
+#[allow(dead_code)]
+#[path = "../../sim-tests/src/sim/kv_check.rs"]
+mod kv_check;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -742,6 +751,126 @@ async fn a_stream_counts_every_event_once_through_a_postgres_restart() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("{stdout}");
+}
+
+/// Exactly once where users count, on real processes (tests/python/exactly_once.py, Queen's
+/// Python client and streams SDK): two `queen` processes on one PostgreSQL; a rate limiter (incr
+/// with max), a lock whose holders write to a fenced resource, and a windowed stream whose worker
+/// is on broker A. A is killed with SIGKILL and started again, then PostgreSQL is stopped for 3 s
+/// and started again, all while the workloads run. Afterwards the stream's windows counted every
+/// event once (the script checks), and the counter's and the fenced resource's histories pass
+/// the simulation's checkers: the counter is exact within the unknown outcomes and never past
+/// its max, the accepted tokens only rose, no token served two holders, holders never overlapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_holds_through_a_killed_broker_and_a_postgres_restart() {
+    let pg = Arc::new(PrivatePg::start());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port);
+    let (port_a, port_b) = (free_port(), free_port());
+    let mut broker_a = spawn_broker(&url, port_a).await;
+    let _broker_b = spawn_broker(&url, port_b).await;
+    let python = std::env::var("QUEEN_PYTHON").expect(
+        "QUEEN_PYTHON must name a Python with queen-mq==2.6.0 installed (run `bash .ci/test`)",
+    );
+    let script = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/exactly_once.py"
+        ))
+        .arg(format!("http://127.0.0.1:{port_a}"))
+        .arg(format!("http://127.0.0.1:{port_b}"))
+        .arg("14")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the Python client");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    broker_a.kill().await.expect("SIGKILL broker A");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _broker_a = spawn_broker(&url, port_a).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    {
+        let pg = pg.clone();
+        tokio::task::spawn_blocking(move || pg.pause(3))
+            .await
+            .unwrap();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(240), script.wait_with_output())
+        .await
+        .expect("the script ended")
+        .expect("the script's output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("exactly once: all checks passed"),
+        "the exactly-once script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let history: Value = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("HISTORY "))
+        .and_then(|h| serde_json::from_str(h).ok())
+        .expect("the script's history");
+    let counter = &history["counter"];
+    let outcomes: Vec<kv_check::IncrOutcome> = counter["outcomes"]
+        .as_array()
+        .expect("outcomes")
+        .iter()
+        .map(|o| match (o["admitted"].as_i64(), o.get("refused")) {
+            (Some(v), _) => kv_check::IncrOutcome::Admitted(v),
+            (None, Some(_)) => kv_check::IncrOutcome::Refused,
+            _ => kv_check::IncrOutcome::Unknown,
+        })
+        .collect();
+    let (ns, key, max) = (
+        counter["ns"].as_str().expect("ns"),
+        counter["key"].as_str().expect("key"),
+        counter["max"].as_i64().expect("max"),
+    );
+    let addr_b: std::net::SocketAddr = format!("127.0.0.1:{port_b}").parse().unwrap();
+    let r = request(addr_b, "GET", &format!("/api/v1/kv/{ns}/{key}"), None).await;
+    assert_eq!(r.status, 200, "the counter: {:?}", r.json());
+    let value = r.json()["value"].as_i64().expect("a number");
+    let unknown = outcomes
+        .iter()
+        .filter(|o| **o == kv_check::IncrOutcome::Unknown)
+        .count();
+    let admitted = outcomes
+        .iter()
+        .filter(|o| matches!(o, kv_check::IncrOutcome::Admitted(_)))
+        .count();
+    let said: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with("HISTORY "))
+        .collect();
+    eprintln!(
+        "{}\ncounter {value}: {admitted} admitted, {unknown} unknown of {} calls",
+        said.join("\n"),
+        outcomes.len()
+    );
+    assert_eq!(
+        kv_check::check_counter(&outcomes, value, max),
+        Vec::<String>::new()
+    );
+    assert!(unknown > 0, "no increment met the faults");
+    let writes: Vec<fence_check::FencedWrite> = history["fenced"]
+        .as_array()
+        .expect("fenced writes")
+        .iter()
+        .map(|w| fence_check::FencedWrite {
+            tenure: w["tenure"].as_str().expect("tenure").to_string(),
+            token: w["token"].as_i64().expect("token"),
+            accepted: w["accepted"].as_bool().expect("accepted"),
+        })
+        .collect();
+    assert!(
+        writes.iter().filter(|w| w.accepted).count() > 20,
+        "too few lock cycles: {}",
+        writes.len()
+    );
+    assert_eq!(
+        fence_check::check_fenced("the lock", &writes),
+        Vec::<String>::new()
+    );
 }
 
 /// An ephemeral queue through a PostgreSQL outage longer than the brokers' liveness (7 s: every
