@@ -362,6 +362,10 @@ fn seed_set_passes() {
             "locks: fenced writes refused (a lapsed holder)",
             5,
         );
+        // Batches across keys: applied whole, refused whole, and read in one snapshot.
+        at_least(Scenario::Faults, "kv: pair batches applied", 20);
+        at_least(Scenario::Faults, "kv: pair batches refused whole", 20);
+        at_least(Scenario::Faults, "kv: pair reads", 20);
         // The rate limiter: admitted, refused at its max, and answers lost.
         at_least(Scenario::Faults, "kv: increments admitted", 100);
         at_least(Scenario::Faults, "kv: increments refused at the limit", 20);
@@ -722,6 +726,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             Bugs {
                 sim: SimBugs {
                     incr_checks_limit_before_the_lock: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
+            "a batch's required is checked outside its transaction",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    required_checked_outside_the_transaction: true,
                     ..SimBugs::default()
                 },
                 ..Bugs::default()

@@ -193,6 +193,18 @@ pub(crate) async fn kv_batch(
         for (i, op) in ops.iter().enumerate() {
             let (answer, refused) = kv_op(&tx, op, &limits).await?;
             results.push(answer);
+            if refused && op.required() && tx.bugs().required_checked_outside_the_transaction {
+                // SimBugs::required_checked_outside_the_transaction: the ops before the refused
+                // one stay applied (as if each had committed alone), the rest are not run.
+                let mut answers = results.clone();
+                answers.extend(ops[i + 1..].iter().map(|later| {
+                    serde_json::json!({"applied": false, "reason": "rolled_back", "key": later.key()})
+                }));
+                return Ok(KvBatch {
+                    results: answers,
+                    failed: Some(i),
+                });
+            }
             if refused && op.required() {
                 // Answer every op (reads included), then roll back.
                 for later in &ops[i + 1..] {

@@ -90,6 +90,7 @@ pub(super) fn judge(
         violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
         violations.extend(kv_linearizable(shared, &mut counts));
         violations.extend(kv_counter(shared, db));
+        violations.extend(kv_pairs(shared, db));
         if let Ok(fenced) = shared.fenced.lock() {
             for ((name, slot), resource) in fenced.iter() {
                 violations.extend(super::fence_check::check_fenced(
@@ -389,6 +390,21 @@ fn refusals_by_live_permits(
         }
     }
     out
+}
+
+/// The pair keys' reads and committed values: never a batch in part.
+fn kv_pairs(shared: &Shared, db: &SimDb) -> Vec<String> {
+    let Ok(reads) = shared.pair_reads.lock() else {
+        return vec![];
+    };
+    let rows = db.kv_rows(workload::KV_NAMESPACE);
+    let value = |key: &str| {
+        rows.iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, r)| r.value.as_i64())
+    };
+    let [first, second] = workload::KV_PAIR;
+    kv_check::check_pairs(&reads, (value(first), value(second)))
 }
 
 /// The rate-limit counter's increments against its committed value.

@@ -85,6 +85,29 @@ pub fn check_counter(calls: &[IncrOutcome], final_value: i64, max: i64) -> Vec<S
     out
 }
 
+/// The pair keys' promise: every batch writes one value to both keys in one call, the second
+/// write `required` and conditional, so a batch is applied whole or not at all. Each read of the
+/// two keys in one call (`getMany`, one snapshot), and the committed state at the end, must show
+/// both keys equal (or both absent).
+pub fn check_pairs(
+    reads: &[(Option<i64>, Option<i64>)],
+    final_pair: (Option<i64>, Option<i64>),
+) -> Vec<String> {
+    let mut out = vec![];
+    for (a, b) in reads.iter().filter(|(a, b)| a != b) {
+        out.push(format!(
+            "kv: a read saw a batch in part: the pair held {a:?} and {b:?}"
+        ));
+    }
+    if final_pair.0 != final_pair.1 {
+        out.push(format!(
+            "kv: a batch committed in part: the pair ended at {:?} and {:?}",
+            final_pair.0, final_pair.1
+        ));
+    }
+    out
+}
+
 /// A version as the search knows it: answered, or that of a put whose answer was lost and
 /// whose value no read ever showed (then no read can match it and no `expect` can name it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -460,5 +483,17 @@ mod tests {
         assert!(v.iter().any(|m| m.contains("past its max")), "{v:?}");
         let v = check_counter(&[Admitted(1)], 2, 5);
         assert!(v.iter().any(|m| m.contains("ended at 2")), "{v:?}");
+    }
+
+    #[test]
+    fn a_batch_seen_in_part_is_named() {
+        assert_eq!(
+            check_pairs(&[(None, None), (Some(3), Some(3))], (Some(3), Some(3))),
+            Vec::<String>::new()
+        );
+        let v = check_pairs(&[(Some(3), Some(4))], (Some(4), Some(4)));
+        assert!(v.iter().any(|m| m.contains("read saw")), "{v:?}");
+        let v = check_pairs(&[], (Some(4), None));
+        assert!(v.iter().any(|m| m.contains("committed in part")), "{v:?}");
     }
 }

@@ -658,6 +658,8 @@ pub const KV_KEYS: [&str; 2] = ["a", "b"];
 /// The KV clients' rate-limit counter (incremented by one with `max`, never otherwise written).
 pub const KV_COUNTER: &str = "ctr";
 pub const KV_COUNTER_MAX: i64 = 25;
+/// The KV clients' pair keys: every batch writes one value to both, all or nothing.
+pub const KV_PAIR: [&str; 2] = ["pa", "pb"];
 pub const KV_NAMESPACE: &str = "sim";
 
 /// The faults scenario's lock holders (they take locks through either broker under the fault
@@ -1303,6 +1305,9 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
     let mut seen: BTreeMap<&str, i64> = BTreeMap::new();
     let mut n: i64 = 0;
     let mut counter_rng = rng.child("counter");
+    let mut pair_rng = rng.child("pair");
+    // The first pair key's version this client last saw (0: absent).
+    let mut pair_version = 0i64;
     while !shared.draining.load(Ordering::SeqCst) {
         // One call in five takes a permit of the counter (its own draw, so the other calls'
         // draws stay as they were).
@@ -1310,6 +1315,15 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
             n += 1;
             incr_counter(&shared, who + n as usize).await;
             tokio::time::sleep(Duration::from_millis(20 + counter_rng.below(180))).await;
+            continue;
+        }
+        // One in six of the rest writes or reads the pair (its own draws too).
+        if pair_rng.below(6) == 0 {
+            n += 1;
+            let value = (who as i64 + 1) * 1_000_000 + n;
+            let write = pair_rng.below(3) != 0;
+            use_pair(&shared, who + n as usize, value, write, &mut pair_version).await;
+            tokio::time::sleep(Duration::from_millis(20 + pair_rng.below(180))).await;
             continue;
         }
         let key = KV_KEYS[rng.below(KV_KEYS.len() as u64) as usize];
@@ -1393,6 +1407,62 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
             });
         }
         tokio::time::sleep(Duration::from_millis(20 + rng.below(180))).await;
+    }
+}
+
+/// A batch that writes `value` to both pair keys, the second write required and conditional on
+/// the first key's version last seen (so some are refused and roll the first write back), or a
+/// read of both in one call; through broker `k`, never resent.
+async fn use_pair(shared: &Shared, k: usize, value: i64, write: bool, version: &mut i64) {
+    let broker = &shared.brokers[k % shared.brokers.len()];
+    let [first, second] = KV_PAIR;
+    let call = if write {
+        json!({"operations": [
+            {"op": "put", "ns": KV_NAMESPACE, "key": second, "value": value, "forever": true},
+            {"op": "put", "ns": KV_NAMESPACE, "key": first, "value": value, "forever": true,
+             "expect": *version, "required": true}]})
+    } else {
+        json!({"operations": [{"op": "getMany", "ns": KV_NAMESPACE, "keys": [first, second]}]})
+    };
+    let Ok((200, answer)) = request(
+        broker,
+        "POST",
+        "/api/v1/kv",
+        Some(&call),
+        Duration::from_secs(2),
+    )
+    .await
+    else {
+        shared.bump("kv: pair calls without an answer");
+        return;
+    };
+    if write {
+        let second_write = &answer["results"][1];
+        if second_write["applied"] == true {
+            shared.bump("kv: pair batches applied");
+        } else {
+            shared.bump("kv: pair batches refused whole");
+        }
+        if let Some(v) = second_write["version"].as_i64() {
+            *version = v;
+        }
+        return;
+    }
+    let rows = answer["results"][0]["rows"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let value_of = |key: &str| {
+        rows.iter()
+            .find(|r| r["key"] == key)
+            .and_then(|r| r["value"].as_i64())
+    };
+    if let Some(r) = rows.iter().find(|r| r["key"] == first) {
+        *version = r["version"].as_i64().unwrap_or(*version);
+    }
+    shared.bump("kv: pair reads");
+    if let Ok(mut reads) = shared.pair_reads.lock() {
+        reads.push((value_of(first), value_of(second)));
     }
 }
 
