@@ -362,6 +362,9 @@ fn seed_set_passes() {
             "locks: fenced writes refused (a lapsed holder)",
             5,
         );
+        // A key with a TTL: read live, and read absent once it ran out.
+        at_least(Scenario::Faults, "kv: TTL key read live", 20);
+        at_least(Scenario::Faults, "kv: TTL key read absent", 20);
         // Batches across keys: applied whole, refused whole, and read in one snapshot.
         at_least(Scenario::Faults, "kv: pair batches applied", 20);
         at_least(Scenario::Faults, "kv: pair batches refused whole", 20);
@@ -732,6 +735,17 @@ fn switches() -> Vec<(&'static str, Scenario, Bugs)> {
             },
         ),
         (
+            "a KV get reads an expired row",
+            Scenario::Faults,
+            Bugs {
+                sim: SimBugs {
+                    kv_get_ignores_expiry: true,
+                    ..SimBugs::default()
+                },
+                ..Bugs::default()
+            },
+        ),
+        (
             "a batch's required is checked outside its transaction",
             Scenario::Faults,
             Bugs {
@@ -878,7 +892,7 @@ const PROOF_SEEDS: std::ops::Range<u64> = 5_000..5_050;
 /// costs about one run per switch (a prompt-scenario run is about 12 s) instead of a walk through
 /// the seeds before it. A code change that moves the schedules only makes the proof slower: the
 /// search goes on through `PROOF_SEEDS` and says which seed now catches the switch.
-const CAUGHT_AT: [(&str, u64); 10] = [
+const CAUGHT_AT: [(&str, u64); 11] = [
     ("ring cleared without the epoch check", 5_036),
     ("no revisit for single-partition pops", 5_001),
     (
@@ -890,6 +904,7 @@ const CAUGHT_AT: [(&str, u64); 10] = [
     ("a push round drops a request it answered", 5_006),
     ("a stream cycle's fence ignores the lease", 5_001),
     ("a renew takes over its slot's permit", 5_001),
+    ("a KV get reads an expired row", 5_001),
     ("a conflating pop commits the message it delivers", 5_001),
     ("ephemeral: an expired lease rewinds its cursor", 5_001),
 ];

@@ -138,11 +138,17 @@ pub(crate) async fn kv_op(
                 op.key().unwrap_or_default().to_string(),
             );
             tx.stmt("kv op", |st, t| {
-                let row = if op.locks_row() {
+                let mut row = if op.locks_row() {
                     locked_row(st, &key, t.id)?
                 } else {
                     st.kv.get(&key, t.id).cloned()
                 };
+                if t.shared.bugs.kv_get_ignores_expiry && matches!(op, KvOp::Get { .. }) {
+                    // SimBugs::kv_get_ignores_expiry: a read takes an expired row as live.
+                    if let Some(r) = row.as_mut() {
+                        r.expires_at = None;
+                    }
+                }
                 match kv::decide(op, row.as_ref(), t.now) {
                     Decision::Answer { answer, refused } => Ok((answer, refused)),
                     Decision::Write { value, expires_at } => {

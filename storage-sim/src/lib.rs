@@ -99,6 +99,9 @@ pub struct SimBugs {
     /// increments that read one value both pass the limit and write the same next value, so a
     /// rate limiter admits more than its `max`.
     pub incr_checks_limit_before_the_lock: bool,
+    /// A KV `get` takes an expired row as live (the sweep has not removed it yet): a value is
+    /// read past its TTL.
+    pub kv_get_ignores_expiry: bool,
     /// A KV batch's `required` op is checked as if outside the batch's transaction: when it is
     /// refused, the ops before it stay applied, so a batch is visible in part.
     pub required_checked_outside_the_transaction: bool,

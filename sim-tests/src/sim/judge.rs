@@ -91,6 +91,14 @@ pub(super) fn judge(
         violations.extend(kv_linearizable(shared, &mut counts));
         violations.extend(kv_counter(shared, db));
         violations.extend(kv_pairs(shared, db));
+        if let Ok(calls) = shared.ttl_calls.lock() {
+            // One millisecond for the clocks: the model's and the history's share one timeline.
+            violations.extend(kv_check::check_expiry(
+                &calls,
+                workload::KV_TTL_SECS * 1_000_000,
+                1_000,
+            ));
+        }
         if let Ok(fenced) = shared.fenced.lock() {
             for ((name, slot), resource) in fenced.iter() {
                 violations.extend(super::fence_check::check_fenced(

@@ -85,6 +85,58 @@ pub fn check_counter(calls: &[IncrOutcome], final_value: i64, max: i64) -> Vec<S
     out
 }
 
+/// A call on the TTL key as its caller saw it (simulated microseconds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TtlCall {
+    /// A put with a TTL, answered with the version it wrote.
+    Put {
+        invoked: Micros,
+        answered: Micros,
+        version: i64,
+    },
+    /// A get, answered with the version it read (`None`: absent).
+    Get {
+        invoked: Micros,
+        answered: Micros,
+        version: Option<i64>,
+    },
+}
+
+/// The TTL key's promise: a value is never read once its TTL has passed. A put commits before
+/// its answer, so its value is gone `ttl` after the answer at the latest; a get sent later than
+/// that (with `margin` for the clocks) must not read it.
+pub fn check_expiry(calls: &[TtlCall], ttl: Micros, margin: Micros) -> Vec<String> {
+    let written: std::collections::BTreeMap<i64, Micros> = calls
+        .iter()
+        .filter_map(|c| match c {
+            TtlCall::Put {
+                answered, version, ..
+            } => Some((*version, *answered)),
+            TtlCall::Get { .. } => None,
+        })
+        .collect();
+    let mut out = vec![];
+    for c in calls {
+        let TtlCall::Get {
+            invoked,
+            version: Some(v),
+            ..
+        } = c
+        else {
+            continue;
+        };
+        if let Some(answered) = written.get(v) {
+            if *invoked > answered + ttl + margin {
+                out.push(format!(
+                    "kv: a get sent at {invoked} us read version {v}, whose TTL ran out by {} us",
+                    answered + ttl
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// The pair keys' promise: every batch writes one value to both keys in one call, the second
 /// write `required` and conditional, so a batch is applied whole or not at all. Each read of the
 /// two keys in one call (`getMany`, one snapshot), and the committed state at the end, must show
@@ -495,5 +547,23 @@ mod tests {
         assert!(v.iter().any(|m| m.contains("read saw")), "{v:?}");
         let v = check_pairs(&[], (Some(4), None));
         assert!(v.iter().any(|m| m.contains("committed in part")), "{v:?}");
+    }
+
+    #[test]
+    fn an_expired_read_is_named() {
+        let put = TtlCall::Put {
+            invoked: 0,
+            answered: 10,
+            version: 4,
+        };
+        let get = |invoked, version| TtlCall::Get {
+            invoked,
+            answered: invoked + 5,
+            version,
+        };
+        let ok = [put.clone(), get(500, Some(4)), get(2_000, None)];
+        assert_eq!(check_expiry(&ok, 1_000, 1), Vec::<String>::new());
+        let v = check_expiry(&[put, get(1_100, Some(4))], 1_000, 1);
+        assert!(v.iter().any(|m| m.contains("TTL ran out")), "{v:?}");
     }
 }

@@ -447,6 +447,8 @@ pub(crate) struct Shared {
     pub incr_calls: Mutex<Vec<kv_check::IncrOutcome>>,
     /// The KV clients' reads of the pair keys: (first, second) values seen in one snapshot.
     pub pair_reads: Mutex<Vec<(Option<i64>, Option<i64>)>>,
+    /// The KV clients' calls on the TTL key.
+    pub ttl_calls: Mutex<Vec<kv_check::TtlCall>>,
     /// The fenced resources the lockers write with their tokens, per (lock, slot).
     pub fenced: Mutex<BTreeMap<(String, u64), fence_check::FencedResource>>,
     /// Refused lock acquires: (lock, invoked at, the holders' tokens the refusal named).
@@ -624,6 +626,7 @@ pub fn run(spec: Spec) -> Outcome {
         kv_calls: Mutex::new(vec![]),
         incr_calls: Mutex::new(vec![]),
         pair_reads: Mutex::new(vec![]),
+        ttl_calls: Mutex::new(vec![]),
         lock_refusals: Mutex::new(vec![]),
         fenced: Mutex::new(BTreeMap::new()),
         fetches: Mutex::new(vec![]),

@@ -660,6 +660,9 @@ pub const KV_COUNTER: &str = "ctr";
 pub const KV_COUNTER_MAX: i64 = 25;
 /// The KV clients' pair keys: every batch writes one value to both, all or nothing.
 pub const KV_PAIR: [&str; 2] = ["pa", "pb"];
+/// The KV clients' key written with a TTL of `KV_TTL_SECS`.
+pub const KV_TTL_KEY: &str = "t";
+pub const KV_TTL_SECS: i64 = 1;
 pub const KV_NAMESPACE: &str = "sim";
 
 /// The faults scenario's lock holders (they take locks through either broker under the fault
@@ -1306,6 +1309,7 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
     let mut n: i64 = 0;
     let mut counter_rng = rng.child("counter");
     let mut pair_rng = rng.child("pair");
+    let mut ttl_rng = rng.child("ttl");
     // The first pair key's version this client last saw (0: absent).
     let mut pair_version = 0i64;
     while !shared.draining.load(Ordering::SeqCst) {
@@ -1315,6 +1319,14 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
             n += 1;
             incr_counter(&shared, who + n as usize).await;
             tokio::time::sleep(Duration::from_millis(20 + counter_rng.below(180))).await;
+            continue;
+        }
+        // One in six of the rest puts or gets the TTL key (its own draws too).
+        if ttl_rng.below(6) == 0 {
+            n += 1;
+            let value = (who as i64 + 1) * 1_000_000 + n;
+            use_ttl_key(&shared, who + n as usize, value, ttl_rng.below(3) == 0).await;
+            tokio::time::sleep(Duration::from_millis(20 + ttl_rng.below(400))).await;
             continue;
         }
         // One in six of the rest writes or reads the pair (its own draws too).
@@ -1407,6 +1419,57 @@ async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut rng: Seeded
             });
         }
         tokio::time::sleep(Duration::from_millis(20 + rng.below(180))).await;
+    }
+}
+
+/// A put of the TTL key (`KV_TTL_SECS`), or a get of it, through broker `k`, never resent.
+async fn use_ttl_key(shared: &Shared, k: usize, value: i64, put: bool) {
+    use super::kv_check::TtlCall;
+    let broker = &shared.brokers[k % shared.brokers.len()];
+    let op = if put {
+        json!({"op": "put", "ns": KV_NAMESPACE, "key": KV_TTL_KEY, "value": value,
+               "ttlSeconds": KV_TTL_SECS})
+    } else {
+        json!({"op": "get", "ns": KV_NAMESPACE, "key": KV_TTL_KEY})
+    };
+    let invoked = shared.now();
+    let call = json!({ "operations": [op] });
+    let Ok((200, answer)) = request(
+        broker,
+        "POST",
+        "/api/v1/kv",
+        Some(&call),
+        Duration::from_secs(2),
+    )
+    .await
+    else {
+        shared.bump("kv: TTL key calls without an answer");
+        return;
+    };
+    let answered = shared.now();
+    let r = &answer["results"][0];
+    let seen = match (put, r["version"].as_i64()) {
+        (true, Some(version)) => TtlCall::Put {
+            invoked,
+            answered,
+            version,
+        },
+        (true, None) => return,
+        (false, version) => {
+            shared.bump(if version.is_some() {
+                "kv: TTL key read live"
+            } else {
+                "kv: TTL key read absent"
+            });
+            TtlCall::Get {
+                invoked,
+                answered,
+                version,
+            }
+        }
+    };
+    if let Ok(mut calls) = shared.ttl_calls.lock() {
+        calls.push(seen);
     }
 }
 
