@@ -892,7 +892,7 @@ const PROOF_SEEDS: std::ops::Range<u64> = 5_000..5_050;
 /// costs about one run per switch (a prompt-scenario run is about 12 s) instead of a walk through
 /// the seeds before it. A code change that moves the schedules only makes the proof slower: the
 /// search goes on through `PROOF_SEEDS` and says which seed now catches the switch.
-const CAUGHT_AT: [(&str, u64); 11] = [
+const CAUGHT_AT: [(&str, u64); 12] = [
     ("ring cleared without the epoch check", 5_036),
     ("no revisit for single-partition pops", 5_001),
     (
@@ -905,6 +905,7 @@ const CAUGHT_AT: [(&str, u64); 11] = [
     ("a stream cycle's fence ignores the lease", 5_001),
     ("a renew takes over its slot's permit", 5_001),
     ("a KV get reads an expired row", 5_001),
+    ("incr checks its max before taking the row lock", 5_015),
     ("a conflating pop commits the message it delivers", 5_001),
     ("ephemeral: an expired lease rewinds its cursor", 5_001),
 ];
