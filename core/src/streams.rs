@@ -16,10 +16,16 @@
 //! of them read the same row, both would emit its window. So a delete must find its row, or the
 //! whole cycle is refused ([`StreamRefusal::StateGone`]): of two cycles that read one row, the
 //! first to commit emits it, the other commits nothing and the SDK's redo reads the state as it
-//! is. And a cycle without an ack is refused while a worker of the group holds the source
+//! is. A cycle without an ack is refused while a worker of the group holds the source
 //! partition's lease ([`StreamRefusal::SourceLeased`]): the holder's cycle read the state after
 //! its pop and commits under the lease, so no flush may change that state in between (a flush
-//! that deleted a row the holder then upserts would emit the window twice).
+//! that deleted a row the holder then upserts would emit the window twice). And a flush may
+//! delete a window's row (one with a numeric `windowEnd`) only as its ripe read saw it: that read
+//! stamps each row it answers with the row's version, every write of a row gives it a new one,
+//! and a flush's delete of a window row whose stamp is not its version is refused
+//! ([`StreamRefusal::StateGone`]). Without it a flush that read a window, then met a whole
+//! regular cycle that added an event to it, would emit the window without that event and delete
+//! it (found by two SDK workers of one sliding-window query: 47 of 48 counted).
 
 use serde_json::Value;
 
@@ -217,8 +223,8 @@ pub enum StreamRefusal {
     ForeignPartition,
     /// The source lease the cycle names is no longer live, or is held by another consumer.
     LeaseLost,
-    /// A state delete names a row that is not there: another cycle (a flush, or a cycle of
-    /// another worker) closed it since this one read it.
+    /// A state delete names a row that is not there (another cycle closed it since this one
+    /// read it), or a flush deletes a window row changed since its ripe read.
     StateGone,
     /// A cycle without an ack (an idle flush) while a worker of the group holds the source
     /// partition's lease: the holder's cycle may change the state this one read.
@@ -246,8 +252,8 @@ impl StreamRefusal {
                 "source lease lost: the lease is expired or held by another consumer"
             }
             StreamRefusal::StateGone => {
-                "stream state changed: a state delete names a row that is no longer there \
-                 (another cycle closed it); nothing of the cycle was applied"
+                "stream state changed: a state delete names a row that is no longer there, or \
+                 that another cycle changed since it was read; nothing of the cycle was applied"
             }
             StreamRefusal::SourceLeased => {
                 "stream state busy: a cycle without an ack while a worker holds the source \
@@ -320,6 +326,22 @@ pub fn lease_is_live(row: Option<LeaseView>, now: Timestamp) -> bool {
     row.is_some_and(|r| r.worker.is_some() && r.expires_at.is_some_and(|t| t > now))
 }
 
+/// A row a cycle deletes as read, as the cycle's fence finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowFound {
+    pub key: String,
+    /// Its value has a numeric `windowEnd` (a window's row: what a ripe read selects).
+    pub window: bool,
+    /// Its last ripe read stamped the version it has now: unchanged since that read.
+    pub as_ripe_read: bool,
+}
+
+/// What a ripe read (`StateQuery::ripe_at_or_before`) leaves on each row it answers: the row's
+/// version, so the flush that read it can delete it only as it read it.
+pub fn ripe_read_stamps(query: &StateQuery) -> bool {
+    query.ripe_at_or_before.is_some()
+}
+
 /// What the checks of a cycle read, under the cycle's locks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CycleView<'a> {
@@ -329,8 +351,8 @@ pub struct CycleView<'a> {
     pub source_of_partition: Option<&'a str>,
     /// The group's cursor row on the partition.
     pub lease: Option<LeaseView>,
-    /// Of [`deletes_of_read_rows`], the keys whose rows are there.
-    pub rows_present: &'a [String],
+    /// Of [`deletes_of_read_rows`], the rows that are there.
+    pub rows_found: &'a [RowFound],
 }
 
 /// The checks of a cycle before its state ops, in the order both backends make them.
@@ -351,9 +373,13 @@ pub fn check_cycle(
         None if lease_is_live(view.lease, now) => return Err(StreamRefusal::SourceLeased),
         None => {}
     }
-    let gone = deletes_of_read_rows(&op.ops)
-        .iter()
-        .any(|k| !view.rows_present.contains(k));
+    let flush = op.lease_id.is_none();
+    let gone = deletes_of_read_rows(&op.ops).iter().any(|k| {
+        match view.rows_found.iter().find(|r| &r.key == k) {
+            None => true,
+            Some(r) => flush && r.window && !r.as_ripe_read,
+        }
+    });
     if gone {
         return Err(StreamRefusal::StateGone);
     }
@@ -468,13 +494,21 @@ mod tests {
         query_source: Option<&'a str>,
         source_of_partition: Option<&'a str>,
         lease: Option<LeaseView>,
-        rows_present: &'a [String],
+        rows_found: &'a [RowFound],
     ) -> CycleView<'a> {
         CycleView {
             query_source,
             source_of_partition,
             lease,
-            rows_present,
+            rows_found,
+        }
+    }
+
+    fn found(key: &str, window: bool, as_ripe_read: bool) -> RowFound {
+        RowFound {
+            key: key.into(),
+            window,
+            as_ripe_read,
         }
     }
 
@@ -554,7 +588,7 @@ mod tests {
             ],
         };
         let src = Some("src");
-        let w1 = ["w1".to_string()];
+        let w1 = [found("w1", false, false)];
         assert_eq!(
             deletes_of_read_rows(&flush.ops),
             vec!["w1".to_string()],
@@ -587,11 +621,28 @@ mod tests {
         // The holder's own cycle is fenced on its rows too.
         let held = StreamCycleOp {
             lease_id: Some(uuid::Uuid::from_u128(7).to_string()),
-            ..flush
+            ..flush.clone()
         };
         assert_eq!(
             check_cycle(&held, &view(src, src, Some(live), &[]), T0),
             Err(StreamRefusal::StateGone)
+        );
+        // A window row: a flush deletes it only as its ripe read saw it; the holder's cycle
+        // (under its lease) needs only the row.
+        let ripe = [found("w1", true, true)];
+        let changed = [found("w1", true, false)];
+        assert_eq!(
+            check_cycle(&flush, &view(src, src, None, &ripe), T0),
+            Ok(())
+        );
+        assert_eq!(
+            check_cycle(&flush, &view(src, src, None, &changed), T0),
+            Err(StreamRefusal::StateGone),
+            "a window row written since the flush's ripe read"
+        );
+        assert_eq!(
+            check_cycle(&held, &view(src, src, Some(live), &changed), T0),
+            Ok(())
         );
         assert!(StreamRefusal::StateGone.is_state_conflict());
         assert!(StreamRefusal::SourceLeased.is_state_conflict());

@@ -2879,6 +2879,7 @@ cases!(
     stream_cycles_commit_all_or_nothing_on_the_lease,
     stream_cycles_end_the_lease_they_own,
     stream_cycles_are_fenced_on_the_state_they_close,
+    a_flush_deletes_a_window_only_as_its_ripe_read_saw_it,
     conflation_delivers_the_newest_only,
     conflation_is_fixed_at_registration,
     conflation_respects_visibility,

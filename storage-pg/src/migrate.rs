@@ -86,6 +86,11 @@ pub const MIGRATIONS: &[Migration] = &[
         "ephemeral brokers' unbroken liveness",
         "032_ephemeral_alive_since.sql"
     ),
+    migration!(
+        33,
+        "stream state versions and ripe-read stamps",
+        "033_stream_state_versions.sql"
+    ),
 ];
 
 macro_rules! functions {

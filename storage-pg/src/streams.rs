@@ -158,24 +158,40 @@ impl StreamStorage for PgStorage {
             return Ok(known.map(|_| vec![]));
         };
         // One statement, one snapshot: no row at all means no such query; a row without a key
-        // is the query with an empty selection. The filters are `StateQuery::selects`.
+        // is the query with an empty selection. The filters are `StateQuery::selects`. A ripe
+        // read (`streams::ripe_read_stamps`) stamps each row it answers with the row's version,
+        // under the row's lock, in the same statement.
+        let statement = if streams::ripe_read_stamps(query) {
+            "WITH q AS (SELECT id FROM queen_streams.queries WHERE id = $1),
+                  stamped AS (
+                    UPDATE queen_streams.state s SET ripe_read_version = s.version
+                      FROM q
+                     WHERE s.query_id = q.id AND s.partition_id = $2
+                       AND (cardinality($3::text[]) = 0 OR s.key = ANY($3::text[]))
+                       AND ($4::text IS NULL OR starts_with(s.key, $4::text))
+                       AND CASE WHEN jsonb_typeof(s.value -> 'windowEnd') = 'number'
+                                THEN round((s.value ->> 'windowEnd')::numeric) <= $5::bigint
+                                ELSE false END
+                 RETURNING s.key, s.value, s.updated_at)
+             SELECT st.key, st.value::text, st.updated_at
+               FROM q LEFT JOIN stamped st ON true
+              ORDER BY st.key"
+        } else {
+            "SELECT s.key, s.value::text, s.updated_at
+               FROM queen_streams.queries q
+               LEFT JOIN queen_streams.state s
+                 ON s.query_id = q.id AND s.partition_id = $2
+                AND (cardinality($3::text[]) = 0 OR s.key = ANY($3::text[]))
+                AND ($4::text IS NULL OR starts_with(s.key, $4::text))
+                AND ($5::bigint IS NULL
+                     OR (jsonb_typeof(s.value -> 'windowEnd') = 'number'
+                         AND round((s.value ->> 'windowEnd')::numeric) <= $5::bigint))
+              WHERE q.id = $1
+              ORDER BY s.key"
+        };
         let rows = client
             .query(
-                &prepared(
-                    &client,
-                    "SELECT s.key, s.value::text, s.updated_at
-                       FROM queen_streams.queries q
-                       LEFT JOIN queen_streams.state s
-                         ON s.query_id = q.id AND s.partition_id = $2
-                        AND (cardinality($3::text[]) = 0 OR s.key = ANY($3::text[]))
-                        AND ($4::text IS NULL OR starts_with(s.key, $4::text))
-                        AND ($5::bigint IS NULL
-                             OR (jsonb_typeof(s.value -> 'windowEnd') = 'number'
-                                 AND round((s.value ->> 'windowEnd')::numeric) <= $5::bigint))
-                      WHERE q.id = $1
-                      ORDER BY s.key",
-                )
-                .await?,
+                &prepared(&client, statement).await?,
                 &[
                     &query.query_id,
                     &partition,
@@ -241,8 +257,13 @@ pub(crate) async fn cycle_op(
                           WHERE c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
                         (SELECT c.lease_expires_at FROM queen.log_consumers c
                           WHERE c.partition_id = $3 AND c.consumer_group = $4 FOR UPDATE),
-                        (SELECT coalesce(array_agg(r.key), '{}') FROM
-                           (SELECT s.key FROM queen_streams.state s
+                        (SELECT coalesce(array_agg(r.key || '/' || r.window::int || r.as_read::int),
+                                         '{}') FROM
+                           (SELECT s.key,
+                                   coalesce(jsonb_typeof(s.value -> 'windowEnd') = 'number', false)
+                                     AS window,
+                                   s.ripe_read_version IS NOT DISTINCT FROM s.version AS as_read
+                              FROM queen_streams.state s
                              WHERE cardinality($5::text[]) > 0 AND s.query_id = $2
                                AND s.partition_id = $3 AND s.key = ANY($5::text[])
                                FOR UPDATE) r),
@@ -255,7 +276,20 @@ pub(crate) async fn cycle_op(
         .map_err(pg_err("streams cycle: fence"))?;
     let source: Option<String> = row.get(1);
     let partition_queue: Option<String> = row.get(2);
-    let rows_present: Vec<String> = row.get(5);
+    // Each found row as `key/WR`: W its value has a numeric windowEnd, R its ripe-read stamp is
+    // its version (1 or 0), after the key's last '/'.
+    let found: Vec<String> = row.get(5);
+    let rows_found = found
+        .iter()
+        .map(|f| {
+            let (key, flags) = f.rsplit_once('/').unwrap_or((f.as_str(), "00"));
+            streams::RowFound {
+                key: key.to_string(),
+                window: flags.starts_with('1'),
+                as_ripe_read: flags.ends_with('1'),
+            }
+        })
+        .collect::<Vec<_>>();
     let view = streams::CycleView {
         query_source: source.as_deref(),
         source_of_partition: partition_queue.as_deref(),
@@ -265,7 +299,7 @@ pub(crate) async fn cycle_op(
                 .get::<_, Option<std::time::SystemTime>>(4)
                 .map(from_system_time),
         }),
-        rows_present: &rows_present,
+        rows_found: &rows_found,
     };
     let now = from_system_time(row.get(6));
     if let Err(refusal) = streams::check_cycle(op, &view, now) {
@@ -281,10 +315,12 @@ pub(crate) async fn cycle_op(
         tx.execute(
             &prepared(
                 tx,
-                "INSERT INTO queen_streams.state (query_id, partition_id, key, value, updated_at)
-                 SELECT $1, $2, e.key, e.value, now() FROM jsonb_each($3::text::jsonb) e
+                "INSERT INTO queen_streams.state (query_id, partition_id, key, value, updated_at, version)
+                 SELECT $1, $2, e.key, e.value, now(), nextval('queen_streams.state_versions')
+                   FROM jsonb_each($3::text::jsonb) e
                  ON CONFLICT (query_id, partition_id, key)
-                 DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at",
+                 DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at,
+                               version = EXCLUDED.version",
             )
             .await?,
             &[&op.query_id, &partition, &text],

@@ -611,6 +611,15 @@ impl queen_core::storage::StreamStorage for SimDb {
         &self,
         query: &queen_core::streams::StateQuery,
     ) -> StorageResult<Option<Vec<queen_core::streams::StateRow>>> {
+        if queen_core::streams::ripe_read_stamps(query) {
+            return self
+                .exec(streams::ripe_read(
+                    self.shared.clone(),
+                    self.cell(),
+                    query.clone(),
+                ))
+                .await;
+        }
         Ok(streams::state(&lock(&self.shared.state), query))
     }
 }

@@ -126,6 +126,10 @@ pub struct SimBugs {
     /// cycle already closed and commits while a worker holds the source lease, so a window that
     /// two cycles read reaches the sink twice.
     pub stream_flush_unfenced: bool,
+    /// A flush deletes a window row whatever happened to it since its ripe read: a regular cycle
+    /// that added a batch to the window in between is lost with the row (the window is emitted
+    /// as the flush read it).
+    pub flush_ignores_its_ripe_read: bool,
     /// A conflating pop moves the cursor through the message it delivers (retirement and
     /// commit in one), so a consumer that dies before its ack loses the partition's newest
     /// message: the redelivery starts past it.

@@ -80,6 +80,10 @@ pub struct StreamQueryRow {
 pub struct StreamStateRow {
     pub value: serde_json::Value,
     pub updated_at: Timestamp,
+    /// A new one at every write (`stream_state_seq`, never reused).
+    pub version: i64,
+    /// The version the row's last ripe read saw (`core::streams::ripe_read_stamps`).
+    pub ripe_read: Option<i64>,
 }
 
 /// (query id, partition id, key).
@@ -168,6 +172,8 @@ pub struct DbState {
     pub kv: Table<(String, String), queen_core::kv::KvRow>,
     /// queen.kv_versions: the last version handed out (a sequence: not rolled back).
     pub kv_seq: i64,
+    /// The last stream state row version handed out.
+    pub stream_state_seq: i64,
     /// queen.timers: (queue, timer key) → pending timer.
     pub timers: Table<(String, String), queen_core::timers::TimerRow>,
     /// queen_streams.queries: id → query; its unique name index.
@@ -237,6 +243,7 @@ impl DbState {
             trace_seq: 0,
             kv: Table::default(),
             kv_seq: 0,
+            stream_state_seq: 0,
             timers: Table::default(),
             stream_queries: Table::default(),
             stream_names: Table::default(),

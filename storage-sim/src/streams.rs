@@ -120,19 +120,59 @@ pub(crate) fn state_keys_of_partition(st: &DbState, pid: &str, tx: u64) -> Vec<S
 /// The committed rows a state read selects (`None`: no such query).
 pub(crate) fn state(st: &DbState, q: &StateQuery) -> Option<Vec<StateRow>> {
     st.stream_queries.get(&q.query_id, 0)?;
+    Some(selected(st, q, 0).into_iter().map(|(_, row)| row).collect())
+}
+
+/// The rows of the read's shard it selects, with their keys in the table, as transaction `tx`
+/// sees them.
+fn selected(st: &DbState, q: &StateQuery, tx: u64) -> Vec<(StateKey, StateRow)> {
     let start = (q.query_id, q.partition_id.clone(), String::new());
-    Some(
-        st.stream_state
-            .range(start.., 0)
-            .take_while(|((id, p, _), _)| *id == q.query_id && *p == q.partition_id)
-            .filter(|((_, _, key), row)| q.selects(key, &row.value))
-            .map(|((_, _, key), row)| StateRow {
-                key: key.clone(),
-                value: row.value.clone(),
-                updated_at: row.updated_at,
-            })
-            .collect(),
-    )
+    st.stream_state
+        .range(start.., tx)
+        .take_while(|((id, p, _), _)| *id == q.query_id && *p == q.partition_id)
+        .filter(|((_, _, key), row)| q.selects(key, &row.value))
+        .map(|(k, row)| {
+            (
+                k.clone(),
+                StateRow {
+                    key: k.2.clone(),
+                    value: row.value.clone(),
+                    updated_at: row.updated_at,
+                },
+            )
+        })
+        .collect()
+}
+
+/// A ripe read: the rows it selects, each stamped with its version under the row's lock (as
+/// PostgreSQL's UPDATE ... RETURNING), in a transaction of its own.
+pub(crate) async fn ripe_read(
+    shared: Arc<Shared>,
+    cell: Arc<TaskCell>,
+    q: StateQuery,
+) -> Result<Option<Vec<StateRow>>, StorageError> {
+    in_tx(&shared, "streams ripe read", cell, |tx| async move {
+        tx.stmt("streams ripe read", |st, t| {
+            if st.stream_queries.get(&q.query_id, t.id).is_none() {
+                return Ok(None);
+            }
+            let rows = selected(st, &q, t.id);
+            for (k, _) in &rows {
+                if let Some(h) = st.stream_state.locked_by_other(k, t.id) {
+                    return Err(StmtError::Blocked(h));
+                }
+            }
+            for (k, _) in &rows {
+                if let Some(mut row) = st.stream_state.get(k, t.id).cloned() {
+                    row.ripe_read = Some(row.version);
+                    st.stream_state.update(k, row, t.id);
+                }
+            }
+            Ok(Some(rows.into_iter().map(|(_, r)| r).collect()))
+        })
+        .await
+    })
+    .await
 }
 
 /// `TxOp::Stream`: the fence, then the state ops' net effect (see the PostgreSQL version for
@@ -171,15 +211,31 @@ pub(crate) async fn cycle_op(
         });
         let key = |k: &str| (op.query_id, op.partition_id.clone(), k.to_string());
         let read_rows = streams::deletes_of_read_rows(&op.ops);
-        let mut rows_present: Vec<String> = read_rows
+        let mut rows_found: Vec<streams::RowFound> = read_rows
             .iter()
-            .filter(|k| st.stream_state.get(&key(k), t.id).is_some())
-            .cloned()
+            .filter_map(|k| {
+                let row = st.stream_state.get(&key(k), t.id)?;
+                Some(streams::RowFound {
+                    key: k.clone(),
+                    window: streams::window_end(&row.value).is_some(),
+                    // SimBugs::flush_ignores_its_ripe_read: every row passes as read.
+                    as_ripe_read: row.ripe_read == Some(row.version)
+                        || t.shared.bugs.flush_ignores_its_ripe_read,
+                })
+            })
             .collect();
         if t.shared.bugs.stream_flush_unfenced && op.lease_id.is_none() {
-            // SimBugs::stream_flush_unfenced: a flush sees no lease and every row it deletes.
+            // SimBugs::stream_flush_unfenced: a flush sees no lease and every row it deletes,
+            // each as it read it.
             lease = None;
-            rows_present = read_rows;
+            rows_found = read_rows
+                .into_iter()
+                .map(|key| streams::RowFound {
+                    key,
+                    window: false,
+                    as_ripe_read: true,
+                })
+                .collect();
         }
         // SimBugs::stream_fence_ignores_lease: the cycle is checked as if it named no lease (and
         // no lease were held).
@@ -198,7 +254,7 @@ pub(crate) async fn cycle_op(
             query_source: source.as_deref(),
             source_of_partition: partition_queue.as_deref(),
             lease,
-            rows_present: &rows_present,
+            rows_found: &rows_found,
         };
         if let Err(refusal) = streams::check_cycle(checked, &view, t.now) {
             return Ok(Err(refusal));
@@ -210,9 +266,12 @@ pub(crate) async fn cycle_op(
             }
         }
         for (k, value) in upserts {
+            st.stream_state_seq += 1;
             let row = StreamStateRow {
                 value,
                 updated_at: t.now,
+                version: st.stream_state_seq,
+                ripe_read: None,
             };
             if st.stream_state.get(&key(&k), t.id).is_some() {
                 st.stream_state.update(&key(&k), row, t.id);

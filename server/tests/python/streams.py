@@ -182,6 +182,10 @@ async def racing_flushes(queen):
                 "push_items": [{"queue": sink, "partition": "out", "payload": {"acc": 5, "by": n}}],
                 "ack": None})
 
+        # Each flush's ripe read (the SDK's idle flush reads before it commits): both see the window.
+        ripe = {"query_id": qid, "partition_id": pid, "keys": [], "key_prefix": "w\u001f", "ripe_at_or_before": 5000}
+        reads = await asyncio.gather(*(http.post("/streams/v1/state/get", json=ripe) for _ in range(2)))
+        check(all([row["key"] for row in r.json()["rows"]] == ["w\u001f1"] for r in reads), "both flushes read the ripe window")
         answers = await asyncio.gather(flush(1), flush(2))
         codes = sorted(a.status_code for a in answers)
         check(codes == [200, 409], f"one flush commits, the other is refused ({codes})")

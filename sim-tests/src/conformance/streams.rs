@@ -538,6 +538,12 @@ pub async fn stream_cycles_are_fenced_on_the_state_they_close(b: &dyn Backend) -
         .await
         .map_err(e)?;
     ensure!(out.committed, "the second holder's ack: {out:?}");
+    // Both flushes read the window (one ripe read stands for both: the second finds it stamped).
+    let ripe = StateQuery {
+        ripe_at_or_before: Some(5000),
+        ..all_rows(qid, &pid)
+    };
+    s.stream_state(&ripe).await.map_err(e)?;
     let out = s.transaction(flush("b")).await.map_err(e)?;
     ensure!(out.committed, "the first flush closes the window: {out:?}");
     // The second flush read the same window: its delete finds no row, so it commits nothing.
@@ -573,5 +579,105 @@ pub async fn stream_cycles_are_fenced_on_the_state_they_close(b: &dyn Backend) -
         .await
         .map_err(e)?;
     ensure!(out.committed, "upsert then delete: {out:?}");
+    Ok(())
+}
+
+/// A flush deletes a window's row only as its ripe read saw it: a ripe read stamps each row it
+/// answers, a later write of the row (here a regular cycle adding an event to the window) makes
+/// the flush that read it commit nothing; the next ripe read sees the new value and its flush
+/// commits. A row without a `windowEnd` needs no ripe read.
+pub async fn a_flush_deletes_a_window_only_as_its_ripe_read_saw_it(b: &dyn Backend) -> CaseResult {
+    let s = b.storage();
+    let mut ids = Ids::new(78);
+    let qid = query_id(&*s, &mut ids, "ripe", "ripesrc").await?;
+    push(&*s, &mut ids, "ripesrc", "p", "t", 0..2).await?;
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req("ripesrc", "g", w, 1), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r.claims[0].partition_id.clone();
+    let cycle = |lease: Option<String>, ops: Vec<StateOp>| {
+        TxOp::Stream(StreamCycleOp {
+            query_id: qid,
+            partition_id: pid.clone(),
+            group: "g".into(),
+            lease_id: lease,
+            ops,
+        })
+    };
+    let regular = |w: queen_core::WorkerId, tx: &str, acc: i64| {
+        vec![
+            cycle(
+                Some(w.to_string()),
+                vec![
+                    upsert("w\u{1f}1", json!({"acc": acc, "windowEnd": 1000})),
+                    upsert("other", json!({"acc": acc})),
+                ],
+            ),
+            TxOp::Ack {
+                group: "g".into(),
+                item: ack(tx, &pid, AckStatus::Completed, Some(w.to_string())),
+            },
+        ]
+    };
+    let out = s.transaction(regular(w, "t-0", 1)).await.map_err(e)?;
+    ensure!(out.committed, "the first event's cycle: {out:?}");
+    let ripe = StateQuery {
+        ripe_at_or_before: Some(5000),
+        ..all_rows(qid, &pid)
+    };
+    let read = s
+        .stream_state(&ripe)
+        .await
+        .map_err(e)?
+        .ok_or("unknown query")?;
+    ensure_eq!(
+        read.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+        vec!["w\u{1f}1"],
+        "the ripe read"
+    );
+    // A regular cycle adds the second event to the window after the flush read it.
+    let w2 = ids.worker();
+    s.pop_partition(pop_req("ripesrc", "g", w2, 1), "p".into())
+        .await
+        .map_err(e)?;
+    let out = s.transaction(regular(w2, "t-1", 2)).await.map_err(e)?;
+    ensure!(out.committed, "the second event's cycle: {out:?}");
+    let flush = || {
+        vec![cycle(
+            None,
+            vec![StateOp::Delete {
+                key: "w\u{1f}1".into(),
+            }],
+        )]
+    };
+    let out = s.transaction(flush()).await.map_err(e)?;
+    ensure_eq!(
+        out.results,
+        vec![TxOpResult::Stream(Err(StreamRefusal::StateGone))],
+        "a flush of a window written since its ripe read"
+    );
+    ensure_eq!(
+        rows(&*s, qid, &pid).await?.first().cloned(),
+        Some(("other".to_string(), json!({"acc": 2}))),
+        "nothing applied"
+    );
+    // The next ripe read sees the window as it is; its flush commits.
+    s.stream_state(&ripe).await.map_err(e)?;
+    let out = s.transaction(flush()).await.map_err(e)?;
+    ensure!(out.committed, "the flush after a new ripe read: {out:?}");
+    // A row without a windowEnd is deleted without a ripe read.
+    let out = s
+        .transaction(vec![cycle(
+            None,
+            vec![StateOp::Delete {
+                key: "other".into(),
+            }],
+        )])
+        .await
+        .map_err(e)?;
+    ensure!(out.committed, "a row no ripe read selects: {out:?}");
+    ensure_eq!(rows(&*s, qid, &pid).await?, vec![], "both gone");
     Ok(())
 }
