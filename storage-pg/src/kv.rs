@@ -1,8 +1,12 @@
-//! The key/value store and its locks on PostgreSQL. Each op reads its key's row (`FOR UPDATE`
-//! when it may write or must still hold at commit), asks core's rules (`queen_core::kv`,
-//! `queen_core::locks`) and runs the write they name, so the model and PostgreSQL share one
-//! statement of every verdict. An insert that meets a concurrent insert of the same key waits for
-//! it (the primary key) and then reads the row again.
+//! The key/value store and its locks on PostgreSQL. An op of a batch reads its key's row (`FOR
+//! UPDATE` when it may write or must still hold at commit), asks core's rules (`queen_core::kv`)
+//! and runs the write they name, so the model and PostgreSQL share one statement of every
+//! verdict. An insert that meets a concurrent insert of the same key waits for it (the primary
+//! key) and then reads the row again.
+//!
+//! The calls users make one at a time (a lone get, put or incr; every lock op) are one statement
+//! each: a SQL function decides as core's rule does and answers the rows it decided on, and the
+//! broker requires core's verdict over those rows to be the function's.
 
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
@@ -17,6 +21,7 @@ use crate::error::{pg_err, pool_err, prepared, retry_contention};
 use crate::{from_system_time, to_system_time, PgStorage};
 
 const ROW: &str = "value::text, version, expires_at, updated_at";
+const ROW_OF_K: &str = "k.value::text, k.version, k.expires_at, k.updated_at";
 
 fn kv_row(r: &Row, at: usize) -> StorageResult<KvRow> {
     let text: String = r.get(at);
@@ -398,14 +403,182 @@ impl PgStorage {
         Ok(locks::released(n == 1))
     }
 
-    async fn lock_op_once(&self, op: &LockOp, minted_owner: &str) -> StorageResult<Value> {
-        if let LockOp::Release { name, token, slot } = op {
-            return self.lock_release(name, *token, *slot).await;
+    /// An acquire in one statement (`lock_acquire_v1`). The function decides as
+    /// `locks::decide_acquire` does and answers the rows it decided on; core's verdict over
+    /// those rows must be the function's, else the call fails (a drifted copy of the rule).
+    async fn lock_acquire(
+        &self,
+        name: &str,
+        ttl_seconds: u64,
+        owner: &str,
+        limit: u32,
+    ) -> StorageResult<Value> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let keys: Vec<String> = (0..limit).map(|s| locks::permit_key(name, s)).collect();
+        let ttl = ttl_seconds_of(ttl_seconds)?;
+        let rows = client
+            .query(
+                &prepared(
+                    &client,
+                    "SELECT at, slot, taken, value, version, expires_at, updated_at
+                       FROM queen.lock_acquire_v1($1, $2, $3, $4, $5)",
+                )
+                .await?,
+                &[
+                    &LOCKS_NAMESPACE,
+                    &keys,
+                    &locks::advisory_key(name),
+                    &owner,
+                    &ttl,
+                ],
+            )
+            .await
+            .map_err(pg_err("lock: acquire"))?;
+        let now = rows
+            .first()
+            .map(|r| from_system_time(r.get(0)))
+            .ok_or_else(|| {
+                StorageError::Internal(format!("lock: lock_acquire_v1 of {name:?} answered no row"))
+            })?;
+        let mut found = Vec::with_capacity(rows.len());
+        let mut written = None;
+        for r in &rows {
+            let slot = u32::try_from(r.get::<_, i32>(1)).map_err(|_| {
+                StorageError::Internal("lock: lock_acquire_v1 answered a negative slot".into())
+            })?;
+            if r.get::<_, bool>(2) {
+                written = Some((slot, kv_row(r, 3)?));
+            } else {
+                found.push((slot, Some(kv_row(r, 3)?)));
+            }
         }
-        let mut client = self.pool.get().await.map_err(pool_err)?;
-        let tx = client.transaction().await.map_err(pg_err("lock: begin"))?;
-        let now = db_now(&tx).await?;
-        let answer = match op {
+        let drifted = |what: String| {
+            StorageError::Internal(format!("lock: lock_acquire_v1 of {name:?} {what}"))
+        };
+        match (locks::decide_acquire(&found, owner, limit, now), written) {
+            (AcquireDecision::Already { slot, row }, None) => {
+                Ok(locks::acquired(name, slot, &row, true))
+            }
+            (AcquireDecision::Refuse { holders }, None) => Ok(locks::refused_acquire(holders)),
+            (AcquireDecision::Take { slot }, Some((took, row)))
+                if took == slot && row.value == locks::permit_value(owner, now) =>
+            {
+                Ok(locks::acquired(name, slot, &row, false))
+            }
+            (verdict, written) => Err(drifted(format!(
+                "wrote {written:?} where core decides {verdict:?}"
+            ))),
+        }
+    }
+
+    /// A renew in one statement (`lock_renew_v1`), held to `locks::renew_holds` over the row
+    /// the function decided on, as an acquire is.
+    async fn lock_renew(
+        &self,
+        name: &str,
+        slot: u32,
+        token: i64,
+        owner: Option<&str>,
+        ttl_seconds: u64,
+    ) -> StorageResult<Value> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let key = locks::permit_key(name, slot);
+        let rows = client
+            .query(
+                &prepared(
+                    &client,
+                    "SELECT at, key, taken, value, version, expires_at, updated_at
+                       FROM queen.lock_renew_v1($1, $2, $3, $4, $5, $6)",
+                )
+                .await?,
+                &[
+                    &LOCKS_NAMESPACE,
+                    &key,
+                    &format!("{name}#"),
+                    &token,
+                    &owner,
+                    &ttl_seconds_of(ttl_seconds)?,
+                ],
+            )
+            .await
+            .map_err(pg_err("lock: renew"))?;
+        let now = rows
+            .first()
+            .map(|r| from_system_time(r.get(0)))
+            .ok_or_else(|| {
+                StorageError::Internal(format!("lock: lock_renew_v1 of {key:?} answered no row"))
+            })?;
+        let mut permits = Vec::with_capacity(rows.len());
+        let mut decided_on = None;
+        let mut written = None;
+        for r in &rows {
+            let Some(row_key) = r.get::<_, Option<String>>(1) else {
+                continue;
+            };
+            let row = kv_row(r, 3)?;
+            if r.get::<_, bool>(2) {
+                written = Some(row);
+                continue;
+            }
+            if row_key == key {
+                decided_on = Some(row.clone());
+            }
+            if let Some(s) = locks::slot_of(name, &row_key) {
+                permits.push((s, row));
+            }
+        }
+        let holds = decided_on
+            .as_ref()
+            .is_some_and(|r| locks::renew_holds(r, token, owner, now));
+        match (holds, written) {
+            (true, Some(row)) => Ok(locks::renewed(name, slot, &row)),
+            (false, None) => Ok(locks::lost_renew(locks::holders(&permits, now))),
+            (holds, written) => Err(StorageError::Internal(format!(
+                "lock: lock_renew_v1 of {key:?} wrote {written:?} where core says holds={holds}"
+            ))),
+        }
+    }
+
+    /// The holders of a lock in one statement (a read is its own snapshot).
+    async fn lock_holders(&self, name: &str) -> StorageResult<Value> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let prefix = format!("{name}#");
+        let rows = client
+            .query(
+                &prepared(
+                    &client,
+                    &format!(
+                        "SELECT queen.now(), k.key, {ROW_OF_K}
+                           FROM (SELECT 1) one LEFT JOIN queen.kv k
+                             ON k.ns = $1 AND k.key >= $2 AND starts_with(k.key, $2)
+                          ORDER BY k.key"
+                    ),
+                )
+                .await?,
+                &[&LOCKS_NAMESPACE, &prefix],
+            )
+            .await
+            .map_err(pg_err("lock: holders"))?;
+        let now = rows
+            .first()
+            .map(|r| from_system_time(r.get(0)))
+            .ok_or_else(|| {
+                StorageError::Internal(format!("lock: the holders of {name:?} answered no row"))
+            })?;
+        let mut permits = Vec::with_capacity(rows.len());
+        for r in &rows {
+            if let Some(slot) = r
+                .get::<_, Option<String>>(1)
+                .and_then(|k| locks::slot_of(name, &k))
+            {
+                permits.push((slot, kv_row(r, 2)?));
+            }
+        }
+        Ok(locks::got(locks::holders(&permits, now)))
+    }
+
+    async fn lock_op_once(&self, op: &LockOp, minted_owner: &str) -> StorageResult<Value> {
+        match op {
             LockOp::Acquire {
                 name,
                 ttl_seconds,
@@ -413,45 +586,7 @@ impl PgStorage {
                 limit,
             } => {
                 let owner = owner.as_deref().unwrap_or(minted_owner);
-                tx.execute(
-                    &prepared(&tx, "SELECT pg_advisory_xact_lock($1)").await?,
-                    &[&locks::advisory_key(name)],
-                )
-                .await
-                .map_err(pg_err("lock: serialize acquires"))?;
-                let mut slots = Vec::with_capacity(*limit as usize);
-                for s in 0..*limit {
-                    let row =
-                        read_row(&tx, LOCKS_NAMESPACE, &locks::permit_key(name, s), false).await?;
-                    slots.push((s, row));
-                }
-                match locks::decide_acquire(&slots, owner, *limit, now) {
-                    AcquireDecision::Already { slot, row } => {
-                        locks::acquired(name, slot, &row, true)
-                    }
-                    AcquireDecision::Refuse { holders } => locks::refused_acquire(holders),
-                    AcquireDecision::Take { slot } => {
-                        let key = locks::permit_key(name, slot);
-                        let existing = read_row(&tx, LOCKS_NAMESPACE, &key, true).await?;
-                        let expires_at = kv::Expiry::Ttl(*ttl_seconds).at(now);
-                        let value = locks::permit_value(owner, now);
-                        let row = store(
-                            &tx,
-                            LOCKS_NAMESPACE,
-                            &key,
-                            existing.is_some(),
-                            &value,
-                            expires_at,
-                            now,
-                        )
-                        .await?
-                        .ok_or_else(|| {
-                            // Inserts of one name are serialized by the advisory lock.
-                            StorageError::Internal(format!("lock: permit {key} appeared"))
-                        })?;
-                        locks::acquired(name, slot, &row, false)
-                    }
-                }
+                self.lock_acquire(name, *ttl_seconds, owner, *limit).await
             }
             LockOp::Renew {
                 name,
@@ -460,58 +595,19 @@ impl PgStorage {
                 ttl_seconds,
                 owner,
             } => {
-                let key = locks::permit_key(name, *slot);
-                let row = read_row(&tx, LOCKS_NAMESPACE, &key, true).await?;
-                match row.filter(|r| locks::renew_holds(r, *token, owner.as_deref(), now)) {
-                    Some(r) => {
-                        let expires_at = kv::Expiry::Ttl(*ttl_seconds).at(now);
-                        let value = locks::renewed_value(&r);
-                        let row = store(&tx, LOCKS_NAMESPACE, &key, true, &value, expires_at, now)
-                            .await?
-                            .ok_or_else(|| {
-                                StorageError::Internal(format!("lock: permit {key} vanished"))
-                            })?;
-                        locks::renewed(name, *slot, &row)
-                    }
-                    None => locks::lost_renew(locks::holders(&permits_of(&tx, name).await?, now)),
-                }
+                self.lock_renew(name, *slot, *token, owner.as_deref(), *ttl_seconds)
+                    .await
             }
-            LockOp::Release { .. } => {
-                return Err(StorageError::Internal(
-                    "lock: a release reached the transaction path (it is one statement)".into(),
-                ))
-            }
-            LockOp::Get { name } => locks::got(locks::holders(&permits_of(&tx, name).await?, now)),
-        };
-        tx.commit().await.map_err(pg_err("lock: commit"))?;
-        Ok(answer)
+            LockOp::Release { name, token, slot } => self.lock_release(name, *token, *slot).await,
+            LockOp::Get { name } => self.lock_holders(name).await,
+        }
     }
 }
 
-/// Every permit row of lock `name` (live or not), with its slot.
-async fn permits_of(client: &impl GenericClient, name: &str) -> StorageResult<Vec<(u32, KvRow)>> {
-    let prefix = format!("{name}#");
-    let rows = client
-        .query(
-            &prepared(
-                client,
-                &format!(
-                    "SELECT key, {ROW} FROM queen.kv
-                  WHERE ns = $1 AND key >= $2 AND starts_with(key, $2) ORDER BY key"
-                ),
-            )
-            .await?,
-            &[&LOCKS_NAMESPACE, &prefix],
-        )
-        .await
-        .map_err(pg_err("lock: holders"))?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in &rows {
-        if let Some(slot) = locks::slot_of(name, &r.get::<_, String>(0)) {
-            out.push((slot, kv_row(r, 1)?));
-        }
-    }
-    Ok(out)
+/// A permit's lifetime as the SQL functions take it.
+fn ttl_seconds_of(s: u64) -> StorageResult<i64> {
+    i64::try_from(s)
+        .map_err(|_| StorageError::Invalid(format!("lock: ttlSeconds {s} out of range")))
 }
 
 #[async_trait]

@@ -135,6 +135,8 @@ pub const FUNCTIONS: &[(&str, &str)] = functions![
     "kv_insert_v1",
     "kv_put_v1",
     "kv_incr_v1",
+    "lock_acquire_v1",
+    "lock_renew_v1",
     "notify_cursor_event",
     "notify_subscription_event",
     "notify_queue_event",
