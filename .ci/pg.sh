@@ -161,7 +161,7 @@ pg_start_durable() {
   pg_as_owner "$bin/initdb" -D "$PG_DURABLE_DIR/data" -U postgres --auth=trust -E UTF8 >"$PG_DURABLE_DIR/initdb.log" 2>&1 \
     || { cat "$PG_DURABLE_DIR/initdb.log" >&2; return 1; }
   pg_as_owner "$bin/pg_ctl" -D "$PG_DURABLE_DIR/data" -l "$PG_DURABLE_DIR/server.log" -w -t 60 start \
-    -o "-p $port -k $PG_DURABLE_DIR -c listen_addresses=127.0.0.1 -c max_connections=300 ${PG_EXTRA_OPTS:-}" >/dev/null \
+    -o "-p $port -k $PG_DURABLE_DIR -c listen_addresses=127.0.0.1 -c max_connections=300 -c shared_preload_libraries=pg_stat_statements ${PG_EXTRA_OPTS:-}" >/dev/null \
     || { cat "$PG_DURABLE_DIR/server.log" >&2; return 1; }
   PG_DURABLE_BIN=$bin
   PG_DURABLE_STARTED=1

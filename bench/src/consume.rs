@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 
-use crate::util::{payload, pg_connect, Endpoint, Row};
+use crate::util::{payload, pg_connect, Endpoint, PgWork, Row};
 
 fn frames(i: &mut u64, n: usize) -> Vec<Frame> {
     (0..n)
@@ -86,20 +86,36 @@ struct Ack<'a> {
     lease_id: Option<Cow<'a, str>>,
 }
 
-/// Acks a whole batch in one request; anything but 200 ends the run.
-async fn ack_batch(c: &mut queen_raw_client::Client, acks: &[Ack<'_>]) {
+/// Acks a whole batch in one request (for `group`, else in queue mode); anything but 200, or an
+/// ack the broker refused, ends the run (a refused ack leaves its lease held, and the run would
+/// measure lease expiries).
+async fn ack_batch(c: &mut queen_raw_client::Client, acks: &[Ack<'_>], group: Option<&str>) {
     #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
     struct Body<'a> {
         acknowledgments: &'a [Ack<'a>],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        consumer_group: Option<&'a str>,
+    }
+    #[derive(Deserialize)]
+    struct Answer {
+        success: bool,
     }
     let body = serde_json::to_vec(&Body {
         acknowledgments: acks,
+        consumer_group: group,
     })
     .expect("ack body");
     let a = c
         .post_bytes("/api/v1/ack/batch", "application/json", &body)
         .await;
     assert_eq!(a.status, 200);
+    let answers: Vec<Answer> = serde_json::from_slice(&a.body).expect("ack answer");
+    assert!(
+        answers.iter().all(|a| a.success),
+        "an ack was refused: {}",
+        String::from_utf8_lossy(&a.body)
+    );
 }
 
 /// The broker: `consumers` HTTP consumers drain `total` messages spread over `partitions`.
@@ -143,13 +159,41 @@ pub(crate) async fn broker_fill(
     (per_partition * partitions) as u64
 }
 
-/// `consumers` HTTP consumers drain the `total` messages of the queue: messages/s.
+/// `consumers` HTTP consumers drain the `total` messages of the queue, 100 per pop, in queue
+/// mode: messages/s.
 pub(crate) async fn broker_drain(
     broker: &Endpoint,
     queue: &str,
     consumers: usize,
     mode: Consume,
     total: u64,
+) -> f64 {
+    broker_drain_shaped(broker, queue, consumers, mode, total, &Take::BATCH_100).await
+}
+
+/// How each pop of a drain takes: its batch, and the consumer group it pops for (queue mode
+/// without one).
+pub(crate) struct Take<'a> {
+    pub batch: usize,
+    pub group: Option<&'a str>,
+}
+
+impl Take<'_> {
+    pub const BATCH_100: Take<'static> = Take {
+        batch: 100,
+        group: None,
+    };
+}
+
+/// `consumers` HTTP consumers drain the `total` messages of the queue, each pop as `take` says:
+/// messages/s.
+pub(crate) async fn broker_drain_shaped(
+    broker: &Endpoint,
+    queue: &str,
+    consumers: usize,
+    mode: Consume,
+    total: u64,
+    take: &Take<'_>,
 ) -> f64 {
     let auto_ack = mode == Consume::AutoAck;
     let framed = if mode == Consume::LeasedFramed {
@@ -168,10 +212,19 @@ pub(crate) async fn broker_drain(
     } else {
         "wait=false"
     };
-    let path = format!("/api/v1/pop/queue/{queue}?batch=100&{wait}&autoAck={auto_ack}{framed}");
+    let group: Option<Arc<str>> = take.group.map(Arc::from);
+    let group_param = group
+        .as_deref()
+        .map(|g| format!("&consumerGroup={g}"))
+        .unwrap_or_default();
+    let batch = take.batch;
+    let path = format!(
+        "/api/v1/pop/queue/{queue}?batch={batch}&{wait}&autoAck={auto_ack}{framed}{group_param}"
+    );
     let handles: Vec<_> = (0..consumers)
         .map(|_| {
-            let (done, path, broker) = (done.clone(), path.clone(), broker.clone());
+            let (done, path, broker, group) =
+                (done.clone(), path.clone(), broker.clone(), group.clone());
             tokio::spawn(async move {
                 let mut c = broker.client().await;
                 let mut empty = 0;
@@ -203,7 +256,7 @@ pub(crate) async fn broker_drain(
                                 })
                             })
                             .collect();
-                        ack_batch(&mut c, &acks).await;
+                        ack_batch(&mut c, &acks, group.as_deref()).await;
                         acks.len()
                     } else {
                         let answer: PopAnswer =
@@ -218,7 +271,7 @@ pub(crate) async fn broker_drain(
                                     lease_id: m.lease_id.clone(),
                                 })
                                 .collect();
-                            ack_batch(&mut c, &acks).await;
+                            ack_batch(&mut c, &acks, group.as_deref()).await;
                         }
                         answer.messages.len()
                     };
@@ -272,12 +325,25 @@ pub(crate) async fn claim_fill(
     (per_partition * partitions) as u64
 }
 
-/// `consumers` claim loops drain the `total` messages of `partitions`: messages/s.
+/// `consumers` claim loops drain the `total` messages of `partitions`, up to 100 per claim:
+/// messages/s.
 pub(crate) async fn claim_drain(
     cfg: &tokio_postgres::Config,
     partitions: usize,
     consumers: usize,
     total: u64,
+) -> f64 {
+    claim_drain_batch(cfg, partitions, consumers, total, 100).await
+}
+
+/// `consumers` claim loops drain the `total` messages of `partitions`, up to `batch` per
+/// claim (one transaction: claim the cursor, read, advance, commit): messages/s.
+pub(crate) async fn claim_drain_batch(
+    cfg: &tokio_postgres::Config,
+    partitions: usize,
+    consumers: usize,
+    total: u64,
+    batch: i64,
 ) -> f64 {
     crate::util::settle().await;
     let done = Arc::new(AtomicU64::new(0));
@@ -308,7 +374,7 @@ pub(crate) async fn claim_drain(
                     for s in &segs {
                         let (base, end, blob): (i64, i64, Vec<u8>) = (s.get(0), s.get(1), s.get(2));
                         let start_idx = (committed + 1 + taken - base).max(0);
-                        let take = (end - base + 1 - start_idx).min(100 - taken);
+                        let take = (end - base + 1 - start_idx).min(batch - taken);
                         if take <= 0 {
                             break;
                         }
@@ -370,4 +436,58 @@ pub async fn consume_scenario(
         ),
         Row::new(label("autoAck"), "msg/s", auto, "(c) claim loop", claim),
     ]
+}
+
+/// One message at a time: 8 consumers pop one message and ack it, on 10 and 1,000 partitions,
+/// in queue mode and for a consumer group, against the claim loop claiming one message per
+/// transaction; with each run's statements and PostgreSQL execution time per message
+/// (`pg_stat_statements`). `total` messages per run.
+pub async fn consume_one_at_a_time(
+    app: &Arc<Broker>,
+    addr: std::net::SocketAddr,
+    cfg: &tokio_postgres::Config,
+    total: usize,
+    label: &str,
+) -> Vec<Row> {
+    let consumers = 8;
+    let broker = Endpoint::open(addr);
+    let marks = pg_connect(cfg).await;
+    let mut rows = vec![];
+    for partitions in [10, 1000] {
+        let filled = claim_fill(cfg, partitions, total).await;
+        let before = PgWork::mark(&marks).await;
+        let claim = claim_drain_batch(cfg, partitions, consumers, filled, 1).await;
+        let claim_work = PgWork::per_op(before, PgWork::mark(&marks).await, filled as f64);
+        for (group, tag) in [(None, "queue mode"), (Some("bench-g"), "consumer group")] {
+            let queue = format!(
+                "{}-one-{partitions}-{}",
+                label.replace(' ', "-"),
+                group.is_some()
+            );
+            let filled = broker_fill(app, &queue, partitions, total).await;
+            let take = Take { batch: 1, group };
+            let before = PgWork::mark(&marks).await;
+            let rate =
+                broker_drain_shaped(&broker, &queue, consumers, Consume::Leased, filled, &take)
+                    .await;
+            let work = PgWork::per_op(before, PgWork::mark(&marks).await, filled as f64);
+            let scenario = format!(
+                "{label} leased, batch 1, {tag}, {partitions} partitions, {consumers} consumers"
+            );
+            let baseline = "(c) claim loop, batch 1";
+            rows.push(Row::new(scenario.clone(), "msg/s", rate, baseline, claim));
+            if let (Some(w), Some(c)) = (work, claim_work) {
+                rows.push(Row::new(
+                    scenario.clone(),
+                    "PG statements per msg",
+                    w.0,
+                    baseline,
+                    c.0,
+                ));
+                rows.push(Row::new(scenario, "PG exec us per msg", w.1, baseline, c.1));
+            }
+        }
+        eprintln!("measured {label} at batch 1, {partitions} partitions");
+    }
+    rows
 }

@@ -2,7 +2,8 @@
 //! `synchronous_commit` and `full_page_writes` off; users run with them on, where each commit
 //! waits for a WAL flush. This one runs on a second PostgreSQL with durability on
 //! (`DURABLE_DATABASE_URL`; `bash .ci/bench` starts one): push at batch 1, 10 and 100 against
-//! (a) raw rows, and leased consume at batch 100 against (c) the claim loop, each with the
+//! (a) raw rows, and leased consume at batch 100 and at batch 1 (in queue mode and for a consumer
+//! group) against (c) the claim loop, each with the
 //! commits per 1,000 messages and the WAL bytes per message it cost, and the steady state's
 //! maximum against NOTIFY + claim. The costs are read as the server's
 //! transaction-id and WAL-position deltas around the measurement (exact at once, where the
@@ -197,6 +198,7 @@ pub async fn durable_scenario(
     secs: u64,
     steady_secs: u64,
     consume_total: usize,
+    consume_one_total: usize,
 ) -> Vec<Row> {
     let (pg, cfg) = set_up(url).await;
     let (app, addr) = crate::start_with(&pg, crate::bench_config(), 15).await;
@@ -208,6 +210,10 @@ pub async fn durable_scenario(
     }
     rows.extend(consume_rows(&app, addr, &cfg, &marks, consume_total).await);
     eprintln!("measured durable consume");
+    rows.extend(
+        consume::consume_one_at_a_time(&app, addr, &cfg, consume_one_total, "durable consume")
+            .await,
+    );
     rows.extend(steady_rows(addr, &cfg, steady_secs).await);
     eprintln!("measured durable steady state");
     rows

@@ -65,6 +65,8 @@ struct Plan {
     quick: bool,
     secs: u64,
     consume_total: usize,
+    /// Messages each one-at-a-time consume run drains (scenario 2, batch 1).
+    consume_one_total: usize,
     steady_secs: u64,
     parked: [usize; 2],
     parked_secs: u64,
@@ -88,6 +90,7 @@ impl Plan {
                 quick,
                 secs: 1,
                 consume_total: 10_000,
+                consume_one_total: 2_000,
                 steady_secs: 2,
                 parked: [500, 2_000],
                 parked_secs: 2,
@@ -106,6 +109,8 @@ impl Plan {
                 // 300k: at 10 partitions the claim loop drains 100k in under a second, a window
                 // too short to compare (its rate varied 118k-163k msg/s run to run).
                 consume_total: 300_000,
+                // About 15 s of pop-and-ack per broker run at the rates of one message a call.
+                consume_one_total: 15_000,
                 steady_secs: 30,
                 parked: [1_000, 10_000],
                 parked_secs: 30,
@@ -369,6 +374,7 @@ async fn measure(args: RunArgs) {
                     run.plan.secs,
                     run.plan.steady_secs,
                     run.plan.consume_total,
+                    run.plan.consume_one_total,
                 )
                 .await;
                 run.rows.extend(rows);
@@ -483,6 +489,9 @@ async fn measure_consume(run: &mut Run) {
         run.rows.extend(rows);
         eprintln!("measured consume, {partitions} partitions, {consumers} consumers");
     }
+    let total = run.plan.consume_one_total;
+    let rows = consume::consume_one_at_a_time(&run.app, run.addr, &run.cfg, total, "consume").await;
+    run.rows.extend(rows);
 }
 
 /// Scenario 3, steady state: the maximum first, then 10% of it, each against the raw pipeline. The

@@ -257,3 +257,43 @@ pub fn rss_mib(pid: &str) -> f64 {
         })
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
+
+/// What PostgreSQL has done for this database so far, from `pg_stat_statements`: top-level
+/// statements executed and their execution time. `None` where the extension is not loaded
+/// (`shared_preload_libraries`; `bash .ci/bench` loads it on both servers).
+#[derive(Clone, Copy, Debug)]
+pub struct PgWork {
+    pub statements: i64,
+    pub exec_ms: f64,
+}
+
+impl PgWork {
+    pub async fn mark(c: &tokio_postgres::Client) -> Option<PgWork> {
+        let _ = c
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await;
+        let r = c
+            .query_one(
+                "SELECT COALESCE(sum(s.calls), 0)::bigint, COALESCE(sum(s.total_exec_time), 0)::float8
+                   FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                  WHERE d.datname = current_database() AND s.query NOT ILIKE '%pg_stat_statements%'",
+                &[],
+            )
+            .await
+            .ok()?;
+        Some(PgWork {
+            statements: r.get(0),
+            exec_ms: r.get(1),
+        })
+    }
+
+    /// (statements, execution µs) per operation between two marks.
+    pub fn per_op(before: Option<PgWork>, after: Option<PgWork>, ops: f64) -> Option<(f64, f64)> {
+        let (b, a) = (before?, after?);
+        let ops = ops.max(1.0);
+        Some((
+            (a.statements - b.statements) as f64 / ops,
+            (a.exec_ms - b.exec_ms) * 1000.0 / ops,
+        ))
+    }
+}
