@@ -18,6 +18,10 @@
 -- statement: its per-item loop cost 1.7 of the 3.3 ms of a 100-item ack in the leased-consume
 -- profile (docs/benchmarks.md). Every other call runs the loop below, item by item. The
 -- differential suite holds both to the model's item-by-item ack.
+-- Generic plans, always: with arrays for parameters the plan cache judged each call's custom plan
+-- cheaper and planned the partition and transaction-id lookups again on every call (0.2 ms of
+-- the 1.3 ms a one-item ack took in a stream-cycle profile, pg_stat_statements with
+-- track_planning); their generic plans are the same index probes.
 CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_group text, p_partition_ids uuid[], p_partition_numbers bigint[], p_txids text[],
     p_statuses text[], p_lease_ids text[], p_errors text[]
@@ -25,7 +29,7 @@ CREATE OR REPLACE FUNCTION queen.ack_v3(
     o_success boolean, o_error text, o_queue text, o_partition text, o_lease_released boolean, o_dlq boolean,
     o_noop boolean
 )
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now timestamptz := queen.now();
     v_n integer := COALESCE(array_length(p_txids, 1), 0);
