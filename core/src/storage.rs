@@ -1,5 +1,7 @@
-//! What the broker asks of a backend, by capability: pops, messages (push, ack, renew), admin
-//! (queues and consumer groups), delivery (transactions, dead letters) and health. PostgreSQL
+//! What the broker asks of a backend, by capability (`StorageSet` holds one of each): pops,
+//! messages (push, ack, renew), admin (queues and consumer groups), delivery (transactions, dead
+//! letters), retention, health, inspect (the admin routes' reads), KV and locks, timers, reads by
+//! offset, streams, and ephemeral queues (their configuration and their owners). PostgreSQL
 //! (`queen-storage-pg`) is the production implementation; `queen-storage-sim` is the in-memory
 //! model held to it. A backend implements each; `Storage` is all of them, for the server's one
 //! `Arc<dyn Storage>`.

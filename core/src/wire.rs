@@ -1,4 +1,4 @@
-//! Queen 2.x's binary bodies (reference/queen-http-protocol.md §2.4, §2.6, §2.9): `QPB1` push and
+//! Queen 2.x's binary bodies (docs/operations.md, "Queen 2.x's binary wire"): `QPB1` push and
 //! `QTB1` transaction requests, decoded and validated here, and `QPF1` framed pop answers,
 //! encoded here. Hand-written: each layout is the wire's, byte for byte, and a framed push's
 //! zstd frame is kept as it came (it is already the stored segment format of `frames`).

@@ -1,6 +1,6 @@
 //! What the broker does for each request, apart from HTTP: the storage call, then its effects (the
 //! deliverability events it publishes, the metrics it counts). Routes parse, call one of these and
-//! render; the pop has its own driver (`pop_route`).
+//! render; the pop has its own driver (`routes/pop.rs`, around `queen_core::pop::PopMachine`).
 
 use std::sync::atomic::Ordering;
 

@@ -1,6 +1,6 @@
 //! The admin and observability routes of Queen's client 2.6.0 (`queen/admin/admin.py`) and of
 //! the dashboard: resources, messages, traces, status, analytics and consumer groups, in Queen's
-//! shapes (reference/queen-admin-api.md) with real status codes and working pagination.
+//! shapes (docs/operations.md lists each route) with real status codes and working pagination.
 //!
 //! Totals over every queue (the queue listings, overview, namespaces and tasks, status, consumer
 //! groups, the metrics' stored series) come from the admin totals' snapshot (`stats`), whose age
