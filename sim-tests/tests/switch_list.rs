@@ -2,6 +2,8 @@
 //! simulation's `Bugs`, so a run can switch it on, and is listed in docs/testing.md's
 //! "Switches" section, so a reader finds it. A new struct that misses either fails here.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
 use std::path::{Path, PathBuf};
 
 fn workspace() -> PathBuf {
