@@ -60,16 +60,27 @@ BEGIN
                expires_at = v_now + p_ttl_seconds * interval '1 second', updated_at = v_now
          WHERE k.ns = p_ns AND k.key = p_keys[v_free + 1]
          RETURNING v_now, v_free, true, k.value::text, k.version, k.expires_at, k.updated_at;
+        IF NOT FOUND THEN
+            -- An expired row was locked above: it cannot change under this transaction.
+            RAISE EXCEPTION 'lock_acquire_v1: permit % changed under its lock', p_keys[v_free + 1];
+        END IF;
     ELSE
+        -- The version is drawn in the insert itself (kv_insert_v1 draws it after, in a second
+        -- write, for a key a concurrent delete may still hold): the locked read above found no
+        -- row, so no delete of this key is in flight, and every version the key had is older.
+        -- Acquires insert permits one at a time (the advisory lock); a KV write of the same
+        -- key that committed meanwhile makes the insert do nothing, and the acquire is run
+        -- again (serialization_failure: the broker's contention retry).
         RETURN QUERY
-        SELECT v_now, v_free, true, i.value, i.version, i.expires_at, i.updated_at
-          FROM queen.kv_insert_v1(p_ns, p_keys[v_free + 1], v_value,
-                                  v_now + p_ttl_seconds * interval '1 second', v_now) i;
-    END IF;
-    IF NOT FOUND THEN
-        -- Inserts of permits are serialized by the advisory lock, and an expired row was
-        -- locked above: neither can change under this transaction.
-        RAISE EXCEPTION 'lock_acquire_v1: permit % changed under its locks', p_keys[v_free + 1];
+        INSERT INTO queen.kv AS k (ns, key, value, version, expires_at, created_at, updated_at)
+        VALUES (p_ns, p_keys[v_free + 1], v_value, nextval('queen.kv_versions'),
+                v_now + p_ttl_seconds * interval '1 second', v_now, v_now)
+        ON CONFLICT (ns, key) DO NOTHING
+        RETURNING v_now, v_free, true, k.value::text, k.version, k.expires_at, k.updated_at;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'lock_acquire_v1: permit % was written meanwhile', p_keys[v_free + 1]
+                USING ERRCODE = 'serialization_failure';
+        END IF;
     END IF;
 END
 $$;
