@@ -63,6 +63,8 @@ const PUSH_BATCH: usize = 10;
 pub struct LiveResult {
     /// Deliveries per second over all groups.
     pub delivered: f64,
+    /// Deliveries made over all groups.
+    pub deliveries: u64,
     /// Push-to-delivery latency per group.
     pub groups: Vec<Latency>,
 }
@@ -88,7 +90,7 @@ async fn finish_run(
     producers: Vec<tokio::task::JoinHandle<()>>,
     consumers: Vec<tokio::task::JoinHandle<()>>,
     deliveries_per_push: u64,
-) -> f64 {
+) -> (f64, u64) {
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     c.stop.store(true, Ordering::Relaxed);
@@ -105,7 +107,8 @@ async fn finish_run(
     for h in consumers {
         crate::util::joined(h.await);
     }
-    c.delivered.load(Ordering::Relaxed) as f64 / elapsed
+    let deliveries = c.delivered.load(Ordering::Relaxed);
+    (deliveries as f64 / elapsed, deliveries)
 }
 
 /// Producers push batches of 10 for `secs`; `groups` x `per_group` consumers long-poll, ack, and
@@ -228,9 +231,10 @@ pub async fn run(
         delivered: &delivered,
         drained: &drained,
     };
-    let rate = finish_run(secs, counters, producers, consumers, groups as u64).await;
+    let (rate, deliveries) = finish_run(secs, counters, producers, consumers, groups as u64).await;
     LiveResult {
         delivered: rate,
+        deliveries,
         groups: samples
             .iter()
             .map(|s| latency(s.lock().map(|v| v.clone()).unwrap_or_default()))
@@ -351,9 +355,10 @@ pub async fn raw_run(cfg: &tokio_postgres::Config, rate: Option<f64>, secs: u64)
         delivered: &delivered,
         drained: &drained,
     };
-    let rate = finish_run(secs, counters, producers, consumers, 1).await;
+    let (rate, deliveries) = finish_run(secs, counters, producers, consumers, 1).await;
     LiveResult {
         delivered: rate,
+        deliveries,
         groups: vec![latency(sink.lock().map(|v| v.clone()).unwrap_or_default())],
     }
 }

@@ -747,10 +747,18 @@ async fn measure_fan_out(run: &mut Run) {
         .clone()
         .unwrap_or_else(|| run.plan.fan_out_groups.to_vec());
     let (offered, calm_p99) = (run.offered, run.calm_p99);
+    // CPU per delivery of the first (fewest groups) run: what a delivery costs when few groups
+    // share the pushes.
+    let mut first_cost: Option<(usize, f64, f64)> = None;
     for groups in counts {
         let trace = limiter::LimitTrace::start(&run.app, std::time::Duration::from_millis(100));
         let name = format!("fanout-{groups}");
+        let cpu = util::CpuMark::now();
         let r = live::run(run.addr, &name, groups, 2, Some(offered), run.plan.secs).await;
+        let (broker_per_cpu_s, pg_per_cpu_s) = cpu.messages_per_cpu_second(r.deliveries as f64);
+        let (broker_us, pg_us) = (1e6 / broker_per_cpu_s, 1e6 / pg_per_cpu_s);
+        let (first_groups, first_broker_us, first_pg_us) =
+            *first_cost.get_or_insert((groups, broker_us, pg_us));
         let worst = r.groups.iter().map(|l| l.p99).fold(0.0, f64::max);
         let spread: Vec<String> = r
             .groups
@@ -777,6 +785,20 @@ async fn measure_fan_out(run: &mut Run) {
                 worst,
                 "steady 10% p99",
                 calm_p99,
+            ),
+            Row::new(
+                label.clone(),
+                "broker CPU us per delivery",
+                broker_us,
+                format!("{first_groups} group(s)"),
+                first_broker_us,
+            ),
+            Row::new(
+                label.clone(),
+                "PG CPU us per delivery",
+                pg_us,
+                format!("{first_groups} group(s)"),
+                first_pg_us,
             ),
         ]);
         let samples = trace.stop().await;
