@@ -434,12 +434,7 @@ impl PgStorage {
             )
             .await
             .map_err(pg_err("lock: acquire"))?;
-        let now = rows
-            .first()
-            .map(|r| from_system_time(r.get(0)))
-            .ok_or_else(|| {
-                StorageError::Internal(format!("lock: lock_acquire_v1 of {name:?} answered no row"))
-            })?;
+        let now = time_of_first(&rows, || format!("lock: lock_acquire_v1 of {name:?}"))?;
         let mut found = Vec::with_capacity(rows.len());
         let mut written = None;
         for r in &rows {
@@ -502,12 +497,7 @@ impl PgStorage {
             )
             .await
             .map_err(pg_err("lock: renew"))?;
-        let now = rows
-            .first()
-            .map(|r| from_system_time(r.get(0)))
-            .ok_or_else(|| {
-                StorageError::Internal(format!("lock: lock_renew_v1 of {key:?} answered no row"))
-            })?;
+        let now = time_of_first(&rows, || format!("lock: lock_renew_v1 of {key:?}"))?;
         let mut permits = Vec::with_capacity(rows.len());
         let mut decided_on = None;
         let mut written = None;
@@ -559,12 +549,7 @@ impl PgStorage {
             )
             .await
             .map_err(pg_err("lock: holders"))?;
-        let now = rows
-            .first()
-            .map(|r| from_system_time(r.get(0)))
-            .ok_or_else(|| {
-                StorageError::Internal(format!("lock: the holders of {name:?} answered no row"))
-            })?;
+        let now = time_of_first(&rows, || format!("lock: the holders of {name:?}"))?;
         let mut permits = Vec::with_capacity(rows.len());
         for r in &rows {
             if let Some(slot) = r
@@ -602,6 +587,14 @@ impl PgStorage {
             LockOp::Get { name } => self.lock_holders(name).await,
         }
     }
+}
+
+/// The database's time a lock statement answered in its first column; every such answer has a
+/// row (`what` names the call for the error).
+fn time_of_first(rows: &[Row], what: impl FnOnce() -> String) -> StorageResult<Timestamp> {
+    rows.first()
+        .map(|r| from_system_time(r.get(0)))
+        .ok_or_else(|| StorageError::Internal(format!("{} answered no row", what())))
 }
 
 /// A permit's lifetime as the SQL functions take it.
