@@ -1,8 +1,8 @@
 //! Scenario 14: reads by offset. One partition of `messages` (1M in the full run) read from
 //! offset 0 to its end by `POST /api/v1/fetch` (8 MiB per call, each call from one past the
-//! last record), against a raw segment scan in the same run on the same rows: the segments by
-//! primary key, 100 at a time, each blob decompressed and its frames decoded (what the broker
-//! does, without HTTP and JSON).
+//! last record), as JSON and framed (`?frames=true`, `QRF1`), against a raw segment scan in
+//! the same run on the same rows: the segments by primary key, 100 at a time, each blob
+//! decompressed and its frames decoded (what the broker does, without HTTP and JSON).
 
 use std::time::Instant;
 
@@ -47,8 +47,12 @@ struct Record<'a> {
     payload: &'a serde_json::value::RawValue,
 }
 
-/// (records/s, payload MiB/s) of reading the partition whole through the broker.
-async fn broker_read(addr: std::net::SocketAddr, n: u64) -> (f64, f64) {
+/// (records/s, payload MiB/s) of reading the partition whole through the broker, answers framed
+/// (`?frames=true`, `QRF1`) or in JSON.
+async fn broker_read(addr: std::net::SocketAddr, n: u64, framed: bool) -> (f64, f64) {
+    if framed {
+        return broker_read_framed(addr, n).await;
+    }
     let mut c = queen_raw_client::Client::connect(addr).await;
     let (mut offset, mut records, mut bytes) = (0i64, 0u64, 0u64);
     let started = Instant::now();
@@ -71,6 +75,35 @@ async fn broker_read(addr: std::net::SocketAddr, n: u64) -> (f64, f64) {
             .iter()
             .map(|r| r.payload.get().len() as u64)
             .sum::<u64>();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    (
+        records as f64 / secs,
+        bytes as f64 / secs / (1024.0 * 1024.0),
+    )
+}
+
+async fn broker_read_framed(addr: std::net::SocketAddr, n: u64) -> (f64, f64) {
+    let mut c = queen_raw_client::Client::connect(addr).await;
+    let (mut offset, mut records, mut bytes) = (0i64, 0u64, 0u64);
+    let started = Instant::now();
+    while records < n {
+        let body = serde_json::to_vec(&json!({"entries": [
+            {"queue": QUEUE, "partition": PARTITION, "offset": offset, "maxBytes": 8_388_608}],
+            "maxBytes": 8_388_608}))
+        .expect("json");
+        let r = c
+            .send("POST", "/api/v1/fetch?frames=true", Some(&body))
+            .await;
+        assert_eq!(r.status, 200, "fetch: {}", String::from_utf8_lossy(&r.body));
+        let entries = queen_core::wire::decode_fetch_frames(&r.body).expect("QRF1 answer");
+        let got = &entries[0].records;
+        let Some(last) = got.last() else {
+            panic!("framed fetch stopped at offset {offset}");
+        };
+        offset = last.offset + 1;
+        records += got.len() as u64;
+        bytes += got.iter().map(|r| r.payload.len() as u64).sum::<u64>();
     }
     let secs = started.elapsed().as_secs_f64();
     (
@@ -129,16 +162,24 @@ pub async fn reads_scenario(
     // Warm both paths once (the table's pages into shared buffers), then measure.
     raw_read(cfg, messages).await;
     let (raw_records, raw_mib) = raw_read(cfg, messages).await;
-    let (records, mib) = broker_read(addr, messages).await;
-    let scenario = format!("fetch, one partition of {messages} messages from offset 0");
-    vec![
-        Row::new(
+    let mut rows = vec![];
+    for (framed, tag) in [(false, "fetch"), (true, "fetch framed (QRF1)")] {
+        let (records, mib) = broker_read(addr, messages, framed).await;
+        let scenario = format!("{tag}, one partition of {messages} messages from offset 0");
+        rows.push(Row::new(
             scenario.clone(),
             "records/s",
             records,
             "raw segment scan",
             raw_records,
-        ),
-        Row::new(scenario, "MiB/s", mib, "raw segment scan", raw_mib),
-    ]
+        ));
+        rows.push(Row::new(
+            scenario,
+            "MiB/s",
+            mib,
+            "raw segment scan",
+            raw_mib,
+        ));
+    }
+    rows
 }

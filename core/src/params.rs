@@ -155,7 +155,7 @@ fn parse_u64(name: &'static str, v: &str, min: u64, max: u64) -> Result<u64, Par
     Ok(n)
 }
 
-fn parse_bool(name: &'static str, v: &str) -> Result<bool, ParamError> {
+pub(crate) fn parse_bool(name: &'static str, v: &str) -> Result<bool, ParamError> {
     match v {
         "true" | "1" | "" => Ok(true),
         "false" | "0" => Ok(false),

@@ -87,6 +87,20 @@ fn entries(body: &Value) -> Result<&Vec<Value>, ReadInvalid> {
 }
 
 /// Parses a fetch call; any malformed entry refuses the whole call.
+/// Whether a fetch asks for the framed answer (`?frames=true`, the pop's flag; `QRF1`,
+/// `crate::wire::FetchFramesWriter`). Other query parameters are not the fetch's and are
+/// ignored.
+pub fn fetch_wants_frames(pairs: &[(String, String)]) -> Result<bool, ReadInvalid> {
+    let mut frames = false;
+    for (k, v) in pairs {
+        if k == "frames" {
+            frames =
+                crate::params::parse_bool("frames", v).map_err(|e| ReadInvalid(e.to_string()))?;
+        }
+    }
+    Ok(frames)
+}
+
 pub fn parse_fetch(body: &Value) -> Result<FetchCall, ReadInvalid> {
     let max_bytes = budget(
         body.get("maxBytes"),

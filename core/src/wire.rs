@@ -1,6 +1,7 @@
 //! Queen 2.x's binary bodies (docs/operations.md, "Queen 2.x's binary wire"): `QPB1` push and
 //! `QTB1` transaction requests, decoded and validated here, and `QPF1` framed pop answers,
-//! encoded here. Hand-written: each layout is the wire's, byte for byte, and a framed push's
+//! encoded here; and this broker's own framed fetch answer (`QRF1`, docs/reads.md), encoded and
+//! decoded here. Hand-written: each layout is the wire's, byte for byte, and a framed push's
 //! zstd frame is kept as it came (it is already the stored segment format of `frames`).
 
 use std::fmt;
@@ -11,10 +12,12 @@ use crate::types::validate_name;
 
 pub const PUSH_CONTENT_TYPE: &str = "application/x-queen-push";
 pub const POP_FRAMES_CONTENT_TYPE: &str = "application/x-queen-pop";
+pub const FETCH_FRAMES_CONTENT_TYPE: &str = "application/x-queen-fetch";
 
 const PUSH_MAGIC: &[u8; 4] = b"QPB1";
 const TRANSACTION_MAGIC: &[u8; 4] = b"QTB1";
 const POP_MAGIC: &[u8; 4] = b"QPF1";
+const FETCH_MAGIC: &[u8; 4] = b"QRF1";
 
 const FLAG_ZSTD: u8 = 1;
 const FLAG_COUNTS: u8 = 2;
@@ -449,4 +452,229 @@ pub fn encode_pop_frames(answer: &FramedAnswer<'_>) -> Result<Vec<u8>, WireError
         }
     }
     Ok(out)
+}
+
+/// A framed fetch answer (`QRF1`), written entry by entry as the records decode: what the JSON
+/// answer carries, with lengths instead of quoting, so neither side escapes, scans or parses
+/// the payloads. Little-endian, as the other frames:
+///
+/// ```text
+/// "QRF1" u32 entries
+/// entry:  str16 queue, str16 partition, u32 records, record*, i64 highWatermark,
+///         i64 logStartOffset, str16 error ("" when none)
+/// record: i64 offset, i64 ts (microseconds since the epoch), str16 transactionId,
+///         u32 payload length, the payload (its stored JSON text)
+/// ```
+pub struct FetchFramesWriter {
+    out: Vec<u8>,
+    entries: u32,
+    /// Where the open entry's record count goes, and its records so far.
+    open: Option<(usize, u32)>,
+}
+
+impl Default for FetchFramesWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FetchFramesWriter {
+    pub fn new() -> Self {
+        let mut out = Vec::with_capacity(4096);
+        out.extend_from_slice(FETCH_MAGIC);
+        out.extend_from_slice(&0u32.to_le_bytes());
+        FetchFramesWriter {
+            out,
+            entries: 0,
+            open: None,
+        }
+    }
+
+    pub fn open_entry(&mut self, queue: &str, partition: &str) -> Result<(), WireError> {
+        if self.open.is_some() {
+            return Err(bad("a fetch entry opened inside another"));
+        }
+        put_str16(&mut self.out, queue, "the queue name")?;
+        put_str16(&mut self.out, partition, "a partition name")?;
+        self.open = Some((self.out.len(), 0));
+        self.out.extend_from_slice(&0u32.to_le_bytes());
+        Ok(())
+    }
+
+    pub fn record(
+        &mut self,
+        offset: i64,
+        ts_us: i64,
+        transaction_id: &str,
+        payload: &[u8],
+    ) -> Result<(), WireError> {
+        let Some((_, records)) = self.open.as_mut() else {
+            return Err(bad("a fetch record outside an entry"));
+        };
+        *records = records
+            .checked_add(1)
+            .ok_or_else(|| bad("too many records in one entry"))?;
+        self.out.extend_from_slice(&offset.to_le_bytes());
+        self.out.extend_from_slice(&ts_us.to_le_bytes());
+        put_str16(&mut self.out, transaction_id, "a transactionId")?;
+        put_len(&mut self.out, payload.len(), "a payload")?;
+        self.out.extend_from_slice(payload);
+        Ok(())
+    }
+
+    pub fn close_entry(
+        &mut self,
+        high_watermark: i64,
+        log_start: i64,
+        error: Option<&str>,
+    ) -> Result<(), WireError> {
+        let Some((at, records)) = self.open.take() else {
+            return Err(bad("a fetch entry closed without being opened"));
+        };
+        self.out[at..at + 4].copy_from_slice(&records.to_le_bytes());
+        self.out.extend_from_slice(&high_watermark.to_le_bytes());
+        self.out.extend_from_slice(&log_start.to_le_bytes());
+        put_str16(&mut self.out, error.unwrap_or(""), "an entry's error")?;
+        self.entries = self
+            .entries
+            .checked_add(1)
+            .ok_or_else(|| bad("too many fetch entries"))?;
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> Result<Vec<u8>, WireError> {
+        if self.open.is_some() {
+            return Err(bad("a fetch answer finished inside an entry"));
+        }
+        self.out[4..8].copy_from_slice(&self.entries.to_le_bytes());
+        Ok(self.out)
+    }
+}
+
+/// One record of a decoded `QRF1` answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchedRecord<'a> {
+    pub offset: i64,
+    pub ts_us: i64,
+    pub transaction_id: &'a str,
+    pub payload: &'a [u8],
+}
+
+/// One entry of a decoded `QRF1` answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchedEntry<'a> {
+    pub queue: &'a str,
+    pub partition: &'a str,
+    pub records: Vec<FetchedRecord<'a>>,
+    pub high_watermark: i64,
+    pub log_start: i64,
+    pub error: Option<&'a str>,
+}
+
+fn read_i64(r: &mut Reader<'_>, what: &str) -> Result<i64, WireError> {
+    let b = r.take(8, what)?;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    Ok(i64::from_le_bytes(a))
+}
+
+/// Decodes a `QRF1` answer (a client's side; the broker's tests and benchmark read with it).
+pub fn decode_fetch_frames(body: &[u8]) -> Result<Vec<FetchedEntry<'_>>, WireError> {
+    let mut r = Reader::new(body);
+    if r.take(4, "the magic")? != FETCH_MAGIC {
+        return Err(bad("not a QRF1 answer"));
+    }
+    let entries = r.u32("the entry count")?;
+    let mut out = Vec::with_capacity(entries.min(1024) as usize);
+    for _ in 0..entries {
+        let queue = r.str16("the queue name")?;
+        let partition = r.str16("a partition name")?;
+        let n = r.u32("the record count")?;
+        let mut records = Vec::with_capacity(n.min(65_536) as usize);
+        for _ in 0..n {
+            let offset = read_i64(&mut r, "an offset")?;
+            let ts_us = read_i64(&mut r, "a ts")?;
+            let transaction_id = r.str16("a transactionId")?;
+            let len = r.u32("a payload length")? as usize;
+            let payload = r.take(len, "a payload")?;
+            records.push(FetchedRecord {
+                offset,
+                ts_us,
+                transaction_id,
+                payload,
+            });
+        }
+        let high_watermark = read_i64(&mut r, "a highWatermark")?;
+        let log_start = read_i64(&mut r, "a logStartOffset")?;
+        let error = Some(r.str16("an entry's error")?).filter(|e| !e.is_empty());
+        out.push(FetchedEntry {
+            queue,
+            partition,
+            records,
+            high_watermark,
+            log_start,
+            error,
+        });
+    }
+    r.done("a QRF1 answer")?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod fetch_frames_tests {
+    use super::*;
+
+    #[test]
+    fn a_framed_fetch_answer_reads_back_as_written() {
+        let mut w = FetchFramesWriter::new();
+        w.open_entry("q", "p").unwrap();
+        w.record(4, 1_700_000_000_000_000, "t-4", br#"{"n":4}"#)
+            .unwrap();
+        w.record(5, 1_700_000_000_000_001, "t-\"5\"", b"[1,2]")
+            .unwrap();
+        w.close_entry(9, 0, None).unwrap();
+        w.open_entry("q", "gone").unwrap();
+        w.close_entry(-1, -1, Some("UNKNOWN_TOPIC_OR_PARTITION"))
+            .unwrap();
+        let body = w.finish().unwrap();
+        let e = decode_fetch_frames(&body).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!((e[0].queue, e[0].partition), ("q", "p"));
+        assert_eq!(
+            e[0].records,
+            vec![
+                FetchedRecord {
+                    offset: 4,
+                    ts_us: 1_700_000_000_000_000,
+                    transaction_id: "t-4",
+                    payload: br#"{"n":4}"#
+                },
+                FetchedRecord {
+                    offset: 5,
+                    ts_us: 1_700_000_000_000_001,
+                    transaction_id: "t-\"5\"",
+                    payload: b"[1,2]"
+                },
+            ]
+        );
+        assert_eq!(
+            (e[0].high_watermark, e[0].log_start, e[0].error),
+            (9, 0, None)
+        );
+        assert!(e[1].records.is_empty());
+        assert_eq!(e[1].error, Some("UNKNOWN_TOPIC_OR_PARTITION"));
+        // Every cut of the body is refused, never misread.
+        for cut in 0..body.len() {
+            assert!(decode_fetch_frames(&body[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_writer_refuses_records_outside_an_entry() {
+        let mut w = FetchFramesWriter::new();
+        assert!(w.record(0, 0, "t", b"1").is_err());
+        assert!(w.close_entry(0, 0, None).is_err());
+        w.open_entry("q", "p").unwrap();
+        assert!(w.open_entry("q", "p").is_err());
+    }
 }

@@ -42,6 +42,38 @@ async fn fetch(addr: std::net::SocketAddr, body: Value) -> Value {
     r.json()
 }
 
+/// A fetch with `?frames=true`, its `QRF1` answer rendered as the JSON answer would be.
+async fn framed_as_json(addr: std::net::SocketAddr, body: &Value) -> Value {
+    let r = request(addr, "POST", "/api/v1/fetch?frames=true", Some(body)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.header("content-type"),
+        Some(queen_core::wire::FETCH_FRAMES_CONTENT_TYPE)
+    );
+    let entries: Vec<Value> = queen_core::wire::decode_fetch_frames(&r.body)
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let records: Vec<Value> = e
+                .records
+                .iter()
+                .map(|r| {
+                    json!({"offset": r.offset, "transactionId": r.transaction_id,
+                           "payload": serde_json::from_slice::<Value>(r.payload).unwrap(),
+                           "ts": queen_core::time::format_iso_micros(queen_core::Timestamp(r.ts_us))})
+                })
+                .collect();
+            let mut entry = json!({"queue": e.queue, "partition": e.partition, "records": records,
+                                   "highWatermark": e.high_watermark, "logStartOffset": e.log_start});
+            if let Some(error) = e.error {
+                entry["error"] = json!(error);
+            }
+            entry
+        })
+        .collect();
+    json!({ "entries": entries })
+}
+
 fn offsets(entry: &Value) -> Vec<i64> {
     entry["records"]
         .as_array()
@@ -66,17 +98,19 @@ async fn fetch_answers_records_ranges_and_errors_on_both_backends() {
         push(b.addr, "open", "p", 0..5).await;
         push(b.addr, "open", "p", 5..8).await;
         push(b.addr, "sealed", "p", 0..2).await;
-        let a = fetch(
-            b.addr,
-            json!({"entries": [
-                {"queue": "open", "partition": "p", "offset": 2, "maxBytes": 1_000_000},
-                {"queue": "sealed", "partition": "p", "offset": 0},
-                {"queue": "open", "partition": "nope", "offset": 0},
-                {"queue": "open", "partition": "p", "offset": 9}],
-               "maxBytes": 1_000_000}),
-        )
-        .await;
+        let fetch_body = json!({"entries": [
+            {"queue": "open", "partition": "p", "offset": 2, "maxBytes": 1_000_000},
+            {"queue": "sealed", "partition": "p", "offset": 0},
+            {"queue": "open", "partition": "nope", "offset": 0},
+            {"queue": "open", "partition": "p", "offset": 9}],
+           "maxBytes": 1_000_000});
+        let a = fetch(b.addr, fetch_body.clone()).await;
         let e = a["entries"].as_array().unwrap();
+        assert_eq!(
+            framed_as_json(b.addr, &fetch_body).await,
+            a,
+            "the framed answer carries what the JSON answer does"
+        );
         assert_eq!(offsets(&e[0]), (2..8).collect::<Vec<_>>());
         assert_eq!(e[0]["records"][0]["transactionId"], "p-2");
         assert_eq!(e[0]["records"][0]["payload"]["n"], 2);
@@ -175,6 +209,7 @@ async fn bad_reads_are_refused_whole_on_both_backends() {
                 json!({"entries": vec![entry.clone(); 1025]}),
             ),
             ("/api/v1/fetch", json!({"entries": [7]})),
+            ("/api/v1/fetch?frames=maybe", json!({"entries": [entry]})),
             (
                 "/api/v1/partitions/changed",
                 json!({"entries": [{"queue": "q", "since": "yesterday"}]}),

@@ -221,7 +221,7 @@ pub(crate) async fn route(broker: Arc<Broker>, req: Request<Incoming>) -> Result
         (&Method::POST, ["api", "v1", "fetch"]) => {
             need(ReadOnly)?;
             let b = body(&broker, req).await?;
-            reads::fetch(&broker, &b).await
+            reads::fetch(&broker, &http::query_pairs(query.as_deref())?, &b).await
         }
         (&Method::POST, ["api", "v1", "partitions", "changed"]) => {
             need(ReadOnly)?;

@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use hyper::StatusCode;
 use queen_core::frames::slice_blob;
-use queen_core::reads::{self, Budget, FetchEntry, Retained};
+use queen_core::reads::{self, Budget, FetchCall, FetchEntry, Retained};
 use queen_core::storage::PartitionRead;
 use queen_core::time::format_iso_micros;
+use queen_core::types::Timestamp;
+use queen_core::wire::{FetchFramesWriter, WireError, FETCH_FRAMES_CONTENT_TYPE};
 use serde_json::{json, Value};
 
 use crate::broker::Broker;
@@ -19,28 +21,67 @@ fn parse_body(body: &[u8]) -> Result<Value, Failure> {
         .map_err(|e| Failure::coded("read_invalid", format!("body is not JSON: {e}")))
 }
 
-/// One entry of a fetch answer, written straight into the answer's bytes: a record's payload is
-/// the stored JSON text as it is (a tree per record, or a validating copy, cost more than the
-/// rest of the answer together: see docs/benchmarks.md, scenario 14).
-struct EntryWriter<'a> {
-    out: &'a mut Vec<u8>,
+/// Where a fetch's entries and records are written as the segments decode: the JSON answer, or
+/// the framed one (`QRF1`) a client asks for with `?frames=true`.
+trait FetchAnswer {
+    fn open_entry(&mut self, e: &FetchEntry) -> Result<(), Failure>;
+    /// One record; `ts` is `created_at` as the JSON answer writes it (formatted once a segment).
+    fn record(
+        &mut self,
+        offset: i64,
+        txid: &str,
+        payload: &[u8],
+        created_at: Timestamp,
+        ts: &str,
+    ) -> Result<(), Failure>;
+    fn close_entry(&mut self, range: Retained, error: Option<&str>) -> Result<(), Failure>;
+    fn finish(self) -> Result<Reply, Failure>;
+}
+
+/// The JSON answer, written straight into its bytes: a record's payload is the stored JSON text
+/// as it is (a tree per record, or a validating copy, cost more than the rest of the answer
+/// together: see docs/benchmarks.md, scenario 14).
+struct JsonAnswer {
+    out: Vec<u8>,
+    entries: usize,
     records: usize,
 }
 
-impl<'a> EntryWriter<'a> {
-    fn open(out: &'a mut Vec<u8>, first: bool, e: &FetchEntry) -> Result<Self, Failure> {
-        if !first {
-            out.push(b',');
+impl JsonAnswer {
+    fn new() -> Self {
+        let mut out = Vec::with_capacity(4096);
+        out.extend_from_slice(b"{\"entries\":[");
+        JsonAnswer {
+            out,
+            entries: 0,
+            records: 0,
         }
-        out.extend_from_slice(b"{\"queue\":");
-        write_json(out, &e.queue)?;
-        out.extend_from_slice(b",\"partition\":");
-        write_json(out, &e.partition)?;
-        out.extend_from_slice(b",\"records\":[");
-        Ok(EntryWriter { out, records: 0 })
+    }
+}
+
+impl FetchAnswer for JsonAnswer {
+    fn open_entry(&mut self, e: &FetchEntry) -> Result<(), Failure> {
+        if self.entries > 0 {
+            self.out.push(b',');
+        }
+        self.entries += 1;
+        self.records = 0;
+        self.out.extend_from_slice(b"{\"queue\":");
+        write_json(&mut self.out, &e.queue)?;
+        self.out.extend_from_slice(b",\"partition\":");
+        write_json(&mut self.out, &e.partition)?;
+        self.out.extend_from_slice(b",\"records\":[");
+        Ok(())
     }
 
-    fn record(&mut self, offset: i64, txid: &str, payload: &[u8], ts: &str) -> Result<(), Failure> {
+    fn record(
+        &mut self,
+        offset: i64,
+        txid: &str,
+        payload: &[u8],
+        _created_at: Timestamp,
+        ts: &str,
+    ) -> Result<(), Failure> {
         if self.records > 0 {
             self.out.push(b',');
         }
@@ -48,7 +89,7 @@ impl<'a> EntryWriter<'a> {
         self.out.extend_from_slice(b"{\"offset\":");
         self.out.extend_from_slice(offset.to_string().as_bytes());
         self.out.extend_from_slice(b",\"transactionId\":");
-        write_json(self.out, txid)?;
+        write_json(&mut self.out, txid)?;
         self.out.extend_from_slice(b",\"payload\":");
         self.out.extend_from_slice(payload);
         self.out.extend_from_slice(b",\"ts\":\"");
@@ -57,7 +98,7 @@ impl<'a> EntryWriter<'a> {
         Ok(())
     }
 
-    fn close(self, range: Retained, error: Option<&str>) {
+    fn close_entry(&mut self, range: Retained, error: Option<&str>) -> Result<(), Failure> {
         self.out.extend_from_slice(b"],\"highWatermark\":");
         self.out
             .extend_from_slice(range.high_watermark.to_string().as_bytes());
@@ -65,11 +106,47 @@ impl<'a> EntryWriter<'a> {
         self.out
             .extend_from_slice(range.log_start.to_string().as_bytes());
         if let Some(error) = error {
-            self.out.extend_from_slice(b",\"error\":\"");
-            self.out.extend_from_slice(error.as_bytes());
-            self.out.push(b'"');
+            self.out.extend_from_slice(b",\"error\":");
+            write_json(&mut self.out, error)?;
         }
         self.out.push(b'}');
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Reply, Failure> {
+        self.out.extend_from_slice(b"]}");
+        Ok(http::json_bytes(StatusCode::OK, self.out))
+    }
+}
+
+fn wire_failure(e: WireError) -> Failure {
+    Failure::server(format!("framed fetch answer: {e}"))
+}
+
+impl FetchAnswer for FetchFramesWriter {
+    fn open_entry(&mut self, e: &FetchEntry) -> Result<(), Failure> {
+        FetchFramesWriter::open_entry(self, &e.queue, &e.partition).map_err(wire_failure)
+    }
+
+    fn record(
+        &mut self,
+        offset: i64,
+        txid: &str,
+        payload: &[u8],
+        created_at: Timestamp,
+        _ts: &str,
+    ) -> Result<(), Failure> {
+        FetchFramesWriter::record(self, offset, created_at.0, txid, payload).map_err(wire_failure)
+    }
+
+    fn close_entry(&mut self, range: Retained, error: Option<&str>) -> Result<(), Failure> {
+        FetchFramesWriter::close_entry(self, range.high_watermark, range.log_start, error)
+            .map_err(wire_failure)
+    }
+
+    fn finish(self) -> Result<Reply, Failure> {
+        let body = FetchFramesWriter::finish(self).map_err(wire_failure)?;
+        Ok(http::bytes(StatusCode::OK, body, FETCH_FRAMES_CONTENT_TYPE))
     }
 }
 
@@ -77,34 +154,51 @@ fn write_json(out: &mut Vec<u8>, text: &str) -> Result<(), Failure> {
     serde_json::to_writer(out, text).map_err(|e| Failure::server(format!("fetch answer: {e}")))
 }
 
-/// `POST /api/v1/fetch`: each entry's records from its offset, within the entry's and the
-/// call's byte budgets (payload bytes), with the partition's retained range.
-pub async fn fetch(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> {
+/// `POST /api/v1/fetch[?frames=true]`: each entry's records from its offset, within the
+/// entry's and the call's byte budgets (payload bytes), with the partition's retained range; as
+/// JSON, or framed (`QRF1`).
+pub async fn fetch(
+    broker: &Arc<Broker>,
+    query: &[(String, String)],
+    body: &[u8],
+) -> Result<Reply, Failure> {
+    let frames =
+        reads::fetch_wants_frames(query).map_err(|e| Failure::coded("read_invalid", e.0))?;
     let call =
         reads::parse_fetch(&parse_body(body)?).map_err(|e| Failure::coded("read_invalid", e.0))?;
+    if frames {
+        answer_fetch(broker, &call, FetchFramesWriter::new()).await
+    } else {
+        answer_fetch(broker, &call, JsonAnswer::new()).await
+    }
+}
+
+async fn answer_fetch<A: FetchAnswer>(
+    broker: &Arc<Broker>,
+    call: &FetchCall,
+    mut answer: A,
+) -> Result<Reply, Failure> {
     let cipher = broker.config.cipher.as_deref();
     let mut budget = Budget::new(call.max_bytes);
-    let mut out = Vec::with_capacity(4096);
-    out.extend_from_slice(b"{\"entries\":[");
-    for (i, e) in call.entries.iter().enumerate() {
+    for e in &call.entries {
         let read = broker
             .storage
             .reads
             .read_partition(&e.queue, &e.partition, e.offset, budget.hint(e.max_bytes))
             .await?;
-        let mut entry = EntryWriter::open(&mut out, i == 0, e)?;
+        answer.open_entry(e)?;
         let (range, segments) = match read {
             PartitionRead::Unknown => {
-                entry.close(
+                answer.close_entry(
                     Retained::of(-1, None),
                     Some(reads::UNKNOWN_TOPIC_OR_PARTITION),
-                );
+                )?;
                 continue;
             }
             PartitionRead::Found { range, segments } => (range, segments),
         };
         if range.out_of_range(e.offset) {
-            entry.close(range, Some(reads::OFFSET_OUT_OF_RANGE));
+            answer.close_entry(range, Some(reads::OFFSET_OUT_OF_RANGE))?;
             continue;
         }
         let mut used = 0u64;
@@ -125,13 +219,12 @@ pub async fn fetch(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
                 }
                 used += size;
                 let offset = s.base_offset + i64::from(s.start_idx) + k as i64;
-                entry.record(offset, &f.transaction_id, &payload, &ts)?;
+                answer.record(offset, &f.transaction_id, &payload, s.created_at, &ts)?;
             }
         }
-        entry.close(range, None);
+        answer.close_entry(range, None)?;
     }
-    out.extend_from_slice(b"]}");
-    Ok(http::json_bytes(StatusCode::OK, out))
+    answer.finish()
 }
 
 /// `POST /api/v1/partitions/changed`: a page of each queue's partitions written since a time,
