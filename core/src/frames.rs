@@ -9,6 +9,7 @@
 //! Hand-written because the layout is the wire's, byte for byte, and slicing without copying
 //! payloads is on the measured hot path; zstd (the crate) does the compression.
 
+use std::borrow::Cow;
 use std::fmt;
 
 const FLAG_TRACE: u8 = 1;
@@ -136,13 +137,39 @@ fn uuid_at(buf: &[u8], pos: &mut usize) -> Result<uuid::Uuid, FrameError> {
     Ok(uuid::Uuid::from_bytes(a))
 }
 
-/// Decodes frames `[start, start + take)` of an uncompressed frame buffer holding `count` frames.
-pub fn decode_frames(
+/// A frame read in place from an uncompressed frame buffer: what `Frame` holds, borrowed (a
+/// reader that writes each record out at once, as a fetch does, allocates nothing per frame).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameView<'a> {
+    pub message_id: uuid::Uuid,
+    pub transaction_id: Cow<'a, str>,
+    pub trace_id: Option<uuid::Uuid>,
+    pub producer: Option<Cow<'a, str>>,
+    pub encrypted: bool,
+    pub payload: &'a [u8],
+}
+
+impl FrameView<'_> {
+    pub fn to_frame(&self) -> Frame {
+        Frame {
+            message_id: self.message_id,
+            transaction_id: self.transaction_id.clone().into_owned(),
+            trace_id: self.trace_id,
+            producer: self.producer.clone().map(Cow::into_owned),
+            encrypted: self.encrypted,
+            payload: self.payload.to_vec(),
+        }
+    }
+}
+
+/// Reads frames `[start, start + take)` of an uncompressed frame buffer holding `count` frames,
+/// in place.
+pub fn frame_views(
     raw: &[u8],
     start: usize,
     take_n: usize,
     count: usize,
-) -> Result<Vec<Frame>, FrameError> {
+) -> Result<Vec<FrameView<'_>>, FrameError> {
     let slice = raw_frames(raw, start, take_n, count)?;
     let mut pos = 0usize;
     let mut out = Vec::with_capacity(take_n);
@@ -161,25 +188,37 @@ pub fn decode_frames(
         };
         let l = take(body, &mut p, 2)?;
         let txid_len = u16::from_le_bytes([l[0], l[1]]) as usize;
-        let txid = take(body, &mut p, txid_len)?;
-        let transaction_id = String::from_utf8_lossy(txid).into_owned();
+        let transaction_id = String::from_utf8_lossy(take(body, &mut p, txid_len)?);
         let producer = if flags & FLAG_PRODUCER != 0 {
             let l = take(body, &mut p, 2)?;
             let n = u16::from_le_bytes([l[0], l[1]]) as usize;
-            Some(String::from_utf8_lossy(take(body, &mut p, n)?).into_owned())
+            Some(String::from_utf8_lossy(take(body, &mut p, n)?))
         } else {
             None
         };
-        out.push(Frame {
+        out.push(FrameView {
             message_id,
             transaction_id,
             trace_id,
             producer,
             encrypted: flags & FLAG_ENCRYPTED != 0,
-            payload: body[p..].to_vec(),
+            payload: &body[p..],
         });
     }
     Ok(out)
+}
+
+/// Decodes frames `[start, start + take)` of an uncompressed frame buffer holding `count` frames.
+pub fn decode_frames(
+    raw: &[u8],
+    start: usize,
+    take_n: usize,
+    count: usize,
+) -> Result<Vec<Frame>, FrameError> {
+    Ok(frame_views(raw, start, take_n, count)?
+        .iter()
+        .map(FrameView::to_frame)
+        .collect())
 }
 
 /// The bytes of frames `[start, start + take)` of an uncompressed frame buffer holding `count`

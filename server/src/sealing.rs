@@ -12,7 +12,7 @@
 
 use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
-use queen_core::frames::Frame;
+use queen_core::frames::{Frame, FrameView};
 use queen_core::storage::{AdminStorage, PushGroup};
 
 const VERSION: u8 = 1;
@@ -131,19 +131,33 @@ pub fn plaintext<'a>(
     cipher: Option<&PayloadCipher>,
     frame: &'a Frame,
 ) -> Result<std::borrow::Cow<'a, [u8]>, String> {
-    if !frame.encrypted {
-        return Ok(std::borrow::Cow::Borrowed(&frame.payload));
+    opened(cipher, frame.encrypted, &frame.payload, frame.message_id)
+}
+
+/// `plaintext` of a frame read in place.
+pub fn plaintext_of_view<'a>(
+    cipher: Option<&PayloadCipher>,
+    frame: &FrameView<'a>,
+) -> Result<std::borrow::Cow<'a, [u8]>, String> {
+    opened(cipher, frame.encrypted, frame.payload, frame.message_id)
+}
+
+fn opened<'a>(
+    cipher: Option<&PayloadCipher>,
+    encrypted: bool,
+    payload: &'a [u8],
+    message_id: uuid::Uuid,
+) -> Result<std::borrow::Cow<'a, [u8]>, String> {
+    if !encrypted {
+        return Ok(std::borrow::Cow::Borrowed(payload));
     }
     let cipher = cipher.ok_or_else(|| {
-        format!(
-            "message {} is encrypted and this broker has no QUEEN_ENCRYPTION_KEY",
-            frame.message_id
-        )
+        format!("message {message_id} is encrypted and this broker has no QUEEN_ENCRYPTION_KEY")
     })?;
     cipher
-        .open(&frame.payload)
+        .open(payload)
         .map(std::borrow::Cow::Owned)
-        .map_err(|e| format!("message {}: {e}", frame.message_id))
+        .map_err(|e| format!("message {message_id}: {e}"))
 }
 
 #[cfg(test)]

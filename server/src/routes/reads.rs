@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use hyper::StatusCode;
-use queen_core::frames::slice_blob;
+use queen_core::frames::{decompress_blob, frame_views, FrameError};
 use queen_core::reads::{self, Budget, FetchCall, FetchEntry, Retained};
 use queen_core::storage::PartitionRead;
 use queen_core::time::format_iso_micros;
@@ -203,16 +203,20 @@ async fn answer_fetch<A: FetchAnswer>(
         }
         let mut used = 0u64;
         'segments: for s in &segments {
-            let frames = slice_blob(
-                &s.blob,
+            let corrupt = |err: FrameError| Failure::server(format!("corrupt segment: {err}"));
+            // Read in place: each record is written out at once, so no frame is copied.
+            let raw = decompress_blob(&s.blob).map_err(corrupt)?;
+            let frames = frame_views(
+                &raw,
                 s.start_idx as usize,
                 s.take as usize,
                 s.msg_count as usize,
             )
-            .map_err(|err| Failure::server(format!("corrupt segment: {err}")))?;
+            .map_err(corrupt)?;
             let ts = format_iso_micros(s.created_at);
             for (k, f) in frames.iter().enumerate() {
-                let payload = crate::sealing::plaintext(cipher, f).map_err(Failure::server)?;
+                let payload =
+                    crate::sealing::plaintext_of_view(cipher, f).map_err(Failure::server)?;
                 let size = payload.len() as u64;
                 if !budget.admit(used, e.max_bytes, size) {
                     break 'segments;
