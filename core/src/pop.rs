@@ -17,7 +17,7 @@ use crate::autopilot::{self, Sizing};
 use crate::backoff::WaitBackoff;
 use crate::claim::SubscriptionIntent;
 use crate::params::{PopParams, PopShape};
-use crate::ring::{Candidate, HotRing, RingTable, DEFAULT_CONFIG_TTL_MS};
+use crate::ring::{candidate_count, Candidate, HotRing, RingTable, DEFAULT_CONFIG_TTL_MS};
 use crate::storage::{
     Claim, PopRequest, PopResult, QueueConfig, StorageError, StorageResult, Verdict,
 };
@@ -196,6 +196,11 @@ pub struct PopBugs {
     /// partition's epoch unchanged it does not ask again until an event of the partition or
     /// its 30 s re-check, though what the partition held was never read.
     pub keep_a_failed_partition_look: bool,
+    /// A queue-wide pop that will not wait answers "nothing" from its ring while the ring
+    /// believes a partition leased: a release through another broker whose notification has
+    /// not arrived yet (the client acked there a moment ago) goes unseen, and the pop answers
+    /// 204 over messages that are deliverable.
+    pub one_shot_pop_trusts_ring_leases: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -907,7 +912,16 @@ impl PopMachine {
                 // A stale config alone is no work: it is refreshed when there is work to do, so
                 // parked pops never fetch it in a burst.
                 let ring = ctx.rings.ring(&queue, &group);
-                let has_work = ring.has_work(now);
+                let mut has_work = ring.has_work(now);
+                if !has_work
+                    && !self.params.wait
+                    && !self.config.bugs.one_shot_pop_trusts_ring_leases
+                {
+                    // This pop answers now, so the ring's belief in a lease (which a release
+                    // elsewhere ends by a notification that may still be on its way) is asked
+                    // of storage rather than answered with a 204.
+                    has_work = ring.offer_held_leases(candidate_count(self.params.partitions));
+                }
                 if ring.first_contact_done() && ring.reseed_due(now) {
                     // The first pop to see the reseed due takes it on; the others do not.
                     let _ = ring.mark_reseed_started(now);

@@ -63,6 +63,10 @@ struct Entry {
     /// (a `took_all` verdict with no push since it read): while the epoch is unchanged, a
     /// release that commits that batch leaves nothing to deliver.
     drained_lease_epoch: Option<u64>,
+    /// It waits on the wheel for a lease to end (not a delay or a hold): a release on another
+    /// broker ends it before then, and this ring hears of that only by the release's
+    /// notification.
+    lease_held: bool,
 }
 
 /// Switches that re-introduce historical bugs, for proving the simulation suite catches them.
@@ -249,6 +253,7 @@ impl HotRing {
             state: EntryState::Idle,
             pending_hint: 0,
             drained_lease_epoch: None,
+            lease_held: false,
         })
     }
 
@@ -392,6 +397,30 @@ impl HotRing {
         self.ready.len()
     }
 
+    /// A pop that will not wait is about to answer "nothing" from this ring: up to `k` of the
+    /// partitions it believes leased (soonest lease end first) are offered to it again, so
+    /// that storage, not a notification still on its way, says whether their leases ended. A
+    /// client that acks through one broker and at once pops through another sees its release.
+    /// Answers whether any was offered. Each one's verdict puts it back on the wheel if its
+    /// lease still holds.
+    pub fn offer_held_leases(&mut self, k: usize) -> bool {
+        let held: Vec<String> = self
+            .wheel
+            .iter()
+            .filter(|(t, p)| {
+                self.entries
+                    .get(p)
+                    .is_some_and(|e| e.lease_held && e.state == (EntryState::Waiting { until: *t }))
+            })
+            .take(k)
+            .map(|(_, p)| p.clone())
+            .collect();
+        for p in &held {
+            self.make_ready(p);
+        }
+        !held.is_empty()
+    }
+
     /// Whether a pop of this ring has something to do now: the group's first contact, a reseed
     /// page, or a ready partition. A parked pop looks at storage only then, and a wake goes to
     /// a parked pop only then.
@@ -459,8 +488,14 @@ impl HotRing {
     }
 
     fn wait_until(&mut self, partition: &str, until: Timestamp) {
+        self.wait_on_wheel(partition, until, false);
+    }
+
+    /// Parks the partition until a lease ends (`lease_held`), or for another hold.
+    fn wait_on_wheel(&mut self, partition: &str, until: Timestamp, lease_held: bool) {
         if let Some(e) = self.entries.get_mut(partition) {
             e.state = EntryState::Waiting { until };
+            e.lease_held = lease_held;
             self.wheel.insert((until, partition.to_string()));
             self.new_due.fetch_min(until.0, Ordering::Relaxed);
         }
@@ -545,7 +580,7 @@ impl HotRing {
                 }
                 match leased_until {
                     Some(t) => {
-                        self.wait_until(partition, t.just_after());
+                        self.wait_on_wheel(partition, t.just_after(), true);
                         if drained && !pushed_since {
                             if let Some(e) = self.entries.get_mut(partition) {
                                 e.drained_lease_epoch = Some(epoch);
@@ -564,7 +599,8 @@ impl HotRing {
                     // already. Ask again rather than wait out a lease that may be gone.
                     self.make_ready(partition);
                 } else if let Some(at) = verdict.revisit_at(now) {
-                    self.wait_until(partition, at);
+                    let lease_held = matches!(verdict, Verdict::LeasedUntil(_));
+                    self.wait_on_wheel(partition, at, lease_held);
                 }
             }
             Verdict::NotEvaluated => self.make_ready(partition),

@@ -956,3 +956,79 @@ async fn on_the_legacy_scan_a_lease_ending_wakes_a_pop_that_never_heard_of_it() 
         "the bug switch (the revisit kept by the pop that asked) is caught"
     );
 }
+
+/// Queue-wide pops that do not wait, each right after its consumer acked the previous message
+/// through another broker whose release it has not heard of (here the brokers never hear each
+/// other's events, as when the release's notification is still on its way). Broker `a` leases
+/// one message at a time; each ack goes through `b`; `a` is asked again at once. Answers the
+/// transaction ids delivered before the first 204.
+async fn one_shot_pops_after_releases_elsewhere(store: Store, pop_bugs: PopBugs) -> Vec<String> {
+    let b = start(store, event_driven(true)).await;
+    let hooks = queen_server::broker::Hooks {
+        pop_bugs,
+        ..Default::default()
+    };
+    let app = queen_server::broker::Broker::with_hooks(
+        event_driven(true),
+        b.app.storage.clone(),
+        11,
+        hooks,
+    );
+    queen_server::tasks::start(&app);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = listener.local_addr().unwrap();
+    tokio::spawn(queen_server::serve_listener(app.clone(), listener));
+    let queue = "oneshot.q";
+    let sent = ["m1", "m2", "m3", "m4"];
+    push(a, queue, &sent).await;
+    let pop = format!("/api/v1/pop/queue/{queue}?batch=1&wait=false&consumerGroup=g");
+    let mut delivered = vec![];
+    while delivered.len() < sent.len() {
+        let r = request(a, "GET", &pop, None).await;
+        if r.status == 204 {
+            break;
+        }
+        assert_eq!(r.status, 200, "pop: {}", r.json());
+        let v = r.json();
+        let txid = v["messages"][0]["transactionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let pid = v["messages"][0]["partitionId"].as_str().unwrap();
+        let lease = v["leaseId"].as_str().unwrap();
+        ack(
+            b.addr,
+            "g",
+            lease,
+            pid,
+            std::slice::from_ref(&txid),
+            "completed",
+        )
+        .await;
+        delivered.push(txid);
+    }
+    delivered
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pop_that_does_not_wait_sees_a_release_made_through_another_broker() {
+    for store in [
+        Store::Memory,
+        Store::Postgres("queen_prompt_oneshot_release"),
+    ] {
+        assert_eq!(
+            one_shot_pops_after_releases_elsewhere(store, PopBugs::default()).await,
+            ["m1", "m2", "m3", "m4"],
+            "each pop asked storage about the lease its ring believed in"
+        );
+    }
+    let trusting = PopBugs {
+        one_shot_pop_trusts_ring_leases: true,
+        ..PopBugs::default()
+    };
+    let delivered = one_shot_pops_after_releases_elsewhere(Store::Memory, trusting).await;
+    assert!(
+        delivered.len() < 4,
+        "the bug switch (the ring's lease trusted) is caught: a pop answered empty ({delivered:?})"
+    );
+}
