@@ -5,7 +5,8 @@
 //! - `operations`, `rounds`, `buffer`, `sealing`: what the routes ask of the broker (pushes, acks,
 //!   storage rounds, the failover buffer, payload encryption).
 //! - `views`: the admin plane's read models, computed from storage's inventory.
-//! - `routes`: one file per surface, and the route table; `http`: replies, errors, auth, wire.
+//! - `routes`: one file per surface, and the route table (`routes::ROUTES`); `http`: replies,
+//!   errors, auth, wire.
 //! - `serve`: connections and the listener; `tasks`: the background work a running broker needs.
 
 pub mod broker;
@@ -18,7 +19,7 @@ pub mod metrics;
 mod operations;
 pub mod peers;
 pub mod rounds;
-mod routes;
+pub mod routes;
 pub mod sealing;
 mod serve;
 mod stats;

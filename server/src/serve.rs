@@ -40,7 +40,8 @@ pub fn handle(broker: Arc<Broker>, req: Request<Incoming>) -> impl Future<Output
 }
 
 async fn answer(broker: Arc<Broker>, mut req: Request<Incoming>) -> Routed {
-    let surface = surface(req.uri().path());
+    // For the storage-error metric's label, found only when a storage error needs it.
+    let (method, uri) = (req.method().clone(), req.uri().clone());
     let limit = broker.config.storage_deadline();
     let deadline = WorkDeadline::new(limit);
     req.extensions_mut().insert(deadline.clone());
@@ -65,7 +66,7 @@ async fn answer(broker: Arc<Broker>, mut req: Request<Incoming>) -> Routed {
             counter.inc();
             match &f.storage {
                 Some(e) => {
-                    broker.note_storage_error(surface, e);
+                    broker.note_storage_error(surface(&method, uri.path()), e);
                 }
                 None if f.status.is_server_error() => {
                     tracing::warn!(status = %f.status, error = %f.message, "request failed");

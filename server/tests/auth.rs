@@ -118,6 +118,7 @@ fn routes() -> Vec<(&'static str, &'static str, Option<Value>, Level)> {
     use Level::*;
     let ts = "2026-01-01T00:00:00.000Z";
     vec![
+        ("GET", "/", None, Public),
         ("GET", "/health", None, Public),
         ("GET", "/metrics", None, Public),
         ("GET", "/metrics/prometheus", None, Public),
@@ -264,9 +265,128 @@ fn routes() -> Vec<(&'static str, &'static str, Option<Value>, Level)> {
         ("GET", "/api/v1/consumer-groups/lagging", None, ReadOnly),
         ("GET", "/api/v1/consumer-groups/g", None, ReadOnly),
         ("POST", "/api/v1/stats/refresh", None, Admin),
+        (
+            "POST",
+            "/api/v1/kv",
+            Some(json!({"operations": [{"op": "get", "ns": "authns", "key": "k"}]})),
+            ReadWrite,
+        ),
+        ("GET", "/api/v1/kv/authns/k", None, ReadOnly),
+        (
+            "PUT",
+            "/api/v1/kv/authns/k",
+            Some(json!({"v": 1})),
+            ReadWrite,
+        ),
+        ("DELETE", "/api/v1/kv/authns/k", None, ReadWrite),
+        (
+            "POST",
+            "/api/v1/locks",
+            Some(json!({"operations": [{"op": "get", "name": "authlock"}]})),
+            ReadWrite,
+        ),
+        (
+            "POST",
+            "/api/v1/timers",
+            Some(json!({"operations": []})),
+            ReadWrite,
+        ),
+        ("GET", "/api/v1/timers/authq", None, ReadOnly),
+        ("GET", "/api/v1/timers/authq/k", None, ReadOnly),
+        ("DELETE", "/api/v1/timers/authq/k", None, ReadWrite),
+        (
+            "POST",
+            "/api/v1/fetch",
+            Some(json!({"queue": "authq", "partition": "Default", "offset": 0})),
+            ReadOnly,
+        ),
+        (
+            "POST",
+            "/api/v1/partitions/changed",
+            Some(json!({})),
+            ReadOnly,
+        ),
+        ("POST", "/streams/v1/queries", Some(json!({})), ReadWrite),
+        ("POST", "/streams/v1/state/get", Some(json!({})), ReadOnly),
+        ("POST", "/streams/v1/cycle", Some(json!({})), ReadWrite),
+        (
+            "GET",
+            "/api/v1/ephemeral/pop?queue=authe&wait=false",
+            None,
+            ReadWrite,
+        ),
+        ("GET", "/api/v1/ephemeral/queues", None, ReadOnly),
+        (
+            "GET",
+            "/api/v1/ephemeral/queues/authe/depth",
+            None,
+            ReadOnly,
+        ),
+        ("DELETE", "/api/v1/ephemeral/queue/authe", None, ReadWrite),
+        (
+            "POST",
+            "/api/v1/ephemeral/configure",
+            Some(json!({"queue": "authe"})),
+            ReadWrite,
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/reset",
+            Some(json!({"queue": "authe"})),
+            ReadWrite,
+        ),
+        (
+            "POST",
+            "/api/v1/ephemeral/push",
+            Some(json!({"queue": "authe", "items": [{"payload": {"n": 1}}]})),
+            ReadWrite,
+        ),
+        ("POST", "/api/v1/ephemeral/ack", Some(json!({})), ReadWrite),
         // Not a route: a token is still asked for, and a valid one gets the 404.
         ("GET", "/api/v1/no-such-route", None, AnyToken),
     ]
+}
+
+/// The matrix above tries every route of the route table at the level the table states (a
+/// public path, served without a token by `JWT_SKIP_PATHS`, is read-only in the table): a new
+/// route, or a changed level, fails here until the matrix says it.
+#[test]
+fn the_matrix_covers_the_route_table() {
+    use queen_server::http::auth::Access;
+    use queen_server::routes::{find, ROUTES};
+    let mut covered = vec![false; ROUTES.len()];
+    for (method, path, _, needed) in routes() {
+        let path = path.split('?').next().unwrap();
+        let seg: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let method = hyper::Method::from_bytes(method.as_bytes()).unwrap();
+        let Some((route, _)) = find(&method, &seg) else {
+            assert_eq!(needed, Level::AnyToken, "{method} {path} is in no route");
+            continue;
+        };
+        let table = match route.access {
+            Access::ReadOnly => Level::ReadOnly,
+            Access::ReadWrite => Level::ReadWrite,
+            Access::Admin => Level::Admin,
+        };
+        let expected = if needed == Level::Public {
+            Level::ReadOnly
+        } else {
+            needed
+        };
+        assert_eq!(table, expected, "{method} {path}: the table's level");
+        let i = ROUTES.iter().position(|r| std::ptr::eq(r, route)).unwrap();
+        covered[i] = true;
+    }
+    let missing: Vec<String> = ROUTES
+        .iter()
+        .zip(&covered)
+        .filter(|(_, c)| !**c)
+        .map(|(r, _)| format!("{} {}", r.verb.as_str(), r.pattern))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "routes the auth matrix never tries: {missing:?}"
+    );
 }
 
 async fn every_route_at_every_role(store: Store) {
