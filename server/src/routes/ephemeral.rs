@@ -22,6 +22,7 @@ use crate::broker::Broker;
 use crate::ephemeral::Owner;
 use crate::http::{self, Failure, Reply, Routed};
 use crate::tasks::ephemeral_liveness::{beat, claim};
+use crate::views::reads;
 
 /// Marks a call one broker forwarded to another: the receiver serves it or refuses it, never
 /// forwards it again.
@@ -221,7 +222,7 @@ async fn load(broker: &Broker, queue: &str, implicit: bool) -> Result<bool, Fail
     if broker.ephemeral.exists(queue) {
         return Ok(true);
     }
-    match broker.storage.ephemeral.ephemeral_config(queue).await? {
+    match reads::ephemeral_config(broker, queue).await? {
         Some(stored) => broker.ephemeral.ensure(queue, options_of(stored)?),
         None if implicit => broker.ephemeral.ensure(queue, EphemeralOptions::default()),
         None => return Ok(false),
@@ -238,11 +239,7 @@ pub async fn configure(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failu
     }
     // Storage first: a declaration answered is a declaration kept.
     let resolved = options.to_json();
-    broker
-        .storage
-        .ephemeral
-        .save_ephemeral_config(&queue, &resolved)
-        .await?;
+    broker.save_ephemeral_config(&queue, &resolved).await?;
     broker.ephemeral.with(|s| s.configure(&queue, options));
     Ok(http::json(
         StatusCode::OK,
@@ -268,11 +265,7 @@ pub async fn delete(broker: &Arc<Broker>, call: &Call, queue: &str) -> Result<Re
     if let Some(reply) = at_owner(broker, call, queue).await? {
         return Ok(reply);
     }
-    let declared = broker
-        .storage
-        .ephemeral
-        .remove_ephemeral_config(queue)
-        .await?;
+    let declared = broker.remove_ephemeral_config(queue).await?;
     let held = broker.ephemeral.with(|s| s.delete(queue));
     broker.ephemeral.wake_all(queue);
     Ok(http::json(
@@ -626,7 +619,7 @@ pub async fn queues(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure>
     }
     if broker.ephemeral.address().is_some() {
         let me = broker.ephemeral.incarnation();
-        for peer in broker.storage.ephemeral_owners.ephemeral_brokers().await? {
+        for peer in reads::ephemeral_brokers(broker).await? {
             if peer.incarnation == me {
                 continue;
             }
@@ -648,7 +641,7 @@ pub async fn queues(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure>
             }
         }
     }
-    for (queue, stored) in broker.storage.ephemeral.ephemeral_configs().await? {
+    for (queue, stored) in reads::ephemeral_configs(broker).await? {
         if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(queue) {
             let options = options_of(stored)?;
             let entry = json!({

@@ -45,7 +45,7 @@ pub async fn batch(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
     if ops.is_empty() {
         return Ok(http::json(StatusCode::OK, &json!({"results": []})));
     }
-    let out = broker.storage.kv.kv_batch(ops).await?;
+    let out = broker.kv_batch(ops).await?;
     // Each result names its operation's index (results[i] answers operations[i]).
     let results: Vec<Value> = out
         .results
@@ -96,7 +96,7 @@ fn precondition(headers: &HeaderMap) -> Result<Option<i64>, Failure> {
 /// Runs one op through the batch path and answers its element with a status of its own.
 async fn one(broker: &Arc<Broker>, op: Value) -> Result<Value, Failure> {
     let ops = parse_ops(broker, &[op])?;
-    let out = broker.storage.kv.kv_batch(ops).await?;
+    let out = broker.kv_batch(ops).await?;
     out.results
         .into_iter()
         .next()

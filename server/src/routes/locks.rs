@@ -31,8 +31,7 @@ pub async fn batch(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
         .collect::<Result<Vec<_>, _>>()?;
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
-        let owner = broker.mint_uuid().to_string();
-        results.push(broker.storage.kv.lock_op(op, owner).await?);
+        results.push(broker.lock_op(op).await?);
     }
     Ok(http::json(StatusCode::OK, &json!({"results": results})))
 }

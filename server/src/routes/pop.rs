@@ -11,9 +11,7 @@ use queen_core::claim::ConflationEcho;
 use queen_core::delivery::{claims_to_messages, DeliveredMessage};
 use queen_core::ledger::DeliveredBatch;
 use queen_core::params::{PopParams, PopShape};
-use queen_core::pop::{
-    execute, PopEffect, PopInput, PopMachine, PopReply, StorageCommand, StorageReply,
-};
+use queen_core::pop::{PopEffect, PopInput, PopMachine, PopReply, StorageCommand, StorageReply};
 use queen_core::storage::{AckItem, AckStatus, Claim};
 use queen_core::time::format_iso_micros;
 use queen_core::wire::{encode_pop_frames, FramedAnswer, FramedClaim, POP_FRAMES_CONTENT_TYPE};
@@ -26,6 +24,7 @@ use crate::broker::{past_storage_deadline, Broker, CrashPoint};
 use crate::helpers::lock;
 use crate::http::Routed;
 use crate::http::{self, Failure, Reply};
+use crate::views::reads;
 
 /// Starts a pop in its own driver task; its reply comes on the returned channel.
 pub(crate) fn start(
@@ -100,7 +99,7 @@ async fn drive(broker: Arc<Broker>, params: PopParams, mut tx: oneshot::Sender<R
                             (StorageCommand::PopList { req, candidates }, Some(rounds)) => {
                                 rounds.call((req, candidates)).await.map(StorageReply::Pop)
                             }
-                            (command, _) => Box::pin(execute(&*broker.storage.pops, command)).await,
+                            (command, _) => Box::pin(broker.pop_storage_call(command)).await,
                         }
                     };
                     // Past the deadline the machine takes storage as unreachable (it parks or
@@ -588,7 +587,7 @@ async fn render_framed(
         return Ok(None);
     }
     let ids: Vec<String> = claims.iter().map(|c| c.partition_id.clone()).collect();
-    let numbers = match broker.storage.pops.partition_numbers(&ids).await {
+    let numbers = match reads::partition_numbers(broker, &ids).await {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(error = %e, "partition numbers unavailable; answering JSON");

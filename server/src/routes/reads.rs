@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use crate::broker::Broker;
 use crate::http::{self, Failure, Reply};
+use crate::views;
 
 fn parse_body(body: &[u8]) -> Result<Value, Failure> {
     serde_json::from_slice(body)
@@ -181,11 +182,14 @@ async fn answer_fetch<A: FetchAnswer>(
     let cipher = broker.config.cipher.as_deref();
     let mut budget = Budget::new(call.max_bytes);
     for e in &call.entries {
-        let read = broker
-            .storage
-            .reads
-            .read_partition(&e.queue, &e.partition, e.offset, budget.hint(e.max_bytes))
-            .await?;
+        let read = views::reads::read_partition(
+            broker,
+            &e.queue,
+            &e.partition,
+            e.offset,
+            budget.hint(e.max_bytes),
+        )
+        .await?;
         answer.open_entry(e)?;
         let (range, segments) = match read {
             PartitionRead::Unknown => {
@@ -239,7 +243,7 @@ pub async fn changed(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure
     let mut entries = Vec::with_capacity(queries.len());
     let mut safe_time = None;
     for q in &queries {
-        let page = broker.storage.reads.changed_partitions(q).await?;
+        let page = views::reads::changed_partitions(broker, q).await?;
         safe_time = Some(
             safe_time.map_or(page.safe_time, |t: queen_core::Timestamp| {
                 t.min(page.safe_time)

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::{self, wire as requests, Failure, Reply};
 use crate::routes::push::group_items;
+use crate::views::reads;
 
 /// A refusal in the SDKs' shape (`success: false`), with a real status and a code.
 fn refused(status: StatusCode, code: &str, error: impl Into<String>) -> Reply {
@@ -70,11 +71,7 @@ pub async fn register(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failur
         Ok(r) => r,
         Err(bad) => return Ok(bad.reply()),
     };
-    let answer = broker
-        .storage
-        .streams
-        .register_stream_query(&req, broker.mint_uuid())
-        .await?;
+    let answer = broker.register_stream_query(&req).await?;
     Ok(match answer {
         Registration::Registered {
             query_id,
@@ -135,7 +132,7 @@ pub async fn state(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
         Ok(q) => q,
         Err(bad) => return Ok(bad.reply()),
     };
-    let Some(rows) = broker.storage.streams.stream_state(&query).await? else {
+    let Some(rows) = reads::stream_state(broker, &query).await? else {
         return Ok(refused(
             StatusCode::NOT_FOUND,
             "streams_query_not_found",

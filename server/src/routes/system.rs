@@ -7,6 +7,7 @@ use crate::broker::Broker;
 use crate::helpers::lock;
 use crate::http::{self, wire as requests, Failure, Reply};
 use crate::metrics::Snapshot;
+use crate::views::reads;
 
 fn push_maintenance_json(broker: &Broker) -> Value {
     let on = broker
@@ -68,7 +69,7 @@ pub fn set_pop_maintenance(broker: &Broker, body: &[u8]) -> Result<Reply, Failur
 }
 
 pub async fn health(broker: &Broker) -> Reply {
-    let health = broker.storage.health.health().await;
+    let health = reads::health(broker).await;
     let status = if health.reachable {
         StatusCode::OK
     } else {
@@ -83,7 +84,7 @@ pub async fn health(broker: &Broker) -> Reply {
 
 pub fn metrics_snapshot(broker: &Broker) -> Snapshot<'_> {
     let (limit, in_flight) = broker.limiter.state();
-    let usage = broker.storage.health.usage();
+    let usage = reads::usage(broker);
     Snapshot {
         metrics: &broker.metrics,
         limiter_limit: limit,

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::{self, Failure, Reply};
 use crate::routes::kv::operations;
+use crate::views::reads;
 
 /// Parses a call's (or a transaction rider's) ops, minting each schedule's message id.
 pub(crate) fn parse_ops(broker: &Broker, raw: &[Value]) -> Result<Vec<TimerOp>, Failure> {
@@ -24,11 +25,7 @@ pub async fn batch(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
     if ops.is_empty() {
         return Ok(http::json(StatusCode::OK, &json!({"results": []})));
     }
-    let schedules = ops.iter().any(|op| matches!(op, TimerOp::Schedule { .. }));
-    let results = broker.storage.timers.timers_batch(ops).await?;
-    if schedules {
-        broker.timer_wake.notify_one();
-    }
+    let results = broker.timers_batch(ops).await?;
     Ok(http::json(StatusCode::OK, &json!({"results": results})))
 }
 
@@ -53,8 +50,6 @@ pub async fn cancel(
         txn,
     };
     let result = broker
-        .storage
-        .timers
         .timers_batch(vec![op])
         .await?
         .into_iter()
@@ -66,7 +61,7 @@ pub async fn cancel(
 /// `GET /api/v1/timers/{queue}/{timerKey}`: a miss is `{"found": false}` with 200.
 pub async fn peek(broker: &Arc<Broker>, queue: &str, timer_key: &str) -> Result<Reply, Failure> {
     let k = key(timer_key)?;
-    let row = broker.storage.timers.timer_peek(queue, &k).await?;
+    let row = reads::timer_peek(broker, queue, &k).await?;
     Ok(http::json(
         StatusCode::OK,
         &timers::peek(queue, &k, row.as_ref()),
@@ -92,11 +87,7 @@ pub async fn list(
         }
     }
     let limit = timers::list_limit(limit);
-    let rows = broker
-        .storage
-        .timers
-        .timer_page(queue, after, limit)
-        .await?;
+    let rows = reads::timer_page(broker, queue, after, limit).await?;
     Ok(http::json(
         StatusCode::OK,
         &timers::page(queue, &rows, limit),

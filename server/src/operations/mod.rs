@@ -1,11 +1,16 @@
 //! What the broker does for each request, apart from HTTP: the storage call, then its effects (the
 //! deliverability events it publishes, the metrics it counts). Routes parse, call one of these and
-//! render; the pop has its own driver (`routes/pop.rs`, around `queen_core::pop::PopMachine`).
+//! render; the pop has its own driver (`routes/pop.rs`, around `queen_core::pop::PopMachine`),
+//! whose storage calls go through `Broker::pop_storage_call`. Writes that deliver nothing (KV,
+//! locks, timers, traces, declarations) are in `records`. Reads go through `views`.
+
+mod records;
 
 use std::sync::atomic::Ordering;
 
 use queen_core::events::DeliveryEvent;
 use queen_core::ledger::WholeBatches;
+use queen_core::pop::{StorageCommand, StorageReply};
 use queen_core::storage::{
     AckItem, AckOutcome, ConfiguredQueue, DeadLetterPage, DlqQuery, GroupDeleted, LeaseBatchEnds,
     PushGroup, PushGroupResult, PushOutcome, QueueConfig, RenewOutcome, Requeued, SeekTarget,
@@ -17,6 +22,14 @@ use crate::broker::{Broker, CrashPoint};
 use crate::helpers::lock;
 
 impl Broker {
+    /// A storage call of a pop's machine (`queen_core::pop::execute`), for its driver.
+    pub(crate) async fn pop_storage_call(
+        &self,
+        command: StorageCommand,
+    ) -> StorageResult<StorageReply> {
+        queen_core::pop::execute(&*self.storage.pops, command).await
+    }
+
     /// Stores a push request's groups in one transaction; the partitions that queued anything
     /// are published. With a file buffer, a push goes to the buffer instead while push
     /// maintenance mode is on or earlier pushes wait there (so none overtakes them), and when
