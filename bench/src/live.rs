@@ -157,7 +157,7 @@ pub async fn run(
     let samples: Vec<Arc<Mutex<Vec<u64>>>> =
         (0..groups).map(|_| Arc::new(Mutex::new(vec![]))).collect();
     let drained = Arc::new(AtomicBool::new(false));
-    // Every delivery on stderr: where in a run a tail comes from (README, benchmark knobs).
+    // Every delivery on stderr: where in a run a tail comes from (docs/benchmarks.md, its knobs).
     let dump_latencies = std::env::var("BENCH_DUMP_LAT").is_ok();
     let mut consumers = vec![];
     for (g, sink) in samples.iter().enumerate() {

@@ -249,7 +249,7 @@ pub async fn run(
     (latency(us), n)
 }
 
-/// The rows of one kind on one topology: p50 and p99 against the bound the README states.
+/// The rows of one kind on one topology: p50 and p99 against the bound docs/delivery.md states.
 pub fn rows(kind: Kind, across: bool, l: &Latency, n: usize) -> Vec<Row> {
     let where_ = if across {
         "across two brokers"

@@ -9,8 +9,8 @@
 //! Totals over every queue (the queue listings, overview, namespaces and tasks, status, consumer
 //! groups, the metrics' stored series) come from the admin totals' snapshot (`stats`), whose age
 //! each such answer states in `statsAge`; a route about one queue, partition, group or message
-//! reads storage's views (`InspectStorage`) as they stand. What a route costs is stated in the
-//! README.
+//! reads storage's views (`InspectStorage`) as they stand. What a route costs is stated in
+//! docs/operations.md ("Dashboard, admin API, metrics, queenctl").
 
 mod groups;
 mod messages;
