@@ -1,5 +1,7 @@
 //! The admin API's reads on PostgreSQL. Plain statements, not procedures: each is one read
-//! (or one small write) with no rule of its own to keep in one place.
+//! (or one small write) with no rule of its own to keep in one place. This file holds the
+//! queue and partition views (and the admin pass's reads of whole queues), messages and
+//! segments; `traces.rs` the traces, `samples.rs` the brokers' samples and the stored totals.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +20,9 @@ use queen_core::Timestamp;
 use crate::error::{pg_err, pool_err, prepared};
 use crate::pop::{config_from_row, CONFIG_COLUMNS};
 use crate::{from_system_time, to_system_time, PgStorage};
+
+mod samples;
+mod traces;
 
 fn ts(t: SystemTime) -> Timestamp {
     from_system_time(t)
@@ -162,40 +167,6 @@ const WHOLE_QUEUES: &str = concat!(
     cursor_arrays!("true"),
     " WHERE p.queue_id = ANY($1) ORDER BY p.id"
 );
-
-const TRACE_COLUMNS: &str = "tr.id, tr.partition_id, tr.transaction_id, q.name, p.name, tr.consumer_group,
-       tr.event_type, tr.data::text, tr.worker_id,
-       ARRAY(SELECT n.name FROM queen.message_trace_names n WHERE n.trace_id = tr.id ORDER BY n.name),
-       tr.created_at";
-
-fn trace_from_row(r: &tokio_postgres::Row) -> TraceRecord {
-    TraceRecord {
-        id: r.get(0),
-        partition_id: r.get::<_, uuid::Uuid>(1).to_string(),
-        transaction_id: r.get(2),
-        queue: r.get(3),
-        partition: r.get(4),
-        group: r.get(5),
-        event_type: r.get(6),
-        data: r.get(7),
-        worker_id: r.get(8),
-        names: r.get(9),
-        created_at: ts(r.get(10)),
-    }
-}
-
-const SAMPLE_COUNTERS: [&str; 10] = [
-    "push_requests",
-    "push_messages",
-    "pop_requests",
-    "pop_messages",
-    "pop_empty",
-    "ack_requests",
-    "ack_messages",
-    "ack_failed",
-    "dead_lettered",
-    "db_errors",
-];
 
 /// A partition's view from the columns `first..first + 7` of a row (name, id, created_at,
 /// last offset, log start, oldest and newest segment times), as `PARTITIONS` and `WHOLE_QUEUE`
@@ -809,51 +780,7 @@ impl InspectStorage for PgStorage {
     }
 
     async fn add_trace(&self, t: TraceInput) -> StorageResult<Option<i64>> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        // A framed pop names partitions by number: its messages' traces do too.
-        let pid: uuid::Uuid = match queen_core::storage::partition_number(&t.partition_id) {
-            Some(n) => {
-                let seq = i64::try_from(n).unwrap_or(i64::MAX);
-                match client
-                    .query_opt(
-                        "SELECT id FROM queen.log_partitions WHERE seq = $1",
-                        &[&seq],
-                    )
-                    .await
-                    .map_err(pg_err("partition by number"))?
-                {
-                    Some(r) => r.get(0),
-                    None => return Ok(None),
-                }
-            }
-            None => parse_uuid(&t.partition_id)?,
-        };
-        let row = client
-            .query_opt(
-                "WITH m AS (SELECT x.msg_offset FROM queen.log_txids x
-                             WHERE x.partition_id = $1 AND x.transaction_id = $2),
-                      ins AS (INSERT INTO queen.message_traces
-                                  (partition_id, transaction_id, msg_offset, consumer_group, event_type, data,
-                                   worker_id, created_at)
-                              SELECT $1, $2, m.msg_offset, $3, $4, $5::text::jsonb, $6, queen.now() FROM m
-                              RETURNING id, created_at),
-                      names AS (INSERT INTO queen.message_trace_names (trace_id, name, created_at)
-                                SELECT ins.id, n, ins.created_at FROM ins, unnest($7::text[]) n
-                                ON CONFLICT DO NOTHING RETURNING 1)
-                 SELECT id FROM ins",
-                &[
-                    &pid,
-                    &t.transaction_id,
-                    &t.group,
-                    &t.event_type,
-                    &t.data,
-                    &t.worker_id,
-                    &t.names,
-                ],
-            )
-            .await
-            .map_err(pg_err("add trace"))?;
-        Ok(row.map(|r| r.get(0)))
+        traces::add_trace(self, t).await
     }
 
     async fn traces_of(
@@ -861,23 +788,7 @@ impl InspectStorage for PgStorage {
         partition_id: &str,
         transaction_id: &str,
     ) -> StorageResult<Vec<TraceRecord>> {
-        let pid = parse_uuid(partition_id)?;
-        let client = self.pool.get().await.map_err(pool_err)?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT {TRACE_COLUMNS}
-                       FROM queen.message_traces tr
-                       JOIN queen.log_partitions p ON p.id = tr.partition_id
-                       JOIN queen.queues q ON q.id = p.queue_id
-                      WHERE tr.partition_id = $1 AND tr.transaction_id = $2
-                      ORDER BY tr.id"
-                ),
-                &[&pid, &transaction_id],
-            )
-            .await
-            .map_err(pg_err("traces of a message"))?;
-        Ok(rows.iter().map(trace_from_row).collect())
+        traces::traces_of(self, partition_id, transaction_id).await
     }
 
     async fn traces_named(
@@ -886,210 +797,33 @@ impl InspectStorage for PgStorage {
         limit: u32,
         offset: u32,
     ) -> StorageResult<(Vec<TraceRecord>, u64)> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT {TRACE_COLUMNS}
-                       FROM queen.message_trace_names n
-                       JOIN queen.message_traces tr ON tr.id = n.trace_id
-                       JOIN queen.log_partitions p ON p.id = tr.partition_id
-                       JOIN queen.queues q ON q.id = p.queue_id
-                      WHERE n.name = $1
-                      ORDER BY n.trace_id DESC
-                      LIMIT $2 OFFSET $3"
-                ),
-                &[&name, &i64::from(limit), &i64::from(offset)],
-            )
-            .await
-            .map_err(pg_err("traces by name"))?;
-        let total: i64 = client
-            .query_one(
-                "SELECT count(*) FROM queen.message_trace_names WHERE name = $1",
-                &[&name],
-            )
-            .await
-            .map_err(pg_err("traces by name"))?
-            .get(0);
-        Ok((rows.iter().map(trace_from_row).collect(), count(total)))
+        traces::traces_named(self, name, limit, offset).await
     }
 
     async fn trace_names(&self, limit: u32, offset: u32) -> StorageResult<(Vec<TraceName>, u64)> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        let rows = client
-            .query(
-                "SELECT n.name, count(*), count(DISTINCT (tr.partition_id, tr.transaction_id)),
-                        max(n.created_at), count(*) OVER ()
-                   FROM queen.message_trace_names n JOIN queen.message_traces tr ON tr.id = n.trace_id
-                  GROUP BY n.name
-                  ORDER BY max(n.created_at) DESC, n.name
-                  LIMIT $1 OFFSET $2",
-                &[&i64::from(limit), &i64::from(offset)],
-            )
-            .await
-            .map_err(pg_err("trace names"))?;
-        let total = match rows.first() {
-            Some(r) => count(r.get(4)),
-            None => {
-                let r = client
-                    .query_one(
-                        "SELECT count(DISTINCT name) FROM queen.message_trace_names",
-                        &[],
-                    )
-                    .await
-                    .map_err(pg_err("trace names"))?;
-                count(r.get(0))
-            }
-        };
-        Ok((
-            rows.iter()
-                .map(|r| TraceName {
-                    name: r.get(0),
-                    traces: count(r.get(1)),
-                    messages: count(r.get(2)),
-                    last_seen: ts(r.get(3)),
-                })
-                .collect(),
-            total,
-        ))
+        traces::trace_names(self, limit, offset).await
     }
 
     async fn record_sample(&self, s: WorkerSample) -> StorageResult<()> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        let sums = SAMPLE_COUNTERS
-            .iter()
-            .map(|c| format!("{c} = w.{c} + EXCLUDED.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        client
-            .execute(
-                &format!(
-                    "INSERT INTO queen.worker_samples AS w (hostname, worker_id, bucket, {counters},
-                         lag_avg_ms, lag_max_ms, cpu_user_pct, cpu_system_pct, rss_bytes, pool_size, pool_in_use, parked)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
-                     ON CONFLICT (bucket, hostname, worker_id) DO UPDATE SET {sums},
-                         lag_avg_ms = EXCLUDED.lag_avg_ms, lag_max_ms = GREATEST(w.lag_max_ms, EXCLUDED.lag_max_ms),
-                         cpu_user_pct = EXCLUDED.cpu_user_pct, cpu_system_pct = EXCLUDED.cpu_system_pct,
-                         rss_bytes = EXCLUDED.rss_bytes, pool_size = EXCLUDED.pool_size,
-                         pool_in_use = EXCLUDED.pool_in_use, parked = EXCLUDED.parked",
-                    counters = SAMPLE_COUNTERS.join(", ")
-                ),
-                &[
-                    &s.hostname,
-                    &s.worker_id,
-                    &to_system_time(s.bucket),
-                    &big(s.push_requests),
-                    &big(s.push_messages),
-                    &big(s.pop_requests),
-                    &big(s.pop_messages),
-                    &big(s.pop_empty),
-                    &big(s.ack_requests),
-                    &big(s.ack_messages),
-                    &big(s.ack_failed),
-                    &big(s.dead_lettered),
-                    &big(s.db_errors),
-                    &s.lag_avg_ms,
-                    &s.lag_max_ms,
-                    &s.cpu_user_pct,
-                    &s.cpu_system_pct,
-                    &big(s.rss_bytes),
-                    &big(s.pool_size),
-                    &big(s.pool_in_use),
-                    &big(s.parked),
-                ],
-            )
-            .await
-            .map_err(pg_err("record sample"))?;
-        Ok(())
+        samples::record_sample(self, s).await
     }
 
     async fn samples(&self, from: Timestamp, to: Timestamp) -> StorageResult<Vec<WorkerSample>> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT hostname, worker_id, bucket, {counters}, lag_avg_ms, lag_max_ms, cpu_user_pct,
-                            cpu_system_pct, rss_bytes, pool_size, pool_in_use, parked
-                       FROM queen.worker_samples WHERE bucket >= $1 AND bucket < $2
-                      ORDER BY bucket, hostname, worker_id",
-                    counters = SAMPLE_COUNTERS.join(", ")
-                ),
-                &[&to_system_time(from), &to_system_time(to)],
-            )
-            .await
-            .map_err(pg_err("samples"))?;
-        let n = |r: &tokio_postgres::Row, i: usize| count(r.get(i));
-        Ok(rows
-            .iter()
-            .map(|r| WorkerSample {
-                hostname: r.get(0),
-                worker_id: r.get(1),
-                bucket: ts(r.get(2)),
-                push_requests: n(r, 3),
-                push_messages: n(r, 4),
-                pop_requests: n(r, 5),
-                pop_messages: n(r, 6),
-                pop_empty: n(r, 7),
-                ack_requests: n(r, 8),
-                ack_messages: n(r, 9),
-                ack_failed: n(r, 10),
-                dead_lettered: n(r, 11),
-                db_errors: n(r, 12),
-                lag_avg_ms: r.get(13),
-                lag_max_ms: r.get(14),
-                cpu_user_pct: r.get(15),
-                cpu_system_pct: r.get(16),
-                rss_bytes: n(r, 17),
-                pool_size: n(r, 18),
-                pool_in_use: n(r, 19),
-                parked: n(r, 20),
-            })
-            .collect())
+        samples::samples(self, from, to).await
     }
 
     async fn remove_samples_before(&self, before: Timestamp) -> StorageResult<u64> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        client
-            .execute(
-                "DELETE FROM queen.worker_samples WHERE bucket < $1",
-                &[&to_system_time(before)],
-            )
-            .await
-            .map_err(pg_err("remove samples"))
+        samples::remove_samples_before(self, before).await
     }
 
     async fn store_totals(&self, totals: &StoredTotals) -> StorageResult<()> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        client
-            .execute(
-                "INSERT INTO queen.admin_totals (taken_at, body) VALUES ($1, $2)
-                 ON CONFLICT (singleton) DO UPDATE SET taken_at = excluded.taken_at,
-                                                       body = excluded.body
-                  WHERE admin_totals.taken_at < excluded.taken_at",
-                &[&to_system_time(totals.taken_at), &totals.body],
-            )
-            .await
-            .map_err(pg_err("store the admin totals"))?;
-        Ok(())
+        samples::store_totals(self, totals).await
     }
 
     async fn stored_totals(
         &self,
         newer_than: Option<Timestamp>,
     ) -> StorageResult<Option<StoredTotals>> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        let row = client
-            .query_opt(
-                "SELECT taken_at, body FROM queen.admin_totals
-                  WHERE $1::timestamptz IS NULL OR taken_at > $1",
-                &[&newer_than.map(to_system_time)],
-            )
-            .await
-            .map_err(pg_err("the stored admin totals"))?;
-        Ok(row.map(|r| StoredTotals {
-            taken_at: ts(r.get(0)),
-            body: r.get(1),
-        }))
+        samples::stored_totals(self, newer_than).await
     }
 }
