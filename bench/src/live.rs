@@ -111,6 +111,42 @@ async fn finish_run(
     (deliveries as f64 / elapsed, deliveries)
 }
 
+/// One live producer: pushes batches of `PUSH_BATCH` to its partitions in turn, at its share of
+/// `rate` (unpaced without one), until `stop`.
+fn spawn_producer(
+    addr: std::net::SocketAddr,
+    t: usize,
+    queue: String,
+    rate: Option<f64>,
+    stop: Arc<AtomicBool>,
+    pushed: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut c = Client::connect(addr).await;
+        let mut tick = pace(rate).map(|d| {
+            let mut iv = tokio::time::interval(d);
+            iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            iv
+        });
+        let mut i = (t as u64) << 40;
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(iv) = tick.as_mut() {
+                iv.tick().await;
+            }
+            let partition = format!("p{}", (t + i as usize) % PARTITIONS);
+            let items: Vec<Value> = (0..PUSH_BATCH)
+                .map(|_| {
+                    i += 1;
+                    json!({"queue": queue, "partition": partition, "payload": payload(i)})
+                })
+                .collect();
+            let r = c.post("/api/v1/push", &json!({ "items": items })).await;
+            assert_eq!(r.status, 201, "push failed");
+            pushed.fetch_add(PUSH_BATCH as u64, Ordering::Relaxed);
+        }
+    })
+}
+
 /// Producers push batches of 10 for `secs`; `groups` x `per_group` consumers long-poll, ack, and
 /// record the latency of every message.
 pub async fn run(
@@ -126,31 +162,14 @@ pub async fn run(
     let pushed = Arc::new(AtomicU64::new(0));
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|t| {
-            let (stop, pushed, queue) = (stop.clone(), pushed.clone(), queue.to_string());
-            tokio::spawn(async move {
-                let mut c = Client::connect(addr).await;
-                let mut tick = pace(rate).map(|d| {
-                    let mut iv = tokio::time::interval(d);
-                    iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    iv
-                });
-                let mut i = (t as u64) << 40;
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some(iv) = tick.as_mut() {
-                        iv.tick().await;
-                    }
-                    let partition = format!("p{}", (t + i as usize) % PARTITIONS);
-                    let items: Vec<Value> = (0..PUSH_BATCH)
-                        .map(|_| {
-                            i += 1;
-                            json!({"queue": queue, "partition": partition, "payload": payload(i)})
-                        })
-                        .collect();
-                    let r = c.post("/api/v1/push", &json!({ "items": items })).await;
-                    assert_eq!(r.status, 201, "push failed");
-                    pushed.fetch_add(PUSH_BATCH as u64, Ordering::Relaxed);
-                }
-            })
+            spawn_producer(
+                addr,
+                t,
+                queue.to_string(),
+                rate,
+                stop.clone(),
+                pushed.clone(),
+            )
         })
         .collect();
     let delivered = Arc::new(AtomicU64::new(0));

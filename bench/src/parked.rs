@@ -120,6 +120,45 @@ pub struct Parked {
     pub woken_per_push: f64,
 }
 
+/// Opens `consumers` long-polls (`request` on sockets of their own, 500 at a time), each with a
+/// reader that notes the first answer of any in `first` and then keeps its socket open.
+async fn open_long_polls(
+    addr: std::net::SocketAddr,
+    request: &str,
+    consumers: usize,
+    first: &Arc<Mutex<Option<Instant>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut readers = vec![];
+    for chunk in 0..consumers.div_ceil(500) {
+        // Open 500 at a time, then give each socket a reader that notes the first answer.
+        let opened: Vec<_> = ((chunk * 500)..((chunk + 1) * 500).min(consumers))
+            .map(|_| {
+                let (request, addr) = (request.to_string(), addr);
+                tokio::spawn(async move {
+                    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                    s.write_all(request.as_bytes()).await.expect("write");
+                    s
+                })
+            })
+            .collect();
+        for o in opened {
+            let mut s = o.await.expect("open");
+            let first = first.clone();
+            readers.push(tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                if let Ok(1..) = s.read(&mut buf).await {
+                    if let Ok(mut f) = first.lock() {
+                        f.get_or_insert_with(Instant::now);
+                    }
+                }
+                // Keep the socket until the run ends.
+                let _ = s.read(&mut buf).await;
+            }));
+        }
+    }
+    readers
+}
+
 /// Pushes of one message each in the wake-cost phase, this far apart (each is delivered long
 /// before the next: `push-to-delivery ms` is tens of ms at 10,000 parked).
 const WAKE_PUSHES: u32 = 20;
@@ -148,34 +187,7 @@ pub async fn broker_run(
         "GET /api/v1/pop/queue/{queue}?batch=1&wait=true&timeout={} HTTP/1.1\r\nhost: b\r\n\r\n",
         (secs + 60) * 1000
     );
-    let mut readers = vec![];
-    for chunk in 0..consumers.div_ceil(500) {
-        // Open 500 at a time, then give each socket a reader that notes the first answer.
-        let opened: Vec<_> = ((chunk * 500)..((chunk + 1) * 500).min(consumers))
-            .map(|_| {
-                let (request, addr) = (request.clone(), b.addr);
-                tokio::spawn(async move {
-                    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-                    s.write_all(request.as_bytes()).await.expect("write");
-                    s
-                })
-            })
-            .collect();
-        for o in opened {
-            let mut s = o.await.expect("open");
-            let first = first.clone();
-            readers.push(tokio::spawn(async move {
-                let mut buf = [0u8; 512];
-                if let Ok(1..) = s.read(&mut buf).await {
-                    if let Ok(mut f) = first.lock() {
-                        f.get_or_insert_with(Instant::now);
-                    }
-                }
-                // Keep the socket until the run ends.
-                let _ = s.read(&mut buf).await;
-            }));
-        }
-    }
+    let readers = open_long_polls(b.addr, &request, consumers, &first).await;
     // Without the hot-list every parked pop polls storage on its backoff; at 10,000 they queue
     // for storage permits and never all park at once. Measure that state after 15 s.
     let deadline = Instant::now() + Duration::from_secs(15);

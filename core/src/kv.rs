@@ -250,102 +250,9 @@ pub fn parse_op(raw: &Value, limits: &KvLimits) -> Result<KvOp, KvInvalid> {
             ns,
             key: key(obj, "key", limits)?,
         },
-        "getMany" => {
-            let keys = obj
-                .get("keys")
-                .and_then(Value::as_array)
-                .ok_or_else(|| invalid("kv_invalid_operation", "getMany needs keys: [..]"))?;
-            if keys.is_empty() || keys.len() > limits.max_keys {
-                return Err(invalid(
-                    "kv_invalid_operation",
-                    format!("getMany takes 1 to {} keys", limits.max_keys),
-                ));
-            }
-            let keys = keys
-                .iter()
-                .map(|k| key_text(k, "keys[]", limits))
-                .collect::<Result<_, _>>()?;
-            KvOp::GetMany { ns, keys }
-        }
-        "getPrefix" => {
-            let prefix = match obj.get("prefix") {
-                Some(Value::String(p)) if !p.is_empty() => p.clone(),
-                _ => {
-                    return Err(invalid(
-                        "kv_prefix_required",
-                        "getPrefix needs a non-empty prefix: a namespace is not a table to enumerate",
-                    ))
-                }
-            };
-            if prefix.len() > limits.max_key_bytes {
-                return Err(invalid(
-                    "kv_key_too_long",
-                    format!("prefix longer than {} bytes", limits.max_key_bytes),
-                ));
-            }
-            let after = match obj.get("after") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(key_text(v, "after", limits)?),
-            };
-            // Clamped, never refused: a too-high limit is not the caller's error to fix.
-            let limit = match obj.get("limit") {
-                None | Some(Value::Null) => limits.prefix_default_limit,
-                Some(v) => {
-                    let n = v.as_i64().ok_or_else(|| {
-                        invalid("kv_invalid_operation", "limit must be an integer")
-                    })?;
-                    n.clamp(1, i64::from(limits.prefix_max_limit)) as u32
-                }
-            };
-            KvOp::GetPrefix {
-                ns,
-                prefix,
-                after,
-                limit,
-                keys_only: flag(obj, "keysOnly")?,
-            }
-        }
-        "put" | "putIfAbsent" => {
-            let value = obj
-                .get("value")
-                .cloned()
-                .ok_or_else(|| invalid("kv_invalid_operation", format!("{op} needs a value")))?;
-            let text = value.to_string();
-            if text.contains("\\u0000") {
-                return Err(invalid(
-                    "kv_invalid_value",
-                    "a value's strings cannot hold the NUL character",
-                ));
-            }
-            let size = text.len();
-            if size > limits.max_value_bytes {
-                return Err(invalid(
-                    "kv_value_too_large",
-                    format!(
-                        "value of {size} bytes; the limit is {}",
-                        limits.max_value_bytes
-                    ),
-                ));
-            }
-            let mut expect = expect(obj)?;
-            if op == "putIfAbsent" {
-                if expect.is_some_and(|e| e != 0) {
-                    return Err(invalid(
-                        "kv_invalid_operation",
-                        "putIfAbsent is put with expect 0; a different expect contradicts it",
-                    ));
-                }
-                expect = Some(0);
-            }
-            KvOp::Put {
-                key: key(obj, "key", limits)?,
-                ns,
-                value,
-                expiry: expiry(obj, limits)?,
-                expect,
-                required,
-            }
-        }
+        "getMany" => get_many(obj, ns, limits)?,
+        "getPrefix" => get_prefix(obj, ns, limits)?,
+        "put" | "putIfAbsent" => put(obj, op, ns, required, limits)?,
         "delete" => KvOp::Delete {
             key: key(obj, "key", limits)?,
             ns,
@@ -363,37 +270,7 @@ pub fn parse_op(raw: &Value, limits: &KvLimits) -> Result<KvOp, KvInvalid> {
             })?,
             required,
         },
-        "incr" => {
-            if obj.contains_key("expect") {
-                return Err(invalid(
-                    "kv_invalid_operation",
-                    "incr takes no expect: it is the atomic way out of a compare-and-set loop",
-                ));
-            }
-            let delta = match obj.get("delta") {
-                None => 1,
-                Some(v) => integer(v, "delta")?,
-            };
-            let bound = |name: &str| match obj.get(name) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => integer(v, name).map(Some),
-            };
-            let (min, max) = (bound("min")?, bound("max")?);
-            if let (Some(lo), Some(hi)) = (min, max) {
-                if lo > hi {
-                    return Err(invalid("kv_invalid_operation", "min is above max"));
-                }
-            }
-            KvOp::Incr {
-                key: key(obj, "key", limits)?,
-                ns,
-                delta,
-                min,
-                max,
-                expiry: expiry(obj, limits)?,
-                required,
-            }
-        }
+        "incr" => incr(obj, ns, required, limits)?,
         other => {
             return Err(invalid(
                 "kv_invalid_operation",
@@ -404,6 +281,152 @@ pub fn parse_op(raw: &Value, limits: &KvLimits) -> Result<KvOp, KvInvalid> {
         }
     };
     Ok(parsed)
+}
+
+/// `getMany`: 1 to `max_keys` keys.
+fn get_many(obj: &Map<String, Value>, ns: String, limits: &KvLimits) -> Result<KvOp, KvInvalid> {
+    let keys = obj
+        .get("keys")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid("kv_invalid_operation", "getMany needs keys: [..]"))?;
+    if keys.is_empty() || keys.len() > limits.max_keys {
+        return Err(invalid(
+            "kv_invalid_operation",
+            format!("getMany takes 1 to {} keys", limits.max_keys),
+        ));
+    }
+    let keys = keys
+        .iter()
+        .map(|k| key_text(k, "keys[]", limits))
+        .collect::<Result<_, _>>()?;
+    Ok(KvOp::GetMany { ns, keys })
+}
+
+/// `getPrefix`: a non-empty prefix, a page after a key, a clamped limit.
+fn get_prefix(obj: &Map<String, Value>, ns: String, limits: &KvLimits) -> Result<KvOp, KvInvalid> {
+    let prefix = match obj.get("prefix") {
+        Some(Value::String(p)) if !p.is_empty() => p.clone(),
+        _ => {
+            return Err(invalid(
+                "kv_prefix_required",
+                "getPrefix needs a non-empty prefix: a namespace is not a table to enumerate",
+            ))
+        }
+    };
+    if prefix.len() > limits.max_key_bytes {
+        return Err(invalid(
+            "kv_key_too_long",
+            format!("prefix longer than {} bytes", limits.max_key_bytes),
+        ));
+    }
+    let after = match obj.get("after") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(key_text(v, "after", limits)?),
+    };
+    // Clamped, never refused: a too-high limit is not the caller's error to fix.
+    let limit = match obj.get("limit") {
+        None | Some(Value::Null) => limits.prefix_default_limit,
+        Some(v) => {
+            let n = v
+                .as_i64()
+                .ok_or_else(|| invalid("kv_invalid_operation", "limit must be an integer"))?;
+            n.clamp(1, i64::from(limits.prefix_max_limit)) as u32
+        }
+    };
+    Ok(KvOp::GetPrefix {
+        ns,
+        prefix,
+        after,
+        limit,
+        keys_only: flag(obj, "keysOnly")?,
+    })
+}
+
+/// `put` and `putIfAbsent` (put with expect 0): a value within the size limit, without NUL.
+fn put(
+    obj: &Map<String, Value>,
+    op: &str,
+    ns: String,
+    required: bool,
+    limits: &KvLimits,
+) -> Result<KvOp, KvInvalid> {
+    let value = obj
+        .get("value")
+        .cloned()
+        .ok_or_else(|| invalid("kv_invalid_operation", format!("{op} needs a value")))?;
+    let text = value.to_string();
+    if text.contains("\\u0000") {
+        return Err(invalid(
+            "kv_invalid_value",
+            "a value's strings cannot hold the NUL character",
+        ));
+    }
+    let size = text.len();
+    if size > limits.max_value_bytes {
+        return Err(invalid(
+            "kv_value_too_large",
+            format!(
+                "value of {size} bytes; the limit is {}",
+                limits.max_value_bytes
+            ),
+        ));
+    }
+    let mut expect = expect(obj)?;
+    if op == "putIfAbsent" {
+        if expect.is_some_and(|e| e != 0) {
+            return Err(invalid(
+                "kv_invalid_operation",
+                "putIfAbsent is put with expect 0; a different expect contradicts it",
+            ));
+        }
+        expect = Some(0);
+    }
+    Ok(KvOp::Put {
+        key: key(obj, "key", limits)?,
+        ns,
+        value,
+        expiry: expiry(obj, limits)?,
+        expect,
+        required,
+    })
+}
+
+/// `incr`: a delta (default 1), optional bounds, no expect.
+fn incr(
+    obj: &Map<String, Value>,
+    ns: String,
+    required: bool,
+    limits: &KvLimits,
+) -> Result<KvOp, KvInvalid> {
+    if obj.contains_key("expect") {
+        return Err(invalid(
+            "kv_invalid_operation",
+            "incr takes no expect: it is the atomic way out of a compare-and-set loop",
+        ));
+    }
+    let delta = match obj.get("delta") {
+        None => 1,
+        Some(v) => integer(v, "delta")?,
+    };
+    let bound = |name: &str| match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => integer(v, name).map(Some),
+    };
+    let (min, max) = (bound("min")?, bound("max")?);
+    if let (Some(lo), Some(hi)) = (min, max) {
+        if lo > hi {
+            return Err(invalid("kv_invalid_operation", "min is above max"));
+        }
+    }
+    Ok(KvOp::Incr {
+        key: key(obj, "key", limits)?,
+        ns,
+        delta,
+        min,
+        max,
+        expiry: expiry(obj, limits)?,
+        required,
+    })
 }
 
 fn namespace(obj: &Map<String, Value>, limits: &KvLimits) -> Result<String, KvInvalid> {

@@ -433,8 +433,38 @@ impl Settings {
         Self::parse()
     }
 
+    /// The JWT authenticator, when `JWT_ENABLED` (clones the settings: it runs once, at start).
+    fn authenticator(&self) -> Result<Option<Arc<Authenticator>>, String> {
+        if !self.jwt_enabled {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(Authenticator::new(AuthSettings {
+            algorithm: self.jwt_algorithm,
+            secret: self.jwt_secret.clone(),
+            public_key_pem: self.jwt_public_key.clone(),
+            jwks_url: self.jwt_jwks_url.clone(),
+            jwks_refresh: std::time::Duration::from_secs(self.jwt_jwks_refresh_interval.max(1)),
+            issuer: self.jwt_issuer.clone(),
+            audience: self.jwt_audience.clone(),
+            clock_skew_secs: self.jwt_clock_skew,
+            skip_paths: self
+                .jwt_skip_paths
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect(),
+            roles_claim: self.jwt_roles_claim.clone(),
+            roles_array_claim: self.jwt_roles_array_claim.clone(),
+            role_admin: self.jwt_role_admin.clone(),
+            role_read_write: self.jwt_role_read_write.clone(),
+            role_read_only: self.jwt_role_read_only.clone(),
+        })?)))
+    }
+
     /// The broker's configuration and, when a database is configured, PostgreSQL's.
     pub fn into_configs(self) -> Result<(ServerConfig, Option<PgConfig>), String> {
+        let auth = self.authenticator()?;
         let backoff = WaitBackoff {
             initial_ms: self.pop_wait_initial_interval_ms,
             threshold: self.pop_wait_backoff_threshold,
@@ -474,32 +504,6 @@ impl Settings {
         if self.retention_batch_size == 0 || self.eviction_batch_size == 0 {
             return Err("RETENTION_BATCH_SIZE and EVICTION_BATCH_SIZE must be positive".into());
         }
-        let auth = if self.jwt_enabled {
-            Some(Arc::new(Authenticator::new(AuthSettings {
-                algorithm: self.jwt_algorithm,
-                secret: self.jwt_secret,
-                public_key_pem: self.jwt_public_key,
-                jwks_url: self.jwt_jwks_url,
-                jwks_refresh: std::time::Duration::from_secs(self.jwt_jwks_refresh_interval.max(1)),
-                issuer: self.jwt_issuer,
-                audience: self.jwt_audience,
-                clock_skew_secs: self.jwt_clock_skew,
-                skip_paths: self
-                    .jwt_skip_paths
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(str::to_string)
-                    .collect(),
-                roles_claim: self.jwt_roles_claim,
-                roles_array_claim: self.jwt_roles_array_claim,
-                role_admin: self.jwt_role_admin,
-                role_read_write: self.jwt_role_read_write,
-                role_read_only: self.jwt_role_read_only,
-            })?))
-        } else {
-            None
-        };
         let cipher = self
             .queen_encryption_key
             .as_deref()

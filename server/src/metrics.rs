@@ -345,7 +345,8 @@ struct LabelledFamilies {
 }
 
 impl Metrics {
-    /// Every series under its OpenMetrics name and help text.
+    /// Every series under its OpenMetrics name and help text: the pop path's here, the rest in
+    /// `register_requests` and `register_database`.
     fn register(&self, registry: &mut Registry, families: LabelledFamilies) {
         let m = self;
         let LabelledFamilies {
@@ -401,6 +402,18 @@ impl Metrics {
             "Messages delivered by pops",
             m.messages_delivered.clone(),
         );
+        self.register_requests(registry, forms, failed);
+        self.register_database(registry);
+    }
+
+    /// Pushes, acks, timers, the binary forms, failed requests and delivery lag.
+    fn register_requests(
+        &self,
+        registry: &mut Registry,
+        forms: Family<FormLabel, Counter>,
+        failed: Family<ClassLabel, Counter>,
+    ) {
+        let m = self;
         registry.register("pushes", "Push requests stored", m.pushes.clone());
         registry.register(
             "pushes_buffered",
@@ -463,6 +476,11 @@ impl Metrics {
             "Largest push-to-delivery lag seen",
             m.lag_max_seconds.clone(),
         );
+    }
+
+    /// The database's clock and snapshots, the limiter, the pool, retention, storage errors.
+    fn register_database(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "database_clock_ahead_seconds",
             "How far the database's clock is ahead of this host's (the broker keeps the database's time)",

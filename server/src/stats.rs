@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::Arc;
 
-use queen_core::storage::{InspectStorage, PartitionView, QueueFilter, QueueView, StoredTotals};
+use queen_core::storage::{
+    CursorView, InspectStorage, PartitionView, QueueFilter, QueueView, StoredTotals,
+};
 use queen_core::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -280,46 +282,17 @@ pub(crate) async fn pass(
             let d = tally.add(&p, taken_at);
             let (tally, p) = (&*tally, &p);
             if d > 0 {
-                let shallower_than_kept = deepest.len() >= deepest_kept
-                    && deepest.peek().is_none_or(|Reverse(k)| {
-                        (d, queue_index, p.partition.as_str()) <= k.rank()
-                    });
-                if shallower_than_kept {
-                    deepest_left_out = deepest_left_out.max(d);
-                } else {
-                    deepest.push(Reverse(DeepPartition {
-                        depth: d,
-                        queue_index,
-                        view: p.clone(),
-                    }));
-                    if deepest.len() > deepest_kept {
-                        if let Some(Reverse(out)) = deepest.pop() {
-                            deepest_left_out = deepest_left_out.max(out.depth);
-                        }
-                    }
-                }
+                keep_if_deep(
+                    &mut deepest,
+                    &mut deepest_left_out,
+                    deepest_kept,
+                    d,
+                    queue_index,
+                    p,
+                );
             }
             for c in &p.cursors {
-                if let Some(oldest) = c.oldest_unconsumed_at {
-                    let younger_than_kept = lagging.len() >= LAGGING_KEPT
-                        && lagging
-                            .peek()
-                            .is_some_and(|l| l.oldest_unconsumed_at <= oldest);
-                    if !younger_than_kept {
-                        lagging.push(LaggingCursor {
-                            oldest_unconsumed_at: oldest,
-                            group: c.group.clone(),
-                            queue: p.queue.clone(),
-                            partition: p.partition.clone(),
-                            partition_id: p.partition_id.clone(),
-                            worker_id: c.leased_until.and(c.worker_id.clone()),
-                            offset_lag: p.pending_after(c.committed),
-                        });
-                        if lagging.len() > LAGGING_KEPT {
-                            lagging.pop();
-                        }
-                    }
-                }
+                keep_if_lagging(&mut lagging, c, p);
                 offset_lags.push(p.pending_after(c.committed) as f64);
                 time_lags.push(
                     c.oldest_unconsumed_at
@@ -377,6 +350,62 @@ pub(crate) async fn pass(
         },
         deepest_left_out,
     })
+}
+
+/// Keeps `p` (`d` deep) among the `kept` deepest partitions seen, or raises `left_out` to its
+/// depth when it is shallower than all of them.
+fn keep_if_deep(
+    deepest: &mut BinaryHeap<Reverse<DeepPartition>>,
+    left_out: &mut u64,
+    kept: usize,
+    d: u64,
+    queue_index: usize,
+    p: &PartitionView,
+) {
+    let shallower_than_kept = deepest.len() >= kept
+        && deepest
+            .peek()
+            .is_none_or(|Reverse(k)| (d, queue_index, p.partition.as_str()) <= k.rank());
+    if shallower_than_kept {
+        *left_out = (*left_out).max(d);
+        return;
+    }
+    deepest.push(Reverse(DeepPartition {
+        depth: d,
+        queue_index,
+        view: p.clone(),
+    }));
+    if deepest.len() > kept {
+        if let Some(Reverse(out)) = deepest.pop() {
+            *left_out = (*left_out).max(out.depth);
+        }
+    }
+}
+
+/// Keeps cursor `c` of `p` among the `LAGGING_KEPT` with the oldest unconsumed message.
+fn keep_if_lagging(lagging: &mut BinaryHeap<LaggingCursor>, c: &CursorView, p: &PartitionView) {
+    let Some(oldest) = c.oldest_unconsumed_at else {
+        return;
+    };
+    let younger_than_kept = lagging.len() >= LAGGING_KEPT
+        && lagging
+            .peek()
+            .is_some_and(|l| l.oldest_unconsumed_at <= oldest);
+    if younger_than_kept {
+        return;
+    }
+    lagging.push(LaggingCursor {
+        oldest_unconsumed_at: oldest,
+        group: c.group.clone(),
+        queue: p.queue.clone(),
+        partition: p.partition.clone(),
+        partition_id: p.partition_id.clone(),
+        worker_id: c.leased_until.and(c.worker_id.clone()),
+        offset_lag: p.pending_after(c.committed),
+    });
+    if lagging.len() > LAGGING_KEPT {
+        lagging.pop();
+    }
 }
 
 /// Up to `limit` partitions of `queue` after the one named `after` (with `group`'s cursors

@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 use queen_core::dedup::FirstOccurrences;
+use queen_core::frames::Frame;
 use queen_core::storage::{
     partition_number, AckItem, AckOutcome, AckStatus, LeaseBatchEnds, MessageStorage, PushGroup,
     PushGroupResult, PushOutcome, QueueFull, RenewOutcome, SealCheck, StorageError, StorageResult,
@@ -198,38 +199,18 @@ impl PgStorage {
         &self,
         requests: &[Vec<PushGroup>],
     ) -> StorageResult<Option<Vec<Vec<PushGroupResult>>>> {
-        let mut order: Vec<(usize, usize)> = requests
-            .iter()
-            .enumerate()
-            .flat_map(|(r, groups)| (0..groups.len()).map(move |g| (r, g)))
-            .collect();
-        order.sort_by(|a, b| {
-            let (ga, gb) = (&requests[a.0][a.1], &requests[b.0][b.1]);
-            (&ga.queue, &ga.partition, a).cmp(&(&gb.queue, &gb.partition, b))
-        });
-        let (mut queues, mut partitions, mut blobs, mut sealed) = (vec![], vec![], vec![], vec![]);
-        let (mut starts, mut ends, mut txids, mut ids) = (vec![], vec![], vec![], vec![]);
-        let mut firsts_of = Vec::with_capacity(order.len());
-        for &(r, k) in &order {
-            let g = &requests[r][k];
-            let firsts = FirstOccurrences::of(&g.frames);
-            let candidates: Vec<usize> = firsts.firsts().collect();
-            let frames: Vec<_> = candidates.iter().map(|c| g.frames[*c].clone()).collect();
-            blobs.push(
-                g.segment_blob(&frames)
-                    .map_err(|e| StorageError::Invalid(e.to_string()))?,
-            );
-            queues.push(g.queue.as_str());
-            partitions.push(g.partition.as_str());
-            sealed.push(Some(g.is_sealed()));
-            starts.push(i32::try_from(txids.len() + 1).unwrap_or(i32::MAX));
-            for c in &candidates {
-                txids.push(g.frames[*c].transaction_id.as_str());
-                ids.push(g.frames[*c].message_id);
-            }
-            ends.push(i32::try_from(txids.len()).unwrap_or(i32::MAX));
-            firsts_of.push((firsts, candidates, frames));
-        }
+        let RoundArrays {
+            order,
+            queues,
+            partitions,
+            blobs,
+            sealed,
+            starts,
+            ends,
+            txids,
+            ids,
+            firsts_of,
+        } = RoundArrays::of(requests)?;
         let client = self.pool.get().await.map_err(pool_err)?;
         let context = "push round";
         // The common case set-based (push_round_v1); it answers no row for a round it leaves to
@@ -327,6 +308,73 @@ impl PgStorage {
             )));
         }
         Ok(Some(answers))
+    }
+}
+
+/// A round's groups as the statements' arrays, in the partitions' global lock order (queue,
+/// partition, then request order): one element per group, its candidates' transaction ids and
+/// message ids in `txids`/`ids` between `starts` and `ends` (1-based, inclusive).
+struct RoundArrays<'a> {
+    /// (request, group) of each element.
+    order: Vec<(usize, usize)>,
+    queues: Vec<&'a str>,
+    partitions: Vec<&'a str>,
+    blobs: Vec<Vec<u8>>,
+    sealed: Vec<Option<bool>>,
+    starts: Vec<i32>,
+    ends: Vec<i32>,
+    txids: Vec<&'a str>,
+    ids: Vec<uuid::Uuid>,
+    /// Each element's first occurrences, its candidates and their frames.
+    firsts_of: Vec<(FirstOccurrences, Vec<usize>, Vec<Frame>)>,
+}
+
+impl<'a> RoundArrays<'a> {
+    fn of(requests: &'a [Vec<PushGroup>]) -> StorageResult<Self> {
+        let mut order: Vec<(usize, usize)> = requests
+            .iter()
+            .enumerate()
+            .flat_map(|(r, groups)| (0..groups.len()).map(move |g| (r, g)))
+            .collect();
+        order.sort_by(|a, b| {
+            let (ga, gb) = (&requests[a.0][a.1], &requests[b.0][b.1]);
+            (&ga.queue, &ga.partition, a).cmp(&(&gb.queue, &gb.partition, b))
+        });
+        let (mut queues, mut partitions, mut blobs, mut sealed) = (vec![], vec![], vec![], vec![]);
+        let (mut starts, mut ends, mut txids, mut ids) = (vec![], vec![], vec![], vec![]);
+        let mut firsts_of = Vec::with_capacity(order.len());
+        for &(r, k) in &order {
+            let g = &requests[r][k];
+            let firsts = FirstOccurrences::of(&g.frames);
+            let candidates: Vec<usize> = firsts.firsts().collect();
+            let frames: Vec<_> = candidates.iter().map(|c| g.frames[*c].clone()).collect();
+            blobs.push(
+                g.segment_blob(&frames)
+                    .map_err(|e| StorageError::Invalid(e.to_string()))?,
+            );
+            queues.push(g.queue.as_str());
+            partitions.push(g.partition.as_str());
+            sealed.push(Some(g.is_sealed()));
+            starts.push(i32::try_from(txids.len() + 1).unwrap_or(i32::MAX));
+            for c in &candidates {
+                txids.push(g.frames[*c].transaction_id.as_str());
+                ids.push(g.frames[*c].message_id);
+            }
+            ends.push(i32::try_from(txids.len()).unwrap_or(i32::MAX));
+            firsts_of.push((firsts, candidates, frames));
+        }
+        Ok(RoundArrays {
+            order,
+            queues,
+            partitions,
+            blobs,
+            sealed,
+            starts,
+            ends,
+            txids,
+            ids,
+            firsts_of,
+        })
     }
 }
 

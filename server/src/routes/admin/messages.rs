@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use hyper::StatusCode;
 use queen_core::frames::{slice_blob, Frame};
-use queen_core::storage::{PartitionView, QueueFilter, SegmentQuery, StoredMessage};
+use queen_core::storage::{PartitionView, QueueFilter, SegmentQuery, StoredMessage, StoredSegment};
 use queen_core::types::QUEUE_MODE_GROUP;
 use serde_json::{json, Value};
 
@@ -124,6 +124,39 @@ async fn listed_queue(
     }))
 }
 
+/// Where a listed message is: its segment, partition, queue and offset.
+struct Place<'a> {
+    segment: &'a StoredSegment,
+    partition: &'a PartitionView,
+    queue: &'a ListedQueue,
+    offset: i64,
+}
+
+/// A row of the message listing in Queen's shape; `status` is `message_status`'s answer.
+fn listed_message(
+    broker: &Broker,
+    at: &Place<'_>,
+    f: &Frame,
+    (st, consumed, group_count): (&str, u64, u64),
+) -> Result<Value, Failure> {
+    let (s, p, c) = (at.segment, at.partition, &at.queue.config);
+    let (data, encrypted) = frame_payload(broker, f)?;
+    let mut m = json!({
+        "id": f.message_id.to_string(), "transactionId": f.transaction_id,
+        "partitionId": s.partition_id, "queuePath": format!("{}/{}", s.queue, s.partition),
+        "queue": s.queue, "partition": s.partition, "namespace": c.namespace,
+        "task": c.task, "status": st, "queueStatus": st,
+        "busStatus": {"consumedBy": consumed, "totalGroups": group_count},
+        "traceId": f.trace_id.map(|t| t.to_string()), "producerSub": f.producer,
+        "queuePriority": c.priority, "createdAt": iso(s.row.created_at),
+        "leaseExpiresAt": p.cursor(QUEUE_MODE_GROUP).and_then(|c| c.leased_until).map(iso),
+        "offset": at.offset,
+    });
+    m["data"] = data;
+    m["isEncrypted"] = json!(encrypted);
+    Ok(m)
+}
+
 /// GET /api/v1/messages[?queue,partition,ns|namespace,task,status,from,to,limit,offset]:
 /// newest first. `from` defaults to an hour ago, as in Queen. It reads the segments of the
 /// window newest first and, for each batch, the partitions and queues it has not seen yet.
@@ -216,22 +249,13 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
                 if status.is_some_and(|w| w != st) {
                     continue;
                 }
-                let (data, encrypted) = frame_payload(broker, f)?;
-                let c = &q.config;
-                let mut m = json!({
-                    "id": f.message_id.to_string(), "transactionId": f.transaction_id,
-                    "partitionId": s.partition_id, "queuePath": format!("{}/{}", s.queue, s.partition),
-                    "queue": s.queue, "partition": s.partition, "namespace": c.namespace,
-                    "task": c.task, "status": st, "queueStatus": st,
-                    "busStatus": {"consumedBy": consumed, "totalGroups": group_count},
-                    "traceId": f.trace_id.map(|t| t.to_string()), "producerSub": f.producer,
-                    "queuePriority": c.priority, "createdAt": iso(s.row.created_at),
-                    "leaseExpiresAt": p.cursor(QUEUE_MODE_GROUP).and_then(|c| c.leased_until).map(iso),
-                    "offset": offset,
-                });
-                m["data"] = data;
-                m["isEncrypted"] = json!(encrypted);
-                matched.push(m);
+                let at = Place {
+                    segment: s,
+                    partition: p,
+                    queue: q,
+                    offset,
+                };
+                matched.push(listed_message(broker, &at, f, (st, consumed, group_count))?);
                 if matched.len() >= wanted {
                     break 'segments;
                 }
