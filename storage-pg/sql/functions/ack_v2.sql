@@ -13,6 +13,15 @@
 -- statement: its per-item loop cost 1.7 of the 3.3 ms of a 100-item ack in the leased-consume
 -- profile (docs/benchmarks.md). Every other call runs the loop below, item by item. The
 -- differential suite holds both to the model's item-by-item ack.
+-- Sections, in order (each marked below):
+--   1. Each item's partition (by id or number) and stored offset: one probe per item.
+--   2. A call of only completed acks: answered by one set-based statement, and done.
+--   3. Otherwise, per distinct partition in id order, its queue's options (the d_* arrays).
+--   4. Each cursor row locked once, in partition-id order, and whether its lease is live.
+--   5. The items in the call's order: advance, refusal, retry or dead letter; a failed item is
+--      a barrier that later completed acks of the call do not move the cursor past.
+--   6. The leases a failure touched end (a retryDelay hold, or redelivery from the cursor).
+--   7. Each changed cursor row written once; the answers in the call's order.
 CREATE OR REPLACE FUNCTION queen.ack_v2(
     p_group text, p_partition_ids uuid[], p_partition_numbers bigint[], p_txids text[],
     p_statuses text[], p_lease_ids text[], p_errors text[]
@@ -66,6 +75,7 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
+    -- 1. Each item's partition and stored offset.
     v_pids := ARRAY(
         SELECT COALESCE(u.id, (SELECT p.id FROM queen.log_partitions p WHERE p.seq = u.num))
           FROM unnest(p_partition_ids, p_partition_numbers) WITH ORDINALITY AS u (id, num, o)
@@ -78,6 +88,7 @@ BEGIN
           FROM unnest(v_pids, p_txids) WITH ORDINALITY AS u (pid, tx, o)
          ORDER BY u.o);
 
+    -- 2. Only completed acks: one set-based statement.
     IF NOT EXISTS (SELECT 1 FROM unnest(p_statuses) AS s (st)
                     WHERE s.st IS DISTINCT FROM 'completed' AND s.st IS DISTINCT FROM 'success') THEN
         -- Only completed acks: the loop's outcome, set-based. An item advances the cursor when its
@@ -170,6 +181,7 @@ BEGIN
         RETURN;
     END IF;
 
+    -- 3. Per distinct partition, in id order: its queue's options.
     FOR r IN
         SELECT p.id, p.name, q.id AS qid, q.name AS qname, q.retry_limit, q.retry_delay,
                q.dead_letter_queue, q.dlq_after_max_retries
@@ -185,7 +197,7 @@ BEGIN
         d_worker := d_worker || NULL::uuid; d_live := d_live || false; d_barrier := d_barrier || NULL::bigint;
         d_release := d_release || false; d_dirty := d_dirty || false;
     END LOOP;
-    -- Each cursor row locked once, in partition-id order.
+    -- 4. Each cursor row locked once, in partition-id order.
     FOR c IN
         SELECT * FROM queen.log_consumers lc
          WHERE lc.partition_id = ANY (d_pids) AND lc.consumer_group = p_group
@@ -199,6 +211,7 @@ BEGIN
         d_live[k] := c.worker_id IS NOT NULL AND c.lease_expires_at IS NOT NULL AND c.lease_expires_at >= v_now;
     END LOOP;
 
+    -- 5. The items in the call's order.
     FOR i IN 1 .. v_n LOOP
         v_ok := false; v_err := NULL; v_released := false; v_dlq := false;
         k := array_position(d_pids, v_pids[i]);
@@ -303,7 +316,7 @@ BEGIN
         r_k := r_k || k;
     END LOOP;
 
-    -- Failed or retried messages end the lease at the end of the call (if it is still the lease
+    -- 6. Failed or retried messages end the lease at the end of the call (if it is still the lease
     -- the call began with): redelivery from the cursor.
     FOR k IN 1 .. COALESCE(array_length(d_pids, 1), 0) LOOP
         IF d_release[k] AND d_has[k] THEN
@@ -328,7 +341,7 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- Each changed cursor row written once.
+    -- 7. Each changed cursor row written once; the answers in the call's order.
     FOR k IN 1 .. COALESCE(array_length(d_pids, 1), 0) LOOP
         IF d_dirty[k] THEN
             v_write := v_write || d_rows[k];

@@ -10,6 +10,11 @@
 -- ttl: messages older than it are skipped by every group.
 -- p_conflate: the group's stored policy is last-value delivery (queen_core::claim::conflated_slice):
 -- the batch is the newest visible message alone, and the cursor moves to just before it.
+-- Sections, in order (the steps are those of the life of a pop in the design): step 2, the
+-- windowBuffer hold; step 4, the claim (with a missing cursor row made under a try-lock and
+-- seeded, step 3, then claimed again); ttl's skip of the expired prefix; conflation's newest
+-- message; step 5, the head probe and the forward scan to the budget (or the empty-partition
+-- seal); the took_all probe; step 6, the autoAck commit or the lease; the summary row.
 CREATE OR REPLACE FUNCTION queen.log_pop_v2(
     p_pid uuid, p_queue_name text, p_group text, p_worker uuid,
     p_budget integer, p_auto_ack boolean, p_lease_seconds integer,

@@ -1,5 +1,9 @@
 -- The wildcard scan: QUEEN_HOTLIST=0, and the first-ever pop of every (queue, group), which
 -- carries the group-first-contact bulk seed.
+-- Sections, in order: the queue's partition count; group first contact (the
+-- seeder's election and, for a small queue, every cursor seeded); the candidate scan (recently
+-- written partitions in random order, or a window from a random id); log_pop_v2 over the
+-- candidates while budgets last; the empty-scan watermark.
 CREATE OR REPLACE FUNCTION queen.log_pop_wildcard_v2(
     p_queue text, p_group text, p_worker uuid, p_batch integer, p_max_partitions integer,
     p_auto_ack boolean, p_lease_seconds integer,

@@ -22,6 +22,10 @@
 -- per batch-1000 push.) Any other outcome answers every item in order.
 -- Committed pushes are announced on queen_push (`queue\npartition\ncount`): every broker's
 -- parked consumers wake at once.
+-- Sections, in order: the queue row (made on first use; locked first when
+-- capped, then maxSize checked); the partition row, locked for the push's offsets; the
+-- transactionId rows inserted (a duplicate answers every item and stores nothing); the segment
+-- and the partition's head; the notification; the answer.
 CREATE OR REPLACE FUNCTION queen.push_v6(
     p_queue text, p_partition text, p_txids text[], p_message_ids uuid[], p_blob bytea,
     p_created timestamptz, p_sealed boolean, p_expect_new boolean
