@@ -1,4 +1,4 @@
-//! The admin API's reads in the model: the same answers as `storage-pg/src/inspect.rs`, read
+//! The admin API's reads in the model: the same answers as `storage-pg/src/inspect/`, read
 //! from committed state (tx 0), as PostgreSQL's read-committed statements would.
 
 use std::collections::BTreeMap;
