@@ -4,7 +4,8 @@
 //!   building one starts nothing.
 //! - `operations`, `rounds`, `buffer`, `sealing`: what the routes ask of the broker (pushes, acks,
 //!   storage rounds, the failover buffer, payload encryption).
-//! - `views`: the admin plane's read models, computed from storage's inventory.
+//! - `views`: the admin plane's read models, computed from storage's inventory;
+//!   `storage_reads`: every read a route makes of storage.
 //! - `routes`: one file per surface, and the route table (`routes::ROUTES`); `http`: replies,
 //!   errors, auth, wire.
 //! - `serve`: connections and the listener; `tasks`: the background work a running broker needs.
@@ -23,6 +24,7 @@ pub mod routes;
 pub mod sealing;
 mod serve;
 mod stats;
+mod storage_reads;
 pub mod tasks;
 mod views;
 

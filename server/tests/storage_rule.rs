@@ -1,5 +1,5 @@
 //! One rule for reaching storage (docs/architecture.md, "Reaching storage"): routes parse, call
-//! a broker operation (`server/src/operations/`) or a read model (`server/src/views.rs`), and
+//! a broker operation (`server/src/operations/`) or a read (`server/src/storage_reads.rs`), and
 //! render; no route reaches `broker.storage` itself. A new direct call fails here, with where.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
@@ -58,8 +58,8 @@ fn no_route_reaches_storage_directly() {
     }
     assert!(
         offenders.is_empty(),
-        "routes call storage directly; go through a broker operation or a read model in \
-         views.rs:\n{}",
+        "routes call storage directly; go through a broker operation or a read in \
+         storage_reads.rs:\n{}",
         offenders.join("\n")
     );
 }

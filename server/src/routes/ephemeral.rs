@@ -21,8 +21,8 @@ use tokio::sync::oneshot;
 use crate::broker::Broker;
 use crate::ephemeral::Owner;
 use crate::http::{self, Failure, Reply, Routed};
+use crate::storage_reads;
 use crate::tasks::ephemeral_liveness::{beat, claim};
-use crate::views::reads;
 
 /// Marks a call one broker forwarded to another: the receiver serves it or refuses it, never
 /// forwards it again.
@@ -222,7 +222,7 @@ async fn load(broker: &Broker, queue: &str, implicit: bool) -> Result<bool, Fail
     if broker.ephemeral.exists(queue) {
         return Ok(true);
     }
-    match reads::ephemeral_config(broker, queue).await? {
+    match storage_reads::ephemeral_config(broker, queue).await? {
         Some(stored) => broker.ephemeral.ensure(queue, options_of(stored)?),
         None if implicit => broker.ephemeral.ensure(queue, EphemeralOptions::default()),
         None => return Ok(false),
@@ -619,7 +619,7 @@ pub async fn queues(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure>
     }
     if broker.ephemeral.address().is_some() {
         let me = broker.ephemeral.incarnation();
-        for peer in reads::ephemeral_brokers(broker).await? {
+        for peer in storage_reads::ephemeral_brokers(broker).await? {
             if peer.incarnation == me {
                 continue;
             }
@@ -641,7 +641,7 @@ pub async fn queues(broker: &Arc<Broker>, call: &Call) -> Result<Reply, Failure>
             }
         }
     }
-    for (queue, stored) in reads::ephemeral_configs(broker).await? {
+    for (queue, stored) in storage_reads::ephemeral_configs(broker).await? {
         if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(queue) {
             let options = options_of(stored)?;
             let entry = json!({

@@ -24,7 +24,7 @@ use crate::broker::{past_storage_deadline, Broker, CrashPoint};
 use crate::helpers::lock;
 use crate::http::Routed;
 use crate::http::{self, Failure, Reply};
-use crate::views::reads;
+use crate::storage_reads;
 
 /// Starts a pop in its own driver task; its reply comes on the returned channel.
 pub(crate) fn start(
@@ -587,7 +587,7 @@ async fn render_framed(
         return Ok(None);
     }
     let ids: Vec<String> = claims.iter().map(|c| c.partition_id.clone()).collect();
-    let numbers = match reads::partition_numbers(broker, &ids).await {
+    let numbers = match storage_reads::partition_numbers(broker, &ids).await {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(error = %e, "partition numbers unavailable; answering JSON");

@@ -15,7 +15,6 @@ use serde_json::{json, Value};
 
 use crate::broker::Broker;
 use crate::http::{self, Failure, Reply};
-use crate::views;
 
 fn parse_body(body: &[u8]) -> Result<Value, Failure> {
     serde_json::from_slice(body)
@@ -182,7 +181,7 @@ async fn answer_fetch<A: FetchAnswer>(
     let cipher = broker.config.cipher.as_deref();
     let mut budget = Budget::new(call.max_bytes);
     for e in &call.entries {
-        let read = views::reads::read_partition(
+        let read = crate::storage_reads::read_partition(
             broker,
             &e.queue,
             &e.partition,
@@ -243,7 +242,7 @@ pub async fn changed(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure
     let mut entries = Vec::with_capacity(queries.len());
     let mut safe_time = None;
     for q in &queries {
-        let page = views::reads::changed_partitions(broker, q).await?;
+        let page = crate::storage_reads::changed_partitions(broker, q).await?;
         safe_time = Some(
             safe_time.map_or(page.safe_time, |t: queen_core::Timestamp| {
                 t.min(page.safe_time)

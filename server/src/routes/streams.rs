@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::{self, wire as requests, Failure, Reply};
 use crate::routes::push::group_items;
-use crate::views::reads;
+use crate::storage_reads;
 
 /// A refusal in the SDKs' shape (`success: false`), with a real status and a code.
 fn refused(status: StatusCode, code: &str, error: impl Into<String>) -> Reply {
@@ -132,7 +132,7 @@ pub async fn state(broker: &Arc<Broker>, body: &[u8]) -> Result<Reply, Failure> 
         Ok(q) => q,
         Err(bad) => return Ok(bad.reply()),
     };
-    let Some(rows) = reads::stream_state(broker, &query).await? else {
+    let Some(rows) = storage_reads::stream_state(broker, &query).await? else {
         return Ok(refused(
             StatusCode::NOT_FOUND,
             "streams_query_not_found",

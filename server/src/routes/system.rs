@@ -7,7 +7,7 @@ use crate::broker::Broker;
 use crate::helpers::lock;
 use crate::http::{self, wire as requests, Failure, Reply};
 use crate::metrics::Snapshot;
-use crate::views::reads;
+use crate::storage_reads;
 
 fn push_maintenance_json(broker: &Broker) -> Value {
     let on = broker
@@ -69,7 +69,7 @@ pub fn set_pop_maintenance(broker: &Broker, body: &[u8]) -> Result<Reply, Failur
 }
 
 pub async fn health(broker: &Broker) -> Reply {
-    let health = reads::health(broker).await;
+    let health = storage_reads::health(broker).await;
     let status = if health.reachable {
         StatusCode::OK
     } else {
@@ -84,7 +84,7 @@ pub async fn health(broker: &Broker) -> Reply {
 
 pub fn metrics_snapshot(broker: &Broker) -> Snapshot<'_> {
     let (limit, in_flight) = broker.limiter.state();
-    let usage = reads::usage(broker);
+    let usage = storage_reads::usage(broker);
     Snapshot {
         metrics: &broker.metrics,
         limiter_limit: limit,

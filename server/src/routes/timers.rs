@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::broker::Broker;
 use crate::http::{self, Failure, Reply};
 use crate::routes::kv::operations;
-use crate::views::reads;
+use crate::storage_reads;
 
 /// Parses a call's (or a transaction rider's) ops, minting each schedule's message id.
 pub(crate) fn parse_ops(broker: &Broker, raw: &[Value]) -> Result<Vec<TimerOp>, Failure> {
@@ -61,7 +61,7 @@ pub async fn cancel(
 /// `GET /api/v1/timers/{queue}/{timerKey}`: a miss is `{"found": false}` with 200.
 pub async fn peek(broker: &Arc<Broker>, queue: &str, timer_key: &str) -> Result<Reply, Failure> {
     let k = key(timer_key)?;
-    let row = reads::timer_peek(broker, queue, &k).await?;
+    let row = storage_reads::timer_peek(broker, queue, &k).await?;
     Ok(http::json(
         StatusCode::OK,
         &timers::peek(queue, &k, row.as_ref()),
@@ -87,7 +87,7 @@ pub async fn list(
         }
     }
     let limit = timers::list_limit(limit);
-    let rows = reads::timer_page(broker, queue, after, limit).await?;
+    let rows = storage_reads::timer_page(broker, queue, after, limit).await?;
     Ok(http::json(
         StatusCode::OK,
         &timers::page(queue, &rows, limit),

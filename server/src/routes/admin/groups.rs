@@ -9,8 +9,8 @@ use super::{iso, name_param, number, ok, partition_paging, Pairs};
 use crate::broker::Broker;
 use crate::http::wire as requests;
 use crate::http::{Failure, Reply};
+use crate::storage_reads;
 use crate::tasks::admin_totals;
-use crate::views::reads;
 use crate::views::{depth, GroupLag};
 
 /// GET /api/v1/consumer-groups: one entry per (group, queue), by group then queue.
@@ -66,9 +66,14 @@ pub async fn consumer_group(
     });
     for tally in queues {
         let q = &tally.view;
-        let (partitions, next) =
-            reads::partition_page(broker, &q.config.name, after.as_deref(), limit, Some(group))
-                .await?;
+        let (partitions, next) = storage_reads::partition_page(
+            broker,
+            &q.config.name,
+            after.as_deref(),
+            limit,
+            Some(group),
+        )
+        .await?;
         let rows: Vec<Value> = partitions
             .iter()
             .map(|p| {

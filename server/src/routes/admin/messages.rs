@@ -14,8 +14,8 @@ use crate::broker::Broker;
 use crate::http::wire as requests;
 use crate::http::{self, Failure, Reply};
 use crate::stats::Snapshot;
+use crate::storage_reads;
 use crate::tasks::admin_totals;
-use crate::views::reads;
 use crate::views::{message_status, page};
 
 fn mode_json(groups: &[String]) -> Value {
@@ -96,7 +96,7 @@ async fn listed_queue(
     name: &str,
     filter: &QueueFilter,
 ) -> Result<Option<ListedQueue>, Failure> {
-    let Some(config) = reads::queue_config(broker, name).await? else {
+    let Some(config) = storage_reads::queue_config(broker, name).await? else {
         return Ok(None);
     };
     if !filter.matches(&config) {
@@ -189,7 +189,7 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
     let mut read = 0u32;
     let mut truncated = false;
     'segments: loop {
-        let batch = reads::segments(
+        let batch = storage_reads::segments(
             broker,
             SegmentQuery {
                 queue: queue.clone(),
@@ -212,7 +212,7 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
         unseen.sort();
         unseen.dedup();
         if !unseen.is_empty() {
-            for p in reads::partition_views_by_id(broker, &unseen).await? {
+            for p in storage_reads::partition_views_by_id(broker, &unseen).await? {
                 partitions.insert(p.partition_id.clone(), p);
             }
         }
@@ -282,7 +282,7 @@ pub async fn list_messages(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply,
 
 async fn stored_message(broker: &Broker, pid: &str, tx: &str) -> Result<StoredMessage, Failure> {
     requests::check_name("transactionId", tx)?;
-    reads::message(broker, pid, tx)
+    storage_reads::message(broker, pid, tx)
         .await?
         .ok_or_else(|| not_found("Message not found"))
 }
@@ -293,7 +293,7 @@ pub async fn get_message(broker: &Arc<Broker>, pid: &str, tx: &str) -> Result<Re
     let p = &m.partition;
     // The queue's configuration and the groups that reached this partition: one row each,
     // not the queue's totals (a queue may have 100k partitions).
-    let config = reads::queue_config(broker, &p.queue)
+    let config = storage_reads::queue_config(broker, &p.queue)
         .await?
         .ok_or_else(|| not_found("Message not found"))?;
     let groups: Vec<String> = p.cursors.iter().map(|c| c.group.clone()).collect();

@@ -14,8 +14,8 @@ use super::{
 use crate::broker::Broker;
 use crate::http::{Failure, Reply};
 use crate::stats::{QueueTally, Snapshot};
+use crate::storage_reads;
 use crate::tasks::admin_totals;
-use crate::views::reads;
 use crate::views::{depth, page, Backlog, Counts};
 
 fn queue_summary(t: &QueueTally) -> Value {
@@ -191,9 +191,13 @@ async fn first_partitions(
         let mut after: Option<String> = None;
         loop {
             let size = (wanted - seen).clamp(1, LISTING_PAGE);
-            let page =
-                reads::partition_views_page(broker, &q.config.name, after.as_deref(), size as u32)
-                    .await?;
+            let page = storage_reads::partition_views_page(
+                broker,
+                &q.config.name,
+                after.as_deref(),
+                size as u32,
+            )
+            .await?;
             for p in &page {
                 if seen >= offset {
                     rows.push(listing_row(p, q, depth(p, &q.groups, None)));
@@ -230,7 +234,7 @@ pub async fn overview(broker: &Arc<Broker>) -> Result<Reply, Failure> {
         v.sort();
         v.dedup();
     }
-    let (ingested, processed) = reads::recent_rates(broker, 5).await?;
+    let (ingested, processed) = storage_reads::recent_rates(broker, 5).await?;
     ok(
         &json!({"queues": snap.queues.len(), "partitions": partitions,
                "namespaces": namespaces.len(), "tasks": tasks.len(),

@@ -15,8 +15,8 @@ use super::{
 use crate::broker::Broker;
 use crate::http::{Failure, Reply};
 use crate::stats::QueueTally;
+use crate::storage_reads;
 use crate::tasks::admin_totals;
-use crate::views::reads;
 use crate::views::{bucket_of, bucketed, page, stat, Counts};
 
 /// Queen's time window: `from` (default `to` − `default_span`), `to` (default now), and the
@@ -84,7 +84,7 @@ fn workers(samples: &[WorkerSample]) -> Vec<Value> {
 pub async fn status(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let now = broker.now();
     let (from, to, minutes) = window(pairs, now, 3600)?;
-    let samples = reads::samples(broker, from, to).await?;
+    let samples = storage_reads::samples(broker, from, to).await?;
     let points = bucketed(&samples, minutes);
     let throughput: Vec<Value> = points
         .iter()
@@ -240,7 +240,8 @@ pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Fai
     }
     let filter = queue_filter(pairs, true)?;
     let queue = name_param(pairs, "queue")?;
-    let created = reads::messages_created(broker, from, to, step_secs, queue.as_deref()).await?;
+    let created =
+        storage_reads::messages_created(broker, from, to, step_secs, queue.as_deref()).await?;
     // Whether each queue passes the filter, asked once (the counts come in queue order).
     let mut passes: Option<(String, bool)> = None;
     let mut counts: BTreeMap<i64, u64> = BTreeMap::new();
@@ -248,7 +249,7 @@ pub async fn analytics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Fai
         let taken = match &passes {
             Some((q, p)) if *q == c.queue => *p,
             _ => {
-                let config = reads::queue_config(broker, &c.queue).await?;
+                let config = storage_reads::queue_config(broker, &c.queue).await?;
                 let p = config.is_some_and(|conf| filter.matches(&conf));
                 passes = Some((c.queue.clone(), p));
                 p
@@ -286,7 +287,7 @@ fn worker_filter<'a>(
 pub async fn system_metrics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let now = broker.now();
     let (from, to, minutes) = window(pairs, now, 3600)?;
-    let samples = reads::samples(broker, from, to).await?;
+    let samples = storage_reads::samples(broker, from, to).await?;
     let mut by: BTreeMap<(String, String), Vec<&WorkerSample>> = BTreeMap::new();
     for s in worker_filter(&samples, pairs) {
         by.entry((s.hostname.clone(), s.worker_id.clone()))
@@ -330,7 +331,7 @@ pub async fn system_metrics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply
 pub async fn worker_metrics(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let now = broker.now();
     let (from, to, minutes) = window(pairs, now, 3600)?;
-    let all = reads::samples(broker, from, to).await?;
+    let all = storage_reads::samples(broker, from, to).await?;
     let samples: Vec<WorkerSample> = worker_filter(&all, pairs).cloned().collect();
     let secs = (minutes * 60) as f64;
     let series: Vec<Value> = bucketed(&samples, minutes)

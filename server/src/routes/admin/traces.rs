@@ -10,7 +10,7 @@ use super::{iso, not_found, ok, paging, Pairs};
 use crate::broker::Broker;
 use crate::http::wire as requests;
 use crate::http::{self, Failure, Reply};
-use crate::views::reads;
+use crate::storage_reads;
 
 /// POST /api/v1/traces: 201 with the trace's id; 404 when no such message is stored (a trace
 /// is removed with its message, so one of nothing would never be).
@@ -83,7 +83,7 @@ fn trace_json(t: &TraceRecord, with_message: bool) -> Value {
 /// GET /api/v1/traces/{pid}/{tx}: oldest first.
 pub async fn traces_of(broker: &Arc<Broker>, pid: &str, tx: &str) -> Result<Reply, Failure> {
     requests::check_name("transactionId", tx)?;
-    let traces = reads::traces_of(broker, pid, tx).await?;
+    let traces = storage_reads::traces_of(broker, pid, tx).await?;
     ok(&json!({"traces": traces.iter().map(|t| trace_json(t, false)).collect::<Vec<_>>()}))
 }
 
@@ -95,7 +95,7 @@ pub async fn traces_named(
 ) -> Result<Reply, Failure> {
     requests::check_name("traceName", name)?;
     let (limit, offset) = paging(pairs, 100)?;
-    let (traces, total) = reads::traces_named(broker, name, limit, offset).await?;
+    let (traces, total) = storage_reads::traces_named(broker, name, limit, offset).await?;
     ok(
         &json!({"traces": traces.iter().map(|t| trace_json(t, true)).collect::<Vec<_>>(),
                "total": total, "pagination": {"limit": limit, "offset": offset}}),
@@ -105,7 +105,7 @@ pub async fn traces_named(
 /// GET /api/v1/traces/names?limit=50&offset=0: most recently seen first.
 pub async fn trace_names(broker: &Arc<Broker>, pairs: &Pairs) -> Result<Reply, Failure> {
     let (limit, offset) = paging(pairs, 50)?;
-    let (names, total) = reads::trace_names(broker, limit, offset).await?;
+    let (names, total) = storage_reads::trace_names(broker, limit, offset).await?;
     let rows: Vec<Value> = names
         .iter()
         .map(|n| {
