@@ -107,12 +107,7 @@ pub async fn stream_queries_register_by_hash(b: &dyn Backend) -> CaseResult {
     // A flush cycle (no lease) writes state on a partition of the source queue. The pop that
     // finds the partition's id reads as another group, so no lease of "g" is live.
     push(&*s, &mut ids, "src", "p", "t", 0..1).await?;
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("src", "peek", w, 10), "p".into())
-        .await
-        .map_err(e)?;
-    let pid = r.claims[0].partition_id.clone();
+    let (_, pid) = lease_p(&*s, &mut ids, "src", "peek", 10).await?;
     let flush = TxOp::Stream(StreamCycleOp {
         query_id,
         partition_id: pid.clone(),
@@ -249,12 +244,7 @@ pub async fn stream_cycles_commit_all_or_nothing_on_the_lease(b: &dyn Backend) -
     let qid = query_id(&*s, &mut ids, "cyc", "csrc").await?;
     push(&*s, &mut ids, "csrc", "p", "t", 0..4).await?;
     push(&*s, &mut ids, "other", "p", "o", 0..1).await?;
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("csrc", "g", w, 2), "p".into())
-        .await
-        .map_err(e)?;
-    let pid = r.claims[0].partition_id.clone();
+    let (w, pid) = lease_p(&*s, &mut ids, "csrc", "g", 2).await?;
     let cycle = |ids: &mut Ids, lease: Option<String>, txid: &str, value: i64| {
         vec![
             TxOp::Stream(StreamCycleOp {
@@ -366,6 +356,40 @@ pub async fn stream_cycles_commit_all_or_nothing_on_the_lease(b: &dyn Backend) -
         .map_err(e)?;
     ensure!(out.committed, "the new holder's cycle commits: {out:?}");
 
+    refusals_and_deletion(&*s, &mut ids, qid, &pid).await
+}
+
+/// The lease of a new worker of `group` on partition p of `queue` (a batch of `batch`): the
+/// worker, and the partition's id.
+async fn lease_p(
+    s: &dyn Storage,
+    ids: &mut Ids,
+    queue: &str,
+    group: &str,
+    batch: u32,
+) -> Result<(queen_core::WorkerId, String), String> {
+    let w = ids.worker();
+    let r = s
+        .pop_partition(pop_req(queue, group, w, batch), "p".into())
+        .await
+        .map_err(e)?;
+    let pid = r
+        .claims
+        .first()
+        .map(|c| c.partition_id.clone())
+        .ok_or_else(|| format!("{queue}: nothing leased"))?;
+    Ok((w, pid))
+}
+
+/// The end of `stream_cycles_commit_all_or_nothing_on_the_lease`: cycles refused for what they
+/// name (a partition of another queue, an unknown query) write nothing, and the source queue's
+/// deletion takes its partitions' state.
+async fn refusals_and_deletion(
+    s: &dyn Storage,
+    ids: &mut Ids,
+    qid: uuid::Uuid,
+    pid: &str,
+) -> CaseResult {
     // Refusals of the cycle itself.
     let other_pid = s
         .pop_partition(pop_req("other", "g", ids.worker(), 1), "p".into())
@@ -376,7 +400,7 @@ pub async fn stream_cycles_commit_all_or_nothing_on_the_lease(b: &dyn Backend) -
         .clone();
     for (query_id, partition_id, want) in [
         (qid, other_pid, StreamRefusal::ForeignPartition),
-        (ids.worker().0, pid.clone(), StreamRefusal::UnknownQuery),
+        (ids.worker().0, pid.to_string(), StreamRefusal::UnknownQuery),
     ] {
         let op = TxOp::Stream(StreamCycleOp {
             query_id,
@@ -389,14 +413,14 @@ pub async fn stream_cycles_commit_all_or_nothing_on_the_lease(b: &dyn Backend) -
         ensure_eq!(out.results, vec![TxOpResult::Stream(Err(want))], "{want:?}");
     }
     ensure_eq!(
-        rows(&*s, qid, &pid).await?,
+        rows(s, qid, pid).await?,
         vec![("count".to_string(), json!(6))],
         "refused cycles wrote nothing"
     );
     // The source queue deleted: its partitions' state goes with them.
     ensure!(s.delete_queue("csrc").await.map_err(e)?, "deleted");
     ensure_eq!(
-        rows(&*s, qid, &pid).await?,
+        rows(s, qid, pid).await?,
         vec![],
         "a deleted partition's state is deleted"
     );
@@ -411,12 +435,7 @@ pub async fn stream_cycles_end_the_lease_they_own(b: &dyn Backend) -> CaseResult
     let mut ids = Ids::new(74);
     let qid = query_id(&*s, &mut ids, "own", "osrc").await?;
     push(&*s, &mut ids, "osrc", "p", "t", 0..4).await?;
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("osrc", "g", w, 4), "p".into())
-        .await
-        .map_err(e)?;
-    let pid = r.claims[0].partition_id.clone();
+    let (w, pid) = lease_p(&*s, &mut ids, "osrc", "g", 4).await?;
     let cycle = |lease: &str, txid: &str| {
         vec![
             TxOp::Stream(StreamCycleOp {
@@ -482,12 +501,7 @@ pub async fn stream_cycles_are_fenced_on_the_state_they_close(b: &dyn Backend) -
     let mut ids = Ids::new(75);
     let qid = query_id(&*s, &mut ids, "close", "fsrc").await?;
     push(&*s, &mut ids, "fsrc", "p", "t", 0..2).await?;
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("fsrc", "g", w, 1), "p".into())
-        .await
-        .map_err(e)?;
-    let pid = r.claims[0].partition_id.clone();
+    let (w, pid) = lease_p(&*s, &mut ids, "fsrc", "g", 1).await?;
     let window = json!({"acc": 3, "windowEnd": 1000});
     let stream = |lease: Option<String>, ops: Vec<StateOp>| {
         TxOp::Stream(StreamCycleOp {
@@ -591,12 +605,7 @@ pub async fn a_flush_deletes_a_window_only_as_its_ripe_read_saw_it(b: &dyn Backe
     let mut ids = Ids::new(78);
     let qid = query_id(&*s, &mut ids, "ripe", "ripesrc").await?;
     push(&*s, &mut ids, "ripesrc", "p", "t", 0..2).await?;
-    let w = ids.worker();
-    let r = s
-        .pop_partition(pop_req("ripesrc", "g", w, 1), "p".into())
-        .await
-        .map_err(e)?;
-    let pid = r.claims[0].partition_id.clone();
+    let (w, pid) = lease_p(&*s, &mut ids, "ripesrc", "g", 1).await?;
     let cycle = |lease: Option<String>, ops: Vec<StateOp>| {
         TxOp::Stream(StreamCycleOp {
             query_id: qid,

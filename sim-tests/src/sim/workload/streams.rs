@@ -15,6 +15,73 @@ use super::{
 use crate::sim::http::request;
 use crate::sim::Shared;
 
+/// Configures the source queue's lease (as the other queues', through a broker, so the other
+/// scenarios start from the state they always had) and registers the stream query: its id.
+async fn register_query(shared: &Shared, k: &mut usize) -> Option<String> {
+    let register = json!({"name": STREAM_QUERY, "source_queue": STREAM_SOURCE,
+                          "sink_queue": STREAM_SINK, "config_hash": "sim"});
+    let configure =
+        json!({"queue": STREAM_SOURCE, "options": {"leaseTime": crate::sim::LEASE_SECS}});
+    let lost = "fault: request without an answer (streams)";
+    until_answered(shared, k, "/api/v1/configure", &configure, lost).await?;
+    let registered = until_answered(shared, k, "/streams/v1/queries", &register, lost).await?;
+    registered["query_id"].as_str().map(str::to_string)
+}
+
+/// Sends a regular cycle once (a cycle without an answer is never resent): what became of it.
+async fn send_cycle(
+    shared: &Shared,
+    broker: &str,
+    cycle: &Value,
+    timeout: Duration,
+) -> crate::sim::streams_check::CycleOutcome {
+    use crate::sim::streams_check::CycleOutcome;
+    match request(broker, "POST", "/streams/v1/cycle", Some(cycle), timeout).await {
+        Ok((200, body)) if body["success"] == true => {
+            shared.bump("streams: cycles committed");
+            CycleOutcome::Committed
+        }
+        Ok((status, _)) => {
+            shared.bump("streams: cycles refused (the lease fence, mostly)");
+            if status != 200 {
+                shared.bump("streams: cycles answered 4xx/5xx");
+            }
+            CycleOutcome::Refused
+        }
+        Err(_) => {
+            shared.bump("streams: cycles without an answer");
+            CycleOutcome::Unknown
+        }
+    }
+}
+
+/// A long-poll of the source, as the SDKs' source pops are (`wait(True)`, up to a second): the
+/// batch, empty when none came.
+async fn pop_source(shared: &Shared, broker: &str, timeout: Duration) -> Vec<Value> {
+    let pop = format!(
+        "/api/v1/pop/queue/{STREAM_SOURCE}?batch=3&consumerGroup={STREAM_GROUP}&wait=true&timeout=1000"
+    );
+    match request(broker, "GET", &pop, None, timeout).await {
+        Ok((200, body)) => body["messages"].as_array().cloned().unwrap_or_default(),
+        Ok(_) => vec![],
+        Err(_) => {
+            shared.bump("fault: request without an answer (streams)");
+            vec![]
+        }
+    }
+}
+
+/// The worker's count row as read: (messages counted, the last offset counted).
+fn count_of(rows: &[Value]) -> (i64, Option<i64>) {
+    match rows.iter().find(|r| r["key"] == "count") {
+        Some(r) => (
+            r["value"]["count"].as_i64().unwrap_or(0),
+            r["value"]["last"].as_i64(),
+        ),
+        None => (0, None),
+    }
+}
+
 /// One stream worker: feeds its own source partition, long-polls a batch of either partition, reads
 /// the partition's state and commits a cycle, as the SDKs' windowed workers do: the `count` row
 /// moved on by the batch, one sink message naming the batch, a window row opened for the batch,
@@ -25,29 +92,11 @@ use crate::sim::Shared;
 /// partitions the worker has seen and races both workers' cycles. A cycle without an answer is
 /// never resent.
 pub(super) async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mut rng: SeededRng) {
-    use crate::sim::streams_check::{CycleOutcome, StreamCycle, WindowClose};
+    use crate::sim::streams_check::{StreamCycle, WindowClose};
     let timeout = Duration::from_secs(2);
     let brokers = shared.brokers.len();
     let mut k = who;
-    let register = json!({"name": STREAM_QUERY, "source_queue": STREAM_SOURCE,
-                          "sink_queue": STREAM_SINK, "config_hash": "sim"});
-    // The source's lease as the other queues' (configured here, through a broker, so the other
-    // scenarios start from the state they always had).
-    let configure =
-        json!({"queue": STREAM_SOURCE, "options": {"leaseTime": crate::sim::LEASE_SECS}});
-    let lost = "fault: request without an answer (streams)";
-    if until_answered(&shared, &mut k, "/api/v1/configure", &configure, lost)
-        .await
-        .is_none()
-    {
-        return;
-    }
-    let Some(registered) =
-        until_answered(&shared, &mut k, "/streams/v1/queries", &register, lost).await
-    else {
-        return;
-    };
-    let Some(query_id) = registered["query_id"].as_str().map(str::to_string) else {
+    let Some(query_id) = register_query(&shared, &mut k).await else {
         return;
     };
     let seen: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>> = Arc::default();
@@ -81,18 +130,7 @@ pub(super) async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mu
             feeds,
         )
         .await;
-        // A long-poll, as the SDKs' source pops are (`wait(True)`, up to a second).
-        let pop = format!(
-            "/api/v1/pop/queue/{STREAM_SOURCE}?batch=3&consumerGroup={STREAM_GROUP}&wait=true&timeout=1000"
-        );
-        let messages = match request(broker, "GET", &pop, None, timeout).await {
-            Ok((200, body)) => body["messages"].as_array().cloned().unwrap_or_default(),
-            Ok(_) => vec![],
-            Err(_) => {
-                shared.bump("fault: request without an answer (streams)");
-                vec![]
-            }
-        };
+        let messages = pop_source(&shared, broker, timeout).await;
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
             tokio::time::sleep(Duration::from_millis(50 + rng.below(200))).await;
             continue;
@@ -114,14 +152,7 @@ pub(super) async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mu
             // The lease ends and the batch comes back.
             continue;
         };
-        let count_row = rows.iter().find(|r| r["key"] == "count");
-        let (count, read_last) = match count_row {
-            Some(r) => (
-                r["value"]["count"].as_i64().unwrap_or(0),
-                r["value"]["last"].as_i64(),
-            ),
-            None => (0, None),
-        };
+        let (count, read_last) = count_of(&rows);
         if rng.below(5) == 0 {
             // Past the lease (2 s), now and then.
             tokio::time::sleep(Duration::from_millis(1_000 + rng.below(2_500))).await;
@@ -145,24 +176,7 @@ pub(super) async fn run_stream(shared: Arc<Shared>, who: usize, name: String, mu
             "ack": {"transactionId": last["transactionId"], "leaseId": last["leaseId"],
                     "status": "completed"},
         });
-        let outcome =
-            match request(broker, "POST", "/streams/v1/cycle", Some(&cycle), timeout).await {
-                Ok((200, body)) if body["success"] == true => {
-                    shared.bump("streams: cycles committed");
-                    CycleOutcome::Committed
-                }
-                Ok((status, _)) => {
-                    shared.bump("streams: cycles refused (the lease fence, mostly)");
-                    if status != 200 {
-                        shared.bump("streams: cycles answered 4xx/5xx");
-                    }
-                    CycleOutcome::Refused
-                }
-                Err(_) => {
-                    shared.bump("streams: cycles without an answer");
-                    CycleOutcome::Unknown
-                }
-            };
+        let outcome = send_cycle(&shared, broker, &cycle, timeout).await;
         if let Ok(mut closes) = shared.window_closes.lock() {
             closes.push(WindowClose {
                 nonce: nonce.clone(),
