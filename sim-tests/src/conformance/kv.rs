@@ -508,6 +508,57 @@ fn firing(t: &DueTimer) -> Vec<TxOp> {
     queen_core::storage::firing(std::slice::from_ref(t))
 }
 
+/// The end of `timers_fire_once_never_early`: a cancel of a pending timer and of a delivered
+/// one (the caller's txn echoed), and a timer rider that rolls back with its transaction.
+async fn cancels_and_riders(s: &dyn queen_core::storage::Storage) -> CaseResult {
+    let cancelled = s
+        .timers_batch(vec![
+            TimerOp::Cancel {
+                queue: "tq".into(),
+                key: "other".into(),
+                txn: None,
+            },
+            TimerOp::Cancel {
+                queue: "tq".into(),
+                key: "k".into(),
+                txn: Some("txn-2".into()),
+            },
+        ])
+        .await
+        .map_err(e)?;
+    ensure_eq!(
+        cancelled[0]["status"],
+        json!("cancelled"),
+        "a pending timer"
+    );
+    ensure_eq!(
+        cancelled[1]["status"],
+        json!("absent"),
+        "a delivered timer is absent"
+    );
+    ensure_eq!(
+        cancelled[1]["txn"],
+        json!("txn-2"),
+        "the caller's txn is echoed"
+    );
+    // A timer rider commits with its transaction, or not at all.
+    let refused = s
+        .transaction(vec![
+            TxOp::Timer(schedule("tq", "rider", 4, 0, 4)),
+            TxOp::Kv(op(
+                json!({"op":"check","ns":"n","key":"none","expect":3,"required":true}),
+            )?),
+        ])
+        .await
+        .map_err(e)?;
+    ensure!(!refused.committed, "the guard fails");
+    ensure!(
+        s.timer_peek("tq", "rider").await.map_err(e)?.is_none(),
+        "the rider's timer rolled back"
+    );
+    Ok(())
+}
+
 /// A timer is an upsert on (queue, key); it is due only from its deliverAt; a firing removes the
 /// incarnation it read, so a second firing (another broker) or a firing of a replaced
 /// incarnation commits nothing, and the message is stored once.
@@ -592,50 +643,5 @@ pub async fn timers_fire_once_never_early(b: &dyn Backend) -> CaseResult {
         vec![2],
         "the rescheduled payload, stored once"
     );
-    let cancelled = s
-        .timers_batch(vec![
-            TimerOp::Cancel {
-                queue: "tq".into(),
-                key: "other".into(),
-                txn: None,
-            },
-            TimerOp::Cancel {
-                queue: "tq".into(),
-                key: "k".into(),
-                txn: Some("txn-2".into()),
-            },
-        ])
-        .await
-        .map_err(e)?;
-    ensure_eq!(
-        cancelled[0]["status"],
-        json!("cancelled"),
-        "a pending timer"
-    );
-    ensure_eq!(
-        cancelled[1]["status"],
-        json!("absent"),
-        "a delivered timer is absent"
-    );
-    ensure_eq!(
-        cancelled[1]["txn"],
-        json!("txn-2"),
-        "the caller's txn is echoed"
-    );
-    // A timer rider commits with its transaction, or not at all.
-    let refused = s
-        .transaction(vec![
-            TxOp::Timer(schedule("tq", "rider", 4, 0, 4)),
-            TxOp::Kv(op(
-                json!({"op":"check","ns":"n","key":"none","expect":3,"required":true}),
-            )?),
-        ])
-        .await
-        .map_err(e)?;
-    ensure!(!refused.committed, "the guard fails");
-    ensure!(
-        s.timer_peek("tq", "rider").await.map_err(e)?.is_none(),
-        "the rider's timer rolled back"
-    );
-    Ok(())
+    cancels_and_riders(&*s).await
 }

@@ -687,6 +687,13 @@ pub fn retention_entitled(
             }
         }
     }
+    out.extend(delivered_after_removal(events, removals));
+    out
+}
+
+/// A message delivered by a pop sent after retention removed it.
+fn delivered_after_removal(events: &[Event], removals: &[Removal]) -> Vec<Violation> {
+    let mut out = vec![];
     for e in events {
         if let Event::Delivered {
             group,

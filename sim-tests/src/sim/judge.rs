@@ -40,26 +40,12 @@ pub(super) fn judge(
     let removals = removals(db);
     let dead_letters = dead_letters(db);
     if spec.scenario == Scenario::Retention {
-        violations.extend(history::retention_entitled(
+        violations.extend(retention_verdicts(
             &events,
             &removals,
-            &["g1", workload::LAGGING_GROUP],
-            &[workload::LATE_GROUP],
-            i64::from(workload::RETENTION_PENDING_SECS) * 1_000_000,
+            &dead_letters,
+            &mut counts,
         ));
-        counts.insert(
-            "retention: a pop stepped over removed messages",
-            history::gap_steps(&events, &removals, &dead_letters),
-        );
-        for r in &removals {
-            *counts
-                .entry(if r.expired {
-                    "retention: messages removed as expired"
-                } else {
-                    "retention: messages removed as completed"
-                })
-                .or_default() += r.txids.len() as u64;
-        }
     }
     violations.extend(history_verdicts(spec, &events, &removals, &dead_letters));
     if let Ok(due) = shared.timer_due.lock() {
@@ -87,28 +73,12 @@ pub(super) fn judge(
         }
     }
     if spec.scenario == Scenario::Faults {
-        violations.extend(refusals_by_live_permits(shared, &driver.permit_expiry));
-        violations.extend(kv_linearizable(shared, &mut counts));
-        violations.extend(kv_counter(shared, db));
-        violations.extend(kv_pairs(shared, db));
-        if let Ok(calls) = shared.ttl_calls.lock() {
-            // One millisecond for the clocks: the model's and the history's share one timeline.
-            violations.extend(kv_check::check_expiry(
-                &calls,
-                workload::KV_TTL_SECS * 1_000_000,
-                1_000,
-            ));
-        }
-        if let Ok(fenced) = shared.fenced.lock() {
-            for ((name, slot), resource) in fenced.iter() {
-                violations.extend(super::fence_check::check_fenced(
-                    &format!("{name}/{slot}"),
-                    &resource.writes,
-                ));
-            }
-        }
-        violations.extend(stream_cycles(shared, db));
-        violations.extend(conflated_deliveries(shared, db));
+        violations.extend(faults_verdicts(
+            shared,
+            db,
+            &driver.permit_expiry,
+            &mut counts,
+        ));
     }
     if spec.scenario == Scenario::LostWakes {
         // One backoff interval (1,000 ms) plus the network and a storage round trip.
@@ -145,6 +115,71 @@ pub(super) fn judge(
         trace_tail,
         simulated_secs,
     }
+}
+
+/// The retention scenario's verdicts (what retention may remove, judged removal by removal) and
+/// its coverage.
+fn retention_verdicts(
+    events: &[Event],
+    removals: &[history::Removal],
+    dead_letters: &[history::DeadLettered],
+    counts: &mut BTreeMap<&'static str, u64>,
+) -> Vec<String> {
+    let violations = history::retention_entitled(
+        events,
+        removals,
+        &["g1", workload::LAGGING_GROUP],
+        &[workload::LATE_GROUP],
+        i64::from(workload::RETENTION_PENDING_SECS) * 1_000_000,
+    );
+    counts.insert(
+        "retention: a pop stepped over removed messages",
+        history::gap_steps(events, removals, dead_letters),
+    );
+    for r in removals {
+        *counts
+            .entry(if r.expired {
+                "retention: messages removed as expired"
+            } else {
+                "retention: messages removed as completed"
+            })
+            .or_default() += r.txids.len() as u64;
+    }
+    violations
+}
+
+/// The faults scenario's verdicts: coordination (locks, KV, the fenced resource), stream
+/// windows and conflated deliveries.
+fn faults_verdicts(
+    shared: &Shared,
+    db: &Arc<SimDb>,
+    permit_expiry: &BTreeMap<(String, i64), Option<i64>>,
+    counts: &mut BTreeMap<&'static str, u64>,
+) -> Vec<String> {
+    let mut violations = vec![];
+    violations.extend(refusals_by_live_permits(shared, permit_expiry));
+    violations.extend(kv_linearizable(shared, counts));
+    violations.extend(kv_counter(shared, db));
+    violations.extend(kv_pairs(shared, db));
+    if let Ok(calls) = shared.ttl_calls.lock() {
+        // One millisecond for the clocks: the model's and the history's share one timeline.
+        violations.extend(kv_check::check_expiry(
+            &calls,
+            workload::KV_TTL_SECS * 1_000_000,
+            1_000,
+        ));
+    }
+    if let Ok(fenced) = shared.fenced.lock() {
+        for ((name, slot), resource) in fenced.iter() {
+            violations.extend(super::fence_check::check_fenced(
+                &format!("{name}/{slot}"),
+                &resource.writes,
+            ));
+        }
+    }
+    violations.extend(stream_cycles(shared, db));
+    violations.extend(conflated_deliveries(shared, db));
+    violations
 }
 
 /// A model timestamp on the history's clock (microseconds since the simulation began).

@@ -722,6 +722,41 @@ struct Liveness {
     judged: u64,
 }
 
+/// A liveness finding: the stalled scope, the consumers parked there and what was open to them;
+/// `(now, started, bound)` in simulated microseconds.
+fn stall_finding(
+    key: &Scope,
+    waits: &[&Wait],
+    open: &[String],
+    backend: &dyn Deliverable,
+    (now, started, bound): (i64, i64, i64),
+) -> String {
+    let (queue, group, partition) = key;
+    let context: String = waits
+        .iter()
+        .map(|w| {
+            format!(
+                " [{} parked since {} ms; open: {}]",
+                w.consumer,
+                w.since / 1000,
+                open.iter()
+                    .map(|p| backend.describe(queue, p, group))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+        .collect();
+    format!(
+        "liveness: {queue}/{} had a message deliverable to {group} and a parked \
+         consumer for {} ms with no delivery (bound {} ms), at {} ms:{}",
+        partition.as_deref().unwrap_or("*"),
+        (now - started) / 1000,
+        bound / 1000,
+        now / 1000,
+        context
+    )
+}
+
 impl Liveness {
     fn new(bound_us: i64) -> Self {
         Liveness {
@@ -831,32 +866,14 @@ impl Liveness {
                 (entry.0.max(self.restored_at), self.bound_us)
             };
             if now - started > bound {
-                let (queue, group, partition) = &key;
                 // Built only for a finding: the checker runs at every step.
-                let context: String = parked
-                    .get(&key)
-                    .into_iter()
-                    .flatten()
-                    .map(|w| {
-                        format!(
-                            " [{} parked since {} ms; open: {}]",
-                            w.consumer,
-                            w.since / 1000,
-                            open.iter()
-                                .map(|p| backend.describe(queue, p, group))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
-                    })
-                    .collect();
-                out.push(format!(
-                    "liveness: {queue}/{} had a message deliverable to {group} and a parked \
-                     consumer for {} ms with no delivery (bound {} ms), at {} ms:{}",
-                    partition.as_deref().unwrap_or("*"),
-                    (now - started) / 1000,
-                    bound / 1000,
-                    now / 1000,
-                    context
+                let waits = parked.get(&key).map(Vec::as_slice).unwrap_or_default();
+                out.push(stall_finding(
+                    &key,
+                    waits,
+                    &open,
+                    backend,
+                    (now, started, bound),
                 ));
                 // One finding per stall.
                 *entry = (now, seen);

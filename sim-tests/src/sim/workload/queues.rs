@@ -14,6 +14,24 @@ use crate::sim::history::{Event, Msg};
 use crate::sim::http::request;
 use crate::sim::{hit, Shared, Wait};
 
+/// The items' answers of a push (or of a transaction's push), `None` when it failed or no
+/// answer came.
+async fn pushed_items(
+    broker: &str,
+    path: &str,
+    body: &Value,
+    as_transaction: bool,
+) -> Option<Vec<Value>> {
+    match request(broker, "POST", path, Some(body), Duration::from_secs(2)).await {
+        // A push answers the items; a transaction answers them under `results`.
+        Ok((201, body)) if !as_transaction => body.as_array().cloned(),
+        Ok((200, body)) if as_transaction && body["success"] == true => {
+            body["results"].as_array().cloned()
+        }
+        _ => None,
+    }
+}
+
 pub(super) async fn produce(
     shared: Arc<Shared>,
     p: Producer,
@@ -78,22 +96,7 @@ pub(super) async fn produce(
         let invoked = shared.now();
         for attempt in 0..20 {
             let broker = &shared.brokers[(k as usize + attempt) % shared.brokers.len()];
-            let answer = match request(
-                broker,
-                "POST",
-                path,
-                Some(&request_body),
-                Duration::from_secs(2),
-            )
-            .await
-            {
-                // A push answers the items; a transaction answers them under `results`.
-                Ok((201, body)) if !as_transaction => body.as_array().cloned(),
-                Ok((200, body)) if as_transaction && body["success"] == true => {
-                    body["results"].as_array().cloned()
-                }
-                _ => None,
-            };
+            let answer = pushed_items(broker, path, &request_body, as_transaction).await;
             match answer {
                 Some(items)
                     if items.len() == writes.iter().map(|(_, t)| t.len()).sum::<usize>()
