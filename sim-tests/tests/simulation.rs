@@ -365,10 +365,12 @@ fn seed_set_passes() {
         // A key with a TTL: read live, and read absent once it ran out.
         at_least(Scenario::Faults, "kv: TTL key read live", 20);
         at_least(Scenario::Faults, "kv: TTL key read absent", 20);
+        at_least(Scenario::Faults, "kv: TTL key calls without an answer", 5);
         // Batches across keys: applied whole, refused whole, and read in one snapshot.
         at_least(Scenario::Faults, "kv: pair batches applied", 20);
         at_least(Scenario::Faults, "kv: pair batches refused whole", 20);
         at_least(Scenario::Faults, "kv: pair reads", 20);
+        at_least(Scenario::Faults, "kv: pair calls without an answer", 5);
         // The rate limiter: admitted, refused at its max, and answers lost.
         at_least(Scenario::Faults, "kv: increments admitted", 100);
         at_least(Scenario::Faults, "kv: increments refused at the limit", 20);

@@ -470,7 +470,8 @@ fn kv_linearizable(shared: &Shared, counts: &mut BTreeMap<&'static str, u64>) ->
         return vec![];
     };
     let mut out = vec![];
-    for key in workload::KV_KEYS {
+    // The keys the KV clients read and write, and the rate limiter's counter.
+    for key in workload::KV_KEYS.into_iter().chain([workload::KV_COUNTER]) {
         let mine: Vec<kv_check::KvCall> = calls.iter().filter(|c| c.key == key).cloned().collect();
         let lost = mine.iter().filter(|c| c.answered.is_none()).count() as u64;
         *counts.entry("kv: calls whose answer was lost").or_default() += lost;

@@ -3,7 +3,8 @@
 //!
 //! The spec: a key is absent or holds `(value, version)`; every applied write gives the key a
 //! version above every version it had before (versions rise and are never recycled); `expect`
-//! is the version the key must hold (0: absent). A call whose answer was lost may have taken
+//! is the version the key must hold (0: absent); `incr` adds its delta to the value (absent:
+//! 0) unless the sum passes `max`, when it is refused with `limit` and changes nothing. A call whose answer was lost may have taken
 //! effect at any instant after its invocation, or never. The search is Wing & Gong's, with the
 //! visited (linearized set, state) pairs remembered so that it stays polynomial in practice.
 
@@ -30,6 +31,7 @@ pub enum KvCallOp {
     Get,
     Put { value: i64, expect: Option<i64> },
     Delete { expect: Option<i64> },
+    Incr { delta: i64, max: Option<i64> },
 }
 
 /// How one `incr` with `max` of the rate-limit counter ended, as its caller saw it.
@@ -241,6 +243,7 @@ fn step(call: &KvCall, i: usize, learned: Option<i64>, reg: &Register) -> Option
                     .then(|| reg.clone())
             }
         }
+        (KvCallOp::Incr { delta, max }, answer) => incr_step(reg, i, *delta, *max, answer),
         (KvCallOp::Delete { expect }, answer) => {
             let verdict = expect
                 .and_then(|e| precondition(e, &reg.live))
@@ -261,6 +264,48 @@ fn step(call: &KvCall, i: usize, learned: Option<i64>, reg: &Register) -> Option
                 (verdict.is_some() && a["reason"].as_str() == verdict && shows(a, reg))
                     .then(|| reg.clone())
             }
+        }
+    }
+}
+
+/// An `incr` in `reg`: applied when the sum stays within `max` (a lost answer's version is
+/// unseen), refused with `limit` otherwise; `None` when the answer contradicts `reg`.
+fn incr_step(
+    reg: &Register,
+    i: usize,
+    delta: i64,
+    max: Option<i64>,
+    answer: Option<&Value>,
+) -> Option<Register> {
+    let current = reg.live.map_or(0, |(value, _)| value);
+    let next = current.checked_add(delta)?;
+    let fits = max.is_none_or(|hi| next <= hi);
+    match answer {
+        // No answer: it took effect at some instant, as the rule says, or never.
+        None if fits => Some(Register {
+            live: Some((next, Version::Unseen(i))),
+            high: reg.high,
+        }),
+        None => Some(reg.clone()),
+        Some(a) if a["applied"] == true => {
+            let v = a["version"].as_i64()?;
+            (fits && a["value"].as_i64() == Some(next)).then_some(())?;
+            rises(reg, v).map(|r| Register {
+                live: Some((next, Version::Known(v))),
+                ..r
+            })
+        }
+        Some(a) => {
+            // A refusal shows the counter's value; its version too, unless a lost increment
+            // wrote it unseen.
+            let shown = match &reg.live {
+                None => a.get("value").is_none(),
+                Some((value, Version::Known(v))) => {
+                    a["value"].as_i64() == Some(*value) && a["version"].as_i64() == Some(*v)
+                }
+                Some((value, Version::Unseen(_))) => a["value"].as_i64() == Some(*value),
+            };
+            (!fits && a["reason"] == "limit" && shown).then(|| reg.clone())
         }
     }
 }
@@ -416,6 +461,73 @@ mod tests {
             value,
             expect: None,
         }
+    }
+
+    fn incr(answer: Option<(Micros, Value)>, invoked: Micros) -> KvCall {
+        call(
+            KvCallOp::Incr {
+                delta: 1,
+                max: Some(2),
+            },
+            invoked,
+            answer,
+        )
+    }
+
+    #[test]
+    fn increments_count_up_to_their_max_in_real_time() {
+        let admitted =
+            |v: i64, version: i64| json!({"applied": true, "value": v, "version": version});
+        let h = [
+            incr(Some((10, admitted(1, 1))), 0),
+            incr(Some((30, admitted(2, 2))), 20),
+            incr(
+                Some((
+                    50,
+                    json!({"applied": false, "reason": "limit", "value": 2, "version": 2}),
+                )),
+                40,
+            ),
+        ];
+        assert_eq!(check_key(&h, 1_000), Verdict::Linearizable);
+        // A later call that answered a lower value than one completed before it began.
+        let backwards = [
+            incr(Some((10, admitted(2, 2))), 0),
+            incr(Some((30, admitted(1, 3))), 20),
+        ];
+        assert!(matches!(check_key(&backwards, 1_000), Verdict::Not { .. }));
+        // A refusal while the counter was below its max.
+        let early_refusal = [incr(
+            Some((10, json!({"applied": false, "reason": "limit"}))),
+            0,
+        )];
+        assert!(matches!(
+            check_key(&early_refusal, 1_000),
+            Verdict::Not { .. }
+        ));
+    }
+
+    #[test]
+    fn a_lost_increment_may_have_counted_or_not() {
+        let lost = incr(None, 0);
+        let after_it = |v: i64| {
+            incr(
+                Some((30, json!({"applied": true, "value": v, "version": 7}))),
+                20,
+            )
+        };
+        assert_eq!(
+            check_key(&[lost.clone(), after_it(1)], 1_000),
+            Verdict::Linearizable
+        );
+        assert_eq!(
+            check_key(&[lost.clone(), after_it(2)], 1_000),
+            Verdict::Linearizable
+        );
+        assert!(matches!(
+            check_key(&[lost, after_it(3)], 1_000),
+            Verdict::Not { .. }
+        ));
     }
 
     #[test]

@@ -202,6 +202,12 @@ pub(super) async fn use_kv(shared: Arc<Shared>, who: usize, client: String, mut 
                     body["expect"] = json!(e);
                 }
             }
+            KvCallOp::Incr { delta, max } => {
+                body["op"] = json!("incr");
+                body["delta"] = json!(delta);
+                body["max"] = json!(max);
+                body["forever"] = json!(true);
+            }
         }
         let broker = &shared.brokers[(who + n as usize) % shared.brokers.len()];
         let invoked = shared.now();
@@ -355,15 +361,33 @@ async fn incr_counter(shared: &Shared, k: usize) {
     let broker = &shared.brokers[k % shared.brokers.len()];
     let call = json!({"operations": [{"op": "incr", "ns": KV_NAMESPACE, "key": KV_COUNTER,
                                       "delta": 1, "max": KV_COUNTER_MAX, "forever": true}]});
-    let outcome = match request(
+    let invoked = shared.now();
+    let answer = request(
         broker,
         "POST",
         "/api/v1/kv",
         Some(&call),
         Duration::from_secs(2),
     )
-    .await
-    {
+    .await;
+    // For the counter's linearizability: an answer other than 200 may hide a commit.
+    let answered = match &answer {
+        Ok((200, a)) => Some((shared.now(), a["results"][0].clone())),
+        _ => None,
+    };
+    if let Ok(mut calls) = shared.kv_calls.lock() {
+        calls.push(crate::sim::kv_check::KvCall {
+            client: format!("incr-{k}"),
+            key: KV_COUNTER.to_string(),
+            op: crate::sim::kv_check::KvCallOp::Incr {
+                delta: 1,
+                max: Some(KV_COUNTER_MAX),
+            },
+            invoked,
+            answered,
+        });
+    }
+    let outcome = match answer {
         Ok((200, a)) => match (
             a["results"][0]["applied"].as_bool(),
             a["results"][0]["value"].as_i64(),
