@@ -907,7 +907,7 @@ const CAUGHT_AT: [(&str, u64); 12] = [
     ("a stream cycle's fence ignores the lease", 5_001),
     ("a renew takes over its slot's permit", 5_001),
     ("a KV get reads an expired row", 5_001),
-    ("incr checks its max before taking the row lock", 5_015),
+    ("incr checks its max before taking the row lock", 5_020),
     ("a conflating pop commits the message it delivers", 5_001),
     ("ephemeral: an expired lease rewinds its cursor", 5_001),
 ];
