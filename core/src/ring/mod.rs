@@ -12,10 +12,12 @@
 mod table;
 #[cfg(test)]
 mod tests;
+mod wheel;
 
 pub use table::RingTable;
+use wheel::Wheel;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -73,10 +75,6 @@ struct Entry {
     /// (a `took_all` verdict with no push since it read): while the epoch is unchanged, a
     /// release that commits that batch leaves nothing to deliver.
     drained_lease_epoch: Option<u64>,
-    /// It waits on the wheel for a lease to end (not a delay or a hold): a release on another
-    /// broker ends it before then, and this ring hears of that only by the release's
-    /// notification.
-    lease_held: bool,
 }
 
 /// Switches that re-introduce historical bugs, for proving the simulation suite catches them.
@@ -110,7 +108,10 @@ pub struct RingBugs {
 pub struct HotRing {
     entries: BTreeMap<String, Entry>,
     ready: VecDeque<String>,
-    wheel: BTreeSet<(Timestamp, String)>,
+    /// Partitions parked until a time; those parked for a lease to end are marked, since a
+    /// release on another broker ends the lease sooner and this ring hears of that only by
+    /// the release's notification.
+    wheel: Wheel,
     /// The first-ever pop of (queue, group) has gone through the wildcard path.
     first_contact_done: bool,
     next_reseed_at: Option<Timestamp>,
@@ -166,7 +167,7 @@ impl HotRing {
         HotRing {
             entries: BTreeMap::new(),
             ready: VecDeque::new(),
-            wheel: BTreeSet::new(),
+            wheel: Wheel::default(),
             first_contact_done: false,
             next_reseed_at: None,
             walk_after: None,
@@ -227,7 +228,7 @@ impl HotRing {
     fn make_ready(&mut self, partition: &str) {
         if let Some(e) = self.entries.get_mut(partition) {
             if let EntryState::Waiting { until } = e.state {
-                self.wheel.remove(&(until, partition.to_string()));
+                self.wheel.remove(until, partition);
             }
             if e.state != EntryState::Ready {
                 e.state = EntryState::Ready;
@@ -241,7 +242,7 @@ impl HotRing {
         if let Some(Entry { state, .. }) = self.entries.remove(partition) {
             self.note_dropped();
             if let EntryState::Waiting { until } = state {
-                self.wheel.remove(&(until, partition.to_string()));
+                self.wheel.remove(until, partition);
             }
         }
     }
@@ -263,7 +264,6 @@ impl HotRing {
             state: EntryState::Idle,
             pending_hint: 0,
             drained_lease_epoch: None,
-            lease_held: false,
         })
     }
 
@@ -373,19 +373,14 @@ impl HotRing {
         if self.bugs.reseed_keeps_waiting {
             return;
         }
-        let waiting: Vec<String> = self.wheel.iter().map(|(_, p)| p.clone()).collect();
-        for p in waiting {
+        for p in self.wheel.names() {
             self.make_ready(&p);
         }
     }
 
     /// Moves wheel entries that are due into the ready queue.
     pub fn advance(&mut self, now: Timestamp) {
-        while let Some((t, p)) = self.wheel.first().cloned() {
-            if t > now {
-                break;
-            }
-            self.wheel.remove(&(t, p.clone()));
+        while let Some((t, p)) = self.wheel.pop_due(now) {
             if let Some(e) = self.entries.get_mut(&p) {
                 if e.state == (EntryState::Waiting { until: t }) {
                     e.state = EntryState::Ready;
@@ -416,11 +411,11 @@ impl HotRing {
     pub fn offer_held_leases(&mut self, k: usize) -> bool {
         let held: Vec<String> = self
             .wheel
-            .iter()
+            .lease_held()
             .filter(|(t, p)| {
                 self.entries
                     .get(p)
-                    .is_some_and(|e| e.lease_held && e.state == (EntryState::Waiting { until: *t }))
+                    .is_some_and(|e| e.state == (EntryState::Waiting { until: *t }))
             })
             .take(k)
             .map(|(_, p)| p.clone())
@@ -505,8 +500,7 @@ impl HotRing {
     fn wait_on_wheel(&mut self, partition: &str, until: Timestamp, lease_held: bool) {
         if let Some(e) = self.entries.get_mut(partition) {
             e.state = EntryState::Waiting { until };
-            e.lease_held = lease_held;
-            self.wheel.insert((until, partition.to_string()));
+            self.wheel.insert(until, partition, lease_held);
             self.new_due.fetch_min(until.0, Ordering::Relaxed);
         }
     }
@@ -567,7 +561,7 @@ impl HotRing {
             return;
         }
         if let EntryState::Waiting { until } = state {
-            self.wheel.remove(&(until, partition.to_string()));
+            self.wheel.remove(until, partition);
             self.set_state(partition, EntryState::Idle);
         }
         // Whether a push or a release may have landed after storage's snapshot. Without a
@@ -657,7 +651,7 @@ impl HotRing {
             EntryState::InFlight { .. } => {}
             EntryState::Waiting { until: old } if old >= until => {}
             EntryState::Waiting { until: old } => {
-                self.wheel.remove(&(old, partition.to_string()));
+                self.wheel.remove(old, partition);
                 self.wait_until(partition, until);
             }
             EntryState::Ready => {

@@ -535,3 +535,77 @@ fn table_fans_a_push_out_to_every_group() {
     assert!(t.ring("q", "g2").has_ready(T0));
     assert!(!t.ring("q2", "g1").has_ready(T0));
 }
+
+#[test]
+fn a_pop_that_does_not_wait_is_offered_only_leased_partitions_soonest_first() {
+    let mut r = HotRing::default();
+    // Many partitions deferred (windowBuffer), a few leased elsewhere.
+    for i in 0..200 {
+        let p = format!("d{i:03}");
+        r.note_push(&p, 1);
+        r.take_candidates(1, T0);
+        r.check_in(
+            &p,
+            Verdict::DeferredUntil(T0.plus_secs(60)),
+            Some(r.epoch(&p)),
+            T0,
+        );
+    }
+    for (p, secs) in [("l1", 30), ("l2", 10), ("l3", 20)] {
+        r.note_push(p, 1);
+        r.take_candidates(1, T0);
+        r.check_in(
+            p,
+            Verdict::LeasedUntil(T0.plus_secs(secs)),
+            Some(r.epoch(p)),
+            T0,
+        );
+    }
+    assert!(!r.has_ready(T0));
+    assert_eq!(r.wheel.lease_held_len(), 3);
+
+    assert!(r.offer_held_leases(2));
+    let offered: Vec<String> = r
+        .take_candidates(16, T0)
+        .into_iter()
+        .map(|c| c.partition)
+        .collect();
+    assert_eq!(
+        offered,
+        vec!["l2", "l3"],
+        "soonest lease end first, at most k"
+    );
+    assert_eq!(
+        r.wheel.lease_held_len(),
+        1,
+        "offered ones left the lease set"
+    );
+
+    // A lease that still holds goes back; the deferred ones are never offered.
+    r.check_in(
+        "l2",
+        Verdict::LeasedUntil(T0.plus_secs(10)),
+        Some(r.epoch("l2")),
+        T0,
+    );
+    assert_eq!(r.wheel.lease_held_len(), 2);
+    assert!(r.offer_held_leases(16));
+    let mut offered: Vec<String> = r
+        .take_candidates(16, T0)
+        .into_iter()
+        .map(|c| c.partition)
+        .collect();
+    offered.sort();
+    assert_eq!(offered, vec!["l1", "l2"]);
+    assert!(!r.offer_held_leases(16), "nothing leased is left to offer");
+
+    // The wheel's own advance clears the lease set too.
+    r.check_in(
+        "l1",
+        Verdict::LeasedUntil(T0.plus_secs(30)),
+        Some(r.epoch("l1")),
+        T0,
+    );
+    r.advance(T0.plus_secs(31));
+    assert_eq!(r.wheel.lease_held_len(), 0);
+}
