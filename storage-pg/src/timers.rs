@@ -299,6 +299,9 @@ impl TimerStorage for PgStorage {
         Ok(rows.iter().map(|r| (r.get(0), timer_row(r, 1))).collect())
     }
 
+    /// `SKIP LOCKED` passes over the rows a firing on another broker is deleting (its
+    /// transaction holds their locks until it commits). The read's own locks end with its
+    /// statement: they only keep two reads at one instant apart.
     async fn due_timers(&self, limit: u32) -> StorageResult<Vec<DueTimer>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let rows = client
@@ -308,7 +311,8 @@ impl TimerStorage for PgStorage {
                     &format!(
                         "SELECT queue, timer_key, {ROW} FROM queen.timers
                       WHERE deliver_at <= queen.now()
-                      ORDER BY deliver_at, queue, timer_key LIMIT $1"
+                      ORDER BY deliver_at, queue, timer_key LIMIT $1
+                      FOR UPDATE SKIP LOCKED"
                     ),
                 )
                 .await?,

@@ -21,7 +21,9 @@ pub trait TimerStorage: Send + Sync {
         limit: u32,
     ) -> StorageResult<Vec<(String, TimerRow)>>;
     /// Timers due now, earliest first, at most `limit` (read, not claimed: a firing
-    /// transaction's `TxOp::FireTimer` decides who fires each).
+    /// transaction's `TxOp::FireTimer` decides who fires each). A backend that can see which
+    /// timers another broker's firing is removing right now leaves them out, so brokers firing
+    /// at once take different timers instead of colliding on the earliest ones.
     async fn due_timers(&self, limit: u32) -> StorageResult<Vec<DueTimer>>;
     /// When the earliest pending timer is due.
     async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>>;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use queen_core::storage::firing;
-use queen_core::storage::StorageResult;
+use queen_core::storage::{StorageResult, TxOpResult, TxOutcome};
 
 use crate::broker::Broker;
 
@@ -62,8 +62,10 @@ pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) 
     }
 }
 
-/// Fires every timer due now, a batch per transaction; a batch that lost a timer to another
-/// broker (or a cancel) is fired again one timer at a time.
+/// Fires every timer due now, a batch per transaction. A batch refused because another
+/// broker fired (or a cancel removed) one of its timers is read again: the timer is gone from
+/// the due set, and the rest still fire together. A batch refused for anything else (its
+/// push) is fired one timer at a time, so one timer that cannot fire does not hold up the others.
 pub async fn fire_due(broker: &Arc<Broker>) -> StorageResult<()> {
     loop {
         let due = broker.storage.timers.due_timers(FIRE_BATCH).await?;
@@ -74,6 +76,9 @@ pub async fn fire_due(broker: &Arc<Broker>) -> StorageResult<()> {
         let out = broker.transaction(firing(&due), None).await?;
         if out.committed {
             broker.metrics.timers_fired.inc_by(due.len() as u64);
+        } else if lost_a_timer(&out) {
+            // Someone else made progress on this set: read it again.
+            continue;
         } else {
             for timer in &due {
                 let one = broker
@@ -88,4 +93,12 @@ pub async fn fire_due(broker: &Arc<Broker>) -> StorageResult<()> {
             return Ok(());
         }
     }
+}
+
+/// Whether a refused firing lost one of its timers (fired elsewhere, cancelled or
+/// rescheduled since it was read), rather than failing in its push.
+fn lost_a_timer(out: &TxOutcome) -> bool {
+    out.results
+        .iter()
+        .any(|r| matches!(r, TxOpResult::Fired(false)))
 }
