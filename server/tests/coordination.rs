@@ -67,6 +67,78 @@ async fn two_brokers_fire_each_timer_once() {
     assert_eq!(left["rows"], json!([]), "no timer is left pending");
 }
 
+/// A queue at its maxSize refuses its timers' pushes: those timers stay pending and fire once
+/// the queue has room, while the timers of other queues fire on time. More of them are due
+/// (earlier) than the worker fires in one set: before, the worker read the same full queue's
+/// timers again and again, refusing each one at a time, and the other queue's timer never came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_holds_back_only_its_own_timers() {
+    for store in [Store::Memory, Store::Postgres("queen_timers_full")] {
+        let broker = start(store, ServerConfig::default()).await;
+        let r = request(
+            broker.addr,
+            "POST",
+            "/api/v1/configure",
+            Some(&json!({"queue": "capped", "options": {"maxSize": 1}})),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let r = request(
+            broker.addr,
+            "POST",
+            "/api/v1/push",
+            Some(&json!({"items": [{"queue": "capped", "payload": {"first": true}}]})),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        for chunk in 0..5 {
+            let ops: Vec<Value> = (0..250)
+                .map(|i| schedule("capped", &format!("c-{chunk}-{i}"), 50))
+                .collect();
+            let r = request(
+                broker.addr,
+                "POST",
+                "/api/v1/timers",
+                Some(&json!({"operations": ops})),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        }
+        let r = request(
+            broker.addr,
+            "POST",
+            "/api/v1/timers",
+            Some(&json!({"operations": [schedule("open", "o", 300)]})),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+
+        let seen = pop_until(broker.addr, None, "open", 1, "transactionId").await;
+        assert_eq!(
+            seen.keys().cloned().collect::<Vec<_>>(),
+            ["o"],
+            "the other queue's timer fires behind 1,250 refused ones"
+        );
+        let pending = request(broker.addr, "GET", "/api/v1/timers/capped?limit=1000", None)
+            .await
+            .json();
+        assert_eq!(
+            pending["rows"].as_array().map(Vec::len),
+            Some(1000),
+            "the full queue's timers stay pending: {}",
+            pending["rows"].as_array().map_or(0, Vec::len)
+        );
+        // Room in the queue: one more of its timers fires (maxSize 1 again), at the retry.
+        let first = pop_until(broker.addr, None, "capped", 1, "transactionId").await;
+        assert_eq!(first.len(), 1, "the message that filled the queue");
+        let next = pop_until(broker.addr, None, "capped", 1, "transactionId").await;
+        assert!(
+            next.keys().all(|k| k.starts_with("c-")) && next.len() == 1,
+            "a pending timer fires once the queue has room: {next:?}"
+        );
+    }
+}
+
 /// Eight holders on two brokers take a lock in turn: never two at once, tokens rising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_permits_are_exclusive_across_brokers() {

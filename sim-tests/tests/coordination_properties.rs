@@ -385,7 +385,7 @@ fn timers_case(seed: u64, bugs: SimBugs) -> Result<(), String> {
         let mut run = Interleaving::new(db.clone(), seed ^ (wave as u64) << 32);
         let mut spawned = vec![];
         // Two brokers fire what is due now, concurrently with schedules and cancels.
-        let due = block_on(db.due_timers(10)).map_err(|e| e.to_string())?;
+        let due = block_on(db.due_timers(10, &[])).map_err(|e| e.to_string())?;
         for d in &due {
             if d.row.deliver_at > now {
                 return Err(format!(

@@ -191,7 +191,7 @@ async fn apply(side: &mut Side, op: &Op, step: usize) -> Value {
             }
         }
         Op::Fire => {
-            let due = match s.due_timers(10).await {
+            let due = match s.due_timers(10, &[]).await {
                 Ok(d) => d,
                 Err(e) => return json!({"error": e.to_string()}),
             };

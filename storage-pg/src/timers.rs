@@ -302,7 +302,7 @@ impl TimerStorage for PgStorage {
     /// `SKIP LOCKED` passes over the rows a firing on another broker is deleting (its
     /// transaction holds their locks until it commits). The read's own locks end with its
     /// statement: they only keep two reads at one instant apart.
-    async fn due_timers(&self, limit: u32) -> StorageResult<Vec<DueTimer>> {
+    async fn due_timers(&self, limit: u32, skip_queues: &[String]) -> StorageResult<Vec<DueTimer>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let rows = client
             .query(
@@ -310,13 +310,13 @@ impl TimerStorage for PgStorage {
                     &client,
                     &format!(
                         "SELECT queue, timer_key, {ROW} FROM queen.timers
-                      WHERE deliver_at <= queen.now()
+                      WHERE deliver_at <= queen.now() AND NOT (queue = ANY($2::text[]))
                       ORDER BY deliver_at, queue, timer_key LIMIT $1
                       FOR UPDATE SKIP LOCKED"
                     ),
                 )
                 .await?,
-                &[&i64::from(limit)],
+                &[&i64::from(limit), &skip_queues],
             )
             .await
             .map_err(pg_err("timers: due"))?;
@@ -330,12 +330,16 @@ impl TimerStorage for PgStorage {
             .collect())
     }
 
-    async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>> {
+    async fn next_timer_due(&self, skip_queues: &[String]) -> StorageResult<Option<Timestamp>> {
         let client = self.pool.get().await.map_err(pool_err)?;
         let row = client
             .query_one(
-                &prepared(&client, "SELECT min(deliver_at) FROM queen.timers").await?,
-                &[],
+                &prepared(
+                    &client,
+                    "SELECT min(deliver_at) FROM queen.timers WHERE NOT (queue = ANY($1::text[]))",
+                )
+                .await?,
+                &[&skip_queues],
             )
             .await
             .map_err(pg_err("timers: next due"))?;

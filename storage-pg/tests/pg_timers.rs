@@ -39,7 +39,7 @@ async fn a_due_read_skips_the_timers_another_firing_is_removing() {
     let keys = |due: &[queen_core::timers::DueTimer]| -> Vec<String> {
         due.iter().map(|t| t.key.clone()).collect()
     };
-    let all = storage.due_timers(10).await.expect("due");
+    let all = storage.due_timers(10, &[]).await.expect("due");
     assert_eq!(keys(&all), ["t0", "t1", "t2", "t3", "t4", "t5"]);
 
     // Another broker's firing: it has deleted the three earliest and not committed yet.
@@ -55,7 +55,7 @@ async fn a_due_read_skips_the_timers_another_firing_is_removing() {
         .expect("delete");
     assert_eq!(removed, 3);
     // A plain read sees them still (its snapshot predates the delete): bounded all the same.
-    let rest = tokio::time::timeout(Duration::from_secs(10), storage.due_timers(10))
+    let rest = tokio::time::timeout(Duration::from_secs(10), storage.due_timers(10, &[]))
         .await
         .expect("a due read does not wait for another broker's firing")
         .expect("due");
@@ -64,12 +64,12 @@ async fn a_due_read_skips_the_timers_another_firing_is_removing() {
         ["t3", "t4", "t5"],
         "the firing's timers are skipped"
     );
-    let some = storage.due_timers(2).await.expect("due");
+    let some = storage.due_timers(2, &[]).await.expect("due");
     assert_eq!(keys(&some), ["t3", "t4"], "the limit counts what it takes");
 
     // Rolled back, the firing's timers are due again (none was lost).
     firing.rollback().await.expect("rollback");
-    let again = storage.due_timers(10).await.expect("due");
+    let again = storage.due_timers(10, &[]).await.expect("due");
     assert_eq!(keys(&again), ["t0", "t1", "t2", "t3", "t4", "t5"]);
     drop(storage);
     testing::drop_database(&name).await;

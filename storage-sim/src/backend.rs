@@ -581,13 +581,22 @@ impl queen_core::storage::TimerStorage for SimDb {
         ))
     }
 
-    async fn due_timers(&self, limit: u32) -> StorageResult<Vec<queen_core::timers::DueTimer>> {
+    async fn due_timers(
+        &self,
+        limit: u32,
+        skip_queues: &[String],
+    ) -> StorageResult<Vec<queen_core::timers::DueTimer>> {
         let now = (self.shared.clock)();
-        Ok(timers::due(&lock(&self.shared.state), now, limit))
+        Ok(timers::due(
+            &lock(&self.shared.state),
+            now,
+            limit,
+            skip_queues,
+        ))
     }
 
-    async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>> {
-        Ok(timers::next_due(&lock(&self.shared.state)))
+    async fn next_timer_due(&self, skip_queues: &[String]) -> StorageResult<Option<Timestamp>> {
+        Ok(timers::next_due(&lock(&self.shared.state), skip_queues))
     }
 }
 

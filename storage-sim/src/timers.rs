@@ -131,11 +131,16 @@ pub(crate) fn page(
 }
 
 /// Due timers, earliest first (ties by key).
-pub(crate) fn due(st: &crate::state::DbState, now: Timestamp, limit: u32) -> Vec<DueTimer> {
+pub(crate) fn due(
+    st: &crate::state::DbState,
+    now: Timestamp,
+    limit: u32,
+    skip_queues: &[String],
+) -> Vec<DueTimer> {
     let mut due: Vec<DueTimer> = st
         .timers
         .iter(0)
-        .filter(|(_, r)| r.deliver_at <= now)
+        .filter(|((q, _), r)| r.deliver_at <= now && !skip_queues.contains(q))
         .map(|((q, k), r)| DueTimer {
             queue: q.clone(),
             key: k.clone(),
@@ -149,6 +154,10 @@ pub(crate) fn due(st: &crate::state::DbState, now: Timestamp, limit: u32) -> Vec
     due
 }
 
-pub(crate) fn next_due(st: &crate::state::DbState) -> Option<Timestamp> {
-    st.timers.iter(0).map(|(_, r)| r.deliver_at).min()
+pub(crate) fn next_due(st: &crate::state::DbState, skip_queues: &[String]) -> Option<Timestamp> {
+    st.timers
+        .iter(0)
+        .filter(|((q, _), _)| !skip_queues.contains(q))
+        .map(|(_, r)| r.deliver_at)
+        .min()
 }

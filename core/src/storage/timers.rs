@@ -20,13 +20,15 @@ pub trait TimerStorage: Send + Sync {
         after: Option<String>,
         limit: u32,
     ) -> StorageResult<Vec<(String, TimerRow)>>;
-    /// Timers due now, earliest first, at most `limit` (read, not claimed: a firing
-    /// transaction's `TxOp::FireTimer` decides who fires each). A backend that can see which
-    /// timers another broker's firing is removing right now leaves them out, so brokers firing
-    /// at once take different timers instead of colliding on the earliest ones.
-    async fn due_timers(&self, limit: u32) -> StorageResult<Vec<DueTimer>>;
-    /// When the earliest pending timer is due.
-    async fn next_timer_due(&self) -> StorageResult<Option<Timestamp>>;
+    /// Timers due now, earliest first, at most `limit`, none of `skip_queues` (queues whose
+    /// pushes were just refused at their maxSize: their timers must not stand in front of the
+    /// others). Read, not claimed: a firing transaction's `TxOp::FireTimer` decides who fires
+    /// each. A backend that can see which timers another broker's firing is removing right now
+    /// leaves them out, so brokers firing at once take different timers instead of colliding on
+    /// the earliest ones.
+    async fn due_timers(&self, limit: u32, skip_queues: &[String]) -> StorageResult<Vec<DueTimer>>;
+    /// When the earliest pending timer of a queue not in `skip_queues` is due.
+    async fn next_timer_due(&self, skip_queues: &[String]) -> StorageResult<Option<Timestamp>>;
 }
 
 /// A firing of due timers as one transaction: the removal of each timer's incarnation, then

@@ -7,20 +7,27 @@
 //! brokers scheduled are fired by them the same way; the re-scan every `TIMER_RESCAN_MS` only
 //! covers a broker that died holding the next due time in memory.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use queen_core::storage::firing;
 use queen_core::storage::{StorageResult, TxOpResult, TxOutcome};
 
+use queen_core::types::Timestamp;
+
 use crate::broker::Broker;
 
-/// Timers fired per transaction.
-const FIRE_BATCH: u32 = 100;
+/// Timers fired per transaction: a burst of timers due at one instant fires in sets this
+/// large (at 100 a set, 10,000 due at once took 5x the raw poller's lateness).
+const FIRE_BATCH: u32 = 1000;
+/// How long a queue that refused a timer's push at its maxSize is left alone.
+const FULL_QUEUE_RETRY_MS: i64 = 1000;
 /// After a storage error.
 const ERROR_PAUSE: Duration = Duration::from_millis(500);
 
 pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) {
+    let mut full_queues = FullQueues::default();
     loop {
         let Some(b) = broker.upgrade() else { return };
         if *b.shutting_down.borrow() {
@@ -28,18 +35,21 @@ pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) 
         }
         let (rescan_ms, bugs) = b.timer_hooks();
         let rescan = Duration::from_millis(rescan_ms);
-        let pause = match fire_due(&b).await {
-            Ok(()) => match b.storage.timers.next_timer_due().await {
-                Ok(Some(at)) => {
-                    let wait_ms = (at.0 - b.now().0).div_euclid(1000).max(0) as u64;
-                    // Due by this clock but not by the database's: come back shortly.
-                    if bugs.wait_for_rescan {
-                        rescan
-                    } else {
-                        Duration::from_millis(wait_ms.max(5)).min(rescan)
+        let until_ms = |at: Timestamp| (at.0 - b.now().0).div_euclid(1000).max(0) as u64;
+        full_queues.forget_retried(b.now());
+        let pause = match fire_due(&b, &mut full_queues).await {
+            Ok(()) => match b.storage.timers.next_timer_due(&full_queues.names()).await {
+                Ok(next) => {
+                    // A full queue's timers are tried again at its retry time.
+                    let next = next.into_iter().chain(full_queues.next_retry()).min();
+                    match next {
+                        // Due by this clock but not by the database's: come back shortly.
+                        Some(at) if !bugs.wait_for_rescan => {
+                            Duration::from_millis(until_ms(at).max(5)).min(rescan)
+                        }
+                        _ => rescan,
                     }
                 }
-                Ok(None) => rescan,
                 Err(e) => {
                     b.note_storage_error("timers", &e);
                     ERROR_PAUSE
@@ -62,13 +72,48 @@ pub async fn timer_worker(broker: Weak<Broker>, wake: Arc<tokio::sync::Notify>) 
     }
 }
 
+/// Queues whose timer pushes were refused at their maxSize, each with when to try it again.
+/// Their timers stay pending (a timer never fires early, and fires once it can); meanwhile the
+/// worker's reads pass them over, so a full queue's timers neither keep the worker busy
+/// refiring them nor stand in front of other queues' due timers.
+#[derive(Default)]
+pub struct FullQueues(BTreeMap<String, Timestamp>);
+
+impl FullQueues {
+    fn note_full(&mut self, queue: &str, now: Timestamp) {
+        self.0
+            .insert(queue.to_string(), now.plus_millis(FULL_QUEUE_RETRY_MS));
+    }
+
+    fn forget_retried(&mut self, now: Timestamp) {
+        self.0.retain(|_, retry_at| *retry_at > now);
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+
+    fn next_retry(&self) -> Option<Timestamp> {
+        self.0.values().min().copied()
+    }
+
+    fn contains(&self, queue: &str) -> bool {
+        self.0.contains_key(queue)
+    }
+}
+
 /// Fires every timer due now, a batch per transaction. A batch refused because another
 /// broker fired (or a cancel removed) one of its timers is read again: the timer is gone from
-/// the due set, and the rest still fire together. A batch refused for anything else (its
-/// push) is fired one timer at a time, so one timer that cannot fire does not hold up the others.
-pub async fn fire_due(broker: &Arc<Broker>) -> StorageResult<()> {
+/// the due set, and the rest still fire together. A batch refused for anything else (a push
+/// into a queue at its maxSize) is fired one timer at a time, so the timers of other queues
+/// fire; the full queues are noted and left out until their retry time.
+pub async fn fire_due(broker: &Arc<Broker>, full_queues: &mut FullQueues) -> StorageResult<()> {
     loop {
-        let due = broker.storage.timers.due_timers(FIRE_BATCH).await?;
+        let due = broker
+            .storage
+            .timers
+            .due_timers(FIRE_BATCH, &full_queues.names())
+            .await?;
         if due.is_empty() {
             return Ok(());
         }
@@ -81,11 +126,16 @@ pub async fn fire_due(broker: &Arc<Broker>) -> StorageResult<()> {
             continue;
         } else {
             for timer in &due {
+                if full_queues.contains(&timer.queue) {
+                    continue;
+                }
                 let one = broker
                     .transaction(firing(std::slice::from_ref(timer)), None)
                     .await?;
                 if one.committed {
                     broker.metrics.timers_fired.inc();
+                } else if !lost_a_timer(&one) {
+                    full_queues.note_full(&timer.queue, broker.now());
                 }
             }
         }

@@ -603,7 +603,7 @@ pub async fn timers_fire_once_never_early(b: &dyn Backend) -> CaseResult {
         "a page of one, plus the one that says more"
     );
     ensure!(
-        s.due_timers(10).await.map_err(e)?.is_empty(),
+        s.due_timers(10, &[]).await.map_err(e)?.is_empty(),
         "nothing is due before deliverAt"
     );
     let early = s
@@ -619,8 +619,21 @@ pub async fn timers_fire_once_never_early(b: &dyn Backend) -> CaseResult {
         "a firing before deliverAt is refused: {early:?}"
     );
     b.advance_secs(11).await;
-    let due = s.due_timers(10).await.map_err(e)?;
+    let due = s.due_timers(10, &[]).await.map_err(e)?;
     ensure_eq!(due.len(), 1, "due after deliverAt: {due:?}");
+    let skipped = s.due_timers(10, &["tq".into()]).await.map_err(e)?;
+    ensure!(
+        skipped.is_empty(),
+        "a skipped queue's timers are left out: {skipped:?}"
+    );
+    ensure!(
+        s.next_timer_due(&["tq".into()]).await.map_err(e)?.is_none(),
+        "and so is their due time"
+    );
+    ensure!(
+        s.next_timer_due(&[]).await.map_err(e)?.is_some(),
+        "the due time, unskipped"
+    );
     let fired = s.transaction(firing(&due[0])).await.map_err(e)?;
     ensure!(fired.committed, "the firing commits: {fired:?}");
     let twice = s.transaction(firing(&due[0])).await.map_err(e)?;
