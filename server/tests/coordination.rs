@@ -19,6 +19,19 @@ fn schedule(queue: &str, key: &str, delay_ms: u64) -> Value {
            "delayMs": delay_ms, "txn": key})
 }
 
+/// Schedules `ops` in one call, which must answer 200; its answer.
+async fn post_timers(addr: std::net::SocketAddr, ops: Vec<Value>) -> Value {
+    let r = request(
+        addr,
+        "POST",
+        "/api/v1/timers",
+        Some(&json!({"operations": ops})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
 /// 400 timers due together, scheduled through two brokers (so both workers fire): each message
 /// is stored and delivered once, and the brokers' firings add up to the timers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,15 +47,8 @@ async fn two_brokers_fire_each_timer_once() {
                     schedule("due", &key, 400)
                 })
                 .collect();
-            let r = request(
-                broker.addr,
-                "POST",
-                "/api/v1/timers",
-                Some(&json!({"operations": ops})),
-            )
-            .await;
-            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-            assert!(r.json()["results"]
+            let answer = post_timers(broker.addr, ops).await;
+            assert!(answer["results"]
                 .as_array()
                 .unwrap()
                 .iter()
@@ -95,23 +101,9 @@ async fn a_full_queue_holds_back_only_its_own_timers() {
             let ops: Vec<Value> = (0..250)
                 .map(|i| schedule("capped", &format!("c-{chunk}-{i}"), 50))
                 .collect();
-            let r = request(
-                broker.addr,
-                "POST",
-                "/api/v1/timers",
-                Some(&json!({"operations": ops})),
-            )
-            .await;
-            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            post_timers(broker.addr, ops).await;
         }
-        let r = request(
-            broker.addr,
-            "POST",
-            "/api/v1/timers",
-            Some(&json!({"operations": [schedule("open", "o", 300)]})),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        post_timers(broker.addr, vec![schedule("open", "o", 300)]).await;
 
         let seen = pop_until(broker.addr, None, "open", 1, "transactionId").await;
         assert_eq!(
