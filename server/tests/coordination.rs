@@ -103,13 +103,21 @@ async fn a_full_queue_holds_back_only_its_own_timers() {
                 .collect();
             post_timers(broker.addr, ops).await;
         }
-        post_timers(broker.addr, vec![schedule("open", "o", 300)]).await;
+        // One due with the full queue's (in the same set), one after them all.
+        post_timers(
+            broker.addr,
+            vec![
+                schedule("open", "o-with", 50),
+                schedule("open", "o-after", 300),
+            ],
+        )
+        .await;
 
-        let seen = pop_until(broker.addr, None, "open", 1, "transactionId").await;
+        let seen = pop_until(broker.addr, None, "open", 2, "transactionId").await;
         assert_eq!(
             seen.keys().cloned().collect::<Vec<_>>(),
-            ["o"],
-            "the other queue's timer fires behind 1,250 refused ones"
+            ["o-after", "o-with"],
+            "the other queue's timers fire beside and behind 1,250 refused ones"
         );
         let pending = request(broker.addr, "GET", "/api/v1/timers/capped?limit=1000", None)
             .await

@@ -96,17 +96,14 @@ impl FullQueues {
     fn next_retry(&self) -> Option<Timestamp> {
         self.0.values().min().copied()
     }
-
-    fn contains(&self, queue: &str) -> bool {
-        self.0.contains_key(queue)
-    }
 }
 
 /// Fires every timer due now, a batch per transaction. A batch refused because another
 /// broker fired (or a cancel removed) one of its timers is read again: the timer is gone from
 /// the due set, and the rest still fire together. A batch refused for anything else (a push
-/// into a queue at its maxSize) is fired one timer at a time, so the timers of other queues
-/// fire; the full queues are noted and left out until their retry time.
+/// into a queue at its maxSize) is fired one timer at a time up to the first timer refused:
+/// its queue is noted full and left out until its retry time, and the set is read again
+/// without it.
 pub async fn fire_due(broker: &Arc<Broker>, full_queues: &mut FullQueues) -> StorageResult<()> {
     loop {
         let due = broker
@@ -126,10 +123,8 @@ pub async fn fire_due(broker: &Arc<Broker>, full_queues: &mut FullQueues) -> Sto
             tokio::task::yield_now().await;
             continue;
         } else {
+            let mut newly_full = false;
             for timer in &due {
-                if full_queues.contains(&timer.queue) {
-                    continue;
-                }
                 let one = broker
                     .transaction(firing(std::slice::from_ref(timer)), None)
                     .await?;
@@ -137,7 +132,15 @@ pub async fn fire_due(broker: &Arc<Broker>, full_queues: &mut FullQueues) -> Sto
                     broker.metrics.timers_fired.inc();
                 } else if !lost_a_timer(&one) {
                     full_queues.note_full(&timer.queue, broker.now());
+                    newly_full = true;
+                    break;
                 }
+            }
+            if newly_full {
+                // The rest fire together once the full queue is left out. Each pass here
+                // adds a queue to the set, so this ends.
+                tokio::task::yield_now().await;
+                continue;
             }
         }
         if !full {
